@@ -1,0 +1,1 @@
+include!("embed_kernels.rs");

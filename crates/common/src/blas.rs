@@ -1,0 +1,81 @@
+//! cuBLAS through cudarc: the linear-layer GEMM `out[M,N] = inp[M,K] · W[N,K]ᵀ` (row-major, llm.c's
+//! layout) at fp32, TF32, bf16 and fp16. Used for the GEMM ceilings and by families' library rows.
+
+use std::ffi::c_void;
+
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum GemmPrecision {
+    /// fp32 operands, fp32 FMA.
+    Fp32,
+    /// fp32 operands rounded to TF32 on the tensor cores, fp32 accumulation.
+    Tf32,
+    /// bf16 operands and output, fp32 accumulation.
+    Bf16,
+    /// fp16 operands and output, fp32 accumulation.
+    Fp16,
+}
+
+impl GemmPrecision {
+    pub const ALL: [GemmPrecision; 4] = [GemmPrecision::Fp32, GemmPrecision::Tf32, GemmPrecision::Bf16, GemmPrecision::Fp16];
+
+    fn types(self) -> (cudaDataType, cublasComputeType_t) {
+        match self {
+            GemmPrecision::Fp32 => (cudaDataType::CUDA_R_32F, cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            GemmPrecision::Tf32 => (cudaDataType::CUDA_R_32F, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32),
+            GemmPrecision::Bf16 => (cudaDataType::CUDA_R_16BF, cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            GemmPrecision::Fp16 => (cudaDataType::CUDA_R_16F, cublasComputeType_t::CUBLAS_COMPUTE_32F),
+        }
+    }
+
+    pub fn element_bytes(self) -> usize {
+        match self {
+            GemmPrecision::Fp32 | GemmPrecision::Tf32 => 4,
+            GemmPrecision::Bf16 | GemmPrecision::Fp16 => 2,
+        }
+    }
+}
+
+/// `out = inp · Wᵀ` with `inp` M×K, `W` N×K, `out` M×N, all row-major device pointers of the
+/// precision's element type; enqueued on the harness stream.
+///
+/// # Safety
+/// The pointers must address at least M·K, N·K and M·N elements of the precision's type.
+pub unsafe fn linear(gpu: &Gpu, precision: GemmPrecision, m: usize, n: usize, k: usize, inp: u64, w: u64, out: u64) -> Result<()> {
+    for (name, v) in [("M", m), ("N", n), ("K", k)] {
+        if v == 0 || v > i32::MAX as usize {
+            return Err(Error::constraint(format!("1 <= {name} <= 2^31-1 for cuBLAS"), format!("{name} = {v}")));
+        }
+    }
+    let blas = gpu.blas()?;
+    let (dtype, compute) = precision.types();
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Row-major out[M,N] is column-major outᵀ[N,M] = W[N,K] · inpᵀ: A = W (transposed), B = inp.
+    cudarc::cublas::result::gemm_ex(
+        *blas.handle(),
+        cublasOperation_t::CUBLAS_OP_T,
+        cublasOperation_t::CUBLAS_OP_N,
+        n as i32,
+        m as i32,
+        k as i32,
+        &alpha as *const f32 as *const c_void,
+        w as *const c_void,
+        dtype,
+        k as i32,
+        inp as *const c_void,
+        dtype,
+        k as i32,
+        &beta as *const f32 as *const c_void,
+        out as *mut c_void,
+        dtype,
+        n as i32,
+        compute,
+        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+    )
+    .map_err(|e| Error::Blas { context: format!("{precision:?} GEMM {m}x{n}x{k}"), message: e.to_string() })
+}

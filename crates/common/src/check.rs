@@ -1,0 +1,192 @@
+//! Verification against f64 CPU references: relative L2 error, max abs error, and NaN/Inf, which
+//! always fail.
+
+use serde::Serialize;
+
+/// An element type a kernel may write, read back as f64 for comparison.
+pub trait Element: Copy {
+    fn to_f64(self) -> f64;
+}
+
+impl Element for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl Element for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+impl Element for half::f16 {
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl Element for half::bf16 {
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+/// How far one output is from its reference.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ErrorStats {
+    /// What was compared (`out`, `mean`, `lse`, ...).
+    pub output: String,
+    /// ‖out − ref‖₂ / ‖ref‖₂ (‖out − ref‖₂ when the reference is all zeros).
+    pub rel_l2: f64,
+    pub max_abs: f64,
+    /// Elements that are NaN or ±Inf (an unwritten, poisoned element reads as NaN).
+    pub non_finite: usize,
+    /// Index of the first non-finite element, for the failure message.
+    pub first_non_finite: Option<usize>,
+    pub count: usize,
+}
+
+impl ErrorStats {
+    pub fn passes(&self, tolerance: f64) -> bool {
+        self.non_finite == 0 && self.rel_l2.is_finite() && self.rel_l2 <= tolerance
+    }
+}
+
+/// Compares `out` with `reference` element by element. A length mismatch counts every missing
+/// element as non-finite.
+pub fn compare<T: Element>(output: &str, out: &[T], reference: &[f64]) -> ErrorStats {
+    let (mut diff2, mut ref2, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
+    let mut non_finite = out.len().abs_diff(reference.len());
+    let mut first_non_finite = (out.len() != reference.len()).then_some(out.len().min(reference.len()));
+    for (i, (o, r)) in out.iter().zip(reference).enumerate() {
+        let o = o.to_f64();
+        if !o.is_finite() {
+            non_finite += 1;
+            first_non_finite.get_or_insert(i);
+            continue;
+        }
+        let d = o - r;
+        diff2 += d * d;
+        ref2 += r * r;
+        max_abs = max_abs.max(d.abs());
+    }
+    let rel_l2 = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
+    ErrorStats { output: output.to_string(), rel_l2, max_abs, non_finite, first_non_finite, count: reference.len() }
+}
+
+/// The outcome of checking every output of one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Verification {
+    pub outputs: Vec<ErrorStats>,
+    pub tolerance: f64,
+    /// Extra information shown beside the error (e.g. a windowed stage's error against full
+    /// attention); it does not decide pass or fail.
+    pub note: Option<String>,
+}
+
+impl Verification {
+    pub fn new(tolerance: f64) -> Verification {
+        Verification { outputs: Vec::new(), tolerance, note: None }
+    }
+
+    pub fn add<T: Element>(mut self, output: &str, out: &[T], reference: &[f64]) -> Verification {
+        self.outputs.push(compare(output, out, reference));
+        self
+    }
+
+    pub fn with_note(mut self, note: String) -> Verification {
+        self.note = Some(note);
+        self
+    }
+
+    pub fn passed(&self) -> bool {
+        !self.outputs.is_empty() && self.outputs.iter().all(|s| s.passes(self.tolerance))
+    }
+
+    /// The output with the largest relative error (non-finite first).
+    pub fn worst(&self) -> Option<&ErrorStats> {
+        self.outputs.iter().max_by(|a, b| {
+            (a.non_finite > 0).cmp(&(b.non_finite > 0)).then(a.rel_l2.partial_cmp(&b.rel_l2).unwrap_or(std::cmp::Ordering::Equal))
+        })
+    }
+
+    /// One line: the worst output's error, or why it failed.
+    pub fn summary(&self) -> String {
+        let Some(w) = self.worst() else { return "no outputs checked".into() };
+        if w.non_finite > 0 {
+            format!(
+                "{}: {} of {} elements NaN/Inf (first at {})",
+                w.output,
+                w.non_finite,
+                w.count,
+                w.first_non_finite.unwrap_or(0)
+            )
+        } else {
+            format!("{}: rel L2 {:.2e} (tol {:.0e}), max abs {:.2e}", w.output, w.rel_l2, self.tolerance, w.max_abs)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn nan_never_passes() {
+        let r = [1.0, 2.0, 3.0];
+        let s = compare("x", &[1.0f32, f32::NAN, 3.0], &r);
+        assert_eq!(s.non_finite, 1);
+        assert_eq!(s.first_non_finite, Some(1));
+        assert!(!s.passes(f64::INFINITY));
+        let s = compare("x", &[1.0f32, f32::INFINITY, 3.0], &r);
+        assert!(!s.passes(1.0));
+    }
+
+    #[test]
+    fn length_mismatch_fails() {
+        let s = compare("x", &[1.0f32, 2.0], &[1.0, 2.0, 3.0]);
+        assert!(!s.passes(1.0));
+    }
+
+    #[test]
+    fn tolerance_presets() {
+        use crate::variant::Precision;
+        assert_eq!(Precision::Fp32.tolerance(), 1e-5);
+        assert_eq!(Precision::Tf32.tolerance(), 1e-3);
+        assert_eq!(Precision::Bf16.tolerance(), 1e-2);
+        assert_eq!(Precision::Fp16.tolerance(), 1e-2);
+    }
+
+    #[test]
+    fn empty_verification_fails() {
+        assert!(!Verification::new(1.0).passed());
+    }
+
+    #[test]
+    fn relative_error_is_exact_for_scaled_reference() {
+        let r = vec![3.0f64, 4.0];
+        let out = [3.3f32, 4.4];
+        let s = compare("x", &out, &r);
+        approx::assert_relative_eq!(s.rel_l2, 0.1, max_relative = 1e-6);
+    }
+
+    proptest! {
+        #[test]
+        fn identical_outputs_have_zero_error(v in proptest::collection::vec(-1e6f32..1e6, 1..200)) {
+            let r: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+            let s = compare("x", &v, &r);
+            prop_assert_eq!(s.rel_l2, 0.0);
+            prop_assert!(s.passes(1e-12));
+        }
+
+        #[test]
+        fn perturbation_is_detected(v in proptest::collection::vec(1.0f32..10.0, 1..200), i in 0usize..200) {
+            let r: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+            let mut out = v.clone();
+            let i = i % out.len();
+            out[i] += 0.5;
+            let s = compare("x", &out, &r);
+            prop_assert!(s.rel_l2 > 1e-5);
+            prop_assert!(!s.passes(1e-5));
+        }
+    }
+}

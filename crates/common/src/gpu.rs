@@ -1,0 +1,224 @@
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use serde::Serialize;
+
+use crate::error::{DriverContext, Error, Result};
+use crate::module::{LoadedModule, ResourceUse};
+use crate::nvrtc::{Arch, Toolchain};
+
+/// The oldest driver the default bindings load against (CUDA 13.0 = 13000; 12.x bindings: 12000).
+#[cfg(not(feature = "cuda-12"))]
+const REQUIRED_DRIVER: i32 = 13000;
+#[cfg(feature = "cuda-12")]
+const REQUIRED_DRIVER: i32 = 12000;
+
+/// Facts about the device read from the driver when it is opened.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceInfo {
+    pub index: usize,
+    pub name: String,
+    pub uuid: String,
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+    pub l2_bytes: u64,
+    pub total_memory_bytes: u64,
+    pub shared_memory_per_block: u32,
+    pub shared_memory_per_block_optin: u32,
+    pub shared_memory_per_sm: u32,
+    pub max_threads_per_sm: u32,
+    pub registers_per_sm: u32,
+    pub driver_version: i32,
+}
+
+/// An open CUDA device: its context, the one stream the harness launches on, cached modules and the
+/// resource log the runner reads.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    modules: Mutex<HashMap<String, Arc<LoadedModule>>>,
+    resources: Mutex<Option<Vec<ResourceUse>>>,
+    blas: OnceLock<std::result::Result<Arc<cudarc::cublas::CudaBlas>, String>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("info", &self.info).finish()
+    }
+}
+
+fn driver_version_string(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+impl Gpu {
+    /// Opens the device named by `LADDER_DEVICE` (default 0).
+    pub fn open() -> Result<Arc<Gpu>> {
+        let index = match std::env::var("LADDER_DEVICE") {
+            Ok(s) => s.trim().parse::<usize>().map_err(|_| {
+                Error::constraint("LADDER_DEVICE is a device index (0, 1, ...)", format!("'{s}'"))
+            })?,
+            Err(_) => 0,
+        };
+        Self::open_index(index)
+    }
+
+    pub fn open_index(index: usize) -> Result<Arc<Gpu>> {
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::NoDriver("libcuda.so could not be loaded (no NVIDIA driver on this machine)".into()));
+        }
+        cudarc::driver::result::init().map_err(|e| Error::NoDriver(format!("cuInit failed: {e}")))?;
+        let mut version = 0;
+        // SAFETY: writes one int.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
+            .result()
+            .map_err(|e| Error::NoDriver(format!("cuDriverGetVersion failed: {e}")))?;
+        if version < REQUIRED_DRIVER {
+            return Err(Error::DriverTooOld {
+                found: driver_version_string(version),
+                required: driver_version_string(REQUIRED_DRIVER),
+            });
+        }
+        let count = cudarc::driver::result::device::get_count()
+            .map_err(|e| Error::NoDevice { index, reason: e.to_string() })? as usize;
+        if index >= count {
+            return Err(Error::NoDevice { index, reason: format!("the driver sees {count} device(s)") });
+        }
+        let ctx = CudaContext::new(index).map_err(|e| Error::NoDevice { index, reason: e.to_string() })?;
+        // One stream, ordered: cudarc's per-buffer event tracking only adds work (and breaks graph capture).
+        // SAFETY: every launch and copy of the harness goes through the one stream below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let attr = |a: Attr| ctx.attribute(a).ctx("cuDeviceGetAttribute").map(|v| v as u32);
+        let uuid = ctx.uuid().ctx("cuDeviceGetUuid")?;
+        let info = DeviceInfo {
+            index,
+            name: ctx.name().ctx("cuDeviceGetName")?,
+            uuid: uuid.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect(),
+            compute_capability: (
+                attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
+            total_memory_bytes: ctx.total_mem().ctx("cuDeviceTotalMem")? as u64,
+            shared_memory_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            shared_memory_per_block_optin: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            shared_memory_per_sm: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+            max_threads_per_sm: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+            registers_per_sm: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?,
+            driver_version: version,
+        };
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            info,
+            modules: Mutex::new(HashMap::new()),
+            resources: Mutex::new(None),
+            blas: OnceLock::new(),
+        }))
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device's exact architecture, `sm_XY`, or `sm_XYa` when `arch_specific` (Hopper-only
+    /// instructions such as wgmma need `sm_90a`).
+    pub fn arch(&self, arch_specific: bool) -> Arch {
+        let (major, minor) = self.info.compute_capability;
+        Arch { major, minor, arch_specific }
+    }
+
+    /// NVRTC and the CUDA headers, located once per process.
+    pub fn toolchain(&self) -> Result<Arc<Toolchain>> {
+        crate::nvrtc::toolchain()
+    }
+
+    /// A cuBLAS handle on the harness's stream, created on first use.
+    pub fn blas(&self) -> Result<Arc<cudarc::cublas::CudaBlas>> {
+        self.blas
+            .get_or_init(|| {
+                // SAFETY: only probes whether the shared library can be loaded.
+                if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+                    return Err("libcublas.so could not be loaded".to_string());
+                }
+                cudarc::cublas::CudaBlas::new(self.stream.clone()).map(Arc::new).map_err(|e| format!("{e:?}"))
+            })
+            .clone()
+            .map_err(|message| Error::Blas { context: "creating the handle".into(), message })
+    }
+
+    pub(crate) fn module_cache(&self) -> &Mutex<HashMap<String, Arc<LoadedModule>>> {
+        &self.modules
+    }
+
+    /// Starts recording the resources of every kernel configured for launch (see
+    /// [`crate::Kernel::config`]); [`Gpu::finish_resource_log`] returns them.
+    pub fn start_resource_log(&self) {
+        *self.resources.lock().unwrap() = Some(Vec::new());
+    }
+
+    pub fn finish_resource_log(&self) -> Vec<ResourceUse> {
+        self.resources.lock().unwrap().take().unwrap_or_default()
+    }
+
+    pub(crate) fn log_resource(&self, use_: ResourceUse) {
+        if let Some(log) = self.resources.lock().unwrap().as_mut() {
+            if !log.iter().any(|u| u.kernel == use_.kernel && u.block_threads == use_.block_threads) {
+                log.push(use_);
+            }
+        }
+    }
+
+    /// The raw device address of `buf` (for library calls that take pointers).
+    pub fn ptr<T>(&self, buf: &CudaSlice<T>) -> u64 {
+        use cudarc::driver::DevicePtr;
+        buf.device_ptr(&self.stream).0
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().ctx("synchronize (a kernel may have faulted)")
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        self.stream.clone_htod(host).ctx("copy to device")
+    }
+
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.stream.clone_dtoh(dev).ctx("copy to host")
+    }
+
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros(len.max(1)).ctx("allocate")
+    }
+
+    /// An allocation of `len` elements filled with all-ones bytes: NaN for f32, f16 and bf16.
+    pub fn alloc_poisoned<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        let mut buf = self.zeros(len)?;
+        self.poison(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// Fills `buf` with 0xFF bytes, so any element a kernel does not write reads back as NaN.
+    pub fn poison<T: DeviceRepr>(&self, buf: &mut CudaSlice<T>) -> Result<()> {
+        use cudarc::driver::DevicePtrMut;
+        let bytes = buf.num_bytes();
+        let (ptr, _guard) = buf.device_ptr_mut(&self.stream);
+        // SAFETY: ptr..ptr+bytes is the allocation owned by `buf`.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream()) }
+            .ctx("poison (memset 0xFF)")
+    }
+}

@@ -1,0 +1,303 @@
+//! Run-time compilation with NVRTC. Sources and the shared headers travel inside the binary; the
+//! CUDA headers (`cuda_fp16.h`, `mma.h`, ...) come from a CUDA install or pip's `nvidia/cu13`.
+//! Compiled modules are cached on disk, keyed by everything that changes the output.
+
+use std::ffi::{c_char, CString};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::nvrtc::sys;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::module::KernelSource;
+use crate::variant::Define;
+
+/// A compilation target: `sm_XY`, or `sm_XYa` with the architecture-specific features (wgmma,
+/// setmaxnreg) that only run on exactly that chip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Arch {
+    pub major: u32,
+    pub minor: u32,
+    pub arch_specific: bool,
+}
+
+impl Arch {
+    pub const SM80: Arch = Arch { major: 8, minor: 0, arch_specific: false };
+    pub const SM90: Arch = Arch { major: 9, minor: 0, arch_specific: false };
+    pub const SM90A: Arch = Arch { major: 9, minor: 0, arch_specific: true };
+
+    pub fn name(&self) -> String {
+        format!("sm_{}{}{}", self.major, self.minor, if self.arch_specific { "a" } else { "" })
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// NVRTC (already loaded) and the directory holding the CUDA headers.
+#[derive(Debug)]
+pub struct Toolchain {
+    pub include_dir: PathBuf,
+    pub version: (i32, i32),
+    cache_dir: Option<PathBuf>,
+}
+
+/// What one compilation produced. `image` is a CUBIN for the exact architecture (no driver JIT);
+/// `ptx` is kept beside it for reading.
+#[derive(Debug)]
+pub struct Compiled {
+    pub image: Vec<u8>,
+    pub ptx: String,
+    pub log: String,
+    pub from_cache: bool,
+}
+
+fn python_site_dirs() -> Vec<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print('\\n'.join(p for p in sys.path if p))"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            String::from_utf8_lossy(&o.stdout).lines().map(PathBuf::from).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Places to look for `include/cuda_fp16.h`, in order: `$LADDER_CUDA_HOME`, `$CUDA_HOME`,
+/// `$CUDA_PATH`, `/usr/local/cuda`, then pip's `nvidia/cu13` and `nvidia/cuda_runtime` (the
+/// packages `nvidia-cuda-runtime` + `nvidia-cuda-crt`) in python3's `sys.path`.
+fn cuda_roots() -> Vec<PathBuf> {
+    let mut roots = Vec::new();
+    for var in ["LADDER_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(v) = std::env::var(var) {
+            if !v.is_empty() {
+                roots.push(PathBuf::from(v));
+            }
+        }
+    }
+    roots.push(PathBuf::from("/usr/local/cuda"));
+    for site in python_site_dirs() {
+        roots.push(site.join("nvidia/cu13"));
+        roots.push(site.join("nvidia/cuda_runtime"));
+    }
+    roots
+}
+
+/// Loads libnvrtc from a CUDA root's `lib`/`lib64` by absolute path, so the later load by soname
+/// (inside cudarc) finds it already resident even when the folder is not on `LD_LIBRARY_PATH`.
+fn preload_nvrtc(roots: &[PathBuf]) {
+    for root in roots {
+        for lib in ["lib64", "lib"] {
+            for name in ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"] {
+                let path = root.join(lib).join(name);
+                if path.exists() {
+                    // SAFETY: loading NVIDIA's NVRTC library runs only its initialisers.
+                    if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
+                        std::mem::forget(lib); // stays loaded for the process
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Toolchain {
+    /// Finds the CUDA headers and loads NVRTC; the error says where it looked.
+    pub fn locate() -> Result<Toolchain> {
+        let roots = cuda_roots();
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            preload_nvrtc(&roots);
+        }
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoNvrtc(format!(
+                "libnvrtc.so could not be loaded from LD_LIBRARY_PATH or from lib/ and lib64/ under {}",
+                roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let include_dir = roots
+            .iter()
+            .map(|r| r.join("include"))
+            .find(|inc| inc.join("cuda_fp16.h").exists())
+            .ok_or_else(|| {
+                Error::NoCudaHeaders(
+                    roots.iter().map(|r| r.join("include").display().to_string()).collect::<Vec<_>>().join(", "),
+                )
+            })?;
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: writes two ints.
+        unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+            .result()
+            .map_err(|e| Error::NoNvrtc(format!("nvrtcVersion failed: {e:?}")))?;
+        Ok(Toolchain { include_dir, version: (major, minor), cache_dir: cache_dir() })
+    }
+
+    /// Compiles `source` for `arch` with `defines`; the shared headers are available by name.
+    /// `variant` names the variant in errors.
+    pub fn compile(
+        &self,
+        variant: &str,
+        source: &KernelSource,
+        headers: &[KernelSource],
+        defines: &[Define],
+        arch: Arch,
+    ) -> Result<Compiled> {
+        let options = self.options(defines, arch);
+        let key = self.cache_key(source, headers, &options);
+        if let Some(hit) = self.cache_read(&key) {
+            return Ok(hit);
+        }
+        let compiled = self.compile_uncached(variant, source, headers, &options, arch)?;
+        self.cache_write(&key, &compiled);
+        Ok(compiled)
+    }
+
+    fn options(&self, defines: &[Define], arch: Arch) -> Vec<String> {
+        let mut options = vec![
+            format!("--gpu-architecture={}", arch.name()),
+            "--std=c++17".to_string(),
+            "--generate-line-info".to_string(),
+            "-DNDEBUG".to_string(),
+            format!("-I{}", self.include_dir.display()),
+        ];
+        let mut sorted: Vec<&Define> = defines.iter().collect();
+        sorted.sort_by(|a, b| a.name.cmp(&b.name));
+        for d in sorted {
+            options.push(format!("-D{}={}", d.name, d.value));
+        }
+        options
+    }
+
+    fn cache_key(&self, source: &KernelSource, headers: &[KernelSource], options: &[String]) -> String {
+        let mut h = Sha256::new();
+        h.update(source.path.as_bytes());
+        h.update([0]);
+        h.update(source.text.as_bytes());
+        for header in headers {
+            h.update([0]);
+            h.update(header.path.as_bytes());
+            h.update([0]);
+            h.update(header.text.as_bytes());
+        }
+        for o in options {
+            h.update([1]);
+            h.update(o.as_bytes());
+        }
+        h.update(format!("nvrtc {}.{}", self.version.0, self.version.1).as_bytes());
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn cache_read(&self, key: &str) -> Option<Compiled> {
+        let dir = self.cache_dir.as_ref()?;
+        let image = std::fs::read(dir.join(format!("{key}.cubin"))).ok()?;
+        let ptx = std::fs::read_to_string(dir.join(format!("{key}.ptx"))).unwrap_or_default();
+        Some(Compiled { image, ptx, log: String::new(), from_cache: true })
+    }
+
+    fn cache_write(&self, key: &str, compiled: &Compiled) {
+        let Some(dir) = self.cache_dir.as_ref() else { return };
+        // Write then rename, so a concurrent reader never sees half a file. A failed write only
+        // costs a recompilation next time.
+        let write = |ext: &str, bytes: &[u8]| {
+            let tmp = dir.join(format!("{key}.{ext}.{}.tmp", std::process::id()));
+            if std::fs::write(&tmp, bytes).is_ok() {
+                let _ = std::fs::rename(&tmp, dir.join(format!("{key}.{ext}")));
+            }
+        };
+        if std::fs::create_dir_all(dir).is_ok() {
+            write("ptx", compiled.ptx.as_bytes());
+            write("cubin", &compiled.image);
+        }
+    }
+
+    fn compile_uncached(
+        &self,
+        variant: &str,
+        source: &KernelSource,
+        headers: &[KernelSource],
+        options: &[String],
+        arch: Arch,
+    ) -> Result<Compiled> {
+        let fail = |log: String| Error::Compile { variant: variant.to_string(), arch: arch.name(), log };
+        let c = |s: &str| CString::new(s).map_err(|_| fail(format!("interior NUL in '{s}'")));
+        let src = c(source.text)?;
+        let name = c(source.path)?;
+        let header_texts: Vec<CString> = headers.iter().map(|h| c(h.text)).collect::<Result<_>>()?;
+        let header_names: Vec<CString> = headers.iter().map(|h| c(h.path)).collect::<Result<_>>()?;
+        let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|s| s.as_ptr()).collect();
+        let name_ptrs: Vec<*const c_char> = header_names.iter().map(|s| s.as_ptr()).collect();
+        let opts: Vec<CString> = options.iter().map(|o| c(o)).collect::<Result<_>>()?;
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|s| s.as_ptr()).collect();
+
+        let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
+        // SAFETY: all pointers stay alive for the calls below; `prog` is destroyed before return.
+        unsafe {
+            sys::nvrtcCreateProgram(
+                &mut prog,
+                src.as_ptr(),
+                name.as_ptr(),
+                headers.len() as i32,
+                text_ptrs.as_ptr(),
+                name_ptrs.as_ptr(),
+            )
+            .result()
+            .map_err(|e| fail(format!("nvrtcCreateProgram: {e:?}")))?;
+            let status = sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
+            let log = program_log(prog);
+            let result = if status != sys::nvrtcResult::NVRTC_SUCCESS {
+                Err(fail(format!("{status:?}\n{log}\noptions: {}", options.join(" "))))
+            } else {
+                get_outputs(prog).map(|(image, ptx)| Compiled { image, ptx, log, from_cache: false }).map_err(fail)
+            };
+            let _ = sys::nvrtcDestroyProgram(&mut prog);
+            result
+        }
+    }
+}
+
+unsafe fn program_log(prog: sys::nvrtcProgram) -> String {
+    let mut size = 0usize;
+    if sys::nvrtcGetProgramLogSize(prog, &mut size) != sys::nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    let mut buf = vec![0u8; size.max(1)];
+    if sys::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut c_char) != sys::nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    String::from_utf8_lossy(&buf).trim_end_matches('\0').trim().to_string()
+}
+
+unsafe fn get_outputs(prog: sys::nvrtcProgram) -> std::result::Result<(Vec<u8>, String), String> {
+    let mut size = 0usize;
+    sys::nvrtcGetCUBINSize(prog, &mut size).result().map_err(|e| format!("nvrtcGetCUBINSize: {e:?}"))?;
+    let mut image = vec![0u8; size];
+    sys::nvrtcGetCUBIN(prog, image.as_mut_ptr() as *mut c_char).result().map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
+    sys::nvrtcGetPTXSize(prog, &mut size).result().map_err(|e| format!("nvrtcGetPTXSize: {e:?}"))?;
+    let mut ptx = vec![0u8; size];
+    sys::nvrtcGetPTX(prog, ptx.as_mut_ptr() as *mut c_char).result().map_err(|e| format!("nvrtcGetPTX: {e:?}"))?;
+    Ok((image, String::from_utf8_lossy(&ptx).trim_end_matches('\0').to_string()))
+}
+
+/// `$LADDER_CACHE_DIR`, else `$XDG_CACHE_HOME/kernel-ladder`, else `~/.cache/kernel-ladder`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Ok(d) = std::env::var("LADDER_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache")))
+        .ok()?;
+    Some(base.join("kernel-ladder"))
+}
+
+/// NVRTC for tests that need no GPU; shared by the process.
+pub fn toolchain() -> Result<Arc<Toolchain>> {
+    static TC: std::sync::OnceLock<std::result::Result<Arc<Toolchain>, String>> = std::sync::OnceLock::new();
+    TC.get_or_init(|| Toolchain::locate().map(Arc::new).map_err(|e| e.to_string())).clone().map_err(Error::NoNvrtc)
+}

@@ -1,0 +1,277 @@
+//! The ablation table as aligned text, Markdown, CSV or JSON.
+
+use crate::family::Bound;
+use crate::runner::{Row, Status, Table};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Markdown,
+    Csv,
+    Json,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "table" => Ok(Format::Table),
+            "md" => Ok(Format::Markdown),
+            "csv" => Ok(Format::Csv),
+            "json" => Ok(Format::Json),
+            _ => Err(format!("unknown format '{s}'; known: table, md, csv, json")),
+        }
+    }
+}
+
+pub const COLUMNS: [&str; 14] = [
+    "stage", "name", "median (min-max)", "GB/s", "TFLOP/s", "% ceil", "x stage0", "x prev", "regs", "smem", "spill", "occ",
+    "error", "status",
+];
+
+/// A time in ms, in µs below 1 ms.
+pub fn fmt_time(ms: f64) -> String {
+    if ms < 1.0 {
+        format!("{:.2} us", ms * 1e3)
+    } else {
+        format!("{ms:.3} ms")
+    }
+}
+
+fn fmt_range(ms: f64, lo: f64, hi: f64) -> String {
+    if ms < 1.0 {
+        format!("{:.2} us ({:.2}-{:.2})", ms * 1e3, lo * 1e3, hi * 1e3)
+    } else {
+        format!("{ms:.3} ms ({lo:.3}-{hi:.3})")
+    }
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "-".into())
+}
+
+fn cells(row: &Row) -> Vec<String> {
+    let r = row.resources.as_ref();
+    let status = match &row.status {
+        Status::Passed => "ok".to_string(),
+        Status::Failed(why) => format!("FAILED: {why}"),
+        Status::Skipped(why) => format!("n/a: {why}"),
+    };
+    vec![
+        format!("{:02}", row.stage),
+        row.name.clone(),
+        row.timing.map(|t| fmt_range(t.median_ms, t.min_ms, t.max_ms)).unwrap_or_else(|| "-".into()),
+        opt(row.gbps, |v| format!("{v:.0}")),
+        opt(row.tflops, |v| format!("{v:.2}")),
+        opt(row.of_ceiling, |v| format!("{:.1}", v * 100.0)),
+        opt(row.vs_stage0, |v| format!("{v:.2}")),
+        opt(row.vs_previous, |v| format!("{v:.2}")),
+        r.map(|r| r.registers.to_string()).unwrap_or_else(|| "-".into()),
+        r.map(|r| r.shared_bytes.to_string()).unwrap_or_else(|| "-".into()),
+        r.map(|r| r.local_bytes.to_string()).unwrap_or_else(|| "-".into()),
+        r.map(|r| format!("{:.0}%", r.occupancy * 100.0)).unwrap_or_else(|| "-".into()),
+        row.verification
+            .as_ref()
+            .and_then(|v| v.worst().map(|w| if w.non_finite > 0 { "NaN".to_string() } else { format!("{:.1e}", w.rel_l2) }))
+            .unwrap_or_else(|| "-".into()),
+        status,
+    ]
+}
+
+fn anchor_cells(table: &Table) -> Vec<Vec<String>> {
+    table
+        .anchors
+        .iter()
+        .map(|a| {
+            let (gbps, tflops, frac) = table.rates(a.median_ms);
+            let best = table.best().and_then(|b| b.timing).map(|t| a.median_ms / t.median_ms);
+            vec![
+                "anchor".into(),
+                a.name.clone(),
+                fmt_range(a.median_ms, a.min_ms, a.max_ms),
+                format!("{gbps:.0}"),
+                format!("{tflops:.2}"),
+                format!("{:.1}", frac * 100.0),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                best.map(|b| format!("best stage is {b:.2}x this")).unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect()
+}
+
+fn ceiling_line(table: &Table) -> String {
+    let c = &table.ceilings;
+    match table.workload.bound {
+        Bound::Memory => format!("memory-bound; ceiling {:.0} GB/s (device-to-device copy)", c.copy_gbps),
+        Bound::Compute(p) => format!("compute-bound; ceiling {:.1} TFLOP/s (cuBLAS {} GEMM)", c.tflops(p), p.label()),
+    }
+}
+
+/// The header lines above the table.
+pub fn header(table: &Table) -> Vec<String> {
+    vec![
+        format!("{}/{}  shape {}  on {}  (seed {})", table.family, table.op, table.shape, table.device, table.seed),
+        format!(
+            "floor: {:.2} MB moved, {:.3} GFLOP; {}",
+            table.workload.bytes as f64 / 1e6,
+            table.workload.flops as f64 / 1e9,
+            ceiling_line(table)
+        ),
+    ]
+}
+
+pub fn render(table: &Table, format: Format) -> String {
+    let mut body: Vec<Vec<String>> = table.rows.iter().map(cells).collect();
+    body.extend(anchor_cells(table));
+    match format {
+        Format::Json => serde_json::to_string_pretty(table).unwrap_or_default(),
+        Format::Csv => {
+            let mut out = format!("family,op,shape,{}\n", COLUMNS.join(","));
+            for row in body {
+                let quoted: Vec<String> = row.iter().map(|c| format!("\"{}\"", c.replace('"', "'"))).collect();
+                out.push_str(&format!("{},{},\"{}\",{}\n", table.family, table.op, table.shape, quoted.join(",")));
+            }
+            out
+        }
+        Format::Markdown => {
+            let mut out = header(table).iter().map(|l| format!("{l}  \n")).collect::<String>();
+            out.push('\n');
+            out.push_str(&format!("| {} |\n", COLUMNS.join(" | ")));
+            out.push_str(&format!("|{}\n", "---|".repeat(COLUMNS.len())));
+            for row in body {
+                out.push_str(&format!("| {} |\n", row.join(" | ").replace('\n', " ")));
+            }
+            out
+        }
+        Format::Table => {
+            let mut widths: Vec<usize> = COLUMNS.iter().map(|c| c.len()).collect();
+            for row in &body {
+                for (w, c) in widths.iter_mut().zip(row).take(COLUMNS.len() - 1) {
+                    *w = (*w).max(c.chars().count());
+                }
+            }
+            let line = |cols: Vec<String>| -> String {
+                let mut s = String::new();
+                for (i, c) in cols.iter().enumerate() {
+                    if i + 1 == cols.len() {
+                        s.push_str(c);
+                    } else {
+                        s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
+                    }
+                }
+                s.trim_end().to_string() + "\n"
+            };
+            let mut out = header(table).join("\n") + "\n";
+            out.push_str(&line(COLUMNS.iter().map(|c| c.to_string()).collect()));
+            for row in body {
+                out.push_str(&line(row));
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ceilings::Ceilings;
+    use crate::check::Verification;
+    use crate::family::Workload;
+    use crate::runner::{fill_rates, Anchor, Resources};
+    use crate::timing::Timing;
+    use crate::variant::Precision;
+
+    fn row(stage: u32, ms: Option<f64>, status: Status) -> Row {
+        Row {
+            stage,
+            name: format!("s{stage}"),
+            summary: String::new(),
+            precision: Precision::Fp32,
+            status,
+            timing: ms.map(|m| Timing { median_ms: m, min_ms: m * 0.9, max_ms: m * 1.1, reps: 10, last_copy: 0 }),
+            gbps: None,
+            tflops: None,
+            of_ceiling: None,
+            vs_stage0: None,
+            vs_previous: None,
+            resources: Some(Resources { kernels: 1, registers: 32, shared_bytes: 128, local_bytes: 0, blocks_per_sm: 8, occupancy: 1.0 }),
+            verification: Some(Verification::new(1e-5).add("out", &[1.0f32], &[1.0])),
+        }
+    }
+
+    fn table() -> Table {
+        let mut t = Table {
+            family: "norm".into(),
+            op: "layernorm".into(),
+            shape: "rows=4,C=8".into(),
+            device: "test".into(),
+            seed: 1,
+            workload: Workload { bytes: 2_000_000, flops: 1_000_000, bound: Bound::Memory },
+            ceilings: Ceilings {
+                device: "test".into(),
+                uuid: "0".into(),
+                copy_gbps: 4000.0,
+                copy_bytes: 1,
+                gemm_size: 1,
+                fp32_tflops: 50.0,
+                tf32_tflops: 400.0,
+                bf16_tflops: 800.0,
+                fp16_tflops: 800.0,
+            },
+            rows: vec![
+                row(0, Some(4.0), Status::Passed),
+                row(1, None, Status::Failed("out: rel L2 1e-1".into())),
+                row(2, Some(1.0), Status::Passed),
+                row(3, None, Status::Skipped("C <= 8192".into())),
+            ],
+            anchors: vec![Anchor {
+                family: "norm".into(),
+                op: "layernorm".into(),
+                shape: "rows=4,C=8".into(),
+                name: "torch".into(),
+                median_ms: 2.0,
+                min_ms: 1.9,
+                max_ms: 2.1,
+            }],
+        };
+        fill_rates(&mut t);
+        t
+    }
+
+    #[test]
+    fn speedups_skip_failed_rows() {
+        let t = table();
+        assert_eq!(t.rows[2].vs_stage0, Some(4.0));
+        assert_eq!(t.rows[2].vs_previous, Some(4.0), "previous passing row is stage 0");
+        assert_eq!(t.rows[1].gbps, None, "a failed row gets no rate");
+        approx::assert_relative_eq!(t.rows[2].gbps.unwrap(), 2.0);
+        approx::assert_relative_eq!(t.rows[2].of_ceiling.unwrap(), 0.0005);
+    }
+
+    #[test]
+    fn every_format_shows_every_row() {
+        let t = table();
+        for f in [Format::Table, Format::Markdown, Format::Csv] {
+            let s = render(&t, f);
+            for name in ["s0", "s1", "s2", "s3", "torch"] {
+                assert!(s.contains(name), "{f:?} lacks {name}:\n{s}");
+            }
+            assert!(s.contains("FAILED"), "{f:?}");
+            assert!(s.contains("best stage is 2.00x this"), "{f:?}:\n{s}");
+        }
+        let json: serde_json::Value = serde_json::from_str(&render(&t, Format::Json)).unwrap();
+        assert_eq!(json["rows"].as_array().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn times_switch_units() {
+        assert_eq!(fmt_time(0.0191), "19.10 us");
+        assert_eq!(fmt_time(31.35), "31.350 ms");
+    }
+}

@@ -1,0 +1,246 @@
+//! The ablation runner: for one op and shape, verify every stage against the CPU reference on the
+//! same inputs, time the ones that pass, check the output again after timing, and build the rows of
+//! the table.
+
+use serde::Serialize;
+
+use crate::ceilings::Ceilings;
+use crate::check::Verification;
+use crate::error::{Error, Result};
+use crate::family::{Op, Problem, Workload};
+use crate::gpu::Gpu;
+use crate::module::ResourceUse;
+use crate::shape::Shape;
+use crate::timing::{self, Timing, TimingConfig};
+use crate::variant::{Precision, Variant};
+
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Inclusive stage-number range; all stages when `None`.
+    pub stages: Option<(u32, u32)>,
+    pub leave_one_out: bool,
+    pub timing: TimingConfig,
+    /// Input seed; a fresh one when `None`.
+    pub seed: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum Status {
+    Passed,
+    /// Verification failed (before or after timing), or the launch failed: never timed as fine.
+    Failed(String),
+    /// The stage does not apply here (a shape constraint, a device requirement).
+    Skipped(String),
+}
+
+/// The resources of a stage's kernels at their launch configurations; with several kernels, the
+/// heaviest value of each column.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Resources {
+    pub kernels: usize,
+    pub registers: u32,
+    pub shared_bytes: u32,
+    pub local_bytes: u32,
+    pub blocks_per_sm: u32,
+    pub occupancy: f64,
+}
+
+impl Resources {
+    pub fn summarize(uses: &[ResourceUse]) -> Option<Resources> {
+        if uses.is_empty() {
+            return None;
+        }
+        Some(Resources {
+            kernels: uses.len(),
+            registers: uses.iter().map(|u| u.registers).max().unwrap_or(0),
+            shared_bytes: uses.iter().map(|u| u.static_shared_bytes + u.dynamic_shared_bytes).max().unwrap_or(0),
+            local_bytes: uses.iter().map(|u| u.local_bytes).max().unwrap_or(0),
+            blocks_per_sm: uses.iter().map(|u| u.blocks_per_sm).min().unwrap_or(0),
+            occupancy: uses.iter().map(|u| u.occupancy).fold(f64::INFINITY, f64::min),
+        })
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub stage: u32,
+    pub name: String,
+    pub summary: String,
+    pub precision: Precision,
+    pub status: Status,
+    pub timing: Option<Timing>,
+    pub gbps: Option<f64>,
+    pub tflops: Option<f64>,
+    /// Fraction (0..1) of the ceiling that bounds the op.
+    pub of_ceiling: Option<f64>,
+    pub vs_stage0: Option<f64>,
+    pub vs_previous: Option<f64>,
+    pub resources: Option<Resources>,
+    pub verification: Option<Verification>,
+}
+
+/// An outside measurement of the same op and shape (PyTorch, from `scripts/anchors.py`).
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct Anchor {
+    pub family: String,
+    pub op: String,
+    pub shape: String,
+    pub name: String,
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Table {
+    pub family: String,
+    pub op: String,
+    pub shape: String,
+    pub device: String,
+    pub seed: u64,
+    pub workload: Workload,
+    pub ceilings: Ceilings,
+    pub rows: Vec<Row>,
+    pub anchors: Vec<Anchor>,
+}
+
+impl Table {
+    /// The fastest passing stage.
+    pub fn best(&self) -> Option<&Row> {
+        self.rows
+            .iter()
+            .filter(|r| r.status == Status::Passed)
+            .min_by(|a, b| a.timing.unwrap().median_ms.partial_cmp(&b.timing.unwrap().median_ms).unwrap())
+    }
+
+    pub fn rates(&self, ms: f64) -> (f64, f64, f64) {
+        let s = ms * 1e-3;
+        let gbps = self.workload.bytes as f64 / s / 1e9;
+        let tflops = self.workload.flops as f64 / s / 1e12;
+        (gbps, tflops, self.ceilings.fraction(self.workload.bound, gbps, tflops))
+    }
+}
+
+/// The op's stages selected by `opts` (and the leave-one-out variants if asked).
+pub fn select_variants(op: &dyn Op, opts: &RunOptions) -> Result<Vec<Variant>> {
+    let mut variants: Vec<Variant> = op.variants();
+    if let Some((lo, hi)) = opts.stages {
+        variants.retain(|v| v.stage >= lo && v.stage <= hi);
+        if variants.is_empty() {
+            let known: Vec<String> = op.variants().iter().map(|v| format!("{}:{}", v.stage, v.name)).collect();
+            return Err(Error::Unknown { what: "stage range", name: format!("{lo}..{hi}"), known: known.join(", ") });
+        }
+    }
+    if opts.leave_one_out {
+        variants.extend(op.leave_one_out());
+    }
+    Ok(variants)
+}
+
+/// Poisons every output, launches `variant` once on copy 0 and checks it.
+pub fn verify_once(gpu: &Gpu, problem: &mut dyn Problem, variant: &Variant) -> Result<Verification> {
+    problem.poison(gpu)?;
+    problem.launch(gpu, variant, 0)?;
+    gpu.synchronize()?;
+    problem.verify(gpu, variant, 0)
+}
+
+/// Runs the ablation for `op` at `shape`. `progress` is told which stage is being worked on.
+pub fn run_op(
+    gpu: &Gpu,
+    ceilings: &Ceilings,
+    op: &dyn Op,
+    shape: &Shape,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Table> {
+    let variants = select_variants(op, opts)?;
+    let seed = opts.seed.unwrap_or_else(crate::data::fresh_seed);
+    progress(&format!("{}/{} {shape}: inputs and CPU reference", op.family(), op.name()));
+    let mut problem = op.problem(gpu, shape, seed)?;
+    let workload = problem.workload();
+    let mut rows = Vec::new();
+    for v in &variants {
+        progress(&format!("{}/{} {shape}: {:02} {}", op.family(), op.name(), v.stage, v.name));
+        let (status, timing, resources, verification) = run_variant(gpu, op, problem.as_mut(), v, shape, &opts.timing);
+        rows.push(Row {
+            stage: v.stage,
+            name: v.name.to_string(),
+            summary: v.summary.to_string(),
+            precision: v.precision,
+            status,
+            timing,
+            gbps: None,
+            tflops: None,
+            of_ceiling: None,
+            vs_stage0: None,
+            vs_previous: None,
+            resources,
+            verification,
+        });
+    }
+    let mut table = Table {
+        family: op.family().into(),
+        op: op.name().into(),
+        shape: shape.to_string(),
+        device: gpu.info().name.clone(),
+        seed,
+        workload,
+        ceilings: ceilings.clone(),
+        rows,
+        anchors: Vec::new(),
+    };
+    fill_rates(&mut table);
+    Ok(table)
+}
+
+type VariantOutcome = (Status, Option<Timing>, Option<Resources>, Option<Verification>);
+
+fn run_variant(gpu: &Gpu, op: &dyn Op, problem: &mut dyn Problem, v: &Variant, shape: &Shape, cfg: &TimingConfig) -> VariantOutcome {
+    if let Err(e) = gpu.supports(v).and_then(|_| op.validate(v, shape)) {
+        return (Status::Skipped(e.to_string()), None, None, None);
+    }
+    gpu.start_resource_log();
+    let first = verify_once(gpu, problem, v);
+    let resources = Resources::summarize(&gpu.finish_resource_log());
+    let verification = match first {
+        Err(e) => return (Status::Failed(first_line(&e)), None, resources, None),
+        Ok(ver) if !ver.passed() => return (Status::Failed(ver.summary()), None, resources, Some(ver)),
+        Ok(ver) => ver,
+    };
+    let copies = problem.copies();
+    let timing = match timing::time(gpu, copies, cfg, |c| problem.launch(gpu, v, c)) {
+        Ok(t) => t,
+        Err(e) => return (Status::Failed(format!("during timing: {}", first_line(&e))), None, resources, Some(verification)),
+    };
+    // Check again what the timed runs left in the copy written last: a kernel that races, or only
+    // works once, fails here.
+    match problem.verify(gpu, v, timing.last_copy) {
+        Err(e) => (Status::Failed(format!("after timing: {}", first_line(&e))), Some(timing), resources, Some(verification)),
+        Ok(after) if !after.passed() => {
+            (Status::Failed(format!("after timing: {}", after.summary())), Some(timing), resources, Some(after))
+        }
+        Ok(_) => (Status::Passed, Some(timing), resources, Some(verification)),
+    }
+}
+
+fn first_line(e: &Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
+/// GB/s, TFLOP/s, fraction of the ceiling and the two speedup columns.
+pub fn fill_rates(table: &mut Table) {
+    let stage0 = table.rows.iter().find(|r| r.stage == 0 && r.status == Status::Passed).and_then(|r| r.timing);
+    let mut previous: Option<Timing> = None;
+    for i in 0..table.rows.len() {
+        let Some(t) = table.rows[i].timing.filter(|_| table.rows[i].status == Status::Passed) else { continue };
+        let (gbps, tflops, frac) = table.rates(t.median_ms);
+        let row = &mut table.rows[i];
+        row.gbps = Some(gbps);
+        row.tflops = Some(tflops);
+        row.of_ceiling = Some(frac);
+        row.vs_stage0 = stage0.map(|s| s.median_ms / t.median_ms);
+        row.vs_previous = previous.map(|p| p.median_ms / t.median_ms);
+        previous = Some(t);
+    }
+}

@@ -1,0 +1,129 @@
+//! Timing with CUDA events: warm-up, then many repetitions each bracketed by its own pair of events,
+//! rotating through the problem's copies; median, min and max. Optionally each copy's launch
+//! sequence is captured once as a CUDA graph and the graph is replayed (for launch-bound ops).
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
+use serde::Serialize;
+
+use crate::error::{DriverContext, Result};
+use crate::gpu::Gpu;
+
+#[derive(Clone, Copy, Debug)]
+pub struct TimingConfig {
+    /// Stop adding repetitions once this much device time is spent (after `min_reps`).
+    pub target_ms: f64,
+    pub min_reps: usize,
+    pub max_reps: usize,
+    /// Warm-up runs are added until this much time has passed (at least one).
+    pub warmup_ms: f64,
+    pub graph: bool,
+}
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        TimingConfig { target_ms: 300.0, min_reps: 10, max_reps: 500, warmup_ms: 30.0, graph: false }
+    }
+}
+
+impl TimingConfig {
+    /// Fewer, shorter repetitions: for smoke runs and tests of the harness itself.
+    pub fn quick() -> Self {
+        TimingConfig { target_ms: 20.0, min_reps: 3, max_reps: 20, warmup_ms: 2.0, graph: false }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    pub reps: usize,
+    /// The copy the last run (warm-up and timed runs together) wrote: the one to check afterwards.
+    pub last_copy: usize,
+}
+
+impl Timing {
+    pub fn from_samples(samples: &mut [f64]) -> Timing {
+        assert!(!samples.is_empty(), "at least one sample");
+        samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let n = samples.len();
+        let median = if n % 2 == 1 { samples[n / 2] } else { 0.5 * (samples[n / 2 - 1] + samples[n / 2]) };
+        Timing { median_ms: median, min_ms: samples[0], max_ms: samples[n - 1], reps: n, last_copy: 0 }
+    }
+}
+
+/// Times `run(copy)` for copies `0..copies` in rotation. `run` only enqueues work on the harness
+/// stream.
+pub fn time(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(usize) -> Result<()>) -> Result<Timing> {
+    let copies = copies.max(1);
+    if cfg.graph {
+        let graphs: Vec<CudaGraph> = (0..copies).map(|c| capture(gpu, || run(c))).collect::<Result<_>>()?;
+        return time_loop(gpu, copies, cfg, |c| graphs[c].launch().ctx("graph launch"));
+    }
+    time_loop(gpu, copies, cfg, run)
+}
+
+fn capture(gpu: &Gpu, run: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+    let stream = gpu.stream();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).ctx("begin graph capture")?;
+    let enqueued = run();
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).ctx("end graph capture")?;
+    enqueued?;
+    graph.ok_or_else(|| crate::Error::Launch { kernel: "graph".into(), reason: "capture recorded no work".into() })
+}
+
+fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(usize) -> Result<()>) -> Result<Timing> {
+    let ctx = gpu.context();
+    let stream = gpu.stream();
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let pair = || -> Result<_> { Ok((ctx.new_event(timed).ctx("event")?, ctx.new_event(timed).ctx("event")?)) };
+
+    // Warm-up, which also measures one run to size the repetitions.
+    let (s, e) = pair()?;
+    let mut copy = 0;
+    let mut warm_ms = 0.0;
+    let mut warm_runs = 0usize;
+    let mut estimate = 0.0;
+    while warm_runs == 0 || warm_ms < cfg.warmup_ms {
+        s.record(stream).ctx("record")?;
+        run(copy % copies)?;
+        e.record(stream).ctx("record")?;
+        e.synchronize().ctx("warm-up (a kernel may have faulted)")?;
+        estimate = s.elapsed_ms(&e).ctx("elapsed")? as f64;
+        warm_ms += estimate.max(1e-3);
+        warm_runs += 1;
+        copy += 1;
+        if warm_runs >= 1000 {
+            break;
+        }
+    }
+    let reps = ((cfg.target_ms / estimate.max(1e-3)) as usize).clamp(cfg.min_reps, cfg.max_reps);
+    // All events first, then all runs back to back, then one synchronisation: no host gaps are timed.
+    let events: Vec<_> = (0..reps).map(|_| pair()).collect::<Result<_>>()?;
+    for (start, end) in &events {
+        start.record(stream).ctx("record")?;
+        run(copy % copies)?;
+        end.record(stream).ctx("record")?;
+        copy += 1;
+    }
+    gpu.synchronize()?;
+    let mut samples: Vec<f64> = events
+        .iter()
+        .map(|(a, b)| a.elapsed_ms(b).map(|t| t as f64).ctx("elapsed"))
+        .collect::<Result<_>>()?;
+    Ok(Timing { last_copy: (copy - 1) % copies, ..Timing::from_samples(&mut samples) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_min_max() {
+        let t = Timing::from_samples(&mut [3.0, 1.0, 2.0, 10.0]);
+        assert_eq!((t.median_ms, t.min_ms, t.max_ms, t.reps), (2.5, 1.0, 10.0, 4));
+        let t = Timing::from_samples(&mut [5.0, 1.0, 3.0]);
+        assert_eq!(t.median_ms, 3.0);
+    }
+}

@@ -1,0 +1,1 @@
+include!("../common/embed_kernels.rs");
