@@ -22,7 +22,8 @@ pub enum GemmPrecision {
 }
 
 impl GemmPrecision {
-    pub const ALL: [GemmPrecision; 4] = [GemmPrecision::Fp32, GemmPrecision::Tf32, GemmPrecision::Bf16, GemmPrecision::Fp16];
+    pub const ALL: [GemmPrecision; 4] =
+        [GemmPrecision::Fp32, GemmPrecision::Tf32, GemmPrecision::Bf16, GemmPrecision::Fp16];
 
     fn types(self) -> (cudaDataType, cublasComputeType_t) {
         match self {
@@ -46,7 +47,16 @@ impl GemmPrecision {
 ///
 /// # Safety
 /// The pointers must address at least M·K, N·K and M·N elements of the precision's type.
-pub unsafe fn linear(gpu: &Gpu, precision: GemmPrecision, m: usize, n: usize, k: usize, inp: u64, w: u64, out: u64) -> Result<()> {
+pub unsafe fn linear(
+    gpu: &Gpu,
+    precision: GemmPrecision,
+    m: usize,
+    n: usize,
+    k: usize,
+    inp: u64,
+    w: u64,
+    out: u64,
+) -> Result<()> {
     for (name, v) in [("M", m), ("N", n), ("K", k)] {
         if v == 0 || v > i32::MAX as usize {
             return Err(Error::constraint(format!("1 <= {name} <= 2^31-1 for cuBLAS"), format!("{name} = {v}")));

@@ -40,7 +40,9 @@ impl Ceilings {
     pub fn get(gpu: &Gpu) -> Result<Ceilings> {
         let file = cache_file(gpu);
         if std::env::var_os("LADDER_REMEASURE").is_none() {
-            if let Some(c) = file.as_ref().and_then(|f| std::fs::read(f).ok()).and_then(|b| serde_json::from_slice(&b).ok()) {
+            if let Some(c) =
+                file.as_ref().and_then(|f| std::fs::read(f).ok()).and_then(|b| serde_json::from_slice(&b).ok())
+            {
                 return Ok(c);
             }
         }

@@ -104,7 +104,9 @@ impl Verification {
     /// The output with the largest relative error (non-finite first).
     pub fn worst(&self) -> Option<&ErrorStats> {
         self.outputs.iter().max_by(|a, b| {
-            (a.non_finite > 0).cmp(&(b.non_finite > 0)).then(a.rel_l2.partial_cmp(&b.rel_l2).unwrap_or(std::cmp::Ordering::Equal))
+            (a.non_finite > 0)
+                .cmp(&(b.non_finite > 0))
+                .then(a.rel_l2.partial_cmp(&b.rel_l2).unwrap_or(std::cmp::Ordering::Equal))
         })
     }
 

@@ -58,9 +58,10 @@ impl Gpu {
     /// Opens the device named by `LADDER_DEVICE` (default 0).
     pub fn open() -> Result<Arc<Gpu>> {
         let index = match std::env::var("LADDER_DEVICE") {
-            Ok(s) => s.trim().parse::<usize>().map_err(|_| {
-                Error::constraint("LADDER_DEVICE is a device index (0, 1, ...)", format!("'{s}'"))
-            })?,
+            Ok(s) => s
+                .trim()
+                .parse::<usize>()
+                .map_err(|_| Error::constraint("LADDER_DEVICE is a device index (0, 1, ...)", format!("'{s}'")))?,
             Err(_) => 0,
         };
         Self::open_index(index)

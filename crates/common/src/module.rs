@@ -135,7 +135,10 @@ impl Kernel {
         }
         if shape.dynamic_shared_bytes > 48 * 1024 {
             self.func
-                .set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.dynamic_shared_bytes as i32)
+                .set_attribute(
+                    FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shape.dynamic_shared_bytes as i32,
+                )
                 .ctx("raise the dynamic shared-memory limit")?;
         }
         let blocks_per_sm = self
@@ -165,10 +168,10 @@ impl Gpu {
     /// its module on first use. `sources` is the family's embedded `KERNEL_SOURCES`.
     pub fn kernel(&self, sources: &'static [KernelSource], variant: &Variant, entry: &str) -> Result<Kernel> {
         let module = self.load(sources, variant)?;
-        let func = module
-            .module
-            .load_function(entry)
-            .map_err(|e| Error::Launch { kernel: entry.into(), reason: format!("not found in {}: {e}", module.variant) })?;
+        let func = module.module.load_function(entry).map_err(|e| Error::Launch {
+            kernel: entry.into(),
+            reason: format!("not found in {}: {e}", module.variant),
+        })?;
         let attr = |a: FnAttr| func.get_attribute(a).ctx("cuFuncGetAttribute").map(|v| v as u32);
         let attributes = FunctionAttributes {
             registers: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,

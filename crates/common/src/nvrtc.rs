@@ -61,9 +61,7 @@ fn python_site_dirs() -> Vec<PathBuf> {
         .args(["-c", "import sys; print('\\n'.join(p for p in sys.path if p))"])
         .output();
     match out {
-        Ok(o) if o.status.success() => {
-            String::from_utf8_lossy(&o.stdout).lines().map(PathBuf::from).collect()
-        }
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).lines().map(PathBuf::from).collect(),
         _ => Vec::new(),
     }
 }
@@ -121,11 +119,8 @@ impl Toolchain {
                 roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
             )));
         }
-        let include_dir = roots
-            .iter()
-            .map(|r| r.join("include"))
-            .find(|inc| inc.join("cuda_fp16.h").exists())
-            .ok_or_else(|| {
+        let include_dir =
+            roots.iter().map(|r| r.join("include")).find(|inc| inc.join("cuda_fp16.h").exists()).ok_or_else(|| {
                 Error::NoCudaHeaders(
                     roots.iter().map(|r| r.join("include").display().to_string()).collect::<Vec<_>>().join(", "),
                 )
@@ -277,7 +272,9 @@ unsafe fn get_outputs(prog: sys::nvrtcProgram) -> std::result::Result<(Vec<u8>, 
     let mut size = 0usize;
     sys::nvrtcGetCUBINSize(prog, &mut size).result().map_err(|e| format!("nvrtcGetCUBINSize: {e:?}"))?;
     let mut image = vec![0u8; size];
-    sys::nvrtcGetCUBIN(prog, image.as_mut_ptr() as *mut c_char).result().map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
+    sys::nvrtcGetCUBIN(prog, image.as_mut_ptr() as *mut c_char)
+        .result()
+        .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
     sys::nvrtcGetPTXSize(prog, &mut size).result().map_err(|e| format!("nvrtcGetPTXSize: {e:?}"))?;
     let mut ptx = vec![0u8; size];
     sys::nvrtcGetPTX(prog, ptx.as_mut_ptr() as *mut c_char).result().map_err(|e| format!("nvrtcGetPTX: {e:?}"))?;

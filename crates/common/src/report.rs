@@ -25,8 +25,20 @@ impl std::str::FromStr for Format {
 }
 
 pub const COLUMNS: [&str; 14] = [
-    "stage", "name", "median (min-max)", "GB/s", "TFLOP/s", "% ceil", "x stage0", "x prev", "regs", "smem", "spill", "occ",
-    "error", "status",
+    "stage",
+    "name",
+    "median (min-max)",
+    "GB/s",
+    "TFLOP/s",
+    "% ceil",
+    "x stage0",
+    "x prev",
+    "regs",
+    "smem",
+    "spill",
+    "occ",
+    "error",
+    "status",
 ];
 
 /// A time in ms, in µs below 1 ms.
@@ -72,7 +84,9 @@ fn cells(row: &Row) -> Vec<String> {
         r.map(|r| format!("{:.0}%", r.occupancy * 100.0)).unwrap_or_else(|| "-".into()),
         row.verification
             .as_ref()
-            .and_then(|v| v.worst().map(|w| if w.non_finite > 0 { "NaN".to_string() } else { format!("{:.1e}", w.rel_l2) }))
+            .and_then(|v| {
+                v.worst().map(|w| if w.non_finite > 0 { "NaN".to_string() } else { format!("{:.1e}", w.rel_l2) })
+            })
             .unwrap_or_else(|| "-".into()),
         status,
     ]
@@ -200,7 +214,14 @@ mod tests {
             of_ceiling: None,
             vs_stage0: None,
             vs_previous: None,
-            resources: Some(Resources { kernels: 1, registers: 32, shared_bytes: 128, local_bytes: 0, blocks_per_sm: 8, occupancy: 1.0 }),
+            resources: Some(Resources {
+                kernels: 1,
+                registers: 32,
+                shared_bytes: 128,
+                local_bytes: 0,
+                blocks_per_sm: 8,
+                occupancy: 1.0,
+            }),
             verification: Some(Verification::new(1e-5).add("out", &[1.0f32], &[1.0])),
         }
     }

@@ -196,7 +196,14 @@ pub fn run_op(
 
 type VariantOutcome = (Status, Option<Timing>, Option<Resources>, Option<Verification>);
 
-fn run_variant(gpu: &Gpu, op: &dyn Op, problem: &mut dyn Problem, v: &Variant, shape: &Shape, cfg: &TimingConfig) -> VariantOutcome {
+fn run_variant(
+    gpu: &Gpu,
+    op: &dyn Op,
+    problem: &mut dyn Problem,
+    v: &Variant,
+    shape: &Shape,
+    cfg: &TimingConfig,
+) -> VariantOutcome {
     if let Err(e) = gpu.supports(v).and_then(|_| op.validate(v, shape)) {
         return (Status::Skipped(e.to_string()), None, None, None);
     }
@@ -211,12 +218,16 @@ fn run_variant(gpu: &Gpu, op: &dyn Op, problem: &mut dyn Problem, v: &Variant, s
     let copies = problem.copies();
     let timing = match timing::time(gpu, copies, cfg, |c| problem.launch(gpu, v, c)) {
         Ok(t) => t,
-        Err(e) => return (Status::Failed(format!("during timing: {}", first_line(&e))), None, resources, Some(verification)),
+        Err(e) => {
+            return (Status::Failed(format!("during timing: {}", first_line(&e))), None, resources, Some(verification))
+        }
     };
     // Check again what the timed runs left in the copy written last: a kernel that races, or only
     // works once, fails here.
     match problem.verify(gpu, v, timing.last_copy) {
-        Err(e) => (Status::Failed(format!("after timing: {}", first_line(&e))), Some(timing), resources, Some(verification)),
+        Err(e) => {
+            (Status::Failed(format!("after timing: {}", first_line(&e))), Some(timing), resources, Some(verification))
+        }
         Ok(after) if !after.passed() => {
             (Status::Failed(format!("after timing: {}", after.summary())), Some(timing), resources, Some(after))
         }

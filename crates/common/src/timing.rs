@@ -108,10 +108,8 @@ fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(u
         copy += 1;
     }
     gpu.synchronize()?;
-    let mut samples: Vec<f64> = events
-        .iter()
-        .map(|(a, b)| a.elapsed_ms(b).map(|t| t as f64).ctx("elapsed"))
-        .collect::<Result<_>>()?;
+    let mut samples: Vec<f64> =
+        events.iter().map(|(a, b)| a.elapsed_ms(b).map(|t| t as f64).ctx("elapsed")).collect::<Result<_>>()?;
     Ok(Timing { last_copy: (copy - 1) % copies, ..Timing::from_samples(&mut samples) })
 }
 

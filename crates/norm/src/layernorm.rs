@@ -4,7 +4,9 @@
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, PushKernelArg};
 use common::data::{rotation_copies, uniform, Rotated};
-use common::{require, Bound, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload};
+use common::{
+    require, Bound, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload,
+};
 use rayon::prelude::*;
 
 use crate::FAMILY;

@@ -4,7 +4,9 @@
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, PushKernelArg};
 use common::data::{rotation_copies, uniform, Rotated};
-use common::{require, Bound, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload};
+use common::{
+    require, Bound, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload,
+};
 use rayon::prelude::*;
 
 use crate::FAMILY;
@@ -48,7 +50,9 @@ pub fn check_shape(v: &Variant, rows: usize, t: usize, causal: bool) -> Result<(
     require(rows >= 1, "rows >= 1", || format!("rows = {rows}"))?;
     require(t >= 1, "T >= 1", || format!("T = {t}"))?;
     require(rows.saturating_mul(t) < i32::MAX as usize, "rows * T < 2^31", || format!("rows * T = {}", rows * t))?;
-    require(!causal || rows % t == 0, "causal rows come in blocks of T (rows % T == 0)", || format!("rows = {rows}, T = {t}"))?;
+    require(!causal || rows % t == 0, "causal rows come in blocks of T (rows % T == 0)", || {
+        format!("rows = {rows}, T = {t}")
+    })?;
     plan(v).map(|_| ())
 }
 

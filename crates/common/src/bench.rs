@@ -1,0 +1,140 @@
+//! Criterion benchmarks over an op's stages: one group per shape, one benchmark per stage. Every
+//! stage is verified on the same inputs before it is timed; a stage that fails is reported and left
+//! out, never timed as if it were fine. Times come from CUDA events over launches rotated across the
+//! problem's copies (so L2 does not flatter), handed to criterion through `iter_custom`.
+
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
+
+use crate::family::Op;
+use crate::gpu::Gpu;
+use crate::runner::verify_once;
+use crate::shape::Shape;
+use crate::variant::Variant;
+use crate::{DriverContext, Result};
+
+/// How criterion should sample a group: slow stages (tens of ms and up) get fewer samples.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    pub sample_size: usize,
+    pub measurement: Duration,
+    pub warm_up: Duration,
+    /// Criterion's flat sampling (the same iteration count in every sample): for stages that take
+    /// tens of milliseconds or more, where linear sampling would need minutes.
+    pub flat: bool,
+}
+
+impl Sampling {
+    /// For stages of 10 ms and up: 10 flat samples.
+    pub fn slow() -> Sampling {
+        Sampling {
+            sample_size: 10,
+            measurement: Duration::from_secs(3),
+            warm_up: Duration::from_millis(100),
+            flat: true,
+        }
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            sample_size: 30,
+            measurement: Duration::from_secs(2),
+            warm_up: Duration::from_millis(300),
+            flat: false,
+        }
+    }
+}
+
+/// Benchmarks `variants` of `op` at each of `shapes`; `sampling` may pick fewer samples per
+/// (shape, stage) for slow stages.
+pub fn bench_op(
+    c: &mut Criterion,
+    op: &dyn Op,
+    shapes: &[Shape],
+    variants: &[Variant],
+    sampling: impl Fn(&Shape, &Variant) -> Sampling,
+) {
+    let Some(gpu) = crate::testing::gpu(&format!("bench {}/{}", op.family(), op.name())) else { return };
+    for shape in shapes {
+        if let Err(e) = bench_shape(c, &gpu, op, shape, variants, &sampling) {
+            eprintln!("bench {}/{} {shape}: {e}", op.family(), op.name());
+        }
+    }
+}
+
+fn bench_shape(
+    c: &mut Criterion,
+    gpu: &Gpu,
+    op: &dyn Op,
+    shape: &Shape,
+    variants: &[Variant],
+    sampling: &impl Fn(&Shape, &Variant) -> Sampling,
+) -> Result<()> {
+    let mut problem = op.problem(gpu, shape, crate::data::fresh_seed())?;
+    let workload = problem.workload();
+    let copies = problem.copies();
+    let mut group = c.benchmark_group(format!("{}/{}/{shape}", op.family(), op.name()));
+    group.throughput(Throughput::Bytes(workload.bytes));
+    for v in variants {
+        if let Err(e) = gpu.supports(v).and_then(|_| op.validate(v, shape)) {
+            eprintln!("skip {}: {e}", v.id());
+            continue;
+        }
+        match verify_once(gpu, problem.as_mut(), v) {
+            Ok(ver) if ver.passed() => {}
+            Ok(ver) => {
+                eprintln!("FAILED {} at {shape}: {} (not benchmarked)", v.id(), ver.summary());
+                continue;
+            }
+            Err(e) => {
+                eprintln!("FAILED {} at {shape}: {e} (not benchmarked)", v.id());
+                continue;
+            }
+        }
+        let s = sampling(shape, v);
+        group.sample_size(s.sample_size.max(10)).measurement_time(s.measurement).warm_up_time(s.warm_up);
+        group.sampling_mode(if s.flat { SamplingMode::Flat } else { SamplingMode::Auto });
+        let mut copy = 0usize;
+        let mut failure = None;
+        group.bench_function(BenchmarkId::from_parameter(format!("{:02}-{}", v.stage, v.name)), |b| {
+            b.iter_custom(|iters| match time_iters(gpu, problem.as_mut(), v, iters, copies, &mut copy) {
+                Ok(d) => d,
+                Err(e) => {
+                    failure.get_or_insert(e.to_string());
+                    Duration::from_nanos(1)
+                }
+            })
+        });
+        if let Some(e) = failure {
+            eprintln!("FAILED {} at {shape} while timing: {e}", v.id());
+        }
+    }
+    group.finish();
+    Ok(())
+}
+
+fn time_iters(
+    gpu: &Gpu,
+    problem: &mut dyn crate::Problem,
+    v: &Variant,
+    iters: u64,
+    copies: usize,
+    copy: &mut usize,
+) -> Result<Duration> {
+    let ctx = gpu.context();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = ctx.new_event(flags).ctx("event")?;
+    let end = ctx.new_event(flags).ctx("event")?;
+    start.record(gpu.stream()).ctx("record")?;
+    for _ in 0..iters {
+        problem.launch(gpu, v, *copy % copies)?;
+        *copy += 1;
+    }
+    end.record(gpu.stream()).ctx("record")?;
+    end.synchronize().ctx("synchronize")?;
+    let ms = start.elapsed_ms(&end).ctx("elapsed")? as f64;
+    Ok(Duration::from_secs_f64(ms * 1e-3))
+}
