@@ -1,1 +1,274 @@
-fn main() {}
+//! `ladder`: device facts and ceilings, the stage lists, and the ablation tables.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use common::ceilings::Ceilings;
+use common::report::{render, Format};
+use common::runner::{run_op, Anchor, RunOptions, Status, Table};
+use common::timing::TimingConfig;
+use common::{Error, Gpu, Op, Shape, Source};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(name = "ladder", version, about = "Verified, timed optimization ladders of GPT-2's GPU kernels")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Device facts and the measured ceilings (copy bandwidth, cuBLAS GEMM rates).
+    Device {
+        /// Measure the ceilings again instead of reading the cache.
+        #[arg(long)]
+        remeasure: bool,
+        #[arg(long, default_value = "table")]
+        format: String,
+    },
+    /// Families, ops and stages with what each stage changes.
+    List { family: Option<String> },
+    /// The ablation table: verify and time every stage at the default shapes (or --shape).
+    Run {
+        /// A family name, or `all`.
+        family: String,
+        #[arg(long)]
+        op: Option<String>,
+        /// key=value,... overriding the op's first default shape (e.g. rows=4096,C=768).
+        #[arg(long)]
+        shape: Option<String>,
+        /// Stage range `a..b` (inclusive) or one stage `a`.
+        #[arg(long)]
+        stages: Option<String>,
+        /// Also run all-on-minus-one variants of toggle ladders.
+        #[arg(long)]
+        leave_one_out: bool,
+        #[arg(long, default_value = "table")]
+        format: String,
+        /// Also write every table as JSON and Markdown into DIR.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// JSON from scripts/anchors.py: outside timings shown as extra rows.
+        #[arg(long)]
+        anchors: Option<PathBuf>,
+        /// Replay each stage from a captured CUDA graph (for launch-bound ops).
+        #[arg(long)]
+        graph: bool,
+        /// Fewer repetitions (a smoke run).
+        #[arg(long)]
+        quick: bool,
+        /// Fixed input seed (default: fresh).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match execute(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            let text = e.to_string();
+            let mut lines = text.lines();
+            eprintln!("error: {}", lines.next().unwrap_or_default());
+            // Only a compile error carries more (NVRTC's log), which is the point of showing it.
+            for l in lines {
+                eprintln!("  {l}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_format(s: &str) -> common::Result<Format> {
+    s.parse().map_err(|_| Error::Unknown { what: "format", name: s.into(), known: "table, md, csv, json".into() })
+}
+
+fn parse_stages(s: &str) -> common::Result<(u32, u32)> {
+    let bad = || Error::Unknown { what: "stage range", name: s.into(), known: "N or A..B".into() };
+    let num = |t: &str| t.trim().parse::<u32>().map_err(|_| bad());
+    match s.split_once("..") {
+        Some((a, b)) => {
+            let (a, b) = (num(a)?, num(b.trim_start_matches('='))?);
+            if a > b {
+                return Err(bad());
+            }
+            Ok((a, b))
+        }
+        None => num(s).map(|n| (n, n)),
+    }
+}
+
+fn execute(command: Command) -> common::Result<ExitCode> {
+    match command {
+        Command::List { family } => {
+            let families = match family {
+                Some(f) => vec![kernel_ladder::family(&f)?],
+                None => kernel_ladder::families(),
+            };
+            for f in families {
+                println!("{}: {}", f.name(), f.description());
+                for op in f.ops() {
+                    println!("  {}/{}: {}", f.name(), op.name(), op.description());
+                    let shapes: Vec<String> = op.default_shapes().iter().map(|s| s.to_string()).collect();
+                    println!("    default shapes: {}", shapes.join("  "));
+                    for v in op.variants() {
+                        let src = match &v.source {
+                            Source::Kernel(p) => format!("kernels/{p}"),
+                            Source::Library(l) => l.to_string(),
+                        };
+                        let req = if v.requires.arch_specific {
+                            format!(" [sm_{}{}a]", v.requires.min_cc.0, v.requires.min_cc.1)
+                        } else if v.requires.min_cc > (7, 0) {
+                            format!(" [sm_{}{}+]", v.requires.min_cc.0, v.requires.min_cc.1)
+                        } else {
+                            String::new()
+                        };
+                        println!("    {:02} {:<22} {:<10} {}{req}  ({src})", v.stage, v.name, v.precision.label(), v.summary);
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Device { remeasure, format } => {
+            let format = parse_format(&format)?;
+            let gpu = Gpu::open()?;
+            if remeasure {
+                std::env::set_var("LADDER_REMEASURE", "1");
+            }
+            let spinner = spinner("measuring ceilings (first run on this device)");
+            let ceilings = Ceilings::get(&gpu);
+            spinner.finish_and_clear();
+            let ceilings = ceilings?;
+            let info = gpu.info();
+            if format == Format::Json {
+                let v = serde_json::json!({ "device": info, "ceilings": ceilings });
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                println!("device {}: {}", info.index, info.name);
+                println!("  compute capability {}.{} ({}), {} SMs", info.compute_capability.0, info.compute_capability.1, gpu.arch(false), info.sm_count);
+                println!("  memory {:.1} GiB, L2 {:.1} MiB", info.total_memory_bytes as f64 / (1u64 << 30) as f64, info.l2_bytes as f64 / (1u64 << 20) as f64);
+                println!("  shared memory: {} B/block ({} opt-in), {} B/SM; {} threads/SM, {} registers/SM", info.shared_memory_per_block, info.shared_memory_per_block_optin, info.shared_memory_per_sm, info.max_threads_per_sm, info.registers_per_sm);
+                println!("  driver CUDA {}.{}", info.driver_version / 1000, (info.driver_version % 1000) / 10);
+                match gpu.toolchain() {
+                    Ok(tc) => println!("  NVRTC {}.{}, headers {}", tc.version.0, tc.version.1, tc.include_dir.display()),
+                    Err(e) => println!("  {e}"),
+                }
+                println!("ceilings:");
+                println!("  copy bandwidth     {:>8.0} GB/s (device-to-device copy of {} MiB, read + write)", ceilings.copy_gbps, ceilings.copy_bytes >> 20);
+                println!("  cuBLAS fp32 GEMM   {:>8.1} TFLOP/s ({n}x{n}x{n})", ceilings.fp32_tflops, n = ceilings.gemm_size);
+                println!("  cuBLAS tf32 GEMM   {:>8.1} TFLOP/s", ceilings.tf32_tflops);
+                println!("  cuBLAS bf16 GEMM   {:>8.1} TFLOP/s", ceilings.bf16_tflops);
+                println!("  cuBLAS fp16 GEMM   {:>8.1} TFLOP/s", ceilings.fp16_tflops);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { family, op, shape, stages, leave_one_out, format, out, anchors, graph, quick, seed } => {
+            let format = parse_format(&format)?;
+            let families = if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
+            let mut ops: Vec<&'static dyn Op> = families.iter().flat_map(|f| f.ops()).collect();
+            if let Some(name) = &op {
+                let known: Vec<&str> = ops.iter().map(|o| o.name()).collect();
+                ops.retain(|o| o.name() == name);
+                if ops.is_empty() {
+                    return Err(Error::Unknown { what: "op", name: name.clone(), known: known.join(", ") });
+                }
+            }
+            let stages = stages.as_deref().map(parse_stages).transpose()?;
+            let overrides = shape.as_deref().map(Shape::parse).transpose()?;
+            let anchors: Vec<Anchor> = match anchors {
+                Some(path) => read_anchors(&path)?,
+                None => Vec::new(),
+            };
+            let mut timing = if quick { TimingConfig::quick() } else { TimingConfig::default() };
+            timing.graph = graph;
+            let opts = RunOptions { stages, leave_one_out, timing, seed };
+
+            // Everything that can be checked without a GPU is checked first.
+            let mut plan = Vec::new();
+            for op in &ops {
+                let shapes = match &overrides {
+                    Some(o) => vec![op.default_shapes()[0].overlay(o, op.shape_keys())?],
+                    None => op.default_shapes(),
+                };
+                let variants = common::runner::select_variants(*op, &opts)?;
+                for s in &shapes {
+                    if overrides.is_some() || stages.is_some() {
+                        // The user asked for this shape or these stages: a violated constraint is an error.
+                        for v in &variants {
+                            op.validate(v, s)?;
+                        }
+                    }
+                }
+                plan.push((*op, shapes));
+            }
+
+            let gpu = Gpu::open()?;
+            let spinner = spinner("measuring ceilings (first run on this device)");
+            let ceilings = Ceilings::get(&gpu);
+            spinner.finish_and_clear();
+            let ceilings = ceilings?;
+            let total: usize = plan.iter().map(|(op, shapes)| shapes.len() * (common::runner::select_variants(*op, &opts).map(|v| v.len()).unwrap_or(0))).sum();
+            let bar = ProgressBar::new(total as u64);
+            bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+            let mut failed = 0;
+            let mut stdout = std::io::stdout();
+            for (op, shapes) in plan {
+                for s in shapes {
+                    let mut table = run_op(&gpu, &ceilings, op, &s, &opts, &mut |msg| {
+                        if msg.contains(": ") && !msg.ends_with("reference") {
+                            bar.inc(1);
+                        }
+                        bar.set_message(msg.to_string());
+                    })?;
+                    table.anchors = anchors.iter().filter(|a| a.family == table.family && a.op == table.op && a.shape == table.shape).cloned().collect();
+                    failed += table.rows.iter().filter(|r| matches!(r.status, Status::Failed(_))).count();
+                    bar.suspend(|| {
+                        let _ = writeln!(stdout, "{}", render(&table, format));
+                    });
+                    if let Some(dir) = &out {
+                        write_table(dir, &table)?;
+                    }
+                }
+            }
+            bar.finish_and_clear();
+            if failed > 0 {
+                eprintln!("{failed} stage(s) FAILED verification or launch");
+                return Ok(ExitCode::FAILURE);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn spinner(msg: &str) -> ProgressBar {
+    let s = ProgressBar::new_spinner();
+    s.set_message(msg.to_string());
+    s.enable_steady_tick(std::time::Duration::from_millis(120));
+    s
+}
+
+fn read_anchors(path: &std::path::Path) -> common::Result<Vec<Anchor>> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        anchors: Vec<Anchor>,
+    }
+    let io = |source| Error::Io { context: format!("reading anchors {}", path.display()), source };
+    let bytes = std::fs::read(path).map_err(io)?;
+    let file: File = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Io { context: format!("parsing anchors {}", path.display()), source: std::io::Error::other(e) }
+    })?;
+    Ok(file.anchors)
+}
+
+fn write_table(dir: &std::path::Path, table: &Table) -> common::Result<()> {
+    let io = |source| Error::Io { context: format!("writing into {}", dir.display()), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let stem = format!("{}-{}-{}", table.family, table.op, table.shape.replace([',', '='], "_"));
+    std::fs::write(dir.join(format!("{stem}.json")), render(table, Format::Json)).map_err(io)?;
+    std::fs::write(dir.join(format!("{stem}.md")), render(table, Format::Markdown)).map_err(io)?;
+    Ok(())
+}

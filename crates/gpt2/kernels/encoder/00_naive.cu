@@ -1,0 +1,20 @@
+// GPT-2 encoder (token + position embedding), stage 0: naive.
+// Changed from previous: - (baseline).
+// What it does: out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]; one thread per output element, the
+//   token id re-read by every one of the C threads of its row.
+// Why it is the baseline: scalar 4-byte accesses; the floor is reading one wte row and one wpe row
+//   and writing one out row per token (12 bytes per element).
+// Launch: grid ceil(B*T*C/256), block 256.
+// Constraints: B*T*C < 2^31; 0 <= tokens < V (checked on the host before launch). Tolerance: exact
+//   (fp32 add), checked at the fp32 preset 1e-5.
+
+extern "C" __global__ void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe,
+                                           int B, int T, int C) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * T * C) return;
+    int c = idx % C;
+    int bt = idx / C;
+    int t = bt % T;
+    int token = tokens[bt];
+    out[idx] = wte[(size_t)token * C + c] + wpe[(size_t)t * C + c];
+}
