@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Times the PyTorch equivalents of kernel-ladder's ops at the families' default shapes and writes
+JSON that `ladder run --anchors FILE` shows as extra rows. Needs only torch with CUDA.
+
+    python3 scripts/anchors.py --out anchors.json [--family norm,attention,quant-int4]
+
+Timing mirrors the harness: CUDA events around each call after warm-up, the median (with min and
+max) of many calls, rotating through enough copies of the inputs that they do not sit in L2.
+The `shape` strings must equal the ops' shape strings (`ladder list` prints them).
+"""
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def rotation(nbytes):
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, min(64, -(-3 * l2 // max(1, nbytes))))
+
+
+def time_fn(fns, target_ms=300.0, min_reps=10, max_reps=500):
+    """fns: one callable per copy; returns (median, min, max) in ms."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for f in fns[:3]:
+        f()
+    start.record()
+    fns[0]()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end), 1e-3)
+    reps = int(min(max(target_ms / est, min_reps), max_reps))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for i, (s, e) in enumerate(events):
+        s.record()
+        fns[i % len(fns)]()
+        e.record()
+    torch.cuda.synchronize()
+    t = sorted(s.elapsed_time(e) for s, e in events)
+    n = len(t)
+    med = t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+    return med, t[0], t[-1]
+
+
+def anchor(family, op, shape, name, fns):
+    med, lo, hi = time_fn(fns)
+    print(f"{family}/{op} {shape} {name}: {med * 1e3:.1f} us")
+    return dict(family=family, op=op, shape=shape, name=name, median_ms=med, min_ms=lo, max_ms=hi)
+
+
+def norm():
+    out = []
+    for rows, c in [(4096, 768), (32768, 4096)]:
+        copies = rotation(2 * rows * c * 4)
+        xs = [torch.randn(rows, c, device="cuda") for _ in range(copies)]
+        w, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
+        fns = [lambda x=x: F.layer_norm(x, (c,), w, b, 1e-5) for x in xs]
+        out.append(anchor("norm", "layernorm", f"rows={rows},C={c}", "torch layer_norm", fns))
+    for rows, t, causal in [(4 * 12 * 1024, 1024, 1), (32768, 4096, 0)]:
+        copies = rotation(2 * rows * t * 4)
+        xs = [torch.randn(rows, t, device="cuda") for _ in range(copies)]
+        if causal:
+            # The same masked, scaled softmax as the kernels: positions past the row's are -inf.
+            mask = torch.full((t, t), float("-inf"), device="cuda").triu(1).repeat(rows // t, 1)
+            fns = [lambda x=x: torch.softmax(x * 0.125 + mask, dim=-1) for x in xs]
+            name = "torch softmax(x*s + causal mask)"
+        else:
+            fns = [lambda x=x: torch.softmax(x * 0.125, dim=-1) for x in xs]
+            name = "torch softmax(x*s)"
+        out.append(anchor("norm", "softmax", f"rows={rows},T={t},causal={causal}", name, fns))
+    return out
+
+
+def attention():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    for b, t, nh, hs in [(4, 1024, 12, 64), (4, 64, 12, 64), (4, 256, 12, 64)]:
+        copies = rotation(4 * b * t * nh * hs * 4)
+        qkvs = [torch.randn(3, b, nh, t, hs, device="cuda") for _ in range(copies)]
+        shape = f"B={b},T={t},NH={nh},HS={hs},W=128"
+        for backend, name in [(SDPBackend.EFFICIENT_ATTENTION, "torch sdpa (mem-efficient)"), (SDPBackend.MATH, "torch sdpa (math)")]:
+            def run(qkv, backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+            out.append(anchor("attention", "prefill", shape, name, [lambda q=q: run(q) for q in qkvs]))
+    return out
+
+
+def quant_int4():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    hq, hkv, d, t = 8, 1, 128, 8192
+    for b in [32, 64, 128, 256, 512]:
+        k = torch.randn(b, hkv, t, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, t, d, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+        shape = f"B={b},Tmax={t},seq={t},HQ={hq},HKV={hkv},D={d},fmt=0,splits=0,ragged=0"
+        for backend, name in [(SDPBackend.CUDNN_ATTENTION, "torch sdpa gqa (cuDNN)"), (SDPBackend.FLASH_ATTENTION, "torch sdpa gqa (flash)")]:
+            def run(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            try:
+                out.append(anchor("quant-int4", "decode", shape, name, [run]))
+            except RuntimeError as e:
+                print(f"{name} at B={b}: not available ({str(e).splitlines()[0]})")
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--family", default="norm,attention,quant-int4")
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    anchors = []
+    for fam in args.family.split(","):
+        anchors += {"norm": norm, "attention": attention, "quant-int4": quant_int4}[fam]()
+    dev = torch.cuda.get_device_name(0)
+    with open(args.out, "w") as f:
+        json.dump({"device": dev, "torch": torch.__version__, "anchors": anchors}, f, indent=1)
+    # A plain device-to-device copy in the same session, for comparison with `ladder device`.
+    n = 1 << 28
+    src, dst = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
+    med, _, _ = time_fn([lambda: dst.copy_(src)])
+    print(f"torch copy: {2 * n * 4 / (med * 1e-3) / 1e9:.0f} GB/s (1 GiB each way)")
+
+
+if __name__ == "__main__":
+    main()
