@@ -47,6 +47,7 @@ impl GemmPrecision {
 ///
 /// # Safety
 /// The pointers must address at least M·K, N·K and M·N elements of the precision's type.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn linear(
     gpu: &Gpu,
     precision: GemmPrecision,

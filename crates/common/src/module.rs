@@ -182,6 +182,31 @@ impl Gpu {
         Ok(Kernel { func, name: format!("{}:{entry}", variant.id()), attributes })
     }
 
+    /// Copies `data` into the `__constant__` (or `__device__`) symbol `symbol` of `variant`'s module,
+    /// after checking it fits. Enqueued on the harness stream.
+    pub fn write_symbol<T: cudarc::driver::DeviceRepr>(
+        &self,
+        sources: &'static [KernelSource],
+        variant: &Variant,
+        symbol: &str,
+        data: &[T],
+    ) -> Result<()> {
+        let module = self.load(sources, variant)?;
+        let stream = self.stream();
+        let mut global = module.module.get_global(symbol, stream).ctx("find the module symbol")?;
+        let bytes = std::mem::size_of_val(data);
+        if bytes > global.len() {
+            return Err(Error::constraint(
+                format!("data fits the {}-byte symbol {symbol}", global.len()),
+                format!("{bytes} bytes"),
+            ));
+        }
+        // SAFETY: T is plain data; the view covers `bytes` bytes of the symbol.
+        let src = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, bytes) };
+        let mut dst = global.slice_mut(0..bytes);
+        stream.memcpy_htod(src, &mut dst).ctx("copy to the module symbol")
+    }
+
     /// Fails unless this device can run `variant`.
     pub fn supports(&self, variant: &Variant) -> Result<()> {
         let cc = self.info().compute_capability;

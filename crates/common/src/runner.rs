@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::ceilings::Ceilings;
 use crate::check::Verification;
 use crate::error::{Error, Result};
-use crate::family::{Op, Problem, Workload};
+use crate::family::{Bound, Op, Problem, Workload};
 use crate::gpu::Gpu;
 use crate::module::ResourceUse;
 use crate::shape::Shape;
@@ -245,7 +245,13 @@ pub fn fill_rates(table: &mut Table) {
     let mut previous: Option<Timing> = None;
     for i in 0..table.rows.len() {
         let Some(t) = table.rows[i].timing.filter(|_| table.rows[i].status == Status::Passed) else { continue };
-        let (gbps, tflops, frac) = table.rates(t.median_ms);
+        let (gbps, tflops, _) = table.rates(t.median_ms);
+        // A compute-bound row is read against the GEMM rate of its own precision.
+        let bound = match table.workload.bound {
+            Bound::Compute(_) => Bound::Compute(table.rows[i].precision),
+            Bound::Memory => Bound::Memory,
+        };
+        let frac = table.ceilings.fraction(bound, gbps, tflops);
         let row = &mut table.rows[i];
         row.gbps = Some(gbps);
         row.tflops = Some(tflops);

@@ -1,1 +1,41 @@
+//! The matmul family: GPT-2's linear layer `out[M,N] = inp[M,K] · W[N,K]ᵀ + bias[N]` (llm.c's
+//! layout) as the reference report's ladder — naive, shared-memory tiling, register tiling, WMMA
+//! with one warp per block (milestone 2), WMMA with many warps per block (milestone 3) — beside
+//! cuBLAS at fp32, TF32 and fp16; and the same GEMM with its bias+GELU / bias+residual epilogue
+//! unfused, fused after the GEMM, fused into the GEMM, and through cuBLASLt's epilogues.
 
+use common::{Family, KernelSource, Op};
+
+pub mod epilogue;
+pub mod gemm;
+pub mod linear;
+mod lt;
+pub mod reference;
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+pub const FAMILY: &str = "matmul";
+
+/// Every `.cu`/`.cuh` file of this crate, embedded at build time.
+pub fn sources() -> &'static [KernelSource] {
+    embedded::KERNEL_SOURCES
+}
+
+pub struct Matmul;
+
+impl Family for Matmul {
+    fn name(&self) -> &'static str {
+        FAMILY
+    }
+    fn description(&self) -> &'static str {
+        "linear layer GEMM (fp32 in/out): naive -> tiled -> WMMA fp16 (report M2, M3) beside cuBLAS, plus fused epilogues"
+    }
+    fn sources(&self) -> &'static [KernelSource] {
+        sources()
+    }
+    fn ops(&self) -> Vec<&'static dyn Op> {
+        vec![&linear::Linear, &epilogue::LinearEpilogue]
+    }
+}

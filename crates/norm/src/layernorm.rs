@@ -5,7 +5,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, PushKernelArg};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, Bound, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload,
+    require, Bound, Define, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant,
+    Workload,
 };
 use rayon::prelude::*;
 
@@ -13,27 +14,93 @@ use crate::FAMILY;
 
 const OP: &str = "layernorm";
 
-/// How a stage maps rows onto the grid.
+/// How a stage maps rows onto the grid (the kernel's side of it lives in the stage's header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plan {
-    /// One thread per row, `block` threads per block.
-    ThreadPerRow { block: u32 },
+    /// One thread per row, 256 per block; `constant`: weight and bias come from `__constant__`.
+    ThreadPerRow { constant: bool },
+    /// One block per row, a thread per element up to 1024, shared-memory tree reductions.
+    BlockPerRow,
+    /// One warp per row, `LN_WARPS` rows per block.
+    WarpPerRow,
+    /// One warp per row with the row in registers: entry `layernorm_forward_<N>`.
+    WarpPerRowInRegisters,
 }
+
+/// The float4-per-lane counts stage 6 is instantiated for (its `LN_ENTRY` list).
+const REGISTER_CHUNKS: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32];
+/// Floats of weight (and of bias) that fit stage 3's `__constant__` arrays.
+pub const CONSTANT_MAX_C: usize = 7936;
+
+static UNROLL: [Define; 1] = [Define::new("LN_UNROLL", "8")];
+static WARPS8: [Define; 1] = [Define::new("LN_WARPS", "8")];
+static WARPS4: [Define; 1] = [Define::new("LN_WARPS", "4")];
 
 fn stages() -> Vec<(Variant, Plan)> {
     let k = |stage, name, file, summary| Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary);
-    vec![(
-        k(0, "naive", "layernorm/00_naive.cu", "one thread per row; mean, variance, output in three loops over C"),
-        Plan::ThreadPerRow { block: 256 },
-    )]
+    vec![
+        (
+            k(0, "naive", "layernorm/00_naive.cu", "one thread per row; mean, variance, output in three loops over C"),
+            Plan::ThreadPerRow { constant: false },
+        ),
+        (
+            k(1, "unrolled", "layernorm/01_unrolled.cu", "#pragma unroll 8 on the three C loops").with_defines(&UNROLL),
+            Plan::ThreadPerRow { constant: false },
+        ),
+        (
+            k(2, "restrict", "layernorm/02_restrict.cu", "__restrict__ on every pointer").with_defines(&UNROLL),
+            Plan::ThreadPerRow { constant: false },
+        ),
+        (
+            k(3, "constant-memory", "layernorm/03_constant_memory.cu", "weight and bias in __constant__ memory")
+                .with_defines(&UNROLL),
+            Plan::ThreadPerRow { constant: true },
+        ),
+        (
+            k(
+                4,
+                "block-reduction",
+                "layernorm/04_block_reduction.cu",
+                "one block per row, coalesced, shared-memory tree sums",
+            ),
+            Plan::BlockPerRow,
+        ),
+        (
+            k(
+                5,
+                "warp-shuffle",
+                "layernorm/05_warp_shuffle.cu",
+                "one warp per row, __shfl_xor_sync sums, no shared memory",
+            )
+            .with_defines(&WARPS8),
+            Plan::WarpPerRow,
+        ),
+        (
+            k(
+                6,
+                "single-pass-vectorized",
+                "layernorm/06_single_pass_vectorized.cu",
+                "row read once into registers with 16-byte loads, stats from registers, 16-byte streaming stores",
+            )
+            .with_defines(&WARPS4),
+            Plan::WarpPerRowInRegisters,
+        ),
+    ]
 }
 
 fn plan(v: &Variant) -> Result<Plan> {
-    stages()
-        .into_iter()
-        .find(|(s, _)| s.name == v.name && s.stage == v.stage)
-        .map(|(_, p)| p)
-        .ok_or_else(|| Error::Unknown { what: "layernorm stage", name: v.name.to_string(), known: String::new() })
+    stages().into_iter().find(|(s, _)| s.name == v.name && s.stage == v.stage).map(|(_, p)| p).ok_or_else(|| {
+        Error::Unknown {
+            what: "layernorm stage",
+            name: v.name.to_string(),
+            known: stages().iter().map(|(s, _)| s.name.to_string()).collect::<Vec<_>>().join(", "),
+        }
+    })
+}
+
+/// Rows per block of the warp-per-row stages, from the define that the kernel is compiled with.
+fn warps_per_block(v: &Variant) -> Result<u32> {
+    v.define("LN_WARPS").and_then(|w| w.parse().ok()).ok_or_else(|| Error::constraint("stage defines LN_WARPS", v.id()))
 }
 
 /// The buffers of one LayerNorm call.
@@ -54,7 +121,26 @@ pub fn check_shape(v: &Variant, rows: usize, c: usize) -> Result<()> {
     require(rows >= 1, "rows >= 1", || format!("rows = {rows}"))?;
     require(c >= 1, "C >= 1", || format!("C = {c}"))?;
     require(rows.saturating_mul(c) < i32::MAX as usize, "rows * C < 2^31", || format!("rows * C = {}", rows * c))?;
-    plan(v).map(|_| ())
+    match plan(v)? {
+        Plan::ThreadPerRow { constant: true } => {
+            require(c <= CONSTANT_MAX_C, "C <= 7936 (weight and bias in 64 KB of constant memory)", || {
+                format!("C = {c}")
+            })
+        }
+        Plan::WarpPerRowInRegisters => {
+            require(c <= 4096, "C <= 4096 (one warp holds the row in 128 registers per lane)", || format!("C = {c}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Copies weight and bias into stage 3's `__constant__` arrays; the stage reads them from there
+/// instead of from the `weight`/`bias` buffers (they are bound once, like model parameters).
+pub fn bind_constant_weights(gpu: &Gpu, v: &Variant, weight: &[f32], bias: &[f32]) -> Result<()> {
+    require(weight.len() == bias.len(), "len(weight) == len(bias)", || format!("{} vs {}", weight.len(), bias.len()))?;
+    require(weight.len() <= CONSTANT_MAX_C, "C <= 7936 (constant memory)", || format!("C = {}", weight.len()))?;
+    gpu.write_symbol(crate::sources(), v, "ln_weight", weight)?;
+    gpu.write_symbol(crate::sources(), v, "ln_bias", bias)
 }
 
 /// Launches stage `v` of LayerNorm after checking the shape, the buffer lengths and `eps`.
@@ -72,15 +158,35 @@ pub fn forward(gpu: &Gpu, v: &Variant, a: LayerNormArgs) -> Result<()> {
     ] {
         require(len == want, &format!("len({name}) == {want}"), || format!("len({name}) = {len}"))?;
     }
-    let kernel = gpu.kernel(crate::sources(), v, "layernorm_forward")?;
-    let shape = match plan(v)? {
-        Plan::ThreadPerRow { block } => LaunchShape::linear((rows as u32).div_ceil(block), block),
+    let plan = plan(v)?;
+    let rows_u = rows as u32;
+    let (entry, shape) = match plan {
+        Plan::ThreadPerRow { .. } => ("layernorm_forward".to_string(), LaunchShape::linear(rows_u.div_ceil(256), 256)),
+        Plan::BlockPerRow => {
+            let block = (c.div_ceil(32) * 32).min(1024) as u32;
+            ("layernorm_forward".to_string(), LaunchShape::linear(rows_u, block).with_shared(block * 4))
+        }
+        Plan::WarpPerRow | Plan::WarpPerRowInRegisters => {
+            let warps = warps_per_block(v)?;
+            let entry = if plan == Plan::WarpPerRow {
+                "layernorm_forward".to_string()
+            } else {
+                let n = REGISTER_CHUNKS.iter().find(|&&n| n * 128 >= c).copied().unwrap_or(32);
+                format!("layernorm_forward_{n}")
+            };
+            (entry, LaunchShape::linear(rows_u.div_ceil(warps), 32 * warps))
+        }
     };
+    let kernel = gpu.kernel(crate::sources(), v, &entry)?;
     let cfg = kernel.config(gpu, shape)?;
     let (rows_i, c_i) = (rows as i32, c as i32);
     let mut b = gpu.stream().launch_builder(kernel.function());
-    b.arg(a.out).arg(a.mean).arg(a.rstd).arg(a.inp).arg(a.weight).arg(a.bias).arg(&rows_i).arg(&c_i).arg(&a.eps);
-    // SAFETY: the argument list matches the kernel signature; lengths were checked above.
+    b.arg(a.out).arg(a.mean).arg(a.rstd).arg(a.inp);
+    if plan != (Plan::ThreadPerRow { constant: true }) {
+        b.arg(a.weight).arg(a.bias);
+    }
+    b.arg(&rows_i).arg(&c_i).arg(&a.eps);
+    // SAFETY: the argument list matches the stage's kernel signature; lengths were checked above.
     unsafe { b.launch(cfg) }.map(|_| ()).ctx("launch layernorm_forward")
 }
 
@@ -148,8 +254,11 @@ impl Op for LayerNorm {
             rows,
             c,
             x: Rotated::upload(gpu, &x, copies)?,
-            w: gpu.upload(&w)?,
-            b: gpu.upload(&b)?,
+            w_dev: gpu.upload(&w)?,
+            b_dev: gpu.upload(&b)?,
+            w,
+            b,
+            bound_constant: Vec::new(),
             out: Rotated::outputs(gpu, rows * c, copies)?,
             mean: Rotated::outputs(gpu, rows, copies)?,
             rstd: Rotated::outputs(gpu, rows, copies)?,
@@ -163,8 +272,12 @@ struct LayerNormProblem {
     rows: usize,
     c: usize,
     x: Rotated<f32>,
-    w: CudaSlice<f32>,
-    b: CudaSlice<f32>,
+    w: Vec<f32>,
+    b: Vec<f32>,
+    w_dev: CudaSlice<f32>,
+    b_dev: CudaSlice<f32>,
+    /// Variants whose `__constant__` weights hold this problem's w and b.
+    bound_constant: Vec<String>,
     out: Rotated<f32>,
     mean: Rotated<f32>,
     rstd: Rotated<f32>,
@@ -187,6 +300,10 @@ impl Problem for LayerNormProblem {
         self.rstd.poison(gpu)
     }
     fn launch(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<()> {
+        if plan(v)? == (Plan::ThreadPerRow { constant: true }) && !self.bound_constant.contains(&v.id()) {
+            bind_constant_weights(gpu, v, &self.w, &self.b)?;
+            self.bound_constant.push(v.id());
+        }
         forward(
             gpu,
             v,
@@ -195,8 +312,8 @@ impl Problem for LayerNormProblem {
                 mean: self.mean.get_mut(copy),
                 rstd: self.rstd.get_mut(copy),
                 inp: self.x.get(copy),
-                weight: &self.w,
-                bias: &self.b,
+                weight: &self.w_dev,
+                bias: &self.b_dev,
                 rows: self.rows,
                 c: self.c,
                 eps: EPS,

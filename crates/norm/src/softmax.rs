@@ -5,7 +5,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, PushKernelArg};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, Bound, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload,
+    require, Bound, Define, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant,
+    Workload,
 };
 use rayon::prelude::*;
 
@@ -16,25 +17,79 @@ const OP: &str = "softmax";
 /// The attention scale 1/sqrt(64) of GPT-2's head size, used by the problems.
 pub const INV_TEMPERATURE: f32 = 0.125;
 
+/// How a stage maps rows onto the grid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plan {
-    ThreadPerRow { block: u32 },
+    /// One thread per row, 256 per block.
+    ThreadPerRow,
+    /// One block per row, a thread per element up to 1024, shared-memory tree reductions.
+    BlockPerRow,
+    /// One warp per row, `SM_WARPS` rows per block.
+    WarpPerRow,
+    /// One block of `SM_THREADS` per row with the row in registers: entry `softmax_forward_<N>`.
+    BlockPerRowInRegisters,
 }
+
+/// The float4-per-thread counts stage 4 is instantiated for (its `SM_ENTRY` list).
+const REGISTER_CHUNKS: [usize; 4] = [1, 2, 4, 8];
+
+static WARPS8: [Define; 1] = [Define::new("SM_WARPS", "8")];
+static WARPS4: [Define; 1] = [Define::new("SM_WARPS", "4")];
+static THREADS256: [Define; 1] = [Define::new("SM_THREADS", "256")];
 
 fn stages() -> Vec<(Variant, Plan)> {
     let k = |stage, name, file, summary| Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary);
-    vec![(
-        k(0, "naive", "softmax/00_naive.cu", "one thread per row; max, sum, normalise in three loops"),
-        Plan::ThreadPerRow { block: 256 },
-    )]
+    vec![
+        (
+            k(0, "naive", "softmax/00_naive.cu", "one thread per row; max, sum, normalise in three loops"),
+            Plan::ThreadPerRow,
+        ),
+        (
+            k(
+                1,
+                "block-reduction",
+                "softmax/01_block_reduction.cu",
+                "one block per row, shared-memory tree max and sum",
+            ),
+            Plan::BlockPerRow,
+        ),
+        (
+            k(2, "warp-shuffle", "softmax/02_warp_shuffle.cu", "one warp per row, shuffle max and sum")
+                .with_defines(&WARPS8),
+            Plan::WarpPerRow,
+        ),
+        (
+            k(3, "online", "softmax/03_online.cu", "max and sum in one online pass, 16-byte loads and stores")
+                .with_defines(&WARPS4),
+            Plan::WarpPerRow,
+        ),
+        (
+            k(
+                4,
+                "register-resident",
+                "softmax/04_register_resident.cu",
+                "block per row holds the row in registers: one read, one write per element",
+            )
+            .with_defines(&THREADS256),
+            Plan::BlockPerRowInRegisters,
+        ),
+    ]
 }
 
 fn plan(v: &Variant) -> Result<Plan> {
-    stages()
-        .into_iter()
-        .find(|(s, _)| s.name == v.name && s.stage == v.stage)
-        .map(|(_, p)| p)
-        .ok_or_else(|| Error::Unknown { what: "softmax stage", name: v.name.to_string(), known: String::new() })
+    stages().into_iter().find(|(s, _)| s.name == v.name && s.stage == v.stage).map(|(_, p)| p).ok_or_else(|| {
+        Error::Unknown {
+            what: "softmax stage",
+            name: v.name.to_string(),
+            known: stages().iter().map(|(s, _)| s.name.to_string()).collect::<Vec<_>>().join(", "),
+        }
+    })
+}
+
+fn define_u32(v: &Variant, name: &str) -> Result<u32> {
+    v.define(name)
+        .and_then(|w| w.parse().ok())
+        .ok_or_else(|| Error::constraint(format!("stage defines {name}"), v.id()))
 }
 
 pub struct SoftmaxArgs<'a> {
@@ -50,7 +105,7 @@ pub fn check_shape(v: &Variant, rows: usize, t: usize, causal: bool) -> Result<(
     require(rows >= 1, "rows >= 1", || format!("rows = {rows}"))?;
     require(t >= 1, "T >= 1", || format!("T = {t}"))?;
     require(rows.saturating_mul(t) < i32::MAX as usize, "rows * T < 2^31", || format!("rows * T = {}", rows * t))?;
-    require(!causal || rows % t == 0, "causal rows come in blocks of T (rows % T == 0)", || {
+    require(!causal || rows.is_multiple_of(t), "causal rows come in blocks of T (rows % T == 0)", || {
         format!("rows = {rows}, T = {t}")
     })?;
     plan(v).map(|_| ())
@@ -64,10 +119,24 @@ pub fn forward(gpu: &Gpu, v: &Variant, a: SoftmaxArgs) -> Result<()> {
     })?;
     require(a.inp.len() == rows * t, &format!("len(inp) == {}", rows * t), || format!("len(inp) = {}", a.inp.len()))?;
     require(a.out.len() == rows * t, &format!("len(out) == {}", rows * t), || format!("len(out) = {}", a.out.len()))?;
-    let kernel = gpu.kernel(crate::sources(), v, "softmax_forward")?;
-    let shape = match plan(v)? {
-        Plan::ThreadPerRow { block } => LaunchShape::linear((rows as u32).div_ceil(block), block),
+    let rows_u = rows as u32;
+    let (entry, shape) = match plan(v)? {
+        Plan::ThreadPerRow => ("softmax_forward".to_string(), LaunchShape::linear(rows_u.div_ceil(256), 256)),
+        Plan::BlockPerRow => {
+            let block = (t.div_ceil(32) * 32).min(1024) as u32;
+            ("softmax_forward".to_string(), LaunchShape::linear(rows_u, block).with_shared(block * 4))
+        }
+        Plan::WarpPerRow => {
+            let warps = define_u32(v, "SM_WARPS")?;
+            ("softmax_forward".to_string(), LaunchShape::linear(rows_u.div_ceil(warps), 32 * warps))
+        }
+        Plan::BlockPerRowInRegisters => {
+            let threads = define_u32(v, "SM_THREADS")?;
+            let n = REGISTER_CHUNKS.iter().find(|&&n| n * 4 * threads as usize >= t).copied().unwrap_or(8);
+            (format!("softmax_forward_{n}"), LaunchShape::linear(rows_u, threads))
+        }
     };
+    let kernel = gpu.kernel(crate::sources(), v, &entry)?;
     let cfg = kernel.config(gpu, shape)?;
     let (rows_i, t_i, causal_i) = (rows as i32, t as i32, a.causal as i32);
     let mut b = gpu.stream().launch_builder(kernel.function());
@@ -131,7 +200,7 @@ impl Op for Softmax {
         let t = shape.dim("T", i32::MAX as i64)?;
         let causal = shape.get("causal").unwrap_or(0) != 0;
         require(rows.saturating_mul(t) < i32::MAX as usize, "rows * T < 2^31", || format!("rows * T = {}", rows * t))?;
-        require(!causal || rows % t == 0, "causal rows come in blocks of T (rows % T == 0)", || {
+        require(!causal || rows.is_multiple_of(t), "causal rows come in blocks of T (rows % T == 0)", || {
             format!("rows = {rows}, T = {t}")
         })?;
         let magnitude = shape.get("magnitude").unwrap_or(8) as f32;
@@ -162,10 +231,13 @@ struct SoftmaxProblem {
 
 impl Problem for SoftmaxProblem {
     fn workload(&self) -> Workload {
-        let n = (self.rows * self.t) as u64;
-        // Every input element read once and every output element written once (the masked part
-        // too: it is written as zeros). ~5 flops per element (sub, mul, exp, add, mul).
-        Workload { bytes: 8 * n, flops: 5 * n, bound: Bound::Memory }
+        let (rows, t) = (self.rows as u64, self.t as u64);
+        let n = rows * t;
+        // Every output element written once (the masked part as zeros); the input read once, and
+        // under the causal mask only its lower triangle: rows/T blocks of T(T+1)/2 elements.
+        let read = if self.causal { rows / t * (t * (t + 1) / 2) } else { n };
+        // ~5 flops per element read (scale, subtract, exp, add, multiply).
+        Workload { bytes: 4 * (read + n), flops: 5 * read, bound: Bound::Memory }
     }
     fn copies(&self) -> usize {
         self.copies

@@ -89,7 +89,7 @@ proptest! {
     #[test]
     fn layernorm_ragged(rows in 1usize..=4096, c in ragged()) {
         let Some(gpu) = gpu("layernorm_ragged") else { return Ok(()) };
-        let rows = rows.min(1 << 22 / c).max(1);
+        let rows = rows.min((1 << 22) / c).max(1);
         assert_stages_pass(&gpu, &LayerNorm, &Shape::new(&[("rows", rows as i64), ("C", c as i64)]), &LayerNorm.variants());
     }
 

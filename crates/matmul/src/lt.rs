@@ -1,0 +1,206 @@
+//! cuBLASLt through cudarc's `cublaslt::result` layer: `out = epilogue(inp · Wᵀ + bias) (+ residual)`
+//! with fp32 output, bias and residual and TF32 or fp16 operands. cudarc's safe `Matmul` trait
+//! uses one buffer for C and D and one element type for everything, which rules out a residual as C
+//! and fp16 operands with an fp32 output; descriptors are therefore built here, once per
+//! (operands, epilogue, shape), and the heuristic's first algorithm is cached with them.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use common::cudarc::cublaslt::{result as ltr, sys};
+use common::cudarc::driver::CudaSlice;
+use common::{DriverContext, Error, Gpu, Result};
+
+use crate::gemm::Dims;
+
+/// The operand precision of a cuBLASLt row (accumulation and output are fp32 in both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LtOperands {
+    /// fp32 operands rounded to TF32 on the tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`).
+    Tf32,
+    /// fp16 operands (converted by the caller), `CUBLAS_COMPUTE_32F`.
+    Fp16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LtEpilogue {
+    Bias,
+    GeluBias,
+}
+
+/// cuBLASLt's recommended workspace on Hopper (32 MiB; 4 MiB would do before it).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+fn lt_err(context: &str) -> impl Fn(ltr::CublasError) -> Error + '_ {
+    move |e| Error::Blas { context: format!("cuBLASLt {context}"), message: e.to_string() }
+}
+
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+    algo: Option<sys::cublasLtMatmulAlgo_t>,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each handle is null or was created by cuBLASLt and is destroyed once here.
+        unsafe {
+            for l in [self.a, self.b, self.c] {
+                if !l.is_null() {
+                    let _ = ltr::destroy_matrix_layout(l);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = ltr::destroy_matmul_desc(self.desc);
+            }
+        }
+    }
+}
+
+unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+    ltr::set_matmul_desc_attribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>())
+        .map_err(lt_err("set matmul attribute"))
+}
+
+type Key = (LtOperands, LtEpilogue, usize, usize, usize);
+
+pub(crate) struct Lt {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    plans: HashMap<Key, Plan>,
+}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        self.plans.clear();
+        if !self.handle.is_null() {
+            // SAFETY: the handle was created in `new` and is destroyed once.
+            let _ = unsafe { ltr::destroy_handle(self.handle) };
+        }
+    }
+}
+
+impl Lt {
+    pub(crate) fn new(gpu: &Gpu) -> Result<Lt> {
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::Blas {
+                context: "creating the cuBLASLt handle".into(),
+                message: "libcublasLt.so could not be loaded".into(),
+            });
+        }
+        gpu.context().bind_to_thread().ctx("bind the context")?;
+        let handle = ltr::create_handle().map_err(lt_err("create handle"))?;
+        let workspace = gpu.zeros::<u8>(WORKSPACE_BYTES);
+        let workspace = match workspace {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: created just above, not used elsewhere.
+                let _ = unsafe { ltr::destroy_handle(handle) };
+                return Err(e);
+            }
+        };
+        Ok(Lt { handle, workspace, plans: HashMap::new() })
+    }
+
+    fn plan(&self, ops: LtOperands, epi: LtEpilogue, d: Dims, bias: u64) -> Result<Plan> {
+        let (dtype, compute) = match ops {
+            LtOperands::Tf32 => {
+                (sys::cudaDataType_t::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
+            }
+            LtOperands::Fp16 => (sys::cudaDataType_t::CUDA_R_16F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+        };
+        let f32t = sys::cudaDataType_t::CUDA_R_32F;
+        let null = std::ptr::null_mut();
+        let mut plan = Plan { desc: null as _, a: null as _, b: null as _, c: null as _, algo: None };
+        plan.desc = ltr::create_matmul_desc(compute, f32t).map_err(lt_err("create matmul descriptor"))?;
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        // Row-major out[M,N] is column-major outᵀ[N,M] = op(W)[N,K] · inpᵀ[K,M]: A = W (stored as
+        // column-major K × N, transposed), B = inp (column-major K × M), C = D = out (N × M).
+        // SAFETY: the descriptor is live; each value has the attribute's documented type.
+        unsafe {
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?; // CUBLAS_OP_T
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?; // CUBLAS_OP_N
+            let e = match epi {
+                LtEpilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+                LtEpilogue::GeluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+            };
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &e)?;
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32t)?;
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+        }
+        let (m, n, k) = (d.m as u64, d.n as u64, d.k as u64);
+        plan.a = ltr::create_matrix_layout(dtype, k, n, k as i64).map_err(lt_err("create layout A"))?;
+        plan.b = ltr::create_matrix_layout(dtype, k, m, k as i64).map_err(lt_err("create layout B"))?;
+        plan.c = ltr::create_matrix_layout(f32t, n, m, n as i64).map_err(lt_err("create layout C/D"))?;
+        let pref = ltr::create_matmul_pref().map_err(lt_err("create preference"))?;
+        // SAFETY: all descriptors are live; the preference is destroyed right after the query.
+        let heuristic = unsafe {
+            let size = WORKSPACE_BYTES;
+            let r = ltr::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &size as *const usize as *const c_void,
+                std::mem::size_of::<usize>(),
+            )
+            .and_then(|_| ltr::get_matmul_algo_heuristic(self.handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref));
+            let _ = ltr::destroy_matmul_pref(pref);
+            r
+        };
+        let heuristic = heuristic.map_err(lt_err(&format!("algorithm heuristic for {m}x{n}x{k} {ops:?} {epi:?}")))?;
+        plan.algo = Some(heuristic.algo);
+        Ok(plan)
+    }
+
+    /// `out = epi(a · bᵀ + bias) + residual` (residual 0: none) on the harness stream.
+    ///
+    /// # Safety
+    /// `inp`, `w` must address M·K and N·K elements of the operand type, `out` (and `residual`
+    /// when non-zero) M·N fp32, `bias` N fp32 (non-zero).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn linear(
+        &mut self,
+        gpu: &Gpu,
+        ops: LtOperands,
+        epi: LtEpilogue,
+        d: Dims,
+        inp: u64,
+        w: u64,
+        bias: u64,
+        residual: u64,
+        out: u64,
+    ) -> Result<()> {
+        let key = (ops, epi, d.m, d.n, d.k);
+        if !self.plans.contains_key(&key) {
+            let plan = self.plan(ops, epi, d, bias)?;
+            self.plans.insert(key, plan);
+        }
+        let plan = &self.plans[&key];
+        set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+        let alpha = 1.0f32;
+        let beta = if residual != 0 { 1.0f32 } else { 0.0f32 };
+        let c = if residual != 0 { residual } else { out };
+        let algo = plan.algo.as_ref().expect("plans are stored with their algorithm");
+        ltr::matmul(
+            self.handle,
+            plan.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            w as *const c_void,
+            plan.a,
+            inp as *const c_void,
+            plan.b,
+            c as *const c_void,
+            plan.c,
+            out as *mut c_void,
+            plan.c,
+            algo as *const _,
+            gpu.ptr(&self.workspace) as *mut c_void,
+            WORKSPACE_BYTES,
+            gpu.stream().cu_stream() as *mut _,
+        )
+        .map_err(lt_err(&format!("matmul {}x{}x{} {ops:?} {epi:?}", d.m, d.n, d.k)))
+    }
+}

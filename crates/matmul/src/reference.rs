@@ -1,0 +1,60 @@
+//! f64 CPU references and the row sampling used at large shapes.
+//!
+//! A full f64 reference of the biggest default shape (the LM head, 4096 × 50257 × 768 ≈ 1.6·10¹¹
+//! multiply-adds) takes minutes on a CPU. Above [`FULL_REFERENCE_MACS`] the problems therefore
+//! compute the reference for a deterministic sample of [`SAMPLE_ROWS`] rows spread evenly over M
+//! (always the first and the last) and verify those rows; every other element is still checked to
+//! have been written (finite, not the NaN poison).
+
+use rayon::prelude::*;
+
+/// Shapes with at most this many multiply-adds get a reference for every row.
+pub const FULL_REFERENCE_MACS: u64 = 1 << 32;
+/// Rows verified above [`FULL_REFERENCE_MACS`].
+pub const SAMPLE_ROWS: usize = 64;
+
+/// The rows of an M × N output (K deep) that are checked against the reference: all of them for
+/// small problems, else [`SAMPLE_ROWS`] rows spread evenly, including row 0 and row M−1.
+pub fn sampled_rows(m: usize, n: usize, k: usize) -> Vec<usize> {
+    let macs = (m as u64).saturating_mul(n as u64).saturating_mul(k as u64);
+    if macs <= FULL_REFERENCE_MACS || m <= SAMPLE_ROWS {
+        return (0..m).collect();
+    }
+    let s = SAMPLE_ROWS;
+    let mut rows: Vec<usize> = (0..s).map(|i| i * (m - 1) / (s - 1)).collect();
+    rows.dedup();
+    rows
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    let mut s = [0.0f64; 4];
+    let (ac, bc) = (a.chunks_exact(4), b.chunks_exact(4));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for j in 0..4 {
+            s[j] += x[j] as f64 * y[j] as f64;
+        }
+    }
+    let tail: f64 = ar.iter().zip(br).map(|(x, y)| *x as f64 * *y as f64).sum();
+    (s[0] + s[1]) + (s[2] + s[3]) + tail
+}
+
+/// `inp · Wᵀ + bias` for the given rows only: `rows.len() × n` values, row after row. `inp` is
+/// M × K, `w` N × K, both row-major.
+pub fn linear_rows(inp: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, k: usize, rows: &[usize]) -> Vec<f64> {
+    let mut out = vec![0.0f64; rows.len() * n];
+    out.par_chunks_mut(n.max(1)).zip(rows.par_iter()).for_each(|(o, &m)| {
+        let a = &inp[m * k..(m + 1) * k];
+        for (j, oj) in o.iter_mut().enumerate() {
+            let b = bias.map_or(0.0, |b| b[j] as f64);
+            *oj = dot(a, &w[j * k..(j + 1) * k]) + b;
+        }
+    });
+    out
+}
+
+/// GELU, tanh form (GPT-2's), in f64.
+pub fn gelu_tanh(x: f64) -> f64 {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+}
