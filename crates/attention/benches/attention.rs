@@ -1,1 +1,22 @@
-fn main() {}
+//! `cargo bench -p attention`: every prefill stage at each default shape (a criterion group per
+//! shape). The unfused stages (0–2) at T = 1024 take tens to hundreds of milliseconds a run: they get
+//! criterion's flat sampling with 10 samples instead of being dropped.
+
+use attention::prefill::Prefill;
+use common::bench::{bench_op, Sampling};
+use common::Op;
+use criterion::{criterion_group, criterion_main, Criterion};
+
+fn prefill(c: &mut Criterion) {
+    let op = &Prefill;
+    bench_op(c, op, &op.default_shapes(), &op.variants(), |shape, v| {
+        if v.stage <= 2 && shape.get("T").unwrap_or(0) >= 1024 {
+            Sampling::slow()
+        } else {
+            Sampling::default()
+        }
+    });
+}
+
+criterion_group!(benches, prefill);
+criterion_main!(benches);

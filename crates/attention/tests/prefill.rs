@@ -1,0 +1,347 @@
+//! attention/prefill: CPU references, shape validation, stage files, NVRTC compilation of every
+//! stage, and (with a GPU) every stage verified at the default shapes and at ragged random shapes.
+
+use attention::prefill::{self, check_shape, Prefill, PrefillArgs, Scratch};
+use attention::reference::{causal_attention, Dims};
+use common::cudarc::driver::CudaSlice;
+use common::{Arch, Error, KernelSource, Op, Shape, Source, Variant};
+use proptest::prelude::*;
+
+fn variant(name: &str) -> Variant {
+    Prefill.variants().into_iter().find(|v| v.name == name).unwrap_or_else(|| panic!("no stage {name}"))
+}
+
+fn dims(b: usize, t: usize, nh: usize, hs: usize) -> Dims {
+    Dims { b, t, c: nh * hs, nh }
+}
+
+fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what}[{i}]: {x} vs {y}");
+    }
+}
+
+// ---------------------------------------------------------------- CPU: references
+
+#[test]
+fn reference_tiny_hand_case() {
+    // B=1, T=2, NH=1, HS=1 (scale 1); rows are [q, k, v].
+    // t=0 sees only key 0: out = v0 = 4, lse = q0*k0 = 0.
+    // t=1: scores q1*k0 = 0 and q1*k1 = ln 3 -> weights 1/4, 3/4; out = 4/4 + 3*8/4 = 7, lse = ln 4.
+    let qkv = [2.0f32, 0.0, 4.0, 1.0, 3.0f32.ln(), 8.0];
+    let (out, lse) = causal_attention(&qkv, Dims { b: 1, t: 2, c: 1, nh: 1 }, None);
+    assert_close(&out, &[4.0, 7.0], 1e-6, "out");
+    assert_close(&lse, &[0.0, 4.0f64.ln()], 1e-6, "lse");
+}
+
+#[test]
+fn reference_scale_is_one_over_sqrt_hs() {
+    // HS=4 (scale 1/2), T=2, one head: q1 = (1,1,1,1), k0 = 0, k1 = (2 ln 3, 0, 0, 0), so row 1's
+    // raw scores are 0 and 2 ln 3 and its scaled scores 0 and ln 3: weights 1/4, 3/4 as in the
+    // one-dimensional case (v0 = 4, v1 = 8 in every column -> 7), lse = ln 4.
+    let (c, ln3) = (4usize, 3.0f32.ln());
+    let mut qkv = vec![0.0f32; 2 * 3 * c];
+    qkv[3 * c..4 * c].copy_from_slice(&[1.0; 4]); // q1
+    qkv[4 * c] = 2.0 * ln3; // k1[0]
+    qkv[2 * c..3 * c].copy_from_slice(&[4.0; 4]); // v0
+    qkv[5 * c..6 * c].copy_from_slice(&[8.0; 4]); // v1
+    let (out, lse) = causal_attention(&qkv, Dims { b: 1, t: 2, c, nh: 1 }, None);
+    assert_close(&out[c..], &[7.0; 4], 1e-6, "out row 1");
+    assert_close(&lse, &[0.0, 4.0f64.ln()], 1e-6, "lse");
+}
+
+#[test]
+fn reference_heads_use_their_own_columns() {
+    let (b, t, nh, hs) = (2, 5, 3, 4);
+    let c = nh * hs;
+    let qkv = common::data::uniform(b * t * 3 * c, -2.0, 2.0, 11);
+    let (out, lse) = causal_attention(&qkv, dims(b, t, nh, hs), None);
+    for h in 0..nh {
+        // Head h alone, as a one-head problem of C = HS.
+        let mut one = Vec::with_capacity(b * t * 3 * hs);
+        for row in qkv.chunks(3 * c) {
+            for part in 0..3 {
+                one.extend_from_slice(&row[part * c + h * hs..part * c + (h + 1) * hs]);
+            }
+        }
+        let (o1, l1) = causal_attention(&one, dims(b, t, 1, hs), None);
+        for bt in 0..b * t {
+            assert_close(&out[bt * c + h * hs..bt * c + (h + 1) * hs], &o1[bt * hs..(bt + 1) * hs], 1e-12, "head out");
+        }
+        for bb in 0..b {
+            assert_close(&lse[(bb * nh + h) * t..(bb * nh + h + 1) * t], &l1[bb * t..(bb + 1) * t], 1e-12, "head lse");
+        }
+    }
+}
+
+#[test]
+fn windowed_reference_limits() {
+    let (b, t, nh, hs) = (2, 9, 2, 4);
+    let d = dims(b, t, nh, hs);
+    let c = d.c;
+    let qkv = common::data::uniform(b * t * 3 * c, -2.0, 2.0, 5);
+    let (full, full_lse) = causal_attention(&qkv, d, None);
+    // W >= T is full attention.
+    for w in [t, t + 1, 1000] {
+        let (o, l) = causal_attention(&qkv, d, Some(w));
+        assert_eq!(o, full, "W = {w}");
+        assert_eq!(l, full_lse, "W = {w}");
+    }
+    // W = 1: every token sees only itself, so out = its own v.
+    let (o, _) = causal_attention(&qkv, d, Some(1));
+    for bt in 0..b * t {
+        let v: Vec<f64> = qkv[bt * 3 * c + 2 * c..(bt + 1) * 3 * c].iter().map(|&x| x as f64).collect();
+        assert_close(&o[bt * c..(bt + 1) * c], &v, 1e-12, "W=1");
+    }
+    // W = 4: tokens 0..3 see all their keys (as full attention); later ones differ.
+    let (o, _) = causal_attention(&qkv, d, Some(4));
+    for bb in 0..b {
+        let rows = bb * t * c..(bb * t + 4) * c;
+        assert_eq!(o[rows.clone()], full[rows], "rows t < W");
+    }
+    let last = (t - 1) * c..t * c;
+    assert!(o[last.clone()].iter().zip(&full[last]).any(|(x, y)| (x - y).abs() > 1e-6), "window has no effect");
+}
+
+// ---------------------------------------------------------------- CPU: validation
+
+fn constraint(r: common::Result<()>, needle: &str) {
+    match r {
+        Err(Error::Constraint { constraint, got }) => {
+            assert!(constraint.contains(needle), "constraint '{constraint}' (got {got}) should mention '{needle}'")
+        }
+        other => panic!("expected a constraint error mentioning '{needle}', got {other:?}"),
+    }
+}
+
+#[test]
+fn shape_checks_are_typed_errors() {
+    for v in Prefill.variants() {
+        let ok = dims(4, 1024, 12, 64);
+        check_shape(&v, ok, 128).unwrap_or_else(|e| panic!("{}: {e}", v.id()));
+        // Ragged T and every supported head size.
+        for hs in prefill::HEAD_SIZES {
+            check_shape(&v, dims(3, 77, 5, hs), 128).unwrap_or_else(|e| panic!("{}: {e}", v.id()));
+        }
+        constraint(check_shape(&v, dims(4, 64, 12, 48), 128), "HS");
+        constraint(check_shape(&v, dims(4, 64, 12, 16), 128), "HS");
+        constraint(check_shape(&v, Dims { b: 1, t: 8, c: 100, nh: 3 }, 128), "C % NH");
+        constraint(check_shape(&v, dims(4, 0, 12, 64), 128), "T >= 1");
+        constraint(check_shape(&v, dims(0, 8, 12, 64), 128), "B >= 1");
+        constraint(check_shape(&v, Dims { b: 1, t: 8, c: 64, nh: 0 }, 128), "NH >= 1");
+        // B*T*3C past i32.
+        constraint(check_shape(&v, dims(64, 65536, 4, 128), 128), "B*T*3C");
+    }
+    // The window bounds the local stage only.
+    let local = variant("local-window");
+    constraint(check_shape(&local, dims(1, 8, 1, 64), 0), "W");
+    constraint(check_shape(&local, dims(1, 8, 1, 64), prefill::MAX_WINDOW + 1), "W");
+    check_shape(&local, dims(1, 8, 1, 64), prefill::MAX_WINDOW).unwrap();
+    check_shape(&local, dims(1, 8, 1, 64), 1).unwrap();
+    check_shape(&variant("flash-v2"), dims(1, 8, 1, 64), 0).unwrap();
+    // The T x T scratch of the unfused stages: B*NH*T*T < 2^31 (here 3.2e9), fine for the fused ones.
+    let long = dims(4, 8192, 12, 64);
+    for name in ["baseline", "unrolled", "reduction"] {
+        constraint(check_shape(&variant(name), long, 128), "B*NH*T*T");
+    }
+    for name in ["local-window", "flash-v2", "flash-v2-tuned"] {
+        check_shape(&variant(name), long, 128).unwrap();
+    }
+    // Grid z of the reduction kernels.
+    constraint(check_shape(&variant("reduction"), dims(4096, 1, 16, 32), 128), "B*NH");
+    check_shape(&variant("baseline"), dims(4096, 1, 16, 32), 128).unwrap();
+}
+
+#[test]
+fn op_validate_reads_the_shape() {
+    let op = Prefill;
+    let shapes = op.default_shapes();
+    assert_eq!(shapes[0].to_string(), "B=4,T=1024,NH=12,HS=64,W=128");
+    for s in &shapes {
+        for v in op.variants() {
+            op.validate(&v, s).unwrap_or_else(|e| panic!("{} at {s}: {e}", v.id()));
+        }
+    }
+    let local = variant("local-window");
+    let bad =
+        |text: &str| op.validate(&local, &shapes[0].overlay(&Shape::parse(text).unwrap(), op.shape_keys()).unwrap());
+    constraint(bad("HS=96"), "HS");
+    constraint(bad("T=0"), "T");
+    constraint(bad("W=0"), "W");
+    constraint(bad("W=2048"), "W");
+    // No W key: the default window.
+    let no_w = Shape::new(&[("B", 1), ("T", 8), ("NH", 1), ("HS", 32)]);
+    assert_eq!(prefill::shape_dims(&no_w).unwrap().1, prefill::DEFAULT_WINDOW);
+    assert!(matches!(
+        op.validate(
+            &Variant::kernel("attention", "prefill", 9, "nope", "prefill/x.cu", common::Precision::Fp32, ""),
+            &no_w
+        ),
+        Err(Error::Unknown { .. })
+    ));
+}
+
+#[test]
+fn stage_list() {
+    let v = Prefill.variants();
+    let names: Vec<&str> = v.iter().map(|v| v.name.as_ref()).collect();
+    assert_eq!(names, ["baseline", "unrolled", "reduction", "local-window", "flash-v2", "flash-v2-tuned"]);
+    assert!(v.iter().enumerate().all(|(i, v)| v.stage == i as u32));
+    common::testing::check_stage_files(&attention::Attention).unwrap();
+}
+
+// ---------------------------------------------------------------- NVRTC
+
+#[test]
+fn kernels_compile_here() {
+    let Some(tc) = common::testing::nvrtc("kernels_compile_here") else { return };
+    let headers = common::module::headers_for(attention::sources());
+    for v in Prefill.variants() {
+        let Source::Kernel(path) = v.source else { continue };
+        let src = KernelSource::find(attention::sources(), path).unwrap();
+        for arch in [Arch::SM80, Arch::SM90A] {
+            if v.requires.arch_specific && !arch.arch_specific {
+                continue;
+            }
+            let c = tc.compile(&v.id(), src, &headers, &v.defines, arch).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!c.image.is_empty(), "{} {}: empty image", v.id(), arch.name());
+            // No local-memory arrays (a run-time indexed array would show as a .local declaration).
+            assert!(!c.ptx.contains(".local"), "{} {}: uses local memory", v.id(), arch.name());
+        }
+    }
+}
+
+// ---------------------------------------------------------------- GPU
+
+fn shape(b: usize, t: usize, nh: usize, hs: usize, w: usize) -> Shape {
+    Shape::new(&[("B", b as i64), ("T", t as i64), ("NH", nh as i64), ("HS", hs as i64), ("W", w as i64)])
+}
+
+fn default_shape(t: i64) {
+    let Some(gpu) = common::testing::gpu(&format!("stages_pass_default_t{t}")) else { return };
+    let s = Prefill.default_shapes().into_iter().find(|s| s.get("T") == Some(t)).expect("a default shape");
+    common::testing::assert_stages_pass(&gpu, &Prefill, &s, &Prefill.variants());
+}
+
+#[test]
+fn stages_pass_default_t64() {
+    default_shape(64);
+}
+
+#[test]
+fn stages_pass_default_t256() {
+    default_shape(256);
+}
+
+#[test]
+fn stages_pass_default_t1024() {
+    default_shape(1024);
+}
+
+#[test]
+fn stages_pass_edge_shapes() {
+    let Some(gpu) = common::testing::gpu("stages_pass_edge_shapes") else { return };
+    // T = 1 (a single token), T just past a tile, a window of 1, a window past T, W = 1024.
+    for s in [shape(1, 1, 1, 32, 1), shape(2, 17, 3, 128, 1), shape(1, 33, 2, 64, 1024), shape(3, 100, 4, 32, 99)] {
+        common::testing::assert_stages_pass(&gpu, &Prefill, &s, &Prefill.variants());
+    }
+}
+
+#[test]
+fn bad_buffers_are_typed_errors() {
+    let Some(gpu) = common::testing::gpu("bad_buffers_are_typed_errors") else { return };
+    let d = dims(2, 33, 3, 32);
+    let qkv = gpu.upload(&common::data::uniform(d.b * d.t * 3 * d.c, -1.0, 1.0, 3)).unwrap();
+    let short_qkv = gpu.upload(&vec![0.0f32; d.b * d.t * 3 * d.c - 1]).unwrap();
+    let mut out = gpu.alloc_poisoned::<f32>(d.b * d.t * d.c).unwrap();
+    let mut long_out = gpu.alloc_poisoned::<f32>(d.b * d.t * d.c + 1).unwrap();
+    let mut lse = gpu.alloc_poisoned::<f32>(d.b * d.nh * d.t).unwrap();
+    let mut short_lse = gpu.alloc_poisoned::<f32>(d.b * d.nh * d.t - 1).unwrap();
+    let mut scratch = Scratch::new(&gpu, d).unwrap();
+    let mut small_scratch = Scratch::new(&gpu, dims(2, 32, 3, 32)).unwrap();
+    fn args<'a>(
+        out: &'a mut CudaSlice<f32>,
+        lse: Option<&'a mut CudaSlice<f32>>,
+        qkv: &'a CudaSlice<f32>,
+        scratch: Option<&'a mut Scratch>,
+        dims: Dims,
+    ) -> PrefillArgs<'a> {
+        PrefillArgs { out, lse, qkv, scratch, dims, window: 16 }
+    }
+    for v in Prefill.variants() {
+        constraint(
+            prefill::forward(&gpu, &v, args(&mut out, Some(&mut lse), &short_qkv, Some(&mut scratch), d)),
+            "len(qkv)",
+        );
+        constraint(
+            prefill::forward(&gpu, &v, args(&mut long_out, Some(&mut lse), &qkv, Some(&mut scratch), d)),
+            "len(out)",
+        );
+        let bad_shape =
+            PrefillArgs { out: &mut out, lse: None, qkv: &qkv, scratch: None, dims: dims(2, 33, 3, 48), window: 16 };
+        constraint(prefill::forward(&gpu, &v, bad_shape), "HS");
+    }
+    let tuned = variant("flash-v2-tuned");
+    constraint(
+        prefill::forward(
+            &gpu,
+            &tuned,
+            PrefillArgs { out: &mut out, lse: None, qkv: &qkv, scratch: None, dims: d, window: 16 },
+        ),
+        "lse",
+    );
+    constraint(
+        prefill::forward(
+            &gpu,
+            &tuned,
+            PrefillArgs { out: &mut out, lse: Some(&mut short_lse), qkv: &qkv, scratch: None, dims: d, window: 16 },
+        ),
+        "len(lse)",
+    );
+    let base = variant("baseline");
+    constraint(
+        prefill::forward(
+            &gpu,
+            &base,
+            PrefillArgs { out: &mut out, lse: None, qkv: &qkv, scratch: None, dims: d, window: 16 },
+        ),
+        "scratch",
+    );
+    constraint(
+        prefill::forward(
+            &gpu,
+            &base,
+            PrefillArgs { out: &mut out, lse: None, qkv: &qkv, scratch: Some(&mut small_scratch), dims: d, window: 16 },
+        ),
+        "len(scratch",
+    );
+    let local = variant("local-window");
+    constraint(
+        prefill::forward(
+            &gpu,
+            &local,
+            PrefillArgs { out: &mut out, lse: None, qkv: &qkv, scratch: None, dims: d, window: 0 },
+        ),
+        "W",
+    );
+    // Nothing was launched: out is still all NaN.
+    assert!(gpu.download(&out).unwrap().iter().all(|x| x.is_nan()), "a refused call wrote out");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Ragged shapes: T not a multiple of 16 or 32, every head size, B and NH up to GPT-2's, any window.
+    #[test]
+    fn stages_pass_ragged(
+        b in 1usize..=4,
+        nh in 1usize..=12,
+        t in 1usize..=512,
+        hs in prop::sample::select(prefill::HEAD_SIZES.to_vec()),
+        w in 1usize..=prefill::MAX_WINDOW,
+    ) {
+        let Some(gpu) = common::testing::gpu("stages_pass_ragged") else { return Ok(()) };
+        common::testing::assert_stages_pass(&gpu, &Prefill, &shape(b, t, nh, hs, w), &Prefill.variants());
+    }
+}
