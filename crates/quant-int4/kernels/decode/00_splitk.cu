@@ -1,0 +1,564 @@
+// decode, stages 0-15: split-K GQA decode attention over a bf16 or INT4 KV cache, one kernel file
+// whose defines are the ladder.
+//   QI4_KV_BF16=1   stage 0 `bf16-splitk`: the bf16 cache (the BF16 CU baseline).
+//   no define       stage 1 `int4-splitk`: row-wise INT4 dequantized in the kernel (the INT4 CU baseline).
+//   OPT1..OPT10     the reference's ten optimizations, each a switch (see the list below); the
+//                   row-wise ladder adds 1..5 then 7..10 (6 is the group-wise format itself), the
+//                   group-wise ladder starts from 1..6 and adds 7..10.
+// Changed from previous: every stage adds one switch; the table is in src/decode.rs.
+//
+// Work split (the CU design): one block of 4 warps per (sequence b, KV head, split). The split's
+// tokens [t_begin, t_end) are processed in passes of PASS = 256 tokens; within a pass the 16
+// tiles of 16 tokens go to the warps round-robin (tile j*4 + warp). Per pass:
+//   1. S = Q.K^T: the warp dequantizes its K tile into its own shared tile [16][D + pad] (lane =
+//      (token lane/2, half lane&1)), then mma.m16n8k16 with A = Q (rows = the nh query heads of
+//      this KV head, rows nh..15 zero) and B = K^T; scores * log2(e)/sqrt(D) go to s_p[head][PASS]
+//      (fp32), masked tokens as -inf.
+//   2. per-head max over the pass -> running max m, rescale factor alpha = 2^(m_old - m_new).
+//   3. p = 2^(s - m) in place, per-head sums -> running sum l = l*alpha + sum.
+//   4. P fp32 -> bf16 for the second product.
+//   5. O = O*alpha + P.V: the warp dequantizes its V tiles into the same shared tile and runs
+//      mma with A = P (16 heads x 16 tokens) and B = V (16 tokens x 8 dims).
+// At the end the 4 warps' partial O are summed in shared memory and the block writes
+// (O unnormalized, m, l) for its split; qi4_combine merges the splits (max, rescaled sums).
+//
+// Optimizations (the reference's numbering):
+//   OPT1  K loads unrolled: a lane's D/16 32-bit words (8 for D=128) are all in flight before the
+//         first is dequantized; without it a `#pragma unroll 1` loop loads 2 words, converts, stores.
+//   OPT2  P conversion in place by all 128 threads, 2 consecutive fp32 -> one bf162 each, all loads
+//         before one __syncthreads and all stores after; without it a strided 16-bit copy to a
+//         separate bf16 buffer (bank conflicts, 2x the shared traffic).
+//   OPT3  per-head max with one float per thread (heads in turn, warp shuffle + shared memory
+//         across warps); without it a float[8] indexed by the runtime head count (local memory).
+//   OPT4  the same for the row sums.
+//   OPT5  V prefetch: the next V tile's raw words are loaded into registers right after the
+//         current tile is stored to shared memory (the first tile's before the softmax), so the
+//         loads overlap the mma and the softmax.
+//   OPT6  group-wise INT4 (4 groups, 80-byte rows for D=128): rows are 8-byte aligned, so scales
+//         and codes come in 8-byte (uint2) vector loads instead of 32-bit ones.
+//   OPT7  max of Q.K^T read from the accumulator fragment (c0, c1 = head g, tokens 2t, 2t+1) while
+//         the scores are written; phase 2 disappears.
+//   OPT8  P read as fp32 pairs from s_p and packed straight into the A fragment registers of P.V;
+//         phase 4 and its __syncthreads disappear.
+//   OPT9  swizzled P layout: column i of head h lives at i ^ (8h), so the 8 heads of one fragment
+//         load/store hit different banks (stride PASS alone maps them all to the same 8 banks).
+//   OPT10 shared-memory rows of the dequantized K/V tile padded by 2 bf16 (D + 2), spreading the
+//         dequantize stores and the fragment loads over more banks.
+// Why faster: each switch removes stalls the reference profiled (global latency: 1, 5, 6; shared
+//   memory conflicts/indirection: 2, 8, 9, 10; local memory: 3, 4; shared round trip: 7); none
+//   changes the bytes read from HBM: K, V (+ scales) once, Q and the partials.
+// Launch: qi4_decode_d{64,128}: grid (splits, HKV, B), block 128, static shared ~21-29 KiB;
+//   qi4_combine: grid (HQ, B), block D.
+// Constraints: D in {64, 128}; HQ/HKV <= 8; 1 <= seq_lens[b] <= Tmax; splits >= 1. Tokens past
+//   seq_lens[b] are never read (the tests fill them with NaN).
+// Tolerance: rel L2 <= 1e-2 against the f64 reference on the same (dequantized) cache: bf16
+//   products and P, fp32 accumulation and softmax.
+#include "ladder.cuh"
+#include "ladder_reduce.cuh"
+#include "ladder_convert.cuh"
+#include "qi4_format.cuh"
+#include "qi4_mma.cuh"
+
+#ifndef QI4_KV_BF16
+#define QI4_KV_BF16 0
+#endif
+#ifndef OPT1
+#define OPT1 0
+#endif
+#ifndef OPT2
+#define OPT2 0
+#endif
+#ifndef OPT3
+#define OPT3 0
+#endif
+#ifndef OPT4
+#define OPT4 0
+#endif
+#ifndef OPT5
+#define OPT5 0
+#endif
+#ifndef OPT6
+#define OPT6 0
+#endif
+#ifndef OPT7
+#define OPT7 0
+#endif
+#ifndef OPT8
+#define OPT8 0
+#endif
+#ifndef OPT9
+#define OPT9 0
+#endif
+#ifndef OPT10
+#define OPT10 0
+#endif
+#if QI4_KV_BF16 && OPT6
+#error "OPT6 is the group-wise INT4 format; it does not apply to the bf16 cache"
+#endif
+
+constexpr int QI4_WARPS = 4;
+constexpr int QI4_THREADS = 32 * QI4_WARPS;
+constexpr int QI4_TILE = 16;                               // tokens per warp tile (one mma k-step of P.V)
+constexpr int QI4_PASS = 256;                              // tokens per pass (scores kept in shared memory)
+constexpr int QI4_TPW = QI4_PASS / (QI4_TILE * QI4_WARPS);  // tiles per warp per pass
+constexpr int QI4_MAXH = 8;                                // query heads per KV head
+constexpr int QI4_PAD = OPT10 ? 2 : 0;
+constexpr int QI4_G = OPT6 ? 4 : 1;
+static_assert(QI4_PASS == 2 * QI4_THREADS, "OPT2 converts one fp32 pair per thread per head");
+static_assert(QI4_PASS % 64 == 0, "the OPT9 swizzle permutes 8-column chunks within 64");
+
+template <int D>
+struct Qi4Cfg {
+    static constexpr int KSTRIDE = D + QI4_PAD;  // bf16 elements per shared tile row
+    static constexpr int ROW_BYTES = QI4_KV_BF16 ? 2 * D : 4 * QI4_G + D / 2;
+    static constexpr int UNITS = D / 16;         // 8-value units per lane (half a row)
+};
+
+// A lane's half row, raw: 8-value units (a 32-bit word of codes, or a 16-byte bf16 vector).
+template <int D>
+struct KvRaw {
+#if QI4_KV_BF16
+    uint4 u[D / 16];
+#else
+    unsigned u[D / 16];
+    unsigned s0, s1;  // (scale, shift) pairs of the lane's first and second half (equal row-wise)
+#endif
+};
+
+__device__ __forceinline__ int qi4_swz(int h, int i) {
+#if OPT9
+    return i ^ ((h & 7) << 3);
+#else
+    return i;
+#endif
+}
+
+// Loads a lane's half row (hf = 0: values 0..D/2-1, hf = 1: D/2..D-1) into registers.
+template <int D>
+__device__ __forceinline__ void kv_load(KvRaw<D>& r, const unsigned char* __restrict__ row, int hf) {
+#if QI4_KV_BF16
+    const uint4* p = reinterpret_cast<const uint4*>(row + hf * D);
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) r.u[i] = p[i];
+#elif OPT6
+    const uint2 sc = reinterpret_cast<const uint2*>(row)[hf];  // groups 2hf, 2hf+1
+    r.s0 = sc.x;
+    r.s1 = sc.y;
+    const uint2* p = reinterpret_cast<const uint2*>(row + 4 * QI4_G + hf * (D / 4));
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) {
+        const uint2 v = p[j];
+        r.u[2 * j] = v.x;
+        r.u[2 * j + 1] = v.y;
+    }
+#else
+    r.s0 = *reinterpret_cast<const unsigned*>(row);
+    r.s1 = r.s0;
+    const unsigned* p = reinterpret_cast<const unsigned*>(row + 4 + hf * (D / 4));
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) r.u[i] = p[i];
+#endif
+}
+
+// Dequantizes (or copies) a loaded half row into shared memory: D/4 32-bit stores.
+template <int D>
+__device__ __forceinline__ void kv_store(const KvRaw<D>& r, unsigned* dst) {
+#if QI4_KV_BF16
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+        dst[4 * i + 0] = r.u[i].x;
+        dst[4 * i + 1] = r.u[i].y;
+        dst[4 * i + 2] = r.u[i].z;
+        dst[4 * i + 3] = r.u[i].w;
+    }
+#else
+    const float2 sz0 = unpack_half2(r.s0);
+    const float2 sz1 = unpack_half2(r.s1);
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+        const float2 sz = (i < D / 32) ? sz0 : sz1;  // a group is D/32 words
+        qi4_dequant_word(r.u[i], sz.x, sz.y, dst + 4 * i);
+    }
+#endif
+}
+
+// The baseline path: 16 values (2 units) loaded, converted and stored per iteration, not unrolled.
+template <int D>
+__device__ __forceinline__ void kv_load_store_chunked(const unsigned char* __restrict__ row, int hf, unsigned* dst) {
+#if QI4_KV_BF16
+    const uint4* p = reinterpret_cast<const uint4*>(row + hf * D);
+#pragma unroll 1
+    for (int c = 0; c < D / 32; ++c) {
+        const uint4 a = p[2 * c];
+        const uint4 b = p[2 * c + 1];
+        unsigned* o = dst + 8 * c;
+        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+        o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+    }
+#else
+#if OPT6
+    const uint2 sc = reinterpret_cast<const uint2*>(row)[hf];
+    const unsigned s0 = sc.x, s1 = sc.y;
+    const uint2* p2 = reinterpret_cast<const uint2*>(row + 4 * QI4_G + hf * (D / 4));
+#else
+    const unsigned s0 = *reinterpret_cast<const unsigned*>(row), s1 = s0;
+    const unsigned* p = reinterpret_cast<const unsigned*>(row + 4 + hf * (D / 4));
+#endif
+#pragma unroll 1
+    for (int c = 0; c < D / 32; ++c) {
+#if OPT6
+        const uint2 v = p2[c];
+        const unsigned w0 = v.x, w1 = v.y;
+#else
+        const unsigned w0 = p[2 * c], w1 = p[2 * c + 1];
+#endif
+        const float2 sz = unpack_half2((2 * c < D / 32) ? s0 : s1);
+        qi4_dequant_word(w0, sz.x, sz.y, dst + 8 * c);
+        qi4_dequant_word(w1, sz.x, sz.y, dst + 8 * c + 4);
+    }
+#endif
+}
+
+template <int D>
+__device__ __forceinline__ void kv_zero(unsigned* dst) {
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) dst[i] = 0u;
+}
+
+template <int D>
+__device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float* __restrict__ m_part,
+                                              float* __restrict__ l_part, const __nv_bfloat16* __restrict__ q,
+                                              const unsigned char* __restrict__ kc,
+                                              const unsigned char* __restrict__ vc,
+                                              const int* __restrict__ seq_lens, int tmax, int hkv, int nh,
+                                              int splits, float qk_scale) {
+    using C = Qi4Cfg<D>;
+    __shared__ __align__(16) float s_p[QI4_MAXH * QI4_PASS];
+#if !OPT2 && !OPT8
+    __shared__ __align__(16) __nv_bfloat16 s_pb[QI4_MAXH * QI4_PASS];
+#endif
+    __shared__ __align__(16) unsigned char s_kv[QI4_WARPS * QI4_TILE * C::KSTRIDE * 2];
+    __shared__ float s_red[QI4_WARPS * QI4_MAXH];
+    __shared__ float s_m[QI4_MAXH], s_l[QI4_MAXH], s_alpha[QI4_MAXH];
+    static_assert(QI4_WARPS * QI4_TILE * C::KSTRIDE * 2 >= QI4_MAXH * D * 4, "s_kv holds the O reduction");
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;   // mma fragment coordinates
+    const int r = lane >> 1, hf = lane & 1;  // tile loader coordinates: token r, half hf
+    const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+
+    const int len = seq_lens[b];
+    int per = (len + splits - 1) / splits;
+    per = (per + QI4_TILE - 1) / QI4_TILE * QI4_TILE;
+    const int t_begin = split * per;
+    const int t_end = min(len, t_begin + per);
+    const size_t part = ((size_t)(b * hkv + kvh) * splits + split) * nh;  // first head row of this block
+
+    if (t_begin >= t_end) {  // an empty split (uniform for the block)
+        for (int i = tid; i < nh * D; i += QI4_THREADS) o_part[part * D + i] = 0.0f;
+        if (tid < nh) {
+            m_part[part + tid] = -INFINITY;
+            l_part[part + tid] = 0.0f;
+        }
+        return;
+    }
+
+    // Q as the A fragment: rows = heads g < nh, rows 8..15 (a1, a3) are zero.
+    unsigned qa[D / 16][2];
+    {
+        const int hq = kvh * nh + min(g, nh - 1);
+        const unsigned* qrow = reinterpret_cast<const unsigned*>(q + ((size_t)b * hkv * nh + hq) * D);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            qa[ks][0] = (g < nh) ? qrow[ks * 8 + t] : 0u;
+            qa[ks][1] = (g < nh) ? qrow[ks * 8 + 4 + t] : 0u;
+        }
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    if (tid < QI4_MAXH) {
+        s_m[tid] = -INFINITY;
+        s_l[tid] = 0.0f;
+    }
+
+    const size_t tok_stride = (size_t)hkv * C::ROW_BYTES;
+    const unsigned char* kbase = kc + ((size_t)b * tmax * hkv + kvh) * C::ROW_BYTES;
+    const unsigned char* vbase = vc + ((size_t)b * tmax * hkv + kvh) * C::ROW_BYTES;
+    __nv_bfloat16* kv_w = reinterpret_cast<__nv_bfloat16*>(s_kv) + warp * QI4_TILE * C::KSTRIDE;
+    unsigned* my_dst = reinterpret_cast<unsigned*>(kv_w + r * C::KSTRIDE + hf * (D / 2));
+
+    for (int pass0 = t_begin; pass0 < t_end; pass0 += QI4_PASS) {
+        // ---- 1. S = Q.K^T for this warp's tiles
+#if OPT7
+        float lane_max = -INFINITY;
+#endif
+#pragma unroll 1
+        for (int j = 0; j < QI4_TPW; ++j) {
+            const int li0 = (j * QI4_WARPS + warp) * QI4_TILE;
+            if (pass0 + li0 >= t_end) {
+                if (g < nh) {
+                    const float2 ninf = make_float2(-INFINITY, -INFINITY);
+                    *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + qi4_swz(g, li0 + 2 * t)]) = ninf;
+                    *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + qi4_swz(g, li0 + 8 + 2 * t)]) = ninf;
+                }
+                continue;
+            }
+            const int tok = pass0 + li0 + r;
+            if (tok < t_end) {
+                const unsigned char* row = kbase + (size_t)tok * tok_stride;
+#if OPT1
+                KvRaw<D> raw;
+                kv_load<D>(raw, row, hf);
+                kv_store<D>(raw, my_dst);
+#else
+                kv_load_store_chunked<D>(row, hf, my_dst);
+#endif
+            } else {
+                kv_zero<D>(my_dst);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const unsigned* krow = reinterpret_cast<const unsigned*>(kv_w + (nt * 8 + g) * C::KSTRIDE);
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ++ks) {
+                    qi4_mma_16816(acc, qa[ks][0], 0u, qa[ks][1], 0u, krow[ks * 8 + t], krow[ks * 8 + 4 + t]);
+                }
+                const int li = li0 + nt * 8 + 2 * t;
+                const float s0 = (pass0 + li < t_end) ? acc[0] * qk_scale : -INFINITY;
+                const float s1 = (pass0 + li + 1 < t_end) ? acc[1] * qk_scale : -INFINITY;
+                if (g < nh) *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + qi4_swz(g, li)]) = make_float2(s0, s1);
+#if OPT7
+                lane_max = fmaxf(lane_max, fmaxf(s0, s1));
+#endif
+            }
+            __syncwarp();
+        }
+#if OPT7
+        lane_max = fmaxf(lane_max, __shfl_xor_sync(0xffffffffu, lane_max, 1));
+        lane_max = fmaxf(lane_max, __shfl_xor_sync(0xffffffffu, lane_max, 2));
+        if (t == 0 && g < nh) s_red[warp * QI4_MAXH + g] = lane_max;
+#endif
+#if OPT5
+        KvRaw<D> vraw;  // the first V tile of this warp, in flight during the softmax
+        {
+            const int tok = pass0 + warp * QI4_TILE + r;
+            if (tok < t_end) kv_load<D>(vraw, vbase + (size_t)tok * tok_stride, hf);
+        }
+#endif
+        __syncthreads();
+
+        // ---- 2. per-head max of the pass
+#if !OPT7
+#if OPT3
+#pragma unroll 1
+        for (int h = 0; h < nh; ++h) {
+            float m = -INFINITY;
+            for (int i = tid; i < QI4_PASS; i += QI4_THREADS) m = fmaxf(m, s_p[h * QI4_PASS + i]);
+            m = warp_max(m);
+            if (lane == 0) s_red[warp * QI4_MAXH + h] = m;
+        }
+#else
+        float tmax_h[QI4_MAXH];
+#pragma unroll 1
+        for (int h = 0; h < nh; ++h) tmax_h[h] = -INFINITY;
+        for (int i = tid; i < QI4_PASS; i += QI4_THREADS) {
+#pragma unroll 1
+            for (int h = 0; h < nh; ++h) tmax_h[h] = fmaxf(tmax_h[h], s_p[h * QI4_PASS + i]);
+        }
+#pragma unroll 1
+        for (int h = 0; h < nh; ++h) {
+            const float m = warp_max(tmax_h[h]);
+            if (lane == 0) s_red[warp * QI4_MAXH + h] = m;
+        }
+#endif
+        __syncthreads();
+#endif
+        if (tid < nh) {
+            float mp = s_red[tid];
+#pragma unroll
+            for (int w = 1; w < QI4_WARPS; ++w) mp = fmaxf(mp, s_red[w * QI4_MAXH + tid]);
+            const float m_old = s_m[tid];
+            const float m_new = fmaxf(m_old, mp);
+            s_alpha[tid] = exp2f(m_old - m_new);  // 0 on the first pass (m_old = -inf)
+            s_m[tid] = m_new;
+        }
+        __syncthreads();
+
+        // ---- 3. p = 2^(s - m) in place, per-head sums
+#if OPT4
+#pragma unroll 1
+        for (int h = 0; h < nh; ++h) {
+            const float m = s_m[h];
+            float sum = 0.0f;
+            for (int i = tid; i < QI4_PASS; i += QI4_THREADS) {
+                const float p = exp2f(s_p[h * QI4_PASS + i] - m);
+                s_p[h * QI4_PASS + i] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) s_red[warp * QI4_MAXH + h] = sum;
+        }
+#else
+        float tsum_h[QI4_MAXH];
+#pragma unroll 1
+        for (int h = 0; h < nh; ++h) tsum_h[h] = 0.0f;
+        for (int i = tid; i < QI4_PASS; i += QI4_THREADS) {
+#pragma unroll 1
+            for (int h = 0; h < nh; ++h) {
+                const float p = exp2f(s_p[h * QI4_PASS + i] - s_m[h]);
+                s_p[h * QI4_PASS + i] = p;
+                tsum_h[h] += p;
+            }
+        }
+#pragma unroll 1
+        for (int h = 0; h < nh; ++h) {
+            const float s = warp_sum(tsum_h[h]);
+            if (lane == 0) s_red[warp * QI4_MAXH + h] = s;
+        }
+#endif
+        __syncthreads();
+        if (tid < nh) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < QI4_WARPS; ++w) s += s_red[w * QI4_MAXH + tid];
+            s_l[tid] = s_l[tid] * s_alpha[tid] + s;
+        }
+
+        // ---- 4. P to bf16 (OPT8 converts while building the fragment instead)
+#if !OPT8
+#if OPT2
+        {
+            float2 v[QI4_MAXH];
+#pragma unroll
+            for (int h = 0; h < QI4_MAXH; ++h)
+                if (h < nh) v[h] = reinterpret_cast<const float2*>(s_p + h * QI4_PASS)[tid];
+            __syncthreads();
+#pragma unroll
+            for (int h = 0; h < QI4_MAXH; ++h)
+                if (h < nh)
+                    reinterpret_cast<__nv_bfloat162*>(s_p + h * QI4_PASS)[tid] = __floats2bfloat162_rn(v[h].x, v[h].y);
+        }
+#else
+        for (int i = tid; i < nh * QI4_PASS; i += QI4_THREADS) s_pb[i] = __float2bfloat16_rn(s_p[i]);
+#endif
+        __syncthreads();
+#endif
+
+        // ---- 5. O = O * alpha + P.V
+        {
+            const float a = (g < nh) ? s_alpha[g] : 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                o[nt][0] *= a;
+                o[nt][1] *= a;
+            }
+        }
+#pragma unroll 1
+        for (int j = 0; j < QI4_TPW; ++j) {
+            const int li0 = (j * QI4_WARPS + warp) * QI4_TILE;
+            if (pass0 + li0 >= t_end) break;
+            const int tok = pass0 + li0 + r;
+#if OPT5
+            if (tok < t_end) kv_store<D>(vraw, my_dst); else kv_zero<D>(my_dst);
+            {
+                const int ntok = tok + QI4_WARPS * QI4_TILE;
+                if (j + 1 < QI4_TPW && ntok < t_end) kv_load<D>(vraw, vbase + (size_t)ntok * tok_stride, hf);
+            }
+#else
+            if (tok < t_end) kv_load_store_chunked<D>(vbase + (size_t)tok * tok_stride, hf, my_dst);
+            else kv_zero<D>(my_dst);
+#endif
+            __syncwarp();
+            unsigned pa0 = 0u, pa2 = 0u;  // A = P: a0 = P[g][2t..], a2 = P[g][2t+8..]; rows g+8 zero
+            if (g < nh) {
+                const int i0 = qi4_swz(g, li0 + 2 * t), i1 = qi4_swz(g, li0 + 8 + 2 * t);
+#if OPT8
+                const float2 f0 = *reinterpret_cast<const float2*>(s_p + g * QI4_PASS + i0);
+                const float2 f1 = *reinterpret_cast<const float2*>(s_p + g * QI4_PASS + i1);
+                pa0 = pack_bf16x2(f0.x, f0.y);
+                pa2 = pack_bf16x2(f1.x, f1.y);
+#elif OPT2
+                const __nv_bfloat16* prow = reinterpret_cast<const __nv_bfloat16*>(s_p + g * QI4_PASS);
+                pa0 = *reinterpret_cast<const unsigned*>(prow + i0);
+                pa2 = *reinterpret_cast<const unsigned*>(prow + i1);
+#else
+                pa0 = *reinterpret_cast<const unsigned*>(s_pb + g * QI4_PASS + i0);
+                pa2 = *reinterpret_cast<const unsigned*>(s_pb + g * QI4_PASS + i1);
+#endif
+            }
+            const unsigned short* vs = reinterpret_cast<const unsigned short*>(kv_w);
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                const int d = nt * 8 + g;
+                const unsigned b0 = (unsigned)vs[(2 * t) * C::KSTRIDE + d] |
+                                    ((unsigned)vs[(2 * t + 1) * C::KSTRIDE + d] << 16);
+                const unsigned b1 = (unsigned)vs[(2 * t + 8) * C::KSTRIDE + d] |
+                                    ((unsigned)vs[(2 * t + 9) * C::KSTRIDE + d] << 16);
+                qi4_mma_16816(o[nt], pa0, 0u, pa2, 0u, b0, b1);
+            }
+            __syncwarp();
+        }
+        __syncthreads();  // s_p, s_red, s_alpha and the tiles are rewritten by the next pass
+    }
+
+    // ---- the 4 warps' partial O summed in shared memory (the tile buffer is free now)
+    float* s_o = reinterpret_cast<float*>(s_kv);
+#pragma unroll 1
+    for (int w = 0; w < QI4_WARPS; ++w) {
+        if (warp == w && g < nh) {
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                float* dst = s_o + g * D + nt * 8 + 2 * t;
+                if (w == 0) {
+                    dst[0] = o[nt][0];
+                    dst[1] = o[nt][1];
+                } else {
+                    dst[0] += o[nt][0];
+                    dst[1] += o[nt][1];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < nh * D; i += QI4_THREADS) o_part[part * D + i] = s_o[i];
+    if (tid < nh) {
+        m_part[part + tid] = s_m[tid];
+        l_part[part + tid] = s_l[tid];
+    }
+}
+
+#define QI4_DECODE_ENTRY(NAME, DIM)                                                                             \
+    extern "C" __global__ void __launch_bounds__(QI4_THREADS)                                                 \
+        NAME(float* __restrict__ o_part, float* __restrict__ m_part, float* __restrict__ l_part,             \
+             const __nv_bfloat16* __restrict__ q, const unsigned char* __restrict__ kc,                      \
+             const unsigned char* __restrict__ vc, const int* __restrict__ seq_lens, int tmax, int hkv, int nh, \
+             int splits, float qk_scale) {                                                                  \
+        decode_splitk<DIM>(o_part, m_part, l_part, q, kc, vc, seq_lens, tmax, hkv, nh, splits, qk_scale);    \
+    }
+QI4_DECODE_ENTRY(qi4_decode_d64, 64)
+QI4_DECODE_ENTRY(qi4_decode_d128, 128)
+
+// Merges the splits of one (sequence, query head): O = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s.
+// Grid (HQ, B), block D (one thread per output element).
+extern "C" __global__ void qi4_combine(__nv_bfloat16* __restrict__ out, const float* __restrict__ o_part,
+                                       const float* __restrict__ m_part, const float* __restrict__ l_part,
+                                       int hkv, int nh, int splits, int D) {
+    const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+    const int kvh = hq / nh, h = hq - kvh * nh;
+    const size_t base = (size_t)(b * hkv + kvh) * splits * nh + h;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m_part[base + (size_t)s * nh]);
+    float l = 0.0f, acc = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        const size_t i = base + (size_t)s * nh;
+        const float m = m_part[i];
+        if (m == -INFINITY) continue;  // an empty split
+        const float w = exp2f(m - mx);
+        l += w * l_part[i];
+        acc += w * o_part[i * D + d];
+    }
+    out[((size_t)b * hkv * nh + hq) * D + d] = __float2bfloat16_rn(acc / l);
+}

@@ -1,0 +1,218 @@
+//! The KV-cache formats and the CPU quantizer/dequantizer (the reference the GPU quantizer must
+//! match byte for byte). The layout is documented in `kernels/qi4_format.cuh`:
+//!
+//! * a row of `D` values in `G` groups (`G = 1` row-wise, `G = 4` group-wise) is `4G` bytes of
+//!   fp16 (scale, shift) pairs followed by `D/2` bytes of 4-bit codes;
+//! * value `2k` of each 8-value little-endian word sits at bits `4k..4k+3`, value `2k+1` at bits
+//!   `16+4k..16+4k+3` (so the kernel turns a pair into bf16 with one shift and one mask);
+//! * `shift` = fp16 rounded down of the group minimum, `scale` = fp16 rounded up of
+//!   `(max - shift) / 15`, `q = clamp(rint((x - shift) / scale), 0, 15)`, value = `q * scale + shift`.
+
+use common::{require, Error, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// How the K and V caches are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvFormat {
+    Bf16,
+    /// INT4 with `groups` (scale, shift) pairs per row: 1 (row-wise) or 4 (group-wise).
+    Int4 {
+        groups: usize,
+    },
+}
+
+impl KvFormat {
+    /// The `fmt` shape key: 0 = bf16, 1 = INT4 row-wise, 4 = INT4 group-wise.
+    pub fn from_key(fmt: i64) -> Result<KvFormat> {
+        match fmt {
+            0 => Ok(KvFormat::Bf16),
+            1 => Ok(KvFormat::Int4 { groups: 1 }),
+            4 => Ok(KvFormat::Int4 { groups: 4 }),
+            _ => Err(Error::constraint(
+                "fmt in {0 (bf16), 1 (int4 row-wise), 4 (int4 group-wise)}",
+                format!("fmt = {fmt}"),
+            )),
+        }
+    }
+
+    pub fn key(self) -> i64 {
+        match self {
+            KvFormat::Bf16 => 0,
+            KvFormat::Int4 { groups } => groups as i64,
+        }
+    }
+
+    /// Bytes of one cached row of `d` values.
+    pub fn row_bytes(self, d: usize) -> usize {
+        match self {
+            KvFormat::Bf16 => 2 * d,
+            KvFormat::Int4 { groups } => int4_row_bytes(d, groups),
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            KvFormat::Bf16 => "bf16",
+            KvFormat::Int4 { groups: 1 } => "int4 row-wise",
+            KvFormat::Int4 { .. } => "int4 group-wise",
+        }
+    }
+}
+
+/// Bytes of one INT4 row: `groups` fp16 pairs, then `d/2` bytes of codes.
+pub fn int4_row_bytes(d: usize, groups: usize) -> usize {
+    4 * groups + d / 2
+}
+
+/// The head dimensions and group counts the kernels implement.
+pub fn check_int4(d: usize, groups: usize) -> Result<()> {
+    require(d == 64 || d == 128, "D in {64, 128}", || format!("D = {d}"))?;
+    require(groups == 1 || groups == 4, "groups in {1 (row-wise), 4 (group-wise)}", || format!("groups = {groups}"))
+}
+
+/// The bit offset of value `i` of a row inside its 32-bit word.
+pub fn nibble_shift(i: usize) -> u32 {
+    let k = (i % 8) as u32;
+    if k % 2 == 1 {
+        16 + 4 * (k / 2)
+    } else {
+        4 * (k / 2)
+    }
+}
+
+fn f16_next_up(h: f16) -> f16 {
+    let b = h.to_bits();
+    if h.is_nan() || b == 0x7C00 {
+        return h;
+    }
+    if b == 0x8000 {
+        return f16::from_bits(0x0001);
+    }
+    f16::from_bits(if b & 0x8000 == 0 { b + 1 } else { b - 1 })
+}
+
+fn f16_next_down(h: f16) -> f16 {
+    let b = h.to_bits();
+    if h.is_nan() || b == 0xFC00 {
+        return h;
+    }
+    if b == 0x0000 {
+        return f16::from_bits(0x8001);
+    }
+    f16::from_bits(if b & 0x8000 == 0 { b - 1 } else { b + 1 })
+}
+
+/// fp16 rounded toward −∞ (CUDA's `__float2half_rd`).
+pub fn f16_round_down(x: f32) -> f16 {
+    let h = f16::from_f32(x);
+    if h.to_f32() > x {
+        f16_next_down(h)
+    } else {
+        h
+    }
+}
+
+/// fp16 rounded toward +∞ (CUDA's `__float2half_ru`).
+pub fn f16_round_up(x: f32) -> f16 {
+    let h = f16::from_f32(x);
+    if h.to_f32() < x {
+        f16_next_up(h)
+    } else {
+        h
+    }
+}
+
+/// (scale, shift) of one group, as stored.
+pub fn group_params(x: &[f32]) -> (f16, f16) {
+    // `+ 0.0` maps -0 to +0, as the kernel does: the sign of a zero extreme never reaches the bytes.
+    let mn = x.iter().copied().fold(f32::INFINITY, f32::min) + 0.0;
+    let mx = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) + 0.0;
+    let shift = f16_round_down(mn);
+    let scale = f16_round_up((mx - shift.to_f32()) / 15.0);
+    (scale, shift)
+}
+
+/// The 4-bit code of `x` under (scale, shift).
+pub fn code(x: f32, scale: f16, shift: f16) -> u32 {
+    let s = scale.to_f32();
+    let q = if s > 0.0 { ((x - shift.to_f32()) / s).round_ties_even() } else { 0.0 };
+    q.clamp(0.0, 15.0) as u32
+}
+
+/// Quantizes one row of `x.len()` values into `out` (`int4_row_bytes(x.len(), groups)` bytes).
+pub fn quantize_row(x: &[f32], groups: usize, out: &mut [u8]) {
+    let d = x.len();
+    let gs = d / groups;
+    debug_assert_eq!(out.len(), int4_row_bytes(d, groups));
+    out.fill(0);
+    for g in 0..groups {
+        let xs = &x[g * gs..(g + 1) * gs];
+        let (scale, shift) = group_params(xs);
+        out[4 * g..4 * g + 2].copy_from_slice(&scale.to_bits().to_le_bytes());
+        out[4 * g + 2..4 * g + 4].copy_from_slice(&shift.to_bits().to_le_bytes());
+        for (j, &v) in xs.iter().enumerate() {
+            let i = g * gs + j;
+            let w = 4 * groups + 4 * (i / 8);
+            let mut word = u32::from_le_bytes(out[w..w + 4].try_into().unwrap());
+            word |= code(v, scale, shift) << nibble_shift(i);
+            out[w..w + 4].copy_from_slice(&word.to_le_bytes());
+        }
+    }
+}
+
+/// The (scale, shift) pairs of a quantized row, as f32.
+pub fn row_params(row: &[u8], groups: usize) -> Vec<(f32, f32)> {
+    (0..groups)
+        .map(|g| {
+            let s = f16::from_bits(u16::from_le_bytes([row[4 * g], row[4 * g + 1]]));
+            let z = f16::from_bits(u16::from_le_bytes([row[4 * g + 2], row[4 * g + 3]]));
+            (s.to_f32(), z.to_f32())
+        })
+        .collect()
+}
+
+/// Dequantizes one row of `d` values (exactly, in f64) into `out`.
+pub fn dequantize_row(row: &[u8], d: usize, groups: usize, out: &mut [f64]) {
+    let params = row_params(row, groups);
+    let gs = d / groups;
+    for (i, o) in out.iter_mut().enumerate().take(d) {
+        let w = 4 * groups + 4 * (i / 8);
+        let word = u32::from_le_bytes(row[w..w + 4].try_into().unwrap());
+        let q = (word >> nibble_shift(i)) & 0xF;
+        let (s, z) = params[i / gs];
+        *o = q as f64 * s as f64 + z as f64;
+    }
+}
+
+/// Quantizes `rows` rows of `d` bf16 values. A row whose first value is NaN (the padding past a
+/// sequence's length in the test caches) becomes all 0xFF bytes: NaN scales, so any read of it
+/// poisons the result.
+pub fn quantize(x: &[bf16], d: usize, groups: usize) -> Vec<u8> {
+    let rb = int4_row_bytes(d, groups);
+    let rows = x.len() / d;
+    let mut out = vec![0u8; rows * rb];
+    out.par_chunks_mut(rb).zip(x.par_chunks(d)).for_each_init(
+        || vec![0f32; d],
+        |buf, (o, row)| {
+            if row[0].is_nan() {
+                o.fill(0xFF);
+                return;
+            }
+            for (b, v) in buf.iter_mut().zip(row) {
+                *b = v.to_f32();
+            }
+            quantize_row(buf, groups, o);
+        },
+    );
+    out
+}
+
+/// Dequantizes every row of an INT4 buffer to f64.
+pub fn dequantize(q: &[u8], d: usize, groups: usize) -> Vec<f64> {
+    let rb = int4_row_bytes(d, groups);
+    let rows = q.len() / rb;
+    let mut out = vec![0f64; rows * d];
+    out.par_chunks_mut(d).zip(q.par_chunks(rb)).for_each(|(o, row)| dequantize_row(row, d, groups, o));
+    out
+}

@@ -1,0 +1,455 @@
+//! quant-int4 tests. CPU: the formats and the quantizer's properties, the reference, the stage
+//! table, every shape/buffer constraint. NVRTC: every variant compiles for sm_80 and sm_90a. GPU
+//! (SKIP without one, fail with LADDER_REQUIRE_GPU=1): the quantizer matches the CPU bytes, every
+//! decode stage (and every leave-one-out variant) passes at small default-like and ragged shapes.
+
+use common::module::headers_for;
+use common::testing::{assert_stages_pass, check_stage_files};
+use common::{Arch, Error, KernelSource, Op, Shape, Source, Variant};
+use half::{bf16, f16};
+use proptest::prelude::*;
+use quant_int4::decode::{
+    self, check_cache, check_dims, check_seq_lens, checked_seqs, default_splits, Decode, DecodeShape, Dims,
+};
+use quant_int4::format::{self, check_int4, KvFormat};
+use quant_int4::quantize::{self, Quantize};
+use quant_int4::QuantInt4;
+
+fn is_constraint(r: common::Result<()>, needle: &str) {
+    match r {
+        Err(Error::Constraint { constraint, got }) => {
+            assert!(constraint.contains(needle), "constraint '{constraint}' (got {got}) should mention '{needle}'")
+        }
+        other => panic!("expected a constraint error mentioning '{needle}', got {other:?}"),
+    }
+}
+
+const ROW: KvFormat = KvFormat::Int4 { groups: 1 };
+const GROUP: KvFormat = KvFormat::Int4 { groups: 4 };
+
+// ---------------------------------------------------------------- NVRTC and the stage table
+
+#[test]
+fn kernels_compile_here() {
+    let Some(tc) = common::testing::nvrtc("kernels_compile_here") else { return };
+    let sources = quant_int4::sources();
+    let mut n = 0;
+    let mut failures = Vec::new();
+    for op in [&Decode as &dyn Op, &Quantize] {
+        for v in op.variants().into_iter().chain(op.leave_one_out()) {
+            let Source::Kernel(path) = v.source else { continue };
+            let src = KernelSource::find(sources, path).unwrap();
+            for arch in [Arch::SM80, Arch::SM90A] {
+                match tc.compile(&v.id(), src, &headers_for(sources), &v.defines, arch) {
+                    Ok(c) if !c.image.is_empty() => n += 1,
+                    Ok(_) => failures.push(format!("{} {arch}: empty image", v.id())),
+                    Err(e) => failures.push(format!("{} {arch}: {e}", v.id())),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    println!("kernels_compile_here: {n} variant/arch pairs");
+}
+
+#[test]
+fn stage_files_match() {
+    check_stage_files(&QuantInt4).unwrap();
+}
+
+fn opts_of(v: &Variant) -> Vec<String> {
+    v.defines.iter().filter(|d| d.name.starts_with("OPT")).map(|d| d.name.to_string()).collect()
+}
+
+#[test]
+fn decode_ladder_table() {
+    let v = Decode.variants();
+    let names: Vec<&str> = v.iter().map(|v| v.name.as_ref()).collect();
+    assert_eq!(
+        names,
+        [
+            "bf16-splitk",
+            "int4-splitk",
+            "int4-row+1",
+            "int4-row+1..2",
+            "int4-row+1..3",
+            "int4-row+1..4",
+            "int4-row+1..5",
+            "int4-row+1..5,7",
+            "int4-row+1..5,7..8",
+            "int4-row+1..5,7..9",
+            "int4-row+1..5,7..10",
+            "int4-group+1..6",
+            "int4-group+1..7",
+            "int4-group+1..8",
+            "int4-group+1..9",
+            "int4-group+1..10",
+        ]
+    );
+    for (i, s) in v.iter().enumerate() {
+        assert_eq!(s.stage as usize, i, "stage numbers are the ladder order");
+        assert_eq!(s.requires, common::Requirements::SM80);
+    }
+    assert_eq!(decode::stage_format(&v[0]).unwrap(), KvFormat::Bf16);
+    // Cumulative: each ladder step adds exactly one switch to the previous stage.
+    for w in v[1..=10].windows(2).chain(v[11..].windows(2)) {
+        let (a, b) = (opts_of(&w[0]), opts_of(&w[1]));
+        assert_eq!(b.len(), a.len() + 1, "{} -> {}", w[0].name, w[1].name);
+        assert!(a.iter().all(|o| b.contains(o)), "{} -> {}", w[0].name, w[1].name);
+    }
+    for s in &v[1..=10] {
+        assert_eq!(decode::stage_format(s).unwrap(), ROW, "{}", s.name);
+        assert!(!opts_of(s).contains(&"OPT6".to_string()));
+    }
+    for s in &v[11..] {
+        assert_eq!(decode::stage_format(s).unwrap(), GROUP, "{}", s.name);
+    }
+    assert_eq!(opts_of(&v[10]).len(), 9);
+    assert_eq!(opts_of(&v[15]).len(), 10);
+    assert_eq!(v[10].toggles.len(), 9);
+    assert_eq!(v[15].toggles.len(), 9, "OPT6 is the format, not a leave-one-out toggle");
+    assert!(v.iter().filter(|s| !s.toggles.is_empty()).count() == 2);
+
+    let loo = Decode.leave_one_out();
+    assert_eq!(loo.len(), 18);
+    let mut ids: Vec<String> = v.iter().chain(&loo).map(|s| s.id()).collect();
+    let n = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "variant ids are unique");
+    for l in &loo {
+        assert_eq!(opts_of(l).len() + 1, if l.name.starts_with("group") { 10 } else { 9 }, "{}", l.name);
+        let want = if l.name.starts_with("group") { GROUP } else { ROW };
+        assert_eq!(decode::stage_format(l).unwrap(), want, "{}", l.name);
+    }
+}
+
+// ---------------------------------------------------------------- formats and the CPU quantizer
+
+#[test]
+fn directed_fp16_rounding_brackets() {
+    let xs = uniform_mixed(20_000, 7);
+    for x in xs.into_iter().chain([0.0, -0.0, 1e-9, -1e-9, 65504.0, 65510.0, 70000.0, -65510.0, 1.0 / 3.0]) {
+        let (lo, hi) = (format::f16_round_down(x), format::f16_round_up(x));
+        assert!(lo.to_f32() <= x && hi.to_f32() >= x, "x = {x}: {lo} .. {hi}");
+        // adjacent: nothing representable strictly between them
+        let rn = f16::from_f32(x);
+        assert!(rn == lo || rn == hi, "x = {x}: RN {rn} outside {lo} .. {hi}");
+        if lo.to_f32() == x {
+            assert_eq!(hi.to_f32(), x);
+        } else if lo.is_finite() && hi.is_finite() {
+            let (a, b) = (lo.to_f32() as f64, hi.to_f32() as f64);
+            let mid = f16::from_f64((a + b) / 2.0).to_f32() as f64;
+            assert!(mid == a || mid == b, "x = {x}: {lo} and {hi} not adjacent");
+        }
+    }
+}
+
+fn uniform_mixed(n: usize, seed: u64) -> Vec<f32> {
+    let u = common::data::uniform(n, -1.0, 1.0, seed);
+    u.iter().enumerate().map(|(i, v)| v * 10f32.powi((i % 9) as i32 - 4)).collect()
+}
+
+#[test]
+fn nibble_order_hand_case() {
+    // D = 64 row-wise, x_i = i % 16: shift 0, scale 1, q_i = i % 16.
+    let x: Vec<f32> = (0..64).map(|i| (i % 16) as f32).collect();
+    let mut row = vec![0u8; format::int4_row_bytes(64, 1)];
+    format::quantize_row(&x, 1, &mut row);
+    assert_eq!(row.len(), 36);
+    assert_eq!(&row[0..4], &[0x00, 0x3C, 0x00, 0x00], "scale 1.0 (fp16 0x3C00), shift 0");
+    let w0 = u32::from_le_bytes(row[4..8].try_into().unwrap());
+    assert_eq!(w0, 0x7531_6420, "values 0..7: even ones in the low half-word, odd ones in the high");
+    let w1 = u32::from_le_bytes(row[8..12].try_into().unwrap());
+    assert_eq!(w1, 0xFDB9_ECA8);
+    let mut deq = vec![0f64; 64];
+    format::dequantize_row(&row, 64, 1, &mut deq);
+    assert!(deq.iter().zip(&x).all(|(a, b)| *a == *b as f64));
+    assert_eq!(format::int4_row_bytes(128, 1), 68);
+    assert_eq!(format::int4_row_bytes(128, 4), 80);
+}
+
+#[test]
+fn nan_rows_become_poison() {
+    let mut x = vec![bf16::from_f32(0.5); 256];
+    x[128] = bf16::NAN;
+    let q = format::quantize(&x, 128, 4);
+    assert_eq!(q.len(), 160);
+    assert!(q[80..].iter().all(|&b| b == 0xFF));
+    assert!(q[..80].iter().any(|&b| b != 0xFF));
+}
+
+fn max_err_and_sse(x: &[f32], d: usize, groups: usize) -> (Vec<f64>, Vec<(f32, f32)>, f64) {
+    let mut row = vec![0u8; format::int4_row_bytes(d, groups)];
+    format::quantize_row(x, groups, &mut row);
+    let mut deq = vec![0f64; d];
+    format::dequantize_row(&row, d, groups, &mut deq);
+    let errs: Vec<f64> = deq.iter().zip(x).map(|(a, b)| (a - *b as f64).abs()).collect();
+    let sse = errs.iter().map(|e| e * e).sum();
+    (errs, format::row_params(&row, groups), sse)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn dequantization_error_within_half_scale(
+        d in prop::sample::select(vec![64usize, 128]),
+        groups in prop::sample::select(vec![1usize, 4]),
+        offset in -300.0f32..300.0,
+        spread in 1e-3f32..50.0,
+        seed in any::<u64>(),
+    ) {
+        let x: Vec<f32> = common::data::uniform(d, -1.0, 1.0, seed)
+            .into_iter()
+            .map(|u| bf16::from_f32(offset + spread * u).to_f32())
+            .collect();
+        let (errs, params, _) = max_err_and_sse(&x, d, groups);
+        for (i, e) in errs.iter().enumerate() {
+            let (scale, shift) = params[i / (d / groups)];
+            prop_assert!(scale >= 0.0 && shift <= x[i]);
+            let bound = scale as f64 / 2.0 * (1.0 + 1e-3) + 1e-6 * (x[i].abs() as f64);
+            prop_assert!(*e <= bound, "x[{i}] = {}: err {e} > scale/2 = {}", x[i], scale / 2.0);
+        }
+    }
+
+    #[test]
+    fn group_wise_beats_row_wise_on_outlier_rows(d in prop::sample::select(vec![64usize, 128]), seed in any::<u64>()) {
+        let x: Vec<f32> = quantize::cache_values(d, d, seed).iter().map(|v| v.to_f32()).collect();
+        prop_assume!(x[3].abs() > 3.0);
+        let (_, _, row_sse) = max_err_and_sse(&x, d, 1);
+        let (_, _, group_sse) = max_err_and_sse(&x, d, 4);
+        prop_assert!(group_sse <= row_sse, "group-wise SSE {group_sse} > row-wise {row_sse}");
+    }
+}
+
+#[test]
+fn cache_quantization_cost_row_vs_group() {
+    let d = 128;
+    let x = quantize::cache_values(4096 * d, d, 11);
+    let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    let row = common::check::compare("row", &format::dequantize(&format::quantize(&x, d, 1), d, 1), &xf).rel_l2;
+    let grp = common::check::compare("group", &format::dequantize(&format::quantize(&x, d, 4), d, 4), &xf).rel_l2;
+    assert!(grp < row, "group-wise {grp} should beat row-wise {row} with an outlier channel");
+    assert!(row < 0.2 && grp < 0.1, "row {row}, group {grp}");
+}
+
+// ---------------------------------------------------------------- the reference
+
+fn from_rows(rows: Vec<Vec<f64>>) -> impl Fn(usize, usize, usize, &mut [f64]) + Sync {
+    move |_b, t, _h, out: &mut [f64]| out.copy_from_slice(&rows[t])
+}
+
+#[test]
+fn reference_hand_case() {
+    // D = 2: s = (0, ln 3) -> p = (1/4, 3/4); O = p0 V0 + p1 V1 = (4, -1).
+    let dims = Dims { b: 1, tmax: 2, hq: 1, hkv: 1, d: 2 };
+    let q = [1.0f32, 0.0];
+    let k = vec![vec![0.0, 0.0], vec![2f64.sqrt() * 3f64.ln(), 7.0]];
+    let v = vec![vec![1.0, 2.0], vec![5.0, -2.0]];
+    let o = decode::reference(&dims, &q, &[2], &[0], from_rows(k), from_rows(v));
+    assert!((o[0] - 4.0).abs() < 1e-12 && (o[1] + 1.0).abs() < 1e-12, "{o:?}");
+}
+
+#[test]
+fn reference_maps_query_heads_to_kv_heads_and_lengths() {
+    // HQ = 4, HKV = 2: heads 0, 1 read KV head 0 (V = 1), heads 2, 3 read KV head 1 (V = 2); the
+    // second sequence has length 1, so its output is its first V row (3 or 4).
+    let dims = Dims { b: 2, tmax: 3, hq: 4, hkv: 2, d: 2 };
+    let q = vec![0.5f32; 2 * 4 * 2];
+    let kf = |_b: usize, t: usize, h: usize, out: &mut [f64]| out.fill((t + h) as f64);
+    let vf = |b: usize, t: usize, h: usize, out: &mut [f64]| {
+        out.fill(if b == 0 {
+            1.0 + h as f64
+        } else if t == 0 {
+            3.0 + h as f64
+        } else {
+            f64::NAN
+        })
+    };
+    let o = decode::reference(&dims, &q, &[3, 1], &[0, 1], kf, vf);
+    let want = [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 4.0, 4.0, 4.0];
+    for (a, b) in o.iter().zip(want) {
+        assert!((a - b).abs() < 1e-12, "{o:?}");
+    }
+}
+
+// ---------------------------------------------------------------- constraints (no GPU needed)
+
+fn dims(b: usize, tmax: usize, hq: usize, hkv: usize, d: usize) -> Dims {
+    Dims { b, tmax, hq, hkv, d }
+}
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    assert!(check_dims(&dims(512, 8192, 8, 1, 128)).is_ok());
+    is_constraint(check_dims(&dims(4, 100, 8, 1, 96)), "D in {64, 128}");
+    is_constraint(check_dims(&dims(4, 100, 6, 4, 128)), "HQ % HKV == 0");
+    is_constraint(check_dims(&dims(4, 100, 16, 1, 128)), "HQ / HKV <= 8");
+    is_constraint(check_dims(&dims(70_000, 100, 8, 1, 128)), "B <= 65535");
+    is_constraint(check_dims(&dims(4096, 1 << 20, 8, 1, 128)), "B * Tmax * HKV < 2^31");
+    is_constraint(check_seq_lens(&[5, 0, 3], 3, 10), "1 <= seq_lens[b] <= Tmax");
+    is_constraint(check_seq_lens(&[5, 11, 3], 3, 10), "1 <= seq_lens[b] <= Tmax");
+    is_constraint(check_seq_lens(&[5, 3], 3, 10), "len(seq_lens) == B");
+    assert!(check_seq_lens(&[1, 10, 3], 3, 10).is_ok());
+    is_constraint(check_int4(128, 2), "groups in {1");
+    is_constraint(check_int4(128, 0), "groups in {1");
+    is_constraint(check_int4(80, 1), "D in {64, 128}");
+    assert!(KvFormat::from_key(2).is_err() && KvFormat::from_key(4).unwrap() == GROUP);
+
+    let base = decode::shape(4, 100, 100, true, 8, 1, 128, ROW, 0);
+    assert!(DecodeShape::parse(&base).is_ok());
+    let with = |k: &str, v: i64| {
+        let mut s = base.clone();
+        s.set(k, v);
+        DecodeShape::parse(&s).map(|_| ())
+    };
+    is_constraint(with("seq", 101), "1 <= seq <= Tmax");
+    is_constraint(with("seq", 0), "1 <= seq <= Tmax");
+    is_constraint(with("fmt", 2), "fmt in");
+    is_constraint(with("splits", 257), "splits <= 256");
+    is_constraint(with("D", 64 + 32), "D in {64, 128}");
+    is_constraint(with("HKV", 3), "HQ % HKV == 0");
+    is_constraint(with("ragged", 2), "ragged in {0, 1}");
+}
+
+#[test]
+fn cache_buffers_must_match_the_format() {
+    let dm = dims(2, 10, 8, 1, 128);
+    let rows = 20;
+    assert!(check_cache("K", "s", ROW, ROW, rows * 68, &dm).is_ok());
+    assert!(check_cache("K", "s", GROUP, GROUP, rows * 80, &dm).is_ok());
+    assert!(check_cache("K", "s", KvFormat::Bf16, KvFormat::Bf16, rows * 256, &dm).is_ok());
+    is_constraint(check_cache("K", "s", ROW, ROW, rows * 68 - 1, &dm), "K cache bytes == B*Tmax*HKV*68");
+    is_constraint(check_cache("V", "s", GROUP, GROUP, rows * 68, &dm), "V cache bytes == B*Tmax*HKV*80");
+    is_constraint(check_cache("K", "s", ROW, GROUP, rows * 80, &dm), "K cache format == int4 row-wise");
+    is_constraint(check_cache("K", "s", ROW, KvFormat::Int4 { groups: 2 }, rows * 72, &dm), "groups in {1");
+}
+
+#[test]
+fn validate_matches_stage_and_shape_formats() {
+    let v = Decode.variants();
+    for (fmt, runs) in [(KvFormat::Bf16, vec![0]), (ROW, (0..=10).collect()), (GROUP, [0, 11, 12, 13, 14, 15].to_vec())]
+    {
+        let s = decode::shape(2, 64, 64, false, 8, 1, 128, fmt, 0);
+        let ok: Vec<usize> = v.iter().filter(|x| Decode.validate(x, &s).is_ok()).map(|x| x.stage as usize).collect();
+        assert_eq!(ok, runs, "fmt {fmt:?}");
+    }
+    let q = Quantize.variants();
+    assert!(Quantize.validate(&q[0], &Shape::new(&[("rows", 10), ("D", 128), ("G", 4)])).is_ok());
+    is_constraint(Quantize.validate(&q[0], &Shape::new(&[("rows", 10), ("D", 128), ("G", 3)])), "groups in");
+    is_constraint(Quantize.validate(&q[0], &Shape::new(&[("rows", 10), ("D", 32), ("G", 1)])), "D in");
+}
+
+#[test]
+fn split_heuristic_and_subsets() {
+    for b in [1usize, 32, 64, 128, 256, 512, 4096] {
+        for tmax in [1usize, 100, 8192] {
+            let s = default_splits(132, b, 1, tmax);
+            assert!((1..=128).contains(&s) && s <= tmax.div_ceil(128).max(1), "B {b} Tmax {tmax}: {s}");
+        }
+    }
+    assert!(default_splits(132, 32, 1, 8192) > default_splits(132, 512, 1, 8192));
+    assert_eq!(checked_seqs(40), (0..40).collect::<Vec<_>>());
+    let c = checked_seqs(512);
+    assert_eq!(c.len(), 64);
+    assert!(c[0] == 0 && *c.last().unwrap() == 511 && c.windows(2).all(|w| w[0] < w[1]));
+    let s = DecodeShape::parse(&decode::shape(64, 2048, 1001, true, 8, 1, 64, ROW, 0)).unwrap();
+    let lens = s.lens(5);
+    assert!(lens.iter().all(|&l| (501..=1001).contains(&l)), "{lens:?}");
+    assert!(lens.windows(2).any(|w| w[0] != w[1]), "ragged lengths differ");
+}
+
+// ---------------------------------------------------------------- GPU
+
+#[test]
+fn gpu_quantizer_matches_cpu_bytes() {
+    let Some(gpu) = common::testing::gpu("gpu_quantizer_matches_cpu_bytes") else { return };
+    for (rows, d, g) in [(4099, 128, 1), (4099, 128, 4), (1001, 64, 1), (1001, 64, 4), (1, 128, 4)] {
+        let shape = Shape::new(&[("rows", rows), ("D", d), ("G", g)]);
+        assert_stages_pass(&gpu, &Quantize, &shape, &Quantize.variants());
+    }
+}
+
+fn all_decode_variants() -> Vec<Variant> {
+    Decode.variants().into_iter().chain(Decode.leave_one_out()).collect()
+}
+
+#[test]
+fn gpu_decode_default_like_shapes() {
+    let Some(gpu) = common::testing::gpu("gpu_decode_default_like_shapes") else { return };
+    let all = all_decode_variants();
+    for fmt in [KvFormat::Bf16, ROW, GROUP] {
+        // The default head layout (HQ = 8, HKV = 1, D = 128) at small B, ragged lengths.
+        for (b, tmax, seq, splits) in [(2, 2048, 2048, 0), (3, 2100, 1999, 7), (4, 1500, 1000, 33)] {
+            let s = decode::shape(b, tmax, seq, true, 8, 1, 128, fmt, splits);
+            assert_stages_pass(&gpu, &Decode, &s, &all);
+        }
+        // One long split (many passes) and D = 64 (GPT-2) with several KV heads.
+        assert_stages_pass(&gpu, &Decode, &decode::shape(2, 1800, 1800, false, 8, 1, 128, fmt, 1), &all);
+        assert_stages_pass(&gpu, &Decode, &decode::shape(3, 700, 650, true, 12, 12, 64, fmt, 3), &all);
+    }
+}
+
+#[test]
+fn gpu_decode_edge_cases() {
+    let Some(gpu) = common::testing::gpu("gpu_decode_edge_cases") else { return };
+    let v = Decode.variants();
+    for fmt in [KvFormat::Bf16, ROW, GROUP] {
+        // One token per sequence; more splits than tokens (empty splits); a lone query head.
+        assert_stages_pass(&gpu, &Decode, &decode::shape(3, 1, 1, false, 8, 1, 128, fmt, 0), &v);
+        assert_stages_pass(&gpu, &Decode, &decode::shape(2, 40, 20, true, 4, 2, 64, fmt, 40), &v);
+        assert_stages_pass(&gpu, &Decode, &decode::shape(2, 300, 257, true, 1, 1, 128, fmt, 2), &v);
+    }
+}
+
+#[test]
+fn gpu_forward_rejects_bad_buffers() {
+    let Some(gpu) = common::testing::gpu("gpu_forward_rejects_bad_buffers") else { return };
+    let dm = dims(2, 16, 8, 1, 128);
+    let stage = &Decode.variants()[1];
+    let q = gpu.zeros::<bf16>(2 * 8 * 128).unwrap();
+    let mut out = gpu.zeros::<bf16>(2 * 8 * 128).unwrap();
+    let good = gpu.zeros::<u8>(32 * 68).unwrap();
+    let short = gpu.zeros::<u8>(32 * 68 - 4).unwrap();
+    let lens = decode::SeqLens::new(&gpu, &[16, 3], 16).unwrap();
+    assert!(decode::SeqLens::new(&gpu, &[17, 3], 16).is_err());
+    let mut ws = decode::Workspace::new(&gpu, &dm, 4).unwrap();
+    let cache = |d| decode::Cache::Int4 { data: d, groups: 1 };
+    let mut run = |k, v, splits, out: &mut _| {
+        decode::forward(
+            &gpu,
+            stage,
+            decode::DecodeArgs { out, q: &q, k, v, seq_lens: &lens, ws: &mut ws, dims: dm, splits },
+        )
+    };
+    is_constraint(run(cache(&short), cache(&good), 4, &mut out), "K cache bytes");
+    is_constraint(run(cache(&good), cache(&short), 4, &mut out), "V cache bytes");
+    is_constraint(run(cache(&good), cache(&good), 5, &mut out), "workspace");
+    is_constraint(run(cache(&good), cache(&good), 0, &mut out), "1 <= splits");
+    is_constraint(run(decode::Cache::Int4 { data: &good, groups: 4 }, cache(&good), 4, &mut out), "K cache format");
+    gpu.synchronize().unwrap();
+    assert!(gpu.download(&out).unwrap().iter().all(|x| x.to_f32() == 0.0), "nothing was launched");
+    run(cache(&good), cache(&good), 4, &mut out).unwrap();
+    gpu.synchronize().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    #[test]
+    fn gpu_decode_ragged_shapes(
+        b in 1usize..=8,
+        seq in 1usize..=2048,
+        extra in 0usize..64,
+        ratio in prop::sample::select(vec![1usize, 2, 4, 8]),
+        hkv in prop::sample::select(vec![1usize, 2, 4]),
+        d in prop::sample::select(vec![64usize, 128]),
+        fmt in prop::sample::select(vec![KvFormat::Bf16, ROW, GROUP]),
+        splits in 0usize..=48,
+    ) {
+        let Some(gpu) = common::testing::gpu("gpu_decode_ragged_shapes") else { return Ok(()) };
+        let s = decode::shape(b, seq + extra, seq, true, ratio * hkv, hkv, d, fmt, splits);
+        assert_stages_pass(&gpu, &Decode, &s, &Decode.variants());
+    }
+}
