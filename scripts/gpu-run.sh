@@ -33,7 +33,7 @@ tests)
         name=$(basename "$t")
         [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
         start=$(date +%s)
-        if "$t" --test-threads=1 >"$LOG_DIR/tests/$name.log" 2>&1; then
+        if timeout "${TEST_TIMEOUT:-300}" "$t" --test-threads=1 >"$LOG_DIR/tests/$name.log" 2>&1; then
             status=ok
             passed=$((passed + 1))
         else
