@@ -123,16 +123,17 @@ impl Table {
 
 /// The op's stages selected by `opts` (and the leave-one-out variants if asked).
 pub fn select_variants(op: &dyn Op, opts: &RunOptions) -> Result<Vec<Variant>> {
-    let mut variants: Vec<Variant> = op.variants();
-    if let Some((lo, hi)) = opts.stages {
-        variants.retain(|v| v.stage >= lo && v.stage <= hi);
-        if variants.is_empty() {
-            let known: Vec<String> = op.variants().iter().map(|v| format!("{}:{}", v.stage, v.name)).collect();
-            return Err(Error::Unknown { what: "stage range", name: format!("{lo}..{hi}"), known: known.join(", ") });
-        }
+    // Leave-one-out variants keep the stage number of the all-on stage they come from, so a stage
+    // range selects them together with it.
+    let in_range = |v: &Variant| opts.stages.is_none_or(|(lo, hi)| v.stage >= lo && v.stage <= hi);
+    let mut variants: Vec<Variant> = op.variants().into_iter().filter(in_range).collect();
+    if variants.is_empty() {
+        let known: Vec<String> = op.variants().iter().map(|v| format!("{}:{}", v.stage, v.name)).collect();
+        let (lo, hi) = opts.stages.unwrap_or_default();
+        return Err(Error::Unknown { what: "stage range", name: format!("{lo}..{hi}"), known: known.join(", ") });
     }
     if opts.leave_one_out {
-        variants.extend(op.leave_one_out());
+        variants.extend(op.leave_one_out().into_iter().filter(in_range));
     }
     Ok(variants)
 }
