@@ -11,8 +11,23 @@ use crate::FAMILY;
 
 /// The WMMA tile edge; the WMMA stages pad M, N and K to multiples of it.
 pub const WMMA_TILE: usize = 16;
-/// Warps per block of the stage-4 WMMA kernel (`MM_M3_WARPS` in matmul_wmma.cuh).
+/// Warps per block of the stage-4 WMMA kernel without `BLOCK_TILE` (`MM_M3_WARPS` in
+/// matmul_wmma.cuh).
 pub const M3_WARPS: usize = 32;
+/// The block-tiled stage-4 kernel (`BLOCK_TILE`), mirroring matmul_wmma.cuh's `MM_BT_*`: block tile
+/// `M3_BT_BM × M3_BT_BN`, k-tile `M3_BT_BK`, 256 threads, rows of the shared tiles padded by 8 halves.
+pub const M3_BT_BM: usize = 128;
+pub const M3_BT_BN: usize = 128;
+pub const M3_BT_BK: usize = 32;
+pub const M3_BT_THREADS: usize = 256;
+const M3_BT_PAD: usize = 8;
+
+/// Dynamic shared memory of the block-tiled stage-4 kernel: `stages` pipeline stages (3 with
+/// `DOUBLE_BUFFER`, else 1) of one fp16 A tile (BM × (BK+8)) and one B tile (BK × (BN+8)).
+/// The kernel traps if it is launched with less than its own `MM_BT_SMEM_BYTES`.
+pub fn m3_block_tile_smem_bytes(stages: usize) -> usize {
+    stages * 2 * (M3_BT_BM * (M3_BT_BK + M3_BT_PAD) + M3_BT_BK * (M3_BT_BN + M3_BT_PAD))
+}
 /// Largest M: the WMMA stage 3 and the naive kernel put M/16 blocks on grid y (at most 65535).
 pub const MAX_M: usize = 65535 * 16;
 /// Largest K: the transpose kernels put K/32 blocks on grid y.
@@ -239,10 +254,21 @@ fn wmma_m2(gpu: &Gpu, v: &Variant, d: Dims, p: Ptrs, ws: &mut Workspace) -> Resu
 pub(crate) fn wmma_m3(gpu: &Gpu, v: &Variant, d: Dims, p: Ptrs, ws: &mut Workspace, entry: &str) -> Result<()> {
     let (a16, b16) = wmma_prep(gpu, v, d, p, ws, v.define("FUSED_PREP").is_some())?;
     let q = d.padded();
-    let shape = LaunchShape {
-        grid: ((q.m / WMMA_TILE) as u32, (q.n / WMMA_TILE).div_ceil(M3_WARPS) as u32, 1),
-        block: (32, M3_WARPS as u32, 1),
-        dynamic_shared_bytes: 0,
+    let shape = if v.define("BLOCK_TILE").is_some() {
+        // 1-D grid, M tiles fastest; check_dims bounds M·N, so the count fits easily in u32.
+        let blocks = d.m.div_ceil(M3_BT_BM) * q.n.div_ceil(M3_BT_BN);
+        let stages = if v.define("DOUBLE_BUFFER").is_some() { 3 } else { 1 };
+        LaunchShape {
+            grid: (blocks as u32, 1, 1),
+            block: (M3_BT_THREADS as u32, 1, 1),
+            dynamic_shared_bytes: m3_block_tile_smem_bytes(stages) as u32,
+        }
+    } else {
+        LaunchShape {
+            grid: ((q.m / WMMA_TILE) as u32, (q.n / WMMA_TILE).div_ceil(M3_WARPS) as u32, 1),
+            block: (32, M3_WARPS as u32, 1),
+            dynamic_shared_bytes: 0,
+        }
     };
     let args =
         [Arg::P(p.out), Arg::P(a16), Arg::P(b16), Arg::P(p.bias), Arg::P(p.residual), i(d.m), i(d.n), i(q.k), i(q.n)];

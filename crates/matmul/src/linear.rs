@@ -18,9 +18,9 @@ use crate::FAMILY;
 const OP: &str = "linear";
 
 /// The cumulative switches of stage 4 (leave-one-out removes each in turn).
-pub(crate) const M3_TOGGLES: &[&str] = &["LAUNCH_BOUNDS", "DOUBLE_BUFFER", "FUSED_PREP"];
-pub(crate) static M3_DEFINES: [Define; 3] =
-    [Define::on("LAUNCH_BOUNDS"), Define::on("DOUBLE_BUFFER"), Define::on("FUSED_PREP")];
+pub(crate) const M3_TOGGLES: &[&str] = &["LAUNCH_BOUNDS", "DOUBLE_BUFFER", "FUSED_PREP", "BLOCK_TILE"];
+pub(crate) static M3_DEFINES: [Define; 4] =
+    [Define::on("LAUNCH_BOUNDS"), Define::on("DOUBLE_BUFFER"), Define::on("FUSED_PREP"), Define::on("BLOCK_TILE")];
 
 fn stages() -> Vec<(Variant, Gemm)> {
     let k = |stage, name, file, p, summary| Variant::kernel(FAMILY, OP, stage, name, file, p, summary);
@@ -30,7 +30,7 @@ fn stages() -> Vec<(Variant, Gemm)> {
         "wmma-m3",
         "linear/04_wmma_m3.cu",
         Precision::Fp16,
-        "32 warps per block along N, offset pointers, launch bounds, fragment double buffering, fused transpose+convert",
+        "128x128 block tile of 8 warps (4 along N), 4x2 WMMA tiles per warp, cp.async 3-stage smem pipeline, launch bounds, fused transpose+convert",
     )
     .with_defines(&M3_DEFINES)
     .with_requirements(Requirements::SM80);

@@ -74,8 +74,32 @@ fn stage_lists_are_ordered_and_named() {
         assert!(names.iter().any(|n| n == want), "missing stage {want}");
     }
     let loo = Linear.leave_one_out();
-    assert_eq!(loo.len(), 3);
-    assert!(loo.iter().all(|v| v.stage == 4 && v.defines.len() == 2));
+    assert_eq!(loo.len(), 4);
+    assert!(loo.iter().all(|v| v.stage == 4 && v.defines.len() == 3));
+}
+
+/// The Rust launcher's copy of the block-tiled stage-4 tile sizes matches matmul_wmma.cuh (the
+/// kernel would trap on too little shared memory; this catches the mismatch without a GPU).
+#[test]
+fn block_tile_constants_match_header() {
+    let src = common::KernelSource::find(matmul::sources(), "matmul_wmma.cuh").unwrap().text;
+    let define = |name: &str| -> usize {
+        let line = src
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+            .unwrap_or_else(|| panic!("#define {name} missing"));
+        line.split_whitespace().nth(2).unwrap().parse().unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    assert_eq!(define("MM_BT_BM"), matmul::gemm::M3_BT_BM);
+    assert_eq!(define("MM_BT_BN"), matmul::gemm::M3_BT_BN);
+    assert_eq!(define("MM_BT_BK"), matmul::gemm::M3_BT_BK);
+    let threads = 32 * define("MM_BT_WARPS_M") * define("MM_BT_WARPS_N");
+    assert_eq!(threads, matmul::gemm::M3_BT_THREADS);
+    assert!(src.contains("#define MM_BT_LDA (MM_BT_BK + 8)") && src.contains("#define MM_BT_LDB (MM_BT_BN + 8)"));
+    assert!(src.contains("#define MM_BT_STAGES 3") && src.contains("#define MM_BT_STAGES 1"));
+    // 3 stages of (128 x 40 + 32 x 136) halves.
+    assert_eq!(matmul::gemm::m3_block_tile_smem_bytes(3), 3 * 2 * (128 * 40 + 32 * 136));
+    assert_eq!(matmul::gemm::m3_block_tile_smem_bytes(1), 18944);
 }
 
 #[test]
