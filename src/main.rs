@@ -127,7 +127,13 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                         } else {
                             String::new()
                         };
-                        println!("    {:02} {:<22} {:<10} {}{req}  ({src})", v.stage, v.name, v.precision.label(), v.summary);
+                        println!(
+                            "    {:02} {:<22} {:<10} {}{req}  ({src})",
+                            v.stage,
+                            v.name,
+                            v.precision.label(),
+                            v.summary
+                        );
                     }
                 }
             }
@@ -149,17 +155,44 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             } else {
                 println!("device {}: {}", info.index, info.name);
-                println!("  compute capability {}.{} ({}), {} SMs", info.compute_capability.0, info.compute_capability.1, gpu.arch(false), info.sm_count);
-                println!("  memory {:.1} GiB, L2 {:.1} MiB", info.total_memory_bytes as f64 / (1u64 << 30) as f64, info.l2_bytes as f64 / (1u64 << 20) as f64);
-                println!("  shared memory: {} B/block ({} opt-in), {} B/SM; {} threads/SM, {} registers/SM", info.shared_memory_per_block, info.shared_memory_per_block_optin, info.shared_memory_per_sm, info.max_threads_per_sm, info.registers_per_sm);
+                println!(
+                    "  compute capability {}.{} ({}), {} SMs",
+                    info.compute_capability.0,
+                    info.compute_capability.1,
+                    gpu.arch(false),
+                    info.sm_count
+                );
+                println!(
+                    "  memory {:.1} GiB, L2 {:.1} MiB",
+                    info.total_memory_bytes as f64 / (1u64 << 30) as f64,
+                    info.l2_bytes as f64 / (1u64 << 20) as f64
+                );
+                println!(
+                    "  shared memory: {} B/block ({} opt-in), {} B/SM; {} threads/SM, {} registers/SM",
+                    info.shared_memory_per_block,
+                    info.shared_memory_per_block_optin,
+                    info.shared_memory_per_sm,
+                    info.max_threads_per_sm,
+                    info.registers_per_sm
+                );
                 println!("  driver CUDA {}.{}", info.driver_version / 1000, (info.driver_version % 1000) / 10);
                 match gpu.toolchain() {
-                    Ok(tc) => println!("  NVRTC {}.{}, headers {}", tc.version.0, tc.version.1, tc.include_dir.display()),
+                    Ok(tc) => {
+                        println!("  NVRTC {}.{}, headers {}", tc.version.0, tc.version.1, tc.include_dir.display())
+                    }
                     Err(e) => println!("  {e}"),
                 }
                 println!("ceilings:");
-                println!("  copy bandwidth     {:>8.0} GB/s (device-to-device copy of {} MiB, read + write)", ceilings.copy_gbps, ceilings.copy_bytes >> 20);
-                println!("  cuBLAS fp32 GEMM   {:>8.1} TFLOP/s ({n}x{n}x{n})", ceilings.fp32_tflops, n = ceilings.gemm_size);
+                println!(
+                    "  copy bandwidth     {:>8.0} GB/s (device-to-device copy of {} MiB, read + write)",
+                    ceilings.copy_gbps,
+                    ceilings.copy_bytes >> 20
+                );
+                println!(
+                    "  cuBLAS fp32 GEMM   {:>8.1} TFLOP/s ({n}x{n}x{n})",
+                    ceilings.fp32_tflops,
+                    n = ceilings.gemm_size
+                );
                 println!("  cuBLAS tf32 GEMM   {:>8.1} TFLOP/s", ceilings.tf32_tflops);
                 println!("  cuBLAS bf16 GEMM   {:>8.1} TFLOP/s", ceilings.bf16_tflops);
                 println!("  cuBLAS fp16 GEMM   {:>8.1} TFLOP/s", ceilings.fp16_tflops);
@@ -168,7 +201,8 @@ fn execute(command: Command) -> common::Result<ExitCode> {
         }
         Command::Run { family, op, shape, stages, leave_one_out, format, out, anchors, graph, quick, seed } => {
             let format = parse_format(&format)?;
-            let families = if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
+            let families =
+                if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
             let mut ops: Vec<&'static dyn Op> = families.iter().flat_map(|f| f.ops()).collect();
             if let Some(name) = &op {
                 let known: Vec<&str> = ops.iter().map(|o| o.name()).collect();
@@ -211,9 +245,17 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let ceilings = Ceilings::get(&gpu);
             spinner.finish_and_clear();
             let ceilings = ceilings?;
-            let total: usize = plan.iter().map(|(op, shapes)| shapes.len() * (common::runner::select_variants(*op, &opts).map(|v| v.len()).unwrap_or(0))).sum();
+            let total: usize = plan
+                .iter()
+                .map(|(op, shapes)| {
+                    shapes.len() * (common::runner::select_variants(*op, &opts).map(|v| v.len()).unwrap_or(0))
+                })
+                .sum();
             let bar = ProgressBar::new(total as u64);
-            bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+            bar.set_style(
+                ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
             let mut failed = 0;
             let mut stdout = std::io::stdout();
             for (op, shapes) in plan {
@@ -224,7 +266,11 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                         }
                         bar.set_message(msg.to_string());
                     })?;
-                    table.anchors = anchors.iter().filter(|a| a.family == table.family && a.op == table.op && a.shape == table.shape).cloned().collect();
+                    table.anchors = anchors
+                        .iter()
+                        .filter(|a| a.family == table.family && a.op == table.op && a.shape == table.shape)
+                        .cloned()
+                        .collect();
                     failed += table.rows.iter().filter(|r| matches!(r.status, Status::Failed(_))).count();
                     bar.suspend(|| {
                         let _ = writeln!(stdout, "{}", render(&table, format));
@@ -258,8 +304,9 @@ fn read_anchors(path: &std::path::Path) -> common::Result<Vec<Anchor>> {
     }
     let io = |source| Error::Io { context: format!("reading anchors {}", path.display()), source };
     let bytes = std::fs::read(path).map_err(io)?;
-    let file: File = serde_json::from_slice(&bytes).map_err(|e| {
-        Error::Io { context: format!("parsing anchors {}", path.display()), source: std::io::Error::other(e) }
+    let file: File = serde_json::from_slice(&bytes).map_err(|e| Error::Io {
+        context: format!("parsing anchors {}", path.display()),
+        source: std::io::Error::other(e),
     })?;
     Ok(file.anchors)
 }

@@ -3,7 +3,9 @@
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, PushKernelArg};
 use common::data::{rng, rotation_copies, uniform, Rotated};
-use common::{require, Bound, DriverContext, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload};
+use common::{
+    require, Bound, DriverContext, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload,
+};
 use rand::Rng;
 
 use crate::FAMILY;
@@ -107,7 +109,8 @@ impl Op for Encoder {
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         self.validate(&stages()[0], shape)?;
-        let (b, t, c, vocab) = (shape.req("B")? as usize, shape.req("T")? as usize, shape.req("C")? as usize, shape.req("V")? as usize);
+        let (b, t, c, vocab) =
+            (shape.req("B")? as usize, shape.req("T")? as usize, shape.req("C")? as usize, shape.req("V")? as usize);
         let mut r = rng(seed);
         let tokens: Vec<i32> = (0..b * t).map(|_| r.random_range(0..vocab as i32)).collect();
         let wte = uniform(vocab * c, -1.0, 1.0, seed ^ 1);
