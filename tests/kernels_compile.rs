@@ -71,3 +71,19 @@ fn stage_lists_match_kernel_files() {
         }
     }
 }
+
+/// A broken kernel source is a typed compile error that names the variant and carries NVRTC's own
+/// log (the line and the message), not a panic and not a silent empty image.
+#[test]
+fn broken_source_is_a_compile_error_with_the_log() {
+    let Some(tc) = common::testing::nvrtc("broken_source_is_a_compile_error_with_the_log") else { return };
+    let broken = KernelSource {
+        path: "broken/00_broken.cu",
+        text: "extern \"C\" __global__ void k(float* x) { x[0] = undeclared_name; }\n",
+    };
+    let err = tc.compile("test/broken/00-broken", &broken, &[], &[], Arch::SM90A).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, common::Error::Compile { .. }), "{text}");
+    assert!(text.lines().next().unwrap().contains("test/broken/00-broken"), "{text}");
+    assert!(text.contains("undeclared_name"), "NVRTC's log is missing: {text}");
+}

@@ -37,6 +37,19 @@ impl Sampling {
     }
 }
 
+impl Sampling {
+    /// `LADDER_BENCH_SMOKE=1`: 10 short samples per stage, so a whole crate's bench proves it runs
+    /// (every stage verified, then timed) in about a minute. Numbers from it are rough.
+    pub fn smoke() -> Sampling {
+        Sampling {
+            sample_size: 10,
+            measurement: Duration::from_millis(150),
+            warm_up: Duration::from_millis(20),
+            flat: true,
+        }
+    }
+}
+
 impl Default for Sampling {
     fn default() -> Self {
         Sampling {
@@ -94,7 +107,8 @@ fn bench_shape(
                 continue;
             }
         }
-        let s = sampling(shape, v);
+        let smoke = std::env::var("LADDER_BENCH_SMOKE").is_ok_and(|v| v == "1");
+        let s = if smoke { Sampling::smoke() } else { sampling(shape, v) };
         group.sample_size(s.sample_size.max(10)).measurement_time(s.measurement).warm_up_time(s.warm_up);
         group.sampling_mode(if s.flat { SamplingMode::Flat } else { SamplingMode::Auto });
         let mut copy = 0usize;

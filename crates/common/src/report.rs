@@ -140,6 +140,21 @@ pub fn header(table: &Table) -> Vec<String> {
     ]
 }
 
+/// The verification notes, which say what the error column cannot (an approximation's distance from
+/// the exact op, a quantization's own cost, how many rows were checked): each note once, after the
+/// names of the rows that carry it.
+pub fn note_lines(table: &Table) -> Vec<String> {
+    let mut notes: Vec<(&str, Vec<&str>)> = Vec::new();
+    for row in &table.rows {
+        let Some(note) = row.verification.as_ref().and_then(|v| v.note.as_deref()) else { continue };
+        match notes.iter_mut().find(|(n, _)| *n == note) {
+            Some((_, names)) => names.push(&row.name),
+            None => notes.push((note, vec![&row.name])),
+        }
+    }
+    notes.into_iter().map(|(note, names)| format!("note ({}): {note}", names.join(", "))).collect()
+}
+
 pub fn render(table: &Table, format: Format) -> String {
     let mut body: Vec<Vec<String>> = table.rows.iter().map(cells).collect();
     body.extend(anchor_cells(table));
@@ -160,6 +175,11 @@ pub fn render(table: &Table, format: Format) -> String {
             out.push_str(&format!("|{}\n", "---|".repeat(COLUMNS.len())));
             for row in body {
                 out.push_str(&format!("| {} |\n", row.join(" | ").replace('\n', " ")));
+            }
+            let notes = note_lines(table);
+            if !notes.is_empty() {
+                out.push('\n');
+                out.extend(notes.iter().map(|n| format!("- {n}\n")));
             }
             out
         }
@@ -186,6 +206,7 @@ pub fn render(table: &Table, format: Format) -> String {
             for row in body {
                 out.push_str(&line(row));
             }
+            out.extend(note_lines(table).iter().map(|n| format!("{n}\n")));
             out
         }
     }
@@ -288,6 +309,18 @@ mod tests {
         }
         let json: serde_json::Value = serde_json::from_str(&render(&t, Format::Json)).unwrap();
         assert_eq!(json["rows"].as_array().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn notes_follow_the_table_once_each() {
+        let mut t = table();
+        let note = |v: &mut Option<Verification>, n: &str| *v = v.take().map(|v| v.with_note(n.into()));
+        note(&mut t.rows[0].verification, "vs exact: rel L2 1e-1");
+        note(&mut t.rows[2].verification, "vs exact: rel L2 1e-1");
+        assert_eq!(note_lines(&t), ["note (s0, s2): vs exact: rel L2 1e-1"]);
+        for f in [Format::Table, Format::Markdown] {
+            assert_eq!(render(&t, f).matches("vs exact").count(), 1, "{f:?}");
+        }
     }
 
     #[test]

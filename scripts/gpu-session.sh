@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# One device call that gathers everything the families' acceptance needs on the GPU, from the bundle
+# built by scripts/gpu-bundle. Steps run in the order given, each under its own time limit and all
+# under one deadline, so the call ends inside the device tool's 10 minutes with whatever finished.
+# Logs and tables are packed into $OUT/logs.tgz after every step (the tool returns at most 8 files);
+# a summary is printed last.
+#
+#   scripts/gpu-session.sh [STEP ...]     (default: device tests tables anchors benches)
+#   steps: device | anchors | tests[:FILTER] | tables[:FAMILY] | loo:FAMILY | benches[:NAME]
+#          | bench:NAME:REGEX (one bench, criterion filter) | lmhead-padded | splits-sweep
+#   DEADLINE_S (default 570): seconds the whole session may take.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bundle=.gpu-bundle
+logs=/tmp/logs
+mkdir -p "$logs/tables"
+export LOG_DIR="$logs"
+start=$(date +%s)
+deadline=$((start + ${DEADLINE_S:-570}))
+summary="$logs/summary.txt"
+: >"$summary"
+
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C /tmp logs 2>/dev/null; }
+
+# step NAME LIMIT COMMAND: runs the shell COMMAND under min(LIMIT, time left), logs to $logs/NAME.log.
+step() {
+    local name=$1 limit=$2 cmd=$3
+    local left=$((deadline - $(date +%s) - 5))
+    if [ "$left" -le 5 ]; then
+        echo "SKIPPED $name (deadline)" | tee -a "$summary"
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    local t0
+    t0=$(date +%s)
+    timeout "$limit" bash -c "$cmd" >"$logs/$name.log" 2>&1
+    local rc=$?
+    local verdict=ok
+    [ $rc -ne 0 ] && verdict="FAILED rc=$rc"
+    [ $rc -eq 124 ] && verdict="TIMEOUT after ${limit}s"
+    echo "$verdict $name ($(($(date +%s) - t0)) s)" | tee -a "$summary"
+    pack
+}
+
+tables() { # FAMILY [extra ladder args]: the ladder command line, with the anchors once measured
+    local anchors=""
+    [ -s "$logs/anchors.json" ] && anchors="--anchors $logs/anchors.json"
+    echo "$bundle/run.sh ladder run $* $anchors --out $logs/tables"
+}
+export LADDER_BENCH_SMOKE=1
+
+[ $# -eq 0 ] && set -- device tests tables anchors benches
+for s in "$@"; do
+    arg=${s#*:}
+    [ "$arg" = "$s" ] && arg=""
+    case "$s" in
+    device) step device 90 "nvidia-smi; $bundle/run.sh ladder device --remeasure" ;;
+    anchors) step anchors 120 "PYTHONUNBUFFERED=1 python3 scripts/anchors.py --out $logs/anchors.json" ;;
+    tests*) step "tests${arg:+-$arg}" 300 "$bundle/run.sh tests $arg" ;;
+    tables)
+        for fam in norm attention gpt2; do step "tables-$fam" 150 "$(tables "$fam")"; done
+        step tables-matmul 200 "$(tables matmul --leave-one-out)"
+        step tables-quant-int4 300 "$(tables quant-int4 --leave-one-out)"
+        ;;
+    tables:*) step "tables-$arg" 300 "$(tables "$arg")" ;;
+    loo:*) step "tables-$arg-loo" 300 "$(tables "$arg" --leave-one-out)" ;;
+    benches*)
+        for b in "$bundle"/benches/*; do
+            name=$(basename "$b")
+            [ -n "$arg" ] && [[ "$name" != *"$arg"* ]] && continue
+            step "bench-$name" 150 "$bundle/run.sh bench $name"
+        done
+        ;;
+    bench:*)
+        name=${arg%%:*}
+        filter=${arg#*:}
+        step "bench-$name-filtered" 300 "$bundle/run.sh bench $name '$filter'"
+        ;;
+    lmhead-padded)
+        # The LM head with the vocabulary padded to 50304 (as llm.c does): every leading dimension a
+        # multiple of 8, so cuBLAS takes its aligned tensor-core path.
+        step tables-matmul-lmhead-padded 120 "$(tables matmul --op linear --shape N=50304)"
+        ;;
+    splits-sweep)
+        # The reference swept the split count 2..128 and reported the best; the heuristic default
+        # (splits=0) is in the main tables.
+        for b in 32 512; do
+            for fmt_stages in 1:0..10 4:11..15; do
+                fmt=${fmt_stages%%:*}
+                for sp in 2 4 8 16 32 64 128; do
+                    step "sweep-B$b-fmt$fmt-s$sp" 60 "$(tables quant-int4 --op decode \
+                        --shape B=$b,fmt=$fmt,splits=$sp --stages ${fmt_stages#*:} --quick)"
+                done
+            done
+        done
+        ;;
+    *) echo "unknown step $s" | tee -a "$summary" ;;
+    esac
+done
+
+echo "=== tests ==="
+cat "$logs"/tests*.log 2>/dev/null | grep -E "^(ok|FAILED) |passed, " || true
+echo "=== FAILED rows / errors in tables ==="
+grep -hE "FAILED|^error" "$logs"/tables-*.log 2>/dev/null | head -40 || true
+echo "=== summary ($(($(date +%s) - start)) s) ==="
+cat "$summary"
+pack
