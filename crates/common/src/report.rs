@@ -324,6 +324,16 @@ mod tests {
     }
 
     #[test]
+    fn leave_one_out_rows_compare_with_their_all_on_stage() {
+        let mut t = table();
+        // Stage 2 (1.0 ms) minus one toggle, after a later stage 3 row: x prev is against stage 2.
+        t.rows.push(Row { name: "all-X".into(), ..row(2, Some(2.0), Status::Passed) });
+        fill_rates(&mut t);
+        assert_eq!(t.rows[4].vs_previous, Some(0.5));
+        assert_eq!(t.rows[4].vs_stage0, Some(2.0));
+    }
+
+    #[test]
     fn times_switch_units() {
         assert_eq!(fmt_time(0.0191), "19.10 us");
         assert_eq!(fmt_time(31.35), "31.350 ms");

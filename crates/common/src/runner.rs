@@ -245,7 +245,14 @@ pub fn fill_rates(table: &mut Table) {
     let stage0 = table.rows.iter().find(|r| r.stage == 0 && r.status == Status::Passed).and_then(|r| r.timing);
     let mut previous: Option<Timing> = None;
     for i in 0..table.rows.len() {
+        // A row that repeats an earlier stage number is a leave-one-out variant of that stage: its
+        // "previous" is the all-on stage it departs from, not whichever row happens to precede it.
+        let all_on = table.rows[..i]
+            .iter()
+            .find(|r| r.stage == table.rows[i].stage)
+            .map(|r| r.timing.filter(|_| r.status == Status::Passed));
         let Some(t) = table.rows[i].timing.filter(|_| table.rows[i].status == Status::Passed) else { continue };
+        let reference = all_on.unwrap_or(previous);
         let (gbps, tflops, _) = table.rates(t.median_ms);
         // A compute-bound row is read against the GEMM rate of its own precision.
         let bound = match table.workload.bound {
@@ -258,7 +265,9 @@ pub fn fill_rates(table: &mut Table) {
         row.tflops = Some(tflops);
         row.of_ceiling = Some(frac);
         row.vs_stage0 = stage0.map(|s| s.median_ms / t.median_ms);
-        row.vs_previous = previous.map(|p| p.median_ms / t.median_ms);
-        previous = Some(t);
+        row.vs_previous = reference.map(|p| p.median_ms / t.median_ms);
+        if all_on.is_none() {
+            previous = Some(t);
+        }
     }
 }
