@@ -5,7 +5,7 @@
 # Logs and tables are packed into $OUT/logs.tgz after every step (the tool returns at most 8 files);
 # a summary is printed last.
 #
-#   scripts/gpu-session.sh [STEP ...]     (default: device tests tables anchors benches)
+#   scripts/gpu-session.sh [STEP ...]     (default: device anchors tests tables benches)
 #   steps: device | anchors | tests[:FILTER] | tables[:FAMILY] | loo:FAMILY | benches[:NAME]
 #          | bench:NAME:REGEX (one bench, criterion filter) | lmhead-padded | splits-sweep
 #   DEADLINE_S (default 570): seconds the whole session may take.
@@ -49,7 +49,7 @@ tables() { # FAMILY [extra ladder args]: the ladder command line, with the ancho
 }
 export LADDER_BENCH_SMOKE=1
 
-[ $# -eq 0 ] && set -- device tests tables anchors benches
+[ $# -eq 0 ] && set -- device anchors tests tables benches
 for s in "$@"; do
     arg=${s#*:}
     [ "$arg" = "$s" ] && arg=""

@@ -35,9 +35,7 @@ impl Sampling {
             flat: true,
         }
     }
-}
 
-impl Sampling {
     /// `LADDER_BENCH_SMOKE=1`: 10 short samples per stage, so a whole crate's bench proves it runs
     /// (every stage verified, then timed) in about a minute. Numbers from it are rough.
     pub fn smoke() -> Sampling {
