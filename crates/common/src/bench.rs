@@ -69,6 +69,8 @@ pub fn bench_op(
     sampling: impl Fn(&Shape, &Variant) -> Sampling,
 ) {
     let Some(gpu) = crate::testing::gpu(&format!("bench {}/{}", op.family(), op.name())) else { return };
+    let smoke = std::env::var("LADDER_BENCH_SMOKE").is_ok_and(|v| v == "1");
+    let sampling = |shape: &Shape, v: &Variant| if smoke { Sampling::smoke() } else { sampling(shape, v) };
     for shape in shapes {
         if let Err(e) = bench_shape(c, &gpu, op, shape, variants, &sampling) {
             eprintln!("bench {}/{} {shape}: {e}", op.family(), op.name());
@@ -105,8 +107,7 @@ fn bench_shape(
                 continue;
             }
         }
-        let smoke = std::env::var("LADDER_BENCH_SMOKE").is_ok_and(|v| v == "1");
-        let s = if smoke { Sampling::smoke() } else { sampling(shape, v) };
+        let s = sampling(shape, v);
         group.sample_size(s.sample_size.max(10)).measurement_time(s.measurement).warm_up_time(s.warm_up);
         group.sampling_mode(if s.flat { SamplingMode::Flat } else { SamplingMode::Auto });
         let mut copy = 0usize;
