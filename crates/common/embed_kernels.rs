@@ -1,6 +1,6 @@
 // Shared body of every kernel crate's build.rs (each one is `include!("../common/embed_kernels.rs");`).
 // It embeds every `.cu`/`.cuh` file under the crate's `kernels/` folder into `$OUT_DIR/kernels.rs` as
-// `pub static KERNEL_SOURCES: &[common::KernelSource]`, so the binary carries its sources and NVRTC
+// `pub const KERNEL_SOURCES: &[common::KernelSource]`, so the binary carries its sources and NVRTC
 // compiles them at run time. Paths are relative to `kernels/` with `/` separators, sorted.
 fn main() {
     use std::fmt::Write as _;
@@ -22,7 +22,7 @@ fn main() {
         }
     }
     files.sort();
-    let mut out = String::from("pub static KERNEL_SOURCES: &[common::KernelSource] = &[\n");
+    let mut out = String::from("pub const KERNEL_SOURCES: &[common::KernelSource] = &[\n");
     for path in &files {
         let rel = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
         writeln!(

@@ -68,7 +68,13 @@ pub fn bench_op(
     variants: &[Variant],
     sampling: impl Fn(&Shape, &Variant) -> Sampling,
 ) {
-    let Some(gpu) = crate::testing::gpu(&format!("bench {}/{}", op.family(), op.name())) else { return };
+    let gpu = match crate::testing::open_gpu() {
+        Ok(g) => g,
+        Err(reason) => {
+            eprintln!("bench {}/{}: not run: {reason}", op.family(), op.name());
+            return;
+        }
+    };
     let smoke = std::env::var("LADDER_BENCH_SMOKE").is_ok_and(|v| v == "1");
     let sampling = |shape: &Shape, v: &Variant| if smoke { Sampling::smoke() } else { sampling(shape, v) };
     for shape in shapes {
@@ -96,7 +102,7 @@ fn bench_shape(
             eprintln!("skip {}: {e}", v.id());
             continue;
         }
-        match verify_once(gpu, problem.as_mut(), v) {
+        match problem.prepare(gpu, v).and_then(|_| verify_once(gpu, problem.as_mut())) {
             Ok(ver) if ver.passed() => {}
             Ok(ver) => {
                 eprintln!("FAILED {} at {shape}: {} (not benchmarked)", v.id(), ver.summary());
@@ -113,7 +119,7 @@ fn bench_shape(
         let mut copy = 0usize;
         let mut failure = None;
         group.bench_function(BenchmarkId::from_parameter(format!("{:02}-{}", v.stage, v.name)), |b| {
-            b.iter_custom(|iters| match time_iters(gpu, problem.as_mut(), v, iters, copies, &mut copy) {
+            b.iter_custom(|iters| match time_iters(gpu, problem.as_mut(), iters, copies, &mut copy) {
                 Ok(d) => d,
                 Err(e) => {
                     failure.get_or_insert(e.to_string());
@@ -132,7 +138,6 @@ fn bench_shape(
 fn time_iters(
     gpu: &Gpu,
     problem: &mut dyn crate::Problem,
-    v: &Variant,
     iters: u64,
     copies: usize,
     copy: &mut usize,
@@ -143,7 +148,7 @@ fn time_iters(
     let end = ctx.new_event(flags).ctx("event")?;
     start.record(gpu.stream()).ctx("record")?;
     for _ in 0..iters {
-        problem.launch(gpu, v, *copy % copies)?;
+        problem.enqueue(gpu.stream(), *copy % copies)?;
         *copy += 1;
     }
     end.record(gpu.stream()).ctx("record")?;

@@ -6,8 +6,10 @@ use std::ffi::c_void;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use serde::Serialize;
 
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::CudaStream;
+
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum GemmPrecision {
@@ -43,13 +45,15 @@ impl GemmPrecision {
 }
 
 /// `out = inp · Wᵀ` with `inp` M×K, `W` N×K, `out` M×N, all row-major device pointers of the
-/// precision's element type; enqueued on the harness stream.
+/// precision's element type; enqueued on `stream` through `blas` (whose stream it sets).
 ///
 /// # Safety
-/// The pointers must address at least M·K, N·K and M·N elements of the precision's type.
+/// The pointers must address at least M·K, N·K and M·N elements of the precision's type, and no
+/// other thread may use `blas` meanwhile.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn linear(
-    gpu: &Gpu,
+    blas: &CudaBlas,
+    stream: &CudaStream,
     precision: GemmPrecision,
     m: usize,
     n: usize,
@@ -63,7 +67,8 @@ pub unsafe fn linear(
             return Err(Error::constraint(format!("1 <= {name} <= 2^31-1 for cuBLAS"), format!("{name} = {v}")));
         }
     }
-    let blas = gpu.blas()?;
+    cudarc::cublas::result::set_stream(*blas.handle(), stream.cu_stream() as _)
+        .map_err(|e| Error::Blas { context: "set the stream".into(), message: e.to_string() })?;
     let (dtype, compute) = precision.types();
     let (alpha, beta) = (1.0f32, 0.0f32);
     // Row-major out[M,N] is column-major outᵀ[N,M] = W[N,K] · inpᵀ: A = W (transposed), B = inp.

@@ -65,7 +65,7 @@ impl Ceilings {
         let n = (copy_bytes / 4) as usize;
         let src = gpu.upload(&crate::data::uniform(n, -1.0, 1.0, 1))?;
         let mut dst = gpu.zeros::<f32>(n)?;
-        let t = timing::time(gpu, 1, &cfg, |_| gpu.stream().memcpy_dtod(&src, &mut dst).ctx("memcpy DtoD"))?;
+        let t = timing::time(gpu, 1, &cfg, |stream, _| stream.memcpy_dtod(&src, &mut dst).ctx("memcpy DtoD"))?;
         let copy_gbps = 2.0 * copy_bytes as f64 / (t.median_ms * 1e-3) / 1e9;
         drop((src, dst));
 
@@ -89,7 +89,10 @@ impl Ceilings {
             };
             let (pa, pb, pc) = (gpu.ptr(&a), gpu.ptr(&b), gpu.ptr(&c));
             // SAFETY: a, b, c hold size² elements of p's type.
-            let t = timing::time(gpu, 1, &cfg, |_| unsafe { blas::linear(gpu, p, size, size, size, pa, pb, pc) })?;
+            let blas = gpu.blas()?;
+            let t = timing::time(gpu, 1, &cfg, |stream, _| unsafe {
+                blas::linear(&blas, stream, p, size, size, size, pa, pb, pc)
+            })?;
             rates.insert(p, 2.0 * (size as f64).powi(3) / (t.median_ms * 1e-3) / 1e12);
         }
         Ok(Ceilings {

@@ -28,6 +28,12 @@ pub enum Error {
     Unknown { what: &'static str, name: String, known: String },
     #[error("bad shape '{0}': expected key=value pairs separated by commas")]
     ShapeSyntax(String),
+    #[error("shape value {key}={value} does not fit a 64-bit integer")]
+    ShapeValue { key: String, value: String },
+    #[error("no stage prepared: call prepare before enqueue or verify")]
+    NotPrepared,
+    #[error("graph capture failed: {0}")]
+    Capture(String),
     #[error("{variant} needs compute capability {needed}, device has {found}")]
     Unsupported { variant: String, needed: String, found: String },
     #[error("CUDA error in {context}: {source}")]
@@ -45,6 +51,14 @@ impl Error {
     /// hold ("C % 4 == 0"), `got` what was given ("C = 770").
     pub fn constraint(constraint: impl Into<String>, got: impl Into<String>) -> Self {
         Error::Constraint { constraint: constraint.into(), got: got.into() }
+    }
+}
+
+impl Error {
+    /// Whether the error says a stage does not apply (a violated shape constraint or a device
+    /// requirement) rather than that something went wrong: the table shows such a stage as `n/a`.
+    pub fn is_not_applicable(&self) -> bool {
+        matches!(self, Error::Constraint { .. } | Error::Unsupported { .. })
     }
 }
 

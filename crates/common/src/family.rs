@@ -1,16 +1,19 @@
-//! How a family plugs in: a [`Family`] lists its [`Op`]s; an op lists its stages, its default
-//! shapes and checks a stage against a shape; a [`Problem`] holds one shape's inputs, reference and
-//! outputs and launches a stage on them. The runner, the CLI, the tests and the benches all go
-//! through these, so a new stage is a `.cu` file and a line in its op's stage list.
+//! How a family plugs in: a [`Family`] lists its [`Op`]s; an op lists its stages (each carrying its
+//! plan), its default shapes and its documented limits, and checks a stage against a shape; a
+//! [`Problem`] holds one shape's inputs, reference and outputs, prepares a stage for them once and
+//! enqueues it any number of times. The runner, the CLI, the tests and the benches all go through
+//! these, so a new stage is a `.cu` file and an entry in its op's stage list.
 
+use cudarc::driver::CudaStream;
 use serde::Serialize;
 
 use crate::check::Verification;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::module::KernelSource;
+use crate::launch::ResourceUse;
+use crate::module::Sources;
 use crate::shape::Shape;
-use crate::variant::{Precision, Variant};
+use crate::variant::{Generator, LeaveOneOut, Precision, Variant};
 
 /// Which ceiling bounds an op: memory bandwidth, or the matrix rate at a precision.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -28,11 +31,22 @@ pub struct Workload {
     pub bound: Bound,
 }
 
+/// A limit a stage's header documents on its `Limits:` line, with shapes that probe it.
+#[derive(Clone, Debug)]
+pub struct Limit {
+    /// The constraint exactly as the header's `Limits:` line and the typed error state it.
+    pub constraint: &'static str,
+    /// A shape just past the limit: the stage must refuse it with this constraint.
+    pub past: Shape,
+    /// A shape just inside it, small enough to verify on the GPU; `None` when reaching the limit
+    /// needs more memory than a test should take (the 2^31-element index limits).
+    pub inside: Option<Shape>,
+}
+
 pub trait Family: Sync {
     fn name(&self) -> &'static str;
     fn description(&self) -> &'static str;
-    /// Every `.cu`/`.cuh` file under the crate's `kernels/`.
-    fn sources(&self) -> &'static [KernelSource];
+    fn sources(&self) -> &'static Sources;
     fn ops(&self) -> Vec<&'static dyn Op>;
 }
 
@@ -40,22 +54,25 @@ pub trait Op: Sync {
     fn family(&self) -> &'static str;
     fn name(&self) -> &'static str;
     fn description(&self) -> &'static str;
-    /// The family's embedded sources (the same list as [`Family::sources`]).
-    fn sources(&self) -> &'static [KernelSource];
-    /// The op's stages in ladder order: the one list the CLI, tests, benches and docs read.
+    /// The family's embedded sources (the same as [`Family::sources`]).
+    fn sources(&self) -> &'static Sources;
+    /// The op's stages in ladder order, each with its plan: the one list the CLI, tests, benches and
+    /// docs read.
     fn variants(&self) -> Vec<Variant>;
-    /// Extra variants shown with `--leave-one-out` (all-on minus each toggle); empty by default.
+    /// Extra rows shown with `--leave-one-out`: every stage with toggles, all-on minus each one.
     fn leave_one_out(&self) -> Vec<Variant> {
-        Vec::new()
+        self.variants().iter().flat_map(|v| LeaveOneOut.derive(v)).collect()
     }
     /// The shape keys, in display order.
     fn shape_keys(&self) -> &'static [&'static str];
     fn default_shapes(&self) -> Vec<Shape>;
     /// Fails with a typed constraint error when `variant` cannot run `shape` (sizes, limits,
-    /// alignment). Checked before anything is allocated or launched.
+    /// alignment). Checked before anything is allocated or launched; `prepare` checks the same.
     fn validate(&self, variant: &Variant, shape: &Shape) -> Result<()>;
-    /// Draws inputs from `seed`, computes the f64 reference and allocates outputs. Input sizes the
-    /// op cannot handle at all are rejected here with a typed error.
+    /// Every limit `variant`'s header documents, with shapes just past and just inside it.
+    fn limits(&self, variant: &Variant) -> Vec<Limit>;
+    /// Draws inputs from `seed`, computes the f64 reference and allocates outputs. Shapes that no
+    /// stage can take are rejected here with a typed error.
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>>;
 }
 
@@ -63,10 +80,40 @@ pub trait Problem {
     fn workload(&self) -> Workload;
     /// How many copies of inputs/outputs timing rotates through.
     fn copies(&self) -> usize;
-    /// NaN-fills every output of every copy.
+    /// NaN-fills every output of every copy (and the prepared stage's scratch, if it has any).
     fn poison(&mut self, gpu: &Gpu) -> Result<()>;
-    /// Launches `variant` (all of its kernels) on copy `copy`, asynchronously.
-    fn launch(&mut self, gpu: &Gpu, variant: &Variant, copy: usize) -> Result<()>;
+    /// Prepares `variant` for this problem's shape (modules, functions, launch checks, workspace,
+    /// bound constants) and makes it the stage that [`Problem::enqueue`] runs. Returns the resources
+    /// of its kernels at their launch configurations.
+    fn prepare(&mut self, gpu: &Gpu, variant: &Variant) -> Result<Vec<ResourceUse>>;
+    /// Enqueues the prepared stage on copy `copy` on `stream`: arguments and launches only.
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()>;
     /// Reads back copy `copy`'s outputs and compares them with the reference.
-    fn verify(&mut self, gpu: &Gpu, variant: &Variant, copy: usize) -> Result<Verification>;
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification>;
+}
+
+/// The stage a problem has prepared: the variant and the op's prepared form of it.
+pub struct Prepared<P> {
+    current: Option<(Variant, P)>,
+}
+
+impl<P> Default for Prepared<P> {
+    fn default() -> Self {
+        Prepared { current: None }
+    }
+}
+
+impl<P> Prepared<P> {
+    pub fn set(&mut self, variant: &Variant, prepared: P) -> &mut P {
+        &mut self.current.insert((variant.clone(), prepared)).1
+    }
+
+    /// The prepared stage, or a typed error when nothing was prepared.
+    pub fn get(&self) -> Result<(&Variant, &P)> {
+        self.current.as_ref().map(|(v, p)| (v, p)).ok_or(Error::NotPrepared)
+    }
+
+    pub fn get_mut(&mut self) -> Result<(&Variant, &mut P)> {
+        self.current.as_mut().map(|(v, p)| (&*v, p)).ok_or(Error::NotPrepared)
+    }
 }

@@ -5,8 +5,9 @@ use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use serde::Serialize;
 
+use cudarc::driver::CudaModule;
+
 use crate::error::{DriverContext, Error, Result};
-use crate::module::{LoadedModule, ResourceUse};
 use crate::nvrtc::{Arch, Toolchain};
 
 /// The oldest driver the default bindings load against (CUDA 13.0 = 13000; 12.x bindings: 12000).
@@ -33,14 +34,14 @@ pub struct DeviceInfo {
     pub driver_version: i32,
 }
 
-/// An open CUDA device: its context, the one stream the harness launches on, cached modules and the
-/// resource log the runner reads.
+/// An open CUDA device: its context, the stream the harness (runner, checks, timing) works on, and
+/// the cached modules. The stream is a created, non-blocking one, so work on it can be captured into
+/// a CUDA graph; every public `enqueue` takes the stream to use, this one or the caller's own.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: DeviceInfo,
-    modules: Mutex<HashMap<String, Arc<LoadedModule>>>,
-    resources: Mutex<Option<Vec<ResourceUse>>>,
+    modules: Mutex<HashMap<String, Arc<CudaModule>>>,
     blas: OnceLock<std::result::Result<Arc<cudarc::cublas::CudaBlas>, String>>,
 }
 
@@ -90,10 +91,13 @@ impl Gpu {
             return Err(Error::NoDevice { index, reason: format!("the driver sees {count} device(s)") });
         }
         let ctx = CudaContext::new(index).map_err(|e| Error::NoDevice { index, reason: e.to_string() })?;
-        // One stream, ordered: cudarc's per-buffer event tracking only adds work (and breaks graph capture).
-        // SAFETY: every launch and copy of the harness goes through the one stream below.
+        // Streams are ordered by whoever owns them: cudarc's per-buffer event tracking only adds
+        // work to every launch (and breaks graph capture).
+        // SAFETY: the harness orders its own work on `stream`; a caller that enqueues on several
+        // streams orders them itself, as with any CUDA library.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A created stream, not the legacy NULL stream, which cannot be captured into a graph.
+        let stream = ctx.new_stream().ctx("create the harness stream")?;
         let attr = |a: Attr| ctx.attribute(a).ctx("cuDeviceGetAttribute").map(|v| v as u32);
         let uuid = ctx.uuid().ctx("cuDeviceGetUuid")?;
         let info = DeviceInfo {
@@ -119,7 +123,6 @@ impl Gpu {
             stream,
             info,
             modules: Mutex::new(HashMap::new()),
-            resources: Mutex::new(None),
             blas: OnceLock::new(),
         }))
     }
@@ -148,7 +151,8 @@ impl Gpu {
         crate::nvrtc::toolchain()
     }
 
-    /// A cuBLAS handle on the harness's stream, created on first use.
+    /// A cuBLAS handle on the harness's stream, created on first use (for the ceilings; a prepared
+    /// library stage owns its own handle).
     pub fn blas(&self) -> Result<Arc<cudarc::cublas::CudaBlas>> {
         self.blas
             .get_or_init(|| {
@@ -162,32 +166,18 @@ impl Gpu {
             .map_err(|message| Error::Blas { context: "creating the handle".into(), message })
     }
 
-    pub(crate) fn module_cache(&self) -> &Mutex<HashMap<String, Arc<LoadedModule>>> {
+    pub(crate) fn module_cache(&self) -> &Mutex<HashMap<String, Arc<CudaModule>>> {
         &self.modules
-    }
-
-    /// Starts recording the resources of every kernel configured for launch (see
-    /// [`crate::Kernel::config`]); [`Gpu::finish_resource_log`] returns them.
-    pub fn start_resource_log(&self) {
-        *self.resources.lock().unwrap() = Some(Vec::new());
-    }
-
-    pub fn finish_resource_log(&self) -> Vec<ResourceUse> {
-        self.resources.lock().unwrap().take().unwrap_or_default()
-    }
-
-    pub(crate) fn log_resource(&self, use_: ResourceUse) {
-        if let Some(log) = self.resources.lock().unwrap().as_mut() {
-            if !log.iter().any(|u| u.kernel == use_.kernel && u.block_threads == use_.block_threads) {
-                log.push(use_);
-            }
-        }
     }
 
     /// The raw device address of `buf` (for library calls that take pointers).
     pub fn ptr<T>(&self, buf: &CudaSlice<T>) -> u64 {
-        use cudarc::driver::DevicePtr;
-        buf.device_ptr(&self.stream).0
+        crate::launch::device_ptr(buf)
+    }
+
+    /// A new stream of this device's context, for callers that order their own work.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx.new_stream().ctx("create a stream")
     }
 
     pub fn synchronize(&self) -> Result<()> {

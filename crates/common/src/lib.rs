@@ -18,6 +18,7 @@ pub mod data;
 mod error;
 pub mod family;
 mod gpu;
+pub mod launch;
 pub mod module;
 pub mod nvrtc;
 pub mod report;
@@ -29,12 +30,13 @@ pub mod variant;
 
 pub use cudarc;
 pub use error::{require, DriverContext, Error, Result};
-pub use family::{Bound, Family, Op, Problem, Workload};
+pub use family::{Bound, Family, Limit, Op, Prepared, Problem, Workload};
 pub use gpu::{DeviceInfo, Gpu};
-pub use module::{Kernel, KernelSource, LaunchShape, ResourceUse};
+pub use launch::{device_ptr, Arg, Launch, LaunchShape, ResourceUse};
+pub use module::{KernelSource, Sources};
 pub use nvrtc::{Arch, Toolchain};
 pub use shape::Shape;
-pub use variant::{Define, Precision, Requirements, Source, Tolerance, Variant};
+pub use variant::{Define, Generator, LeaveOneOut, Precision, Requirements, Source, Sweep, Tolerance, Tunable, Variant};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));

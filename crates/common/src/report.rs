@@ -3,25 +3,17 @@
 use crate::family::Bound;
 use crate::runner::{Row, Status, Table};
 
+/// How a table is printed (`--format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// Aligned text.
     Table,
+    /// Markdown, with the header lines and notes.
     Markdown,
+    /// One CSV record per row (RFC 4180 quoting).
     Csv,
+    /// The whole table, every field.
     Json,
-}
-
-impl std::str::FromStr for Format {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "table" => Ok(Format::Table),
-            "md" => Ok(Format::Markdown),
-            "csv" => Ok(Format::Csv),
-            "json" => Ok(Format::Json),
-            _ => Err(format!("unknown format '{s}'; known: table, md, csv, json")),
-        }
-    }
 }
 
 pub const COLUMNS: [&str; 14] = [
@@ -161,12 +153,17 @@ pub fn render(table: &Table, format: Format) -> String {
     match format {
         Format::Json => serde_json::to_string_pretty(table).unwrap_or_default(),
         Format::Csv => {
-            let mut out = format!("family,op,shape,{}\n", COLUMNS.join(","));
+            let mut w = csv::Writer::from_writer(Vec::new());
+            let head = ["family", "op", "shape"].into_iter().chain(COLUMNS);
+            let mut records: Vec<Vec<String>> = vec![head.map(String::from).collect()];
             for row in body {
-                let quoted: Vec<String> = row.iter().map(|c| format!("\"{}\"", c.replace('"', "'"))).collect();
-                out.push_str(&format!("{},{},\"{}\",{}\n", table.family, table.op, table.shape, quoted.join(",")));
+                records.push([table.family.clone(), table.op.clone(), table.shape.clone()].into_iter().chain(row).collect());
             }
-            out
+            for r in records {
+                // Writing into a Vec cannot fail.
+                let _ = w.write_record(&r);
+            }
+            String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
         }
         Format::Markdown => {
             let mut out = header(table).iter().map(|l| format!("{l}  \n")).collect::<String>();
@@ -228,6 +225,7 @@ mod tests {
             name: format!("s{stage}"),
             summary: String::new(),
             precision: Precision::Fp32,
+            compared_with: None,
             status,
             timing: ms.map(|m| Timing { median_ms: m, min_ms: m * 0.9, max_ms: m * 1.1, reps: 10, last_copy: 0 }),
             gbps: None,
@@ -254,6 +252,7 @@ mod tests {
             shape: "rows=4,C=8".into(),
             device: "test".into(),
             seed: 1,
+            graph: false,
             workload: Workload { bytes: 2_000_000, flops: 1_000_000, bound: Bound::Memory },
             ceilings: Ceilings {
                 device: "test".into(),
@@ -327,10 +326,27 @@ mod tests {
     fn leave_one_out_rows_compare_with_their_all_on_stage() {
         let mut t = table();
         // Stage 2 (1.0 ms) minus one toggle, after a later stage 3 row: x prev is against stage 2.
-        t.rows.push(Row { name: "all-X".into(), ..row(2, Some(2.0), Status::Passed) });
+        t.rows.push(Row { name: "all-X".into(), compared_with: Some("s2".into()), ..row(2, Some(2.0), Status::Passed) });
+        // A sweep point of stage 0 after it: against stage 0, not against the row before it.
+        t.rows.push(Row { name: "s0[W=2]".into(), compared_with: Some("s0".into()), ..row(0, Some(8.0), Status::Passed) });
+        // A declared stage after derived rows compares with the last declared stage (s2).
+        t.rows.push(row(5, Some(0.5), Status::Passed));
         fill_rates(&mut t);
         assert_eq!(t.rows[4].vs_previous, Some(0.5));
         assert_eq!(t.rows[4].vs_stage0, Some(2.0));
+        assert_eq!(t.rows[5].vs_previous, Some(0.5));
+        assert_eq!(t.rows[6].vs_previous, Some(2.0));
+    }
+
+    #[test]
+    fn csv_quotes_fields() {
+        let mut t = table();
+        t.rows[1].status = Status::Failed("out: \"quoted\", with comma".into());
+        let s = render(&t, Format::Csv);
+        let mut r = csv::Reader::from_reader(s.as_bytes());
+        let rows: Vec<csv::StringRecord> = r.records().map(|r| r.unwrap()).collect();
+        assert_eq!(rows.len(), 5);
+        assert_eq!(&rows[1][16], "FAILED: out: \"quoted\", with comma");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::check::Verification;
 use crate::error::{Error, Result};
 use crate::family::{Bound, Op, Problem, Workload};
 use crate::gpu::Gpu;
-use crate::module::ResourceUse;
+use crate::launch::ResourceUse;
 use crate::shape::Shape;
 use crate::timing::{self, Timing, TimingConfig};
 use crate::variant::{Precision, Variant};
@@ -67,6 +67,8 @@ pub struct Row {
     pub name: String,
     pub summary: String,
     pub precision: Precision,
+    /// For a derived row: the row its `x prev` is measured against.
+    pub compared_with: Option<String>,
     pub status: Status,
     pub timing: Option<Timing>,
     pub gbps: Option<f64>,
@@ -98,6 +100,8 @@ pub struct Table {
     pub shape: String,
     pub device: String,
     pub seed: u64,
+    /// Timed as CUDA-graph replays.
+    pub graph: bool,
     pub workload: Workload,
     pub ceilings: Ceilings,
     pub rows: Vec<Row>,
@@ -123,8 +127,8 @@ impl Table {
 
 /// The op's stages selected by `opts` (and the leave-one-out variants if asked).
 pub fn select_variants(op: &dyn Op, opts: &RunOptions) -> Result<Vec<Variant>> {
-    // Leave-one-out variants keep the stage number of the all-on stage they come from, so a stage
-    // range selects them together with it.
+    // Derived variants keep the stage number of the stage they come from, so a stage range selects
+    // them together with it.
     let in_range = |v: &Variant| opts.stages.is_none_or(|(lo, hi)| v.stage >= lo && v.stage <= hi);
     let mut variants: Vec<Variant> = op.variants().into_iter().filter(in_range).collect();
     if variants.is_empty() {
@@ -138,37 +142,49 @@ pub fn select_variants(op: &dyn Op, opts: &RunOptions) -> Result<Vec<Variant>> {
     Ok(variants)
 }
 
-/// Poisons every output, launches `variant` once on copy 0 and checks it.
-pub fn verify_once(gpu: &Gpu, problem: &mut dyn Problem, variant: &Variant) -> Result<Verification> {
+/// Poisons every output, enqueues the prepared stage once on copy 0 and checks it.
+pub fn verify_once(gpu: &Gpu, problem: &mut dyn Problem) -> Result<Verification> {
     problem.poison(gpu)?;
-    problem.launch(gpu, variant, 0)?;
+    problem.enqueue(gpu.stream(), 0)?;
     gpu.synchronize()?;
-    problem.verify(gpu, variant, 0)
+    problem.verify(gpu, 0)
 }
 
-/// Runs the ablation for `op` at `shape`. `progress` is told which stage is being worked on.
+/// What the runner is doing, for a progress display.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress<'a> {
+    /// Drawing the inputs and computing the CPU reference of a shape.
+    Inputs { shape: &'a Shape },
+    /// Verifying and timing one stage.
+    Stage { shape: &'a Shape, variant: &'a Variant },
+    /// A stage's row is complete.
+    StageDone,
+}
+
+/// Runs the ablation for `op` at `shape`. `progress` is told what is being worked on.
 pub fn run_op(
     gpu: &Gpu,
     ceilings: &Ceilings,
     op: &dyn Op,
     shape: &Shape,
     opts: &RunOptions,
-    progress: &mut dyn FnMut(&str),
+    progress: &mut dyn FnMut(Progress),
 ) -> Result<Table> {
     let variants = select_variants(op, opts)?;
     let seed = opts.seed.unwrap_or_else(crate::data::fresh_seed);
-    progress(&format!("{}/{} {shape}: inputs and CPU reference", op.family(), op.name()));
+    progress(Progress::Inputs { shape });
     let mut problem = op.problem(gpu, shape, seed)?;
     let workload = problem.workload();
     let mut rows = Vec::new();
     for v in &variants {
-        progress(&format!("{}/{} {shape}: {:02} {}", op.family(), op.name(), v.stage, v.name));
+        progress(Progress::Stage { shape, variant: v });
         let (status, timing, resources, verification) = run_variant(gpu, op, problem.as_mut(), v, shape, &opts.timing);
         rows.push(Row {
             stage: v.stage,
             name: v.name.to_string(),
             summary: v.summary.to_string(),
             precision: v.precision,
+            compared_with: v.compared_with.clone(),
             status,
             timing,
             gbps: None,
@@ -179,6 +195,7 @@ pub fn run_op(
             resources,
             verification,
         });
+        progress(Progress::StageDone);
     }
     let mut table = Table {
         family: op.family().into(),
@@ -186,6 +203,7 @@ pub fn run_op(
         shape: shape.to_string(),
         device: gpu.info().name.clone(),
         seed,
+        graph: opts.timing.graph,
         workload,
         ceilings: ceilings.clone(),
         rows,
@@ -206,26 +224,31 @@ fn run_variant(
     cfg: &TimingConfig,
 ) -> VariantOutcome {
     if let Err(e) = gpu.supports(v).and_then(|_| op.validate(v, shape)) {
-        return (Status::Skipped(e.to_string()), None, None, None);
+        return (Status::Skipped(first_line(&e)), None, None, None);
     }
-    gpu.start_resource_log();
-    let first = verify_once(gpu, problem, v);
-    let resources = Resources::summarize(&gpu.finish_resource_log());
-    let verification = match first {
+    let resources = match problem.prepare(gpu, v) {
+        Ok(uses) => Resources::summarize(&uses),
+        Err(e) if e.is_not_applicable() => return (Status::Skipped(first_line(&e)), None, None, None),
+        Err(e) => return (Status::Failed(format!("prepare: {}", first_line(&e))), None, None, None),
+    };
+    let verification = match verify_once(gpu, problem) {
         Err(e) => return (Status::Failed(first_line(&e)), None, resources, None),
         Ok(ver) if !ver.passed() => return (Status::Failed(ver.summary()), None, resources, Some(ver)),
         Ok(ver) => ver,
     };
     let copies = problem.copies();
-    let timing = match timing::time(gpu, copies, cfg, |c| problem.launch(gpu, v, c)) {
+    let timing = match timing::time(gpu, copies, cfg, |stream, c| problem.enqueue(stream, c)) {
         Ok(t) => t,
+        Err(Error::Capture(why)) => {
+            return (Status::Skipped(format!("cannot be captured as a graph: {why}")), None, resources, Some(verification))
+        }
         Err(e) => {
             return (Status::Failed(format!("during timing: {}", first_line(&e))), None, resources, Some(verification))
         }
     };
     // Check again what the timed runs left in the copy written last: a kernel that races, or only
     // works once, fails here.
-    match problem.verify(gpu, v, timing.last_copy) {
+    match problem.verify(gpu, timing.last_copy) {
         Err(e) => {
             (Status::Failed(format!("after timing: {}", first_line(&e))), Some(timing), resources, Some(verification))
         }
@@ -240,19 +263,19 @@ fn first_line(e: &Error) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
-/// GB/s, TFLOP/s, fraction of the ceiling and the two speedup columns.
+/// GB/s, TFLOP/s, fraction of the ceiling and the two speedup columns. A derived row's `x prev` is
+/// measured against the row it names (`compared_with`); a declared stage's against the previous
+/// passing declared stage.
 pub fn fill_rates(table: &mut Table) {
-    let stage0 = table.rows.iter().find(|r| r.stage == 0 && r.status == Status::Passed).and_then(|r| r.timing);
+    let passed = |r: &Row| r.timing.filter(|_| r.status == Status::Passed);
+    let stage0 = table.rows.iter().find(|r| r.stage == 0 && r.compared_with.is_none()).and_then(passed);
     let mut previous: Option<Timing> = None;
     for i in 0..table.rows.len() {
-        // A row that repeats an earlier stage number is a leave-one-out variant of that stage: its
-        // "previous" is the all-on stage it departs from, not whichever row happens to precede it.
-        let all_on = table.rows[..i]
-            .iter()
-            .find(|r| r.stage == table.rows[i].stage)
-            .map(|r| r.timing.filter(|_| r.status == Status::Passed));
-        let Some(t) = table.rows[i].timing.filter(|_| table.rows[i].status == Status::Passed) else { continue };
-        let reference = all_on.unwrap_or(previous);
+        let reference = match &table.rows[i].compared_with {
+            Some(name) => table.rows.iter().find(|r| &r.name == name && r.compared_with.is_none()).and_then(passed),
+            None => previous,
+        };
+        let Some(t) = passed(&table.rows[i]) else { continue };
         let (gbps, tflops, _) = table.rates(t.median_ms);
         // A compute-bound row is read against the GEMM rate of its own precision.
         let bound = match table.workload.bound {
@@ -266,7 +289,7 @@ pub fn fill_rates(table: &mut Table) {
         row.of_ceiling = Some(frac);
         row.vs_stage0 = stage0.map(|s| s.median_ms / t.median_ms);
         row.vs_previous = reference.map(|p| p.median_ms / t.median_ms);
-        if all_on.is_none() {
+        if row.compared_with.is_none() {
             previous = Some(t);
         }
     }

@@ -17,7 +17,15 @@ impl Shape {
         let mut pairs = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = part.split_once('=').ok_or_else(|| Error::ShapeSyntax(text.to_string()))?;
-            let v: i64 = v.trim().replace('_', "").parse().map_err(|_| Error::ShapeSyntax(text.to_string()))?;
+            let digits = v.trim().replace('_', "");
+            let v: i64 = match digits.parse() {
+                Ok(v) => v,
+                // All digits but too many of them: a value out of range, not a syntax error.
+                Err(_) if is_integer_literal(&digits) => {
+                    return Err(Error::ShapeValue { key: k.trim().to_string(), value: v.trim().to_string() })
+                }
+                Err(_) => return Err(Error::ShapeSyntax(text.to_string())),
+            };
             pairs.push((k.trim().to_string(), v));
         }
         if pairs.is_empty() {
@@ -69,6 +77,12 @@ impl Shape {
     }
 }
 
+/// An optional sign and one or more digits.
+fn is_integer_literal(s: &str) -> bool {
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
 impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let parts: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -89,6 +103,8 @@ mod tests {
         assert!(Shape::parse("rows").is_err());
         assert!(Shape::parse("rows=x").is_err());
         assert!(Shape::parse("").is_err());
+        assert!(matches!(Shape::parse("rows=99999999999999999999"), Err(Error::ShapeValue { .. })));
+        assert!(matches!(Shape::parse("rows=-"), Err(Error::ShapeSyntax(_))));
     }
 
     #[test]

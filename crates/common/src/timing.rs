@@ -3,10 +3,12 @@
 //! sequence is captured once as a CUDA graph and the graph is replayed (for launch-bound ops).
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaGraph, CudaStream};
 use serde::Serialize;
 
-use crate::error::{DriverContext, Result};
+use crate::error::{DriverContext, Error, Result};
 use crate::gpu::Gpu;
 
 #[derive(Clone, Copy, Debug)]
@@ -53,24 +55,32 @@ impl Timing {
     }
 }
 
-/// Times `run(copy)` for copies `0..copies` in rotation. `run` only enqueues work on the harness
-/// stream.
-pub fn time(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(usize) -> Result<()>) -> Result<Timing> {
+/// Times `run(stream, copy)` for copies `0..copies` in rotation on the harness stream. `run` only
+/// enqueues work on the stream it is given. With `cfg.graph`, each copy's work is captured once as a
+/// CUDA graph and the replays are timed; a capture that fails is [`Error::Capture`].
+pub fn time(
+    gpu: &Gpu,
+    copies: usize,
+    cfg: &TimingConfig,
+    mut run: impl FnMut(&Arc<CudaStream>, usize) -> Result<()>,
+) -> Result<Timing> {
     let copies = copies.max(1);
+    let stream = gpu.stream();
     if cfg.graph {
-        let graphs: Vec<CudaGraph> = (0..copies).map(|c| capture(gpu, || run(c))).collect::<Result<_>>()?;
+        let graphs: Vec<CudaGraph> = (0..copies).map(|c| capture(stream, |s| run(s, c))).collect::<Result<_>>()?;
         return time_loop(gpu, copies, cfg, |c| graphs[c].launch().ctx("graph launch"));
     }
-    time_loop(gpu, copies, cfg, run)
+    time_loop(gpu, copies, cfg, |c| run(stream, c))
 }
 
-fn capture(gpu: &Gpu, run: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
-    let stream = gpu.stream();
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).ctx("begin graph capture")?;
-    let enqueued = run();
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).ctx("end graph capture")?;
-    enqueued?;
-    graph.ok_or_else(|| crate::Error::Launch { kernel: "graph".into(), reason: "capture recorded no work".into() })
+/// Captures what `run` enqueues on `stream` as an instantiated graph.
+pub fn capture(stream: &Arc<CudaStream>, run: impl FnOnce(&Arc<CudaStream>) -> Result<()>) -> Result<CudaGraph> {
+    let capture_err = |e: cudarc::driver::DriverError| Error::Capture(e.to_string());
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(capture_err)?;
+    let enqueued = run(stream);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(capture_err)?;
+    enqueued.map_err(|e| Error::Capture(e.to_string()))?;
+    graph.ok_or_else(|| Error::Capture("the capture recorded no work".into()))
 }
 
 fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(usize) -> Result<()>) -> Result<Timing> {

@@ -1,8 +1,16 @@
-//! The ablation model: one [`Variant`] per stage of an op.
+//! The ablation model: one [`Variant`] per stage of an op. A variant is declared once, in its op's
+//! stage list, and carries everything needed to run it: the descriptor the tables print, the typed
+//! plan its op launches it by, and its launch geometry as [`Tunable`]s, which reach the kernel only
+//! as generated `-D` defines. Derived rows (leave-one-out, sweep points) come from [`Generator`]s and
+//! name the row they are compared against.
 
+use std::any::Any;
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::Serialize;
+
+use crate::error::{Error, Result};
 
 /// The arithmetic a stage computes in; it picks the tolerance preset and the GEMM ceiling that
 /// bounds a compute-bound stage.
@@ -62,6 +70,15 @@ impl Define {
     }
 }
 
+/// One number of a stage's launch geometry (warps per block, tile edge, threads): the Rust plan
+/// reads it to size the launch, and the kernel receives the same value as `-DNAME=value`. A kernel
+/// never defaults a tunable itself (`#error` when it is missing), so the two cannot drift apart.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Tunable {
+    pub name: Cow<'static, str>,
+    pub value: u32,
+}
+
 /// Where a stage's code comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum Source {
@@ -86,8 +103,11 @@ impl Requirements {
     pub const SM90A: Requirements = Requirements { min_cc: (9, 0), arch_specific: true };
 }
 
-/// One stage of an op's ladder.
-#[derive(Clone, Debug, Serialize)]
+/// An op's typed launch plan, carried by the variant so nothing looks the variant up again.
+type PlanBox = Arc<dyn Any + Send + Sync>;
+
+/// One stage of an op's ladder: descriptor, switches, tunables and plan.
+#[derive(Clone, Serialize)]
 pub struct Variant {
     pub family: &'static str,
     pub op: &'static str,
@@ -98,12 +118,31 @@ pub struct Variant {
     pub summary: Cow<'static, str>,
     pub precision: Precision,
     pub source: Source,
+    /// Optimization switches (`-DNAME=1`) and other non-geometry defines.
     pub defines: Cow<'static, [Define]>,
-    /// Defines that are cumulative optimization switches of one kernel: the leave-one-out table
+    /// Launch geometry; see [`Tunable`].
+    pub tunables: Cow<'static, [Tunable]>,
+    /// Defines that are cumulative optimization switches of one kernel: the leave-one-out generator
     /// removes each in turn from this variant.
     pub toggles: Cow<'static, [&'static str]>,
     pub requires: Requirements,
     pub tolerance: Option<Tolerance>,
+    /// For a derived row (a leave-one-out variant, a sweep point): the name of the row its `x prev`
+    /// is measured against. `None` for a declared stage, which compares with the previous one.
+    pub compared_with: Option<String>,
+    #[serde(skip)]
+    plan: Option<PlanBox>,
+}
+
+impl std::fmt::Debug for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Variant")
+            .field("id", &self.id())
+            .field("defines", &self.defines)
+            .field("tunables", &self.tunables)
+            .field("compared_with", &self.compared_with)
+            .finish()
+    }
 }
 
 impl Variant {
@@ -126,9 +165,12 @@ impl Variant {
             precision,
             source: Source::Kernel(source),
             defines: Cow::Borrowed(&[]),
+            tunables: Cow::Borrowed(&[]),
             toggles: Cow::Borrowed(&[]),
             requires: Requirements::ANY,
             tolerance: None,
+            compared_with: None,
+            plan: None,
         }
     }
 
@@ -147,8 +189,24 @@ impl Variant {
         v
     }
 
-    pub fn with_defines(mut self, defines: &'static [Define]) -> Variant {
-        self.defines = Cow::Borrowed(defines);
+    /// The op's typed plan for this stage (what its `prepare` dispatches on).
+    pub fn with_plan<P: Any + Send + Sync>(mut self, plan: P) -> Variant {
+        self.plan = Some(Arc::new(plan));
+        self
+    }
+
+    pub fn with_defines(mut self, defines: impl Into<Cow<'static, [Define]>>) -> Variant {
+        self.defines = defines.into();
+        self
+    }
+
+    pub fn with_tunables(mut self, tunables: &[(&'static str, u32)]) -> Variant {
+        self.tunables = Cow::Owned(tunables.iter().map(|&(n, value)| Tunable { name: Cow::Borrowed(n), value }).collect());
+        self
+    }
+
+    pub fn with_toggles(mut self, toggles: impl Into<Cow<'static, [&'static str]>>) -> Variant {
+        self.toggles = toggles.into();
         self
     }
 
@@ -171,22 +229,141 @@ impl Variant {
         self.tolerance.map(|t| t.rel_l2).unwrap_or_else(|| self.precision.tolerance())
     }
 
+    /// Whether the switch or define `name` is set.
     pub fn define(&self, name: &str) -> Option<&str> {
         self.defines.iter().find(|d| d.name == name).map(|d| d.value.as_ref())
     }
 
-    /// All-on minus one: one variant per toggle, each with that toggle's define removed.
-    pub fn leave_one_out(&self) -> Vec<Variant> {
-        self.toggles
+    pub fn has(&self, switch: &str) -> bool {
+        self.define(switch).is_some()
+    }
+
+    /// The value of tunable `name`: a typed error when the stage list did not declare it.
+    pub fn tunable(&self, name: &str) -> Result<u32> {
+        self.tunables
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.value)
+            .ok_or_else(|| Error::constraint(format!("stage declares tunable {name}"), self.id()))
+    }
+
+    /// Replaces tunable `name` (a sweep point); an unknown name is an error listing the known ones.
+    pub fn set_tunable(&mut self, name: &str, value: u32) -> Result<()> {
+        let mut all = self.tunables.to_vec();
+        let slot = all.iter_mut().find(|t| t.name == name).ok_or_else(|| Error::Unknown {
+            what: "tunable",
+            name: name.to_string(),
+            known: self.tunables.iter().map(|t| t.name.to_string()).collect::<Vec<_>>().join(", "),
+        })?;
+        slot.value = value;
+        self.tunables = Cow::Owned(all);
+        Ok(())
+    }
+
+    /// Every define NVRTC receives: the switches, then the tunables.
+    pub fn compile_defines(&self) -> Vec<Define> {
+        let tunables = self.tunables.iter().map(|t| Define { name: t.name.clone(), value: Cow::Owned(t.value.to_string()) });
+        self.defines.iter().cloned().chain(tunables).collect()
+    }
+
+    /// The op's plan, typed: an error (not a panic) when the variant was declared by another op.
+    pub fn plan<P: Any + Copy>(&self) -> Result<P> {
+        self.plan.as_deref().and_then(|p| p.downcast_ref::<P>()).copied().ok_or_else(|| Error::Unknown {
+            what: "plan for stage",
+            name: self.id(),
+            known: format!("stages declared in {}/{}'s stage list", self.family, self.op),
+        })
+    }
+}
+
+/// Derives rows from a declared stage: each derived variant keeps the stage number, gets its own
+/// name and names the row it is compared against.
+pub trait Generator {
+    fn derive(&self, base: &Variant) -> Vec<Variant>;
+}
+
+/// All-on minus one: one variant per toggle of `base`, with that switch removed.
+pub struct LeaveOneOut;
+
+impl Generator for LeaveOneOut {
+    fn derive(&self, base: &Variant) -> Vec<Variant> {
+        base.toggles
             .iter()
             .map(|t| {
-                let mut v = self.clone();
-                v.defines = Cow::Owned(self.defines.iter().filter(|d| d.name != *t).cloned().collect());
-                v.toggles = Cow::Owned(self.toggles.iter().filter(|x| *x != t).copied().collect());
+                let mut v = base.clone();
+                v.defines = Cow::Owned(base.defines.iter().filter(|d| d.name != *t).cloned().collect());
+                v.toggles = Cow::Owned(base.toggles.iter().filter(|x| *x != t).copied().collect());
                 v.name = Cow::Owned(format!("all-{t}"));
-                v.summary = Cow::Owned(format!("every optimization of {} except {t}", self.name));
+                v.summary = Cow::Owned(format!("every optimization of {} except {t}", base.name));
+                v.compared_with = Some(base.name.to_string());
                 v
             })
             .collect()
+    }
+}
+
+/// One tunable of `base` set to each value in turn (`SM_WARPS=2,4,8`): the grid a configuration
+/// sweep times. Values equal to the declared one are kept (the table marks the default).
+pub struct Sweep {
+    pub tunable: String,
+    pub values: Vec<u32>,
+}
+
+impl Generator for Sweep {
+    fn derive(&self, base: &Variant) -> Vec<Variant> {
+        self.values
+            .iter()
+            .filter_map(|&value| {
+                let mut v = base.clone();
+                v.set_tunable(&self.tunable, value).ok()?;
+                v.name = Cow::Owned(format!("{}[{}={value}]", base.name, self.tunable));
+                v.summary = Cow::Owned(format!("{} with {}={value}", base.name, self.tunable));
+                v.compared_with = Some(base.name.to_string());
+                Some(v)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Plan {
+        A,
+    }
+
+    fn base() -> Variant {
+        Variant::kernel("f", "op", 3, "all", "op/03_all.cu", Precision::Fp32, "s")
+            .with_defines(vec![Define::on("X"), Define::on("Y")])
+            .with_toggles(vec!["X", "Y"])
+            .with_tunables(&[("WARPS", 4)])
+            .with_plan(Plan::A)
+    }
+
+    #[test]
+    fn plan_is_typed() {
+        assert_eq!(base().plan::<Plan>().unwrap(), Plan::A);
+        assert!(matches!(base().plan::<u32>(), Err(Error::Unknown { .. })));
+    }
+
+    #[test]
+    fn tunables_become_defines() {
+        let d = base().compile_defines();
+        assert!(d.iter().any(|d| d.name == "WARPS" && d.value == "4"));
+        assert!(base().tunable("NOPE").is_err());
+    }
+
+    #[test]
+    fn generators_name_their_reference_row() {
+        let loo = LeaveOneOut.derive(&base());
+        assert_eq!(loo.len(), 2);
+        assert!(loo.iter().all(|v| v.compared_with.as_deref() == Some("all") && v.defines.len() == 1));
+        assert_eq!(loo[0].plan::<Plan>().unwrap(), Plan::A, "derived rows keep the plan");
+        let sweep = Sweep { tunable: "WARPS".into(), values: vec![2, 8] }.derive(&base());
+        assert_eq!(sweep[1].tunable("WARPS").unwrap(), 8);
+        assert_eq!(sweep[1].name, "all[WARPS=8]");
+        assert!(Sweep { tunable: "NOPE".into(), values: vec![1] }.derive(&base()).is_empty());
     }
 }

@@ -1,0 +1,320 @@
+//! The one launch path: a [`Launch`] is prepared once (module compiled or loaded, function resolved,
+//! attributes and parameter layout read, the configuration checked against the function's and the
+//! device's limits, the dynamic shared-memory cap raised) and then enqueued any number of times on
+//! any stream with [`Launch::enqueue`], which only fills the parameter array and calls
+//! `cuLaunchKernelEx` (thread-block clusters and by-value structs such as a `CUtensorMap` included).
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+use cudarc::driver::sys::{self, CUfunction_attribute_enum as FnAttr};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use serde::Serialize;
+
+use crate::error::{DriverContext, Error, Result};
+use crate::gpu::Gpu;
+use crate::module::Sources;
+use crate::variant::Variant;
+
+/// Most parameters any entry point takes.
+pub const MAX_ARGS: usize = 24;
+
+/// Grid, block, dynamic shared memory and (optionally) thread-block cluster of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchShape {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub dynamic_shared_bytes: u32,
+    /// Thread-block cluster dimensions (`sm_90`); `None` launches without clusters.
+    pub cluster: Option<(u32, u32, u32)>,
+}
+
+impl LaunchShape {
+    pub fn linear(grid: u32, block: u32) -> LaunchShape {
+        LaunchShape::new((grid, 1, 1), (block, 1, 1))
+    }
+
+    pub fn new(grid: (u32, u32, u32), block: (u32, u32, u32)) -> LaunchShape {
+        LaunchShape { grid, block, dynamic_shared_bytes: 0, cluster: None }
+    }
+
+    pub fn with_shared(mut self, bytes: u32) -> LaunchShape {
+        self.dynamic_shared_bytes = bytes;
+        self
+    }
+
+    pub fn with_cluster(mut self, cluster: (u32, u32, u32)) -> LaunchShape {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    fn block_threads(&self) -> u64 {
+        self.block.0 as u64 * self.block.1 as u64 * self.block.2 as u64
+    }
+}
+
+/// A kernel's resources at one launch configuration: what the runner's table shows.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ResourceUse {
+    pub kernel: String,
+    pub registers: u32,
+    pub static_shared_bytes: u32,
+    pub dynamic_shared_bytes: u32,
+    /// Per-thread local memory: register spills and arrays indexed at run time.
+    pub local_bytes: u32,
+    pub block_threads: u32,
+    pub blocks_per_sm: u32,
+    /// Active warps over the SM's maximum, 0..=1.
+    pub occupancy: f64,
+}
+
+/// One kernel argument. Scalars are held by value; [`Arg::value`] passes any plain struct (a
+/// `CUtensorMap`, say) by value through a reference that lives as long as the argument list.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a> {
+    /// A device address.
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    F32(f32),
+    /// `size` bytes at `ptr`, copied into the parameter buffer by the launch.
+    Value { ptr: *const c_void, size: usize, _borrow: PhantomData<&'a ()> },
+}
+
+impl<'a> Arg<'a> {
+    /// The device address of `buf` (read or written by the kernel).
+    pub fn buf<T>(buf: &CudaSlice<T>) -> Arg<'static> {
+        Arg::Ptr(device_ptr(buf))
+    }
+
+    /// A count or index as the kernels' `int`; sizes were bounded by the shape checks.
+    pub fn int(v: usize) -> Arg<'static> {
+        Arg::I32(v as i32)
+    }
+
+    pub fn value<T: Copy>(v: &'a T) -> Arg<'a> {
+        Arg::Value { ptr: v as *const T as *const c_void, size: std::mem::size_of::<T>(), _borrow: PhantomData }
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            Arg::Ptr(_) => 8,
+            Arg::I32(_) | Arg::U32(_) | Arg::F32(_) => 4,
+            Arg::Value { size, .. } => *size,
+        }
+    }
+
+    fn param(&self) -> *mut c_void {
+        match self {
+            Arg::Ptr(p) => p as *const u64 as *mut c_void,
+            Arg::I32(v) => v as *const i32 as *mut c_void,
+            Arg::U32(v) => v as *const u32 as *mut c_void,
+            Arg::F32(v) => v as *const f32 as *mut c_void,
+            Arg::Value { ptr, .. } => *ptr as *mut c_void,
+        }
+    }
+}
+
+/// The raw device address of `buf`. The harness disables cudarc's event tracking, so this is a
+/// plain field read.
+pub fn device_ptr<T>(buf: &CudaSlice<T>) -> u64 {
+    buf.device_ptr(buf.stream()).0
+}
+
+/// A kernel entry point prepared for one launch configuration.
+#[derive(Debug)]
+pub struct Launch {
+    /// Keeps the module loaded.
+    func: CudaFunction,
+    shape: LaunchShape,
+    /// The byte size of each parameter, from the driver (`cuFuncGetParamInfo`): every enqueue's
+    /// argument list is checked against it.
+    params: Vec<usize>,
+    resources: ResourceUse,
+}
+
+impl Launch {
+    pub fn shape(&self) -> LaunchShape {
+        self.shape
+    }
+
+    pub fn resources(&self) -> &ResourceUse {
+        &self.resources
+    }
+
+    pub fn name(&self) -> &str {
+        &self.resources.kernel
+    }
+
+    /// Enqueues the kernel on `stream`: fills the parameter array and launches, nothing else (no
+    /// lookup, no attribute query, no allocation). The argument count and sizes must match the
+    /// entry point's parameters, or this returns an error and launches nothing.
+    ///
+    /// # Safety
+    /// The arguments must be what the kernel expects: device addresses of buffers large enough for
+    /// the extent the kernel touches at the prepared configuration, and the scalars it indexes with.
+    pub unsafe fn enqueue(&self, stream: &CudaStream, args: &[Arg]) -> Result<()> {
+        if args.len() != self.params.len() || args.iter().zip(&self.params).any(|(a, &p)| a.size() != p) {
+            return Err(self.signature_error(args));
+        }
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+        for (slot, a) in params.iter_mut().zip(args) {
+            *slot = a.param();
+        }
+        let s = &self.shape;
+        let mut cluster: sys::CUlaunchAttribute = std::mem::zeroed();
+        let attrs = match s.cluster {
+            Some((x, y, z)) => {
+                cluster.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                cluster.value.clusterDim.x = x;
+                cluster.value.clusterDim.y = y;
+                cluster.value.clusterDim.z = z;
+                1
+            }
+            None => 0,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: s.grid.0,
+            gridDimY: s.grid.1,
+            gridDimZ: s.grid.2,
+            blockDimX: s.block.0,
+            blockDimY: s.block.1,
+            blockDimZ: s.block.2,
+            sharedMemBytes: s.dynamic_shared_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut cluster,
+            numAttrs: attrs,
+        };
+        stream.context().bind_to_thread().ctx("bind the context")?;
+        sys::cuLaunchKernelEx(&config, self.func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+            .result()
+            .map_err(|source| Error::Driver { context: format!("launch {}", self.resources.kernel), source })
+    }
+
+    #[cold]
+    fn signature_error(&self, args: &[Arg]) -> Error {
+        Error::Launch {
+            kernel: self.resources.kernel.clone(),
+            reason: format!(
+                "arguments of {:?} bytes; the entry point takes {:?}",
+                args.iter().map(Arg::size).collect::<Vec<_>>(),
+                self.params
+            ),
+        }
+    }
+}
+
+impl Gpu {
+    /// Prepares entry point `entry` of `variant` (from `sources`) for `shape`: compiles or loads the
+    /// module, resolves the function, reads its attributes and parameter sizes, checks the
+    /// configuration (zero or oversized dimensions, threads per block, shared memory, clusters, a
+    /// block that fits on an SM), raises the dynamic shared-memory limit above 48 KiB and records the
+    /// resources the table shows. Nothing is launched.
+    pub fn prepare_launch(&self, sources: &Sources, variant: &Variant, entry: &str, shape: LaunchShape) -> Result<Launch> {
+        let module = self.module(sources, variant)?;
+        let name = format!("{}:{entry}", variant.id());
+        let func = module
+            .load_function(entry)
+            .map_err(|e| Error::Launch { kernel: name.clone(), reason: format!("entry point not found: {e}") })?;
+        let attr = |a: FnAttr| func.get_attribute(a).ctx("cuFuncGetAttribute").map(|v| v as u32);
+        let (registers, static_shared, local, max_threads) = (
+            attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            attr(FnAttr::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        );
+        let fail = |reason: String| Error::Launch { kernel: name.clone(), reason };
+        let (gx, gy, gz) = shape.grid;
+        let (bx, by, bz) = shape.block;
+        if [gx, gy, gz, bx, by, bz].contains(&0) {
+            return Err(fail(format!("zero dimension in grid {:?} or block {:?}", shape.grid, shape.block)));
+        }
+        if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
+            return Err(fail(format!("grid {:?} exceeds (2^31-1, 65535, 65535)", shape.grid)));
+        }
+        let threads = shape.block_threads();
+        if threads > max_threads as u64 || bz > 64 {
+            return Err(fail(format!("block {:?} = {threads} threads; this function allows {max_threads}", shape.block)));
+        }
+        let info = self.info();
+        let total_smem = static_shared as u64 + shape.dynamic_shared_bytes as u64;
+        if total_smem > info.shared_memory_per_block_optin as u64 {
+            return Err(fail(format!(
+                "{total_smem} bytes of shared memory per block; the device allows {}",
+                info.shared_memory_per_block_optin
+            )));
+        }
+        if let Some((cx, cy, cz)) = shape.cluster {
+            if info.compute_capability < (9, 0) {
+                return Err(fail("thread-block clusters need compute capability 9.0".into()));
+            }
+            if [cx, cy, cz].contains(&0) || gx % cx != 0 || gy % cy != 0 || gz % cz != 0 || cx * cy * cz > 8 {
+                return Err(fail(format!(
+                    "cluster {:?} must divide grid {:?} and hold at most 8 blocks",
+                    (cx, cy, cz),
+                    shape.grid
+                )));
+            }
+        }
+        if shape.dynamic_shared_bytes > 48 * 1024 {
+            func.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.dynamic_shared_bytes as i32)
+                .ctx("raise the dynamic shared-memory limit")?;
+        }
+        let blocks_per_sm = func
+            .occupancy_max_active_blocks_per_multiprocessor(threads as u32, shape.dynamic_shared_bytes as usize, None)
+            .ctx("occupancy query")?;
+        if blocks_per_sm == 0 {
+            return Err(fail("no block of this shape fits on an SM (registers or shared memory)".into()));
+        }
+        let params = param_sizes(&func).map_err(|e| fail(format!("reading the parameter layout: {e}")))?;
+        if params.len() > MAX_ARGS {
+            return Err(fail(format!("{} parameters; the launch path passes at most {MAX_ARGS}", params.len())));
+        }
+        let warps_per_block = threads.div_ceil(32) as f64;
+        let resources = ResourceUse {
+            kernel: name,
+            registers,
+            static_shared_bytes: static_shared,
+            dynamic_shared_bytes: shape.dynamic_shared_bytes,
+            local_bytes: local,
+            block_threads: threads as u32,
+            blocks_per_sm,
+            occupancy: (blocks_per_sm as f64 * warps_per_block / (info.max_threads_per_sm as f64 / 32.0)).min(1.0),
+        };
+        Ok(Launch { func, shape, params, resources })
+    }
+}
+
+/// The size of each kernel parameter, in order (the driver answers an invalid index past the last).
+fn param_sizes(func: &CudaFunction) -> std::result::Result<Vec<usize>, cudarc::driver::DriverError> {
+    let mut sizes = Vec::new();
+    loop {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: writes two usize values for a valid function handle.
+        let r = unsafe { sys::cuFuncGetParamInfo(func.cu_function(), sizes.len(), &mut offset, &mut size) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => sizes.push(size),
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Ok(sizes),
+            other => return Err(cudarc::driver::DriverError(other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arg_sizes_and_params_point_at_the_values() {
+        let v = [7u8; 128];
+        let args = [Arg::Ptr(5), Arg::int(3), Arg::F32(1.5), Arg::value(&v)];
+        assert_eq!(args.iter().map(Arg::size).collect::<Vec<_>>(), [8, 4, 4, 128]);
+        // SAFETY: each param points at a live value of the argument's own type.
+        unsafe {
+            assert_eq!(*(args[0].param() as *const u64), 5);
+            assert_eq!(*(args[1].param() as *const i32), 3);
+            assert_eq!(*(args[2].param() as *const f32), 1.5);
+            assert_eq!(*(args[3].param() as *const [u8; 128]), v);
+        }
+    }
+}
