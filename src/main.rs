@@ -4,13 +4,37 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use common::ceilings::Ceilings;
 use common::report::{render, Format};
-use common::runner::{run_op, Anchor, RunOptions, Status, Table};
+use common::runner::{run_op, Anchor, Progress, RunOptions, Status, Table};
 use common::timing::TimingConfig;
 use common::{Error, Gpu, Op, Shape, Source};
 use indicatif::{ProgressBar, ProgressStyle};
+
+/// `--format`: how tables are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    /// Aligned text.
+    Table,
+    /// Markdown.
+    Md,
+    /// CSV, one record per row.
+    Csv,
+    /// JSON, every field.
+    Json,
+}
+
+impl From<OutputFormat> for Format {
+    fn from(f: OutputFormat) -> Format {
+        match f {
+            OutputFormat::Table => Format::Table,
+            OutputFormat::Md => Format::Markdown,
+            OutputFormat::Csv => Format::Csv,
+            OutputFormat::Json => Format::Json,
+        }
+    }
+}
 
 #[derive(Parser)]
 #[command(name = "ladder", version, about = "Verified, timed optimization ladders of GPT-2's GPU kernels")]
@@ -26,8 +50,17 @@ enum Command {
         /// Measure the ceilings again instead of reading the cache.
         #[arg(long)]
         remeasure: bool,
-        #[arg(long, default_value = "table")]
-        format: String,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
+    /// Host cost of one launch: a prepared stage's enqueue against a raw cuLaunchKernel.
+    LaunchOverhead {
+        /// Launches per path.
+        #[arg(long, default_value_t = 10_000)]
+        launches: usize,
+        /// Launches between synchronisations (only the enqueue loops are timed).
+        #[arg(long, default_value_t = 500)]
+        batch: usize,
     },
     /// Families, ops and stages with what each stage changes.
     List { family: Option<String> },
@@ -41,13 +74,13 @@ enum Command {
         #[arg(long)]
         shape: Option<String>,
         /// Stage range `a..b` (inclusive) or one stage `a`.
-        #[arg(long)]
-        stages: Option<String>,
+        #[arg(long, value_parser = parse_stages)]
+        stages: Option<(u32, u32)>,
         /// Also run all-on-minus-one variants of toggle ladders.
         #[arg(long)]
         leave_one_out: bool,
-        #[arg(long, default_value = "table")]
-        format: String,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
         /// Also write every table as JSON and Markdown into DIR.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -83,12 +116,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn parse_format(s: &str) -> common::Result<Format> {
-    s.parse().map_err(|_| Error::Unknown { what: "format", name: s.into(), known: "table, md, csv, json".into() })
-}
-
-fn parse_stages(s: &str) -> common::Result<(u32, u32)> {
-    let bad = || Error::Unknown { what: "stage range", name: s.into(), known: "N or A..B".into() };
+/// `N` or `A..B` (inclusive; `A..=B` also accepted).
+fn parse_stages(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("'{s}' is not a stage N or an inclusive range A..B with A <= B");
     let num = |t: &str| t.trim().parse::<u32>().map_err(|_| bad());
     match s.split_once("..") {
         Some((a, b)) => {
@@ -139,8 +169,28 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::LaunchOverhead { launches, batch } => {
+            let gpu = Gpu::open()?;
+            let o = common::overhead::measure(&gpu, launches, batch.max(1))?;
+            println!("host cost of one launch, {} launches per path in batches of {}:", o.launches, o.batch);
+            for (name, p) in [("prepared (Launch::enqueue)", o.prepared), ("raw cuLaunchKernel (cudarc)", o.raw)] {
+                println!("  {name:<28} {:.3} us (min {:.3}, max {:.3})", p.median_us, p.min_us, p.max_us);
+            }
+            println!("  prepared / raw: {:.2}x", o.ratio());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Device { remeasure, format } => {
-            let format = parse_format(&format)?;
+            let format = Format::from(format);
+            // What can be found without a driver is reported first: NVRTC and the CUDA headers.
+            let toolchain = match common::nvrtc::toolchain() {
+                Ok(tc) => {
+                    format!("NVRTC {}.{}, CUDA headers in {}", tc.version.0, tc.version.1, tc.include_dir.display())
+                }
+                Err(e) => e.to_string(),
+            };
+            if format != Format::Json {
+                println!("{toolchain}");
+            }
             let gpu = Gpu::open()?;
             if remeasure {
                 std::env::set_var("LADDER_REMEASURE", "1");
@@ -151,7 +201,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let ceilings = ceilings?;
             let info = gpu.info();
             if format == Format::Json {
-                let v = serde_json::json!({ "device": info, "ceilings": ceilings });
+                let v = serde_json::json!({ "device": info, "toolchain": toolchain, "ceilings": ceilings });
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             } else {
                 println!("device {}: {}", info.index, info.name);
@@ -176,12 +226,6 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     info.registers_per_sm
                 );
                 println!("  driver CUDA {}.{}", info.driver_version / 1000, (info.driver_version % 1000) / 10);
-                match gpu.toolchain() {
-                    Ok(tc) => {
-                        println!("  NVRTC {}.{}, headers {}", tc.version.0, tc.version.1, tc.include_dir.display())
-                    }
-                    Err(e) => println!("  {e}"),
-                }
                 println!("ceilings:");
                 println!(
                     "  copy bandwidth     {:>8.0} GB/s (device-to-device copy of {} MiB, read + write)",
@@ -200,7 +244,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { family, op, shape, stages, leave_one_out, format, out, anchors, graph, quick, seed } => {
-            let format = parse_format(&format)?;
+            let format = Format::from(format);
             let families =
                 if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
             let mut ops: Vec<&'static dyn Op> = families.iter().flat_map(|f| f.ops()).collect();
@@ -211,7 +255,6 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     return Err(Error::Unknown { what: "op", name: name.clone(), known: known.join(", ") });
                 }
             }
-            let stages = stages.as_deref().map(parse_stages).transpose()?;
             let overrides = shape.as_deref().map(Shape::parse).transpose()?;
             let anchors: Vec<Anchor> = match anchors {
                 Some(path) => read_anchors(&path)?,
@@ -221,7 +264,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             timing.graph = graph;
             let opts = RunOptions { stages, leave_one_out, timing, seed };
 
-            // Everything that can be checked without a GPU is checked first.
+            // Everything that can be checked without a GPU is checked first: unknown shape keys and
+            // stage ranges are errors. A stage that cannot take the shape is an `n/a` row, and a shape
+            // that no selected stage can take is an error naming each stage's constraint.
             let mut plan = Vec::new();
             for op in &ops {
                 let shapes = match &overrides {
@@ -230,11 +275,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 };
                 let variants = common::runner::select_variants(*op, &opts)?;
                 for s in &shapes {
-                    if overrides.is_some() || stages.is_some() {
-                        // The user asked for this shape or these stages: a violated constraint is an error.
-                        for v in &variants {
-                            op.validate(v, s)?;
-                        }
+                    let refusals: Vec<Error> = variants.iter().filter_map(|v| op.validate(v, s).err()).collect();
+                    if refusals.len() == variants.len() {
+                        return Err(refusals.into_iter().next().expect("at least one stage is selected"));
                     }
                 }
                 plan.push((*op, shapes));
@@ -260,11 +303,18 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let mut stdout = std::io::stdout();
             for (op, shapes) in plan {
                 for s in shapes {
-                    let mut table = run_op(&gpu, &ceilings, op, &s, &opts, &mut |msg| {
-                        if msg.contains(": ") && !msg.ends_with("reference") {
-                            bar.inc(1);
+                    let mut table = run_op(&gpu, &ceilings, op, &s, &opts, &mut |event| match event {
+                        Progress::Inputs { shape } => {
+                            bar.set_message(format!("{}/{} {shape}: inputs and CPU reference", op.family(), op.name()))
                         }
-                        bar.set_message(msg.to_string());
+                        Progress::Stage { shape, variant } => bar.set_message(format!(
+                            "{}/{} {shape}: {:02} {}",
+                            op.family(),
+                            op.name(),
+                            variant.stage,
+                            variant.name
+                        )),
+                        Progress::StageDone => bar.inc(1),
                     })?;
                     table.anchors = anchors
                         .iter()

@@ -1,14 +1,13 @@
 //! NVRTC-compiles every registered kernel variant of every family for sm_80 and sm_90a (variants
-//! that need Hopper-only instructions for sm_90a alone). Needs NVRTC and the CUDA headers, not a
-//! GPU: it prints SKIP without them, and fails instead with LADDER_REQUIRE_NVRTC=1.
+//! that need Hopper-only instructions for sm_90a alone), and checks the stage lists against the
+//! files. Compiling needs NVRTC and the CUDA headers, not a GPU: without them those tests are
+//! counted as ignored, and fail instead with LADDER_REQUIRE_NVRTC=1.
 
-use common::module::headers_for;
-use common::{Arch, KernelSource, Source};
+use common::testing::Suite;
+use common::{Arch, Family, KernelSource, Source, Variant};
 
-#[test]
-fn kernels_compile() {
-    let Some(tc) = common::testing::nvrtc("kernels_compile") else { return };
-    let mut jobs = Vec::new();
+fn compile_everything(tc: &common::Toolchain) {
+    let mut jobs: Vec<(&'static dyn Family, Variant, &'static str, Arch)> = Vec::new();
     for family in kernel_ladder::families() {
         for op in family.ops() {
             for v in op.variants().into_iter().chain(op.leave_one_out()) {
@@ -17,7 +16,7 @@ fn kernels_compile() {
                     if v.requires.arch_specific && arch != Arch::SM90A {
                         continue;
                     }
-                    jobs.push((family.sources(), v.clone(), path, arch));
+                    jobs.push((family, v.clone(), path, arch));
                 }
             }
         }
@@ -30,9 +29,11 @@ fn kernels_compile() {
         for _ in 0..threads {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((sources, v, path, arch)) = jobs.get(i) else { break };
-                let result = KernelSource::find(sources, path)
-                    .and_then(|src| tc.compile(&v.id(), src, &headers_for(sources), &v.defines, *arch));
+                let Some((family, v, path, arch)) = jobs.get(i) else { break };
+                let sources = family.sources();
+                let result = sources
+                    .find(path)
+                    .and_then(|src| tc.compile(&v.id(), src, &sources.headers()?, &v.compile_defines(), *arch));
                 match result {
                     Ok(c) if !c.image.is_empty() => {
                         compiled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -48,9 +49,7 @@ fn kernels_compile() {
     println!("kernels_compile: {} variant/arch pairs compiled", compiled.into_inner());
 }
 
-/// Every family has at least one real kernel that compiles for both architectures (the foundation's
-/// end-to-end proof): checked by counting variants with a `.cu` source.
-#[test]
+/// Every family has at least one real kernel that compiles for both architectures.
 fn every_family_has_a_kernel_stage() {
     for family in kernel_ladder::families() {
         let kernels = family
@@ -63,7 +62,6 @@ fn every_family_has_a_kernel_stage() {
     }
 }
 
-#[test]
 fn stage_lists_match_kernel_files() {
     for family in kernel_ladder::families() {
         if let Err(problems) = common::testing::check_stage_files(family) {
@@ -72,11 +70,25 @@ fn stage_lists_match_kernel_files() {
     }
 }
 
+/// Every family's documented limits are checked in Rust (header `Limits:` lines against the ops'
+/// declared limits, and each limit's shapes against `validate`).
+fn documented_limits_everywhere() {
+    for family in kernel_ladder::families() {
+        common::testing::check_limits(family).unwrap_or_else(|e| panic!("family {}:\n{e}", family.name()));
+    }
+}
+
+/// No two families' headers collide, and every family's module cache key names the family.
+fn families_have_distinct_headers() {
+    for family in kernel_ladder::families() {
+        family.sources().headers().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(family.sources().family, family.name());
+    }
+}
+
 /// A broken kernel source is a typed compile error that names the variant and carries NVRTC's own
 /// log (the line and the message), not a panic and not a silent empty image.
-#[test]
-fn broken_source_is_a_compile_error_with_the_log() {
-    let Some(tc) = common::testing::nvrtc("broken_source_is_a_compile_error_with_the_log") else { return };
+fn broken_source_is_a_compile_error_with_the_log(tc: &common::Toolchain) {
     let broken = KernelSource {
         path: "broken/00_broken.cu",
         text: "extern \"C\" __global__ void k(float* x) { x[0] = undeclared_name; }\n",
@@ -86,4 +98,15 @@ fn broken_source_is_a_compile_error_with_the_log() {
     assert!(matches!(err, common::Error::Compile { .. }), "{text}");
     assert!(text.lines().next().unwrap().contains("test/broken/00-broken"), "{text}");
     assert!(text.contains("undeclared_name"), "NVRTC's log is missing: {text}");
+}
+
+fn main() -> std::process::ExitCode {
+    Suite::new()
+        .nvrtc("kernels_compile", compile_everything)
+        .nvrtc("broken_source_is_a_compile_error_with_the_log", broken_source_is_a_compile_error_with_the_log)
+        .cpu("every_family_has_a_kernel_stage", every_family_has_a_kernel_stage)
+        .cpu("stage_lists_match_kernel_files", stage_lists_match_kernel_files)
+        .cpu("documented_limits_everywhere", documented_limits_everywhere)
+        .cpu("families_have_distinct_headers", families_have_distinct_headers)
+        .main()
 }

@@ -3,7 +3,7 @@
 //! baseline through reductions, a fused local window and FlashAttention-2 in fp32. The CPU
 //! references live in [`reference`] so later ops (decode) can share them.
 
-use common::{Family, KernelSource, Op};
+use common::{Family, Op, Sources};
 
 pub mod prefill;
 pub mod reference;
@@ -15,9 +15,7 @@ mod embedded {
 pub const FAMILY: &str = "attention";
 
 /// Every `.cu`/`.cuh` file of this crate, embedded at build time.
-pub fn sources() -> &'static [KernelSource] {
-    embedded::KERNEL_SOURCES
-}
+pub static SOURCES: Sources = Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[] };
 
 pub struct Attention;
 
@@ -28,8 +26,8 @@ impl Family for Attention {
     fn description(&self) -> &'static str {
         "causal self-attention (fp32): five-kernel baseline -> reductions -> local window -> FlashAttention-2"
     }
-    fn sources(&self) -> &'static [KernelSource] {
-        sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
         vec![&prefill::Prefill]

@@ -5,32 +5,35 @@
 //! function, checked against a windowed reference) and FlashAttention-2 in two forms.
 
 use common::check::{compare, Verification};
-use common::cudarc::driver::{CudaSlice, PushKernelArg};
+use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, Bound, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
+    Problem, ResourceUse, Result, Shape, Sources, Variant, Workload,
 };
 
 use crate::reference::{causal_attention, Dims};
-use crate::FAMILY;
+use crate::{FAMILY, SOURCES};
 
 const OP: &str = "prefill";
 
 /// The head sizes every stage supports (the flash stages size their tiles at compile time).
 pub const HEAD_SIZES: [usize; 3] = [32, 64, 128];
-/// The largest window of the local stage: one thread per window position, 1024 threads a block.
-pub const MAX_WINDOW: usize = 1024;
 /// The window of the local stage when the shape names none (the report's W).
 pub const DEFAULT_WINDOW: usize = 128;
 
 /// Threads per block of the elementwise and row-per-thread kernels.
 const ROW_BLOCK: u32 = 256;
-/// Query rows per block of the flash stages (Br = Bc = 16), and their threads (Br * Bc).
-const FLASH_BR: u32 = 16;
-const FLASH_THREADS: u32 = 256;
 /// Grid y and z limit.
 const GRID_YZ: usize = 65535;
 const I32: usize = i32::MAX as usize;
+
+const ELEMS: &str = "B * T * 3C < 2^31";
+const HEAD_SIZE: &str = "HS in {32, 64, 128}";
+const SCORES: &str = "B * NH * T * T < 2^31";
+const REDUCTION_GRID: &str = "B * NH <= 65535";
+const GRID: &str = "NH <= 65535 and B <= 65535";
+const WINDOW: &str = "1 <= W <= 1024";
 
 /// How a stage runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +44,8 @@ enum Plan {
     Unfused { reduce: bool },
     /// One fused kernel, one block per (token, head, batch), over a window of W keys.
     Local,
-    /// FlashAttention-2, Br = Bc = 16, 256 threads; `tuned` also writes the logsumexp.
+    /// FlashAttention-2 with `FA_BR` x `FA_BC` tiles of `FA_BR * FA_BC` threads; `tuned` also writes
+    /// the logsumexp.
     Flash { tuned: bool },
 }
 
@@ -52,73 +56,62 @@ impl Plan {
 }
 
 /// The stage list: each stage with its launch plan.
-fn stages() -> Vec<(Variant, Plan)> {
-    let k = |stage, name, file, summary| Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary);
+fn stages() -> Vec<Variant> {
+    let k = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary).with_plan(plan)
+    };
+    let flash = [("FA_BR", 16), ("FA_BC", 16)];
     vec![
-        (
-            k(
-                0,
-                "baseline",
-                "prefill/00_baseline.cu",
-                "5 kernels: permute, QK^T, softmax, att.V, unpermute; QK^T and att.V one thread per (batch, head)",
-            ),
+        k(
+            0,
+            "baseline",
+            "prefill/00_baseline.cu",
             Plan::Unfused { reduce: false },
+            "5 kernels: permute, QK^T, softmax, att.V, unpermute; QK^T and att.V one thread per (batch, head)",
         ),
-        (
-            k(1, "unrolled", "prefill/01_unrolled.cu", "#pragma unroll 8 on the QK^T and att.V inner loops"),
+        k(
+            1,
+            "unrolled",
+            "prefill/01_unrolled.cu",
             Plan::Unfused { reduce: false },
+            "#pragma unroll 8 on the QK^T and att.V inner loops",
         ),
-        (
-            k(
-                2,
-                "reduction",
-                "prefill/02_reduction.cu",
-                "a block per output element, shared-memory tree over HS (QK^T) or T (att.V); a block per softmax row",
-            ),
+        k(
+            2,
+            "reduction",
+            "prefill/02_reduction.cu",
             Plan::Unfused { reduce: true },
+            "a block per output element, shared-memory tree over HS (QK^T) or T (att.V); a block per softmax row",
         ),
-        (
-            k(
-                3,
-                "local-window",
-                "prefill/03_local_window.cu",
-                "fused local attention over the last W keys, a block per (token, head, batch); windowed reference",
-            ),
+        k(
+            3,
+            "local-window",
+            "prefill/03_local_window.cu",
             Plan::Local,
+            "fused local attention over the last W keys, a block per (token, head, batch); windowed reference",
         ),
-        (
-            k(
-                4,
-                "flash-v2",
-                "prefill/04_flash_v2.cu",
-                "FlashAttention-2 (online softmax), Br=Bc=16, 256 threads, static shared tiles, tree row max/sum",
-            ),
+        k(
+            4,
+            "flash-v2",
+            "prefill/04_flash_v2.cu",
             Plan::Flash { tuned: false },
-        ),
-        (
-            k(
-                5,
-                "flash-v2-tuned",
-                "prefill/05_flash_v2_tuned.cu",
-                "one dynamic shared buffer (padded tiles), warp-shuffle row max/sum, O/m/l in registers, fused 1/l store, lse",
-            ),
+            "FlashAttention-2 (online softmax), Br=Bc=16, 256 threads, static shared tiles, tree row max/sum",
+        )
+        .with_tunables(&flash),
+        k(
+            5,
+            "flash-v2-tuned",
+            "prefill/05_flash_v2_tuned.cu",
             Plan::Flash { tuned: true },
-        ),
+            "one dynamic shared buffer (padded tiles), warp-shuffle row max/sum, O/m/l in registers, fused 1/l store, lse",
+        )
+        .with_tunables(&flash),
     ]
-}
-
-fn plan(v: &Variant) -> Result<Plan> {
-    let all = stages();
-    all.iter().find(|(s, _)| s.name == v.name && s.stage == v.stage).map(|(_, p)| *p).ok_or_else(|| Error::Unknown {
-        what: "prefill stage",
-        name: v.name.to_string(),
-        known: all.iter().map(|(s, _)| s.name.to_string()).collect::<Vec<_>>().join(", "),
-    })
 }
 
 /// The intermediate buffers of the unfused stages (0–2): q, k, v and the att·V result y as
 /// `[B, NH, T, HS]`, the raw scores `preatt` and the probabilities `att` as `[B, NH, T, T]`.
-pub struct Scratch {
+struct Scratch {
     q: CudaSlice<f32>,
     k: CudaSlice<f32>,
     v: CudaSlice<f32>,
@@ -128,9 +121,9 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// Allocates (NaN-poisoned) scratch for `d`; `B*NH*T*T` must stay below 2^31.
-    pub fn new(gpu: &Gpu, d: Dims) -> Result<Scratch> {
-        let (heads, scores) = Self::lengths(d)?;
+    /// Allocates NaN-poisoned scratch for `d` (whose `B*NH*T*T` was checked against 2^31).
+    fn new(gpu: &Gpu, d: Dims) -> Result<Scratch> {
+        let (heads, scores) = (d.b * d.t * d.c, d.b * d.nh * d.t * d.t);
         Ok(Scratch {
             q: gpu.alloc_poisoned(heads)?,
             k: gpu.alloc_poisoned(heads)?,
@@ -142,54 +135,12 @@ impl Scratch {
     }
 
     /// NaN-fills every buffer, so a stage that reads scratch it did not write fails verification.
-    pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         for buf in [&mut self.q, &mut self.k, &mut self.v, &mut self.y, &mut self.preatt, &mut self.att] {
             gpu.poison(buf)?;
         }
         Ok(())
     }
-
-    /// (`B*T*C`, `B*NH*T*T`) after checking the latter fits the kernels' int indices.
-    fn lengths(d: Dims) -> Result<(usize, usize)> {
-        let scores = d.b.checked_mul(d.nh).and_then(|x| x.checked_mul(d.t)).and_then(|x| x.checked_mul(d.t));
-        require(scores.is_some_and(|n| n <= I32), "B*NH*T*T < 2^31 (the T x T scratch)", || {
-            format!("B={}, NH={}, T={}", d.b, d.nh, d.t)
-        })?;
-        Ok((d.b * d.t * d.c, scores.unwrap_or(0)))
-    }
-
-    fn check(&self, d: Dims) -> Result<()> {
-        let (heads, scores) = Self::lengths(d)?;
-        for (name, len, want) in [
-            ("scratch.q", self.q.len(), heads),
-            ("scratch.k", self.k.len(), heads),
-            ("scratch.v", self.v.len(), heads),
-            ("scratch.y", self.y.len(), heads),
-            ("scratch.preatt", self.preatt.len(), scores),
-            ("scratch.att", self.att.len(), scores),
-        ] {
-            require_len(name, len, want)?;
-        }
-        Ok(())
-    }
-}
-
-/// The buffers and shape of one prefill call.
-pub struct PrefillArgs<'a> {
-    pub out: &'a mut CudaSlice<f32>,
-    /// Logsumexp of each row's scaled scores, `[B, NH, T]`: required by the stages that write it
-    /// (flash-v2-tuned), ignored by the others.
-    pub lse: Option<&'a mut CudaSlice<f32>>,
-    pub qkv: &'a CudaSlice<f32>,
-    /// Required by the unfused stages (0–2), ignored by the others.
-    pub scratch: Option<&'a mut Scratch>,
-    pub dims: Dims,
-    /// The local stage's window W (ignored by the others).
-    pub window: usize,
-}
-
-fn require_len(name: &str, len: usize, want: usize) -> Result<()> {
-    require(len == want, &format!("len({name}) == {want}"), || format!("len({name}) = {len}"))
 }
 
 /// The constraints every stage shares: sizes, `C % NH`, the head size, int indices into qkv.
@@ -199,51 +150,41 @@ fn check_dims(d: Dims) -> Result<()> {
     require(t >= 1, "T >= 1", || format!("T = {t}"))?;
     require(nh >= 1, "NH >= 1", || format!("NH = {nh}"))?;
     require(c >= 1 && c % nh == 0, "C % NH == 0", || format!("C = {c}, NH = {nh}"))?;
-    let hs = c / nh;
-    require(HEAD_SIZES.contains(&hs), "HS = C / NH in {32, 64, 128}", || format!("HS = {hs}"))?;
     let n = b.checked_mul(t).and_then(|x| x.checked_mul(c)).and_then(|x| x.checked_mul(3));
-    require(n.is_some_and(|n| n <= I32), "B*T*3C < 2^31", || format!("B={b}, T={t}, C={c}"))
+    require(n.is_some_and(|n| n <= I32), ELEMS, || format!("B={b}, T={t}, C={c}"))?;
+    let hs = c / nh;
+    require(HEAD_SIZES.contains(&hs), HEAD_SIZE, || format!("HS = {hs}"))
 }
 
-/// Shape constraints of stage `v` at `d` with window `window`.
-pub fn check_shape(v: &Variant, d: Dims, window: usize) -> Result<()> {
-    let plan = plan(v)?;
-    check_dims(d)?;
-    let Dims { b, t, nh, .. } = d;
+/// The sizes of one prefill call and the local stage's window W (ignored by the others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillDims {
+    pub dims: Dims,
+    pub window: usize,
+}
+
+/// Shape constraints of stage `v` at `d`: what its header's `Limits:` line documents.
+pub fn check_shape(v: &Variant, d: PrefillDims) -> Result<()> {
+    let plan = v.plan::<Plan>()?;
+    let dims = d.dims;
+    check_dims(dims)?;
+    let Dims { b, t, nh, .. } = dims;
     match plan {
         Plan::Unfused { reduce } => {
-            Scratch::lengths(d)?;
+            let scores = b.checked_mul(nh).and_then(|x| x.checked_mul(t)).and_then(|x| x.checked_mul(t));
+            require(scores.is_some_and(|n| n <= I32), SCORES, || format!("B={b}, NH={nh}, T={t}"))?;
             if reduce {
-                require(t <= GRID_YZ, "T <= 65535 (grid y of the reduction kernels)", || format!("T = {t}"))?;
-                require(b * nh <= GRID_YZ, "B*NH <= 65535 (grid z of the reduction kernels)", || {
-                    format!("B*NH = {}", b * nh)
-                })?;
+                require(b * nh <= GRID_YZ, REDUCTION_GRID, || format!("B*NH = {}", b * nh))?;
             }
         }
         Plan::Local | Plan::Flash { .. } => {
-            require(nh <= GRID_YZ && b <= GRID_YZ, "NH <= 65535 and B <= 65535 (grid y, z)", || {
-                format!("NH = {nh}, B = {b}")
-            })?;
+            require(nh <= GRID_YZ && b <= GRID_YZ, GRID, || format!("NH = {nh}, B = {b}"))?;
         }
     }
     if plan == Plan::Local {
-        require((1..=MAX_WINDOW).contains(&window), "1 <= W <= 1024", || format!("W = {window}"))?;
+        require((1..=1024).contains(&d.window), WINDOW, || format!("W = {}", d.window))?;
     }
     Ok(())
-}
-
-/// Launches kernel `entry` of `v` with `shape` and the listed arguments (in kernel-signature order).
-macro_rules! launch {
-    ($gpu:expr, $v:expr, $entry:expr, $shape:expr; $($arg:expr),+ $(,)?) => {{
-        let entry: &str = $entry;
-        let kernel = $gpu.kernel(crate::sources(), $v, entry)?;
-        let cfg = kernel.config($gpu, $shape)?;
-        let mut builder = $gpu.stream().launch_builder(kernel.function());
-        $( builder.arg($arg); )+
-        // SAFETY: every call site lists the arguments of `entry`'s signature in order, with buffer
-        // lengths checked by `forward` and indices bounded by `check_shape`.
-        unsafe { builder.launch(cfg) }.map(|_| ()).ctx(entry)
-    }};
 }
 
 /// The smallest power of two >= n, clamped to [32, 1024]: the block of a tree reduction over n.
@@ -251,77 +192,152 @@ fn tree_block(n: usize) -> u32 {
     n.clamp(32, 1024).next_power_of_two() as u32
 }
 
-/// Launches stage `v` (all of its kernels) after checking the shape, the buffers and the window.
-pub fn forward(gpu: &Gpu, v: &Variant, a: PrefillArgs) -> Result<()> {
-    let d = a.dims;
-    check_shape(v, d, a.window)?;
-    let plan = plan(v)?;
-    let hs = d.hs();
-    require_len("qkv", a.qkv.len(), d.b * d.t * 3 * d.c)?;
-    require_len("out", a.out.len(), d.b * d.t * d.c)?;
-    let scale = 1.0 / (hs as f32).sqrt();
-    let (b, t, nh, hs_i) = (d.b as i32, d.t as i32, d.nh as i32, hs as i32);
-    let (bu, tu, nhu, hsu) = (d.b as u32, d.t as u32, d.nh as u32, hs as u32);
-    match plan {
+/// The unfused stages' five kernels and their scratch.
+struct Unfused {
+    permute: Launch,
+    preatt: Launch,
+    softmax: Launch,
+    compute_att: Launch,
+    unpermute: Launch,
+    scratch: Scratch,
+}
+
+/// How a prepared stage runs.
+enum Stage {
+    Unfused(Box<Unfused>),
+    Local(Launch),
+    Flash { launch: Launch, lse: bool },
+}
+
+/// A prefill stage prepared for one size: its kernels and, for the unfused stages, their scratch.
+pub struct Prepared {
+    stage: Stage,
+    d: PrefillDims,
+}
+
+/// The buffers of one prefill call.
+pub struct PrefillArgs<'a> {
+    pub out: &'a mut CudaSlice<f32>,
+    /// Logsumexp of each row's scaled scores, `[B, NH, T]`: required by the stages that write it
+    /// (flash-v2-tuned), ignored by the others.
+    pub lse: Option<&'a mut CudaSlice<f32>>,
+    pub qkv: &'a CudaSlice<f32>,
+}
+
+/// Prepares stage `v` for `d`: checks the shape, configures its kernels, allocates its scratch.
+pub fn prepare(gpu: &Gpu, v: &Variant, d: PrefillDims) -> Result<Prepared> {
+    check_shape(v, d)?;
+    let dims = d.dims;
+    let hs = dims.hs();
+    let (bu, tu, nhu, hsu) = (dims.b as u32, dims.t as u32, dims.nh as u32, hs as u32);
+    let launch = |entry: &str, shape: LaunchShape| gpu.prepare_launch(&SOURCES, v, entry, shape);
+    let stage = match v.plan::<Plan>()? {
         Plan::Unfused { reduce } => {
-            let s = a.scratch.ok_or_else(|| {
-                Error::constraint(format!("{} needs scratch buffers (Scratch::new)", v.id()), "scratch = None")
-            })?;
-            s.check(d)?;
-            let elementwise = LaunchShape::linear(((d.b * d.t * d.c) as u32).div_ceil(ROW_BLOCK), ROW_BLOCK);
+            let elementwise = LaunchShape::linear(((dims.b * dims.t * dims.c) as u32).div_ceil(ROW_BLOCK), ROW_BLOCK);
             let (preatt, softmax, compute_att) = if reduce {
-                let p = tree_block(d.t);
+                let p = tree_block(dims.t);
                 (
-                    LaunchShape { grid: (tu, tu, bu * nhu), block: (hsu, 1, 1), dynamic_shared_bytes: 4 * hsu },
-                    LaunchShape { grid: (tu, nhu, bu), block: (p, 1, 1), dynamic_shared_bytes: 4 * p },
-                    LaunchShape { grid: (hsu, tu, bu * nhu), block: (p, 1, 1), dynamic_shared_bytes: 4 * p },
+                    LaunchShape::new((tu, tu, bu * nhu), (hsu, 1, 1)).with_shared(4 * hsu),
+                    LaunchShape::new((tu, nhu, bu), (p, 1, 1)).with_shared(4 * p),
+                    LaunchShape::new((hsu, tu, bu * nhu), (p, 1, 1)).with_shared(4 * p),
                 )
             } else {
-                let heads = LaunchShape {
-                    grid: (nhu.div_ceil(32), bu.div_ceil(32), 1),
-                    block: (32, 32, 1),
-                    dynamic_shared_bytes: 0,
-                };
-                let rows = LaunchShape::linear(((d.b * d.nh * d.t) as u32).div_ceil(ROW_BLOCK), ROW_BLOCK);
+                let heads = LaunchShape::new((nhu.div_ceil(32), bu.div_ceil(32), 1), (32, 32, 1));
+                let rows = LaunchShape::linear(((dims.b * dims.nh * dims.t) as u32).div_ceil(ROW_BLOCK), ROW_BLOCK);
                 (heads, rows, heads)
             };
-            launch!(gpu, v, "attention_permute", elementwise; &mut s.q, &mut s.k, &mut s.v, a.qkv, &b, &t, &nh, &hs_i)?;
-            launch!(gpu, v, "attention_preatt", preatt; &mut s.preatt, &s.q, &s.k, &b, &t, &nh, &hs_i)?;
-            launch!(gpu, v, "attention_softmax", softmax; &mut s.att, &s.preatt, &b, &t, &nh, &scale)?;
-            launch!(gpu, v, "attention_compute_att", compute_att; &mut s.y, &s.att, &s.v, &b, &t, &nh, &hs_i)?;
-            launch!(gpu, v, "attention_unpermute", elementwise; a.out, &s.y, &b, &t, &nh, &hs_i)
+            Stage::Unfused(Box::new(Unfused {
+                permute: launch("attention_permute", elementwise)?,
+                preatt: launch("attention_preatt", preatt)?,
+                softmax: launch("attention_softmax", softmax)?,
+                compute_att: launch("attention_compute_att", compute_att)?,
+                unpermute: launch("attention_unpermute", elementwise)?,
+                scratch: Scratch::new(gpu, dims)?,
+            }))
         }
         Plan::Local => {
-            let p = tree_block(a.window);
-            let w = a.window as i32;
-            let shape = LaunchShape { grid: (tu, nhu, bu), block: (p, 1, 1), dynamic_shared_bytes: 4 * (2 * p + hsu) };
-            launch!(gpu, v, "attention_local", shape; a.out, a.qkv, &b, &t, &nh, &hs_i, &w, &scale)
+            let p = tree_block(d.window);
+            Stage::Local(launch(
+                "attention_local",
+                LaunchShape::new((tu, nhu, bu), (p, 1, 1)).with_shared(4 * (2 * p + hsu)),
+            )?)
         }
         Plan::Flash { tuned } => {
-            let grid = (tu.div_ceil(FLASH_BR), nhu, bu);
+            let (br, bc) = (v.tunable("FA_BR")?, v.tunable("FA_BC")?);
+            let shape = LaunchShape::new((tu.div_ceil(br), nhu, bu), (br * bc, 1, 1));
             if tuned {
-                let lse = a.lse.ok_or_else(|| {
-                    Error::constraint(format!("{} writes lse: an lse buffer of B*NH*T", v.id()), "lse = None")
-                })?;
-                require_len("lse", lse.len(), d.b * d.nh * d.t)?;
-                let floats = 2 * FLASH_BR * (hsu + 1) + FLASH_BR * hsu + FLASH_BR * FLASH_BR;
-                let shape = LaunchShape { grid, block: (FLASH_THREADS, 1, 1), dynamic_shared_bytes: 4 * floats };
+                // Q and K tiles padded to D+1 floats, the V tile and the score tile.
+                let floats = br * (hsu + 1) + bc * (hsu + 1) + bc * hsu + br * bc;
                 let entry = format!("attention_flash_v2_tuned_hs{hs}");
-                launch!(gpu, v, &entry, shape; a.out, lse, a.qkv, &b, &t, &nh, &scale)
+                Stage::Flash { launch: launch(&entry, shape.with_shared(4 * floats))?, lse: true }
             } else {
-                let shape = LaunchShape { grid, block: (FLASH_THREADS, 1, 1), dynamic_shared_bytes: 0 };
-                let entry = format!("attention_flash_v2_hs{hs}");
-                launch!(gpu, v, &entry, shape; a.out, a.qkv, &b, &t, &nh, &scale)
+                Stage::Flash { launch: launch(&format!("attention_flash_v2_hs{hs}"), shape)?, lse: false }
             }
         }
+    };
+    Ok(Prepared { stage, d })
+}
+
+impl Prepared {
+    /// NaN-fills the unfused stages' scratch (nothing for the others).
+    pub fn poison_scratch(&mut self, gpu: &Gpu) -> Result<()> {
+        match &mut self.stage {
+            Stage::Unfused(u) => u.scratch.poison(gpu),
+            _ => Ok(()),
+        }
+    }
+
+    /// Enqueues the stage (all of its kernels) on `stream` after checking the buffers.
+    pub fn enqueue(&self, stream: &CudaStream, a: PrefillArgs) -> Result<()> {
+        let d = self.d.dims;
+        require_len("qkv", a.qkv.len(), d.b * d.t * 3 * d.c)?;
+        require_len("out", a.out.len(), d.b * d.t * d.c)?;
+        let hs = d.hs();
+        let scale = Arg::F32(1.0 / (hs as f32).sqrt());
+        let (b, t, nh, hs_i) = (Arg::int(d.b), Arg::int(d.t), Arg::int(d.nh), Arg::int(hs));
+        let (out, qkv) = (Arg::buf(a.out), Arg::buf(a.qkv));
+        // SAFETY: each entry's arguments are listed in its signature's order; qkv and out lengths were
+        // checked above, the scratch was allocated for these sizes, and the indices stay below 2^31
+        // (check_shape at prepare).
+        unsafe {
+            match &self.stage {
+                Stage::Unfused(u) => {
+                    let Unfused { permute, preatt, softmax, compute_att, unpermute, scratch: s } = u.as_ref();
+                    let (q, k, v, y) = (Arg::buf(&s.q), Arg::buf(&s.k), Arg::buf(&s.v), Arg::buf(&s.y));
+                    let (pre, att) = (Arg::buf(&s.preatt), Arg::buf(&s.att));
+                    permute.enqueue(stream, &[q, k, v, qkv, b, t, nh, hs_i])?;
+                    preatt.enqueue(stream, &[pre, q, k, b, t, nh, hs_i])?;
+                    softmax.enqueue(stream, &[att, pre, b, t, nh, scale])?;
+                    compute_att.enqueue(stream, &[y, att, v, b, t, nh, hs_i])?;
+                    unpermute.enqueue(stream, &[out, y, b, t, nh, hs_i])
+                }
+                Stage::Local(l) => l.enqueue(stream, &[out, qkv, b, t, nh, hs_i, Arg::int(self.d.window), scale]),
+                Stage::Flash { launch, lse: false } => launch.enqueue(stream, &[out, qkv, b, t, nh, scale]),
+                Stage::Flash { launch, lse: true } => {
+                    let lse = a.lse.ok_or_else(|| {
+                        Error::constraint("an lse buffer of B*NH*T for a stage that writes lse", "lse = None")
+                    })?;
+                    require_len("lse", lse.len(), d.b * d.nh * d.t)?;
+                    launch.enqueue(stream, &[out, Arg::buf(lse), qkv, b, t, nh, scale])
+                }
+            }
+        }
+    }
+
+    pub fn resources(&self) -> Vec<ResourceUse> {
+        let launches = match &self.stage {
+            Stage::Unfused(u) => vec![&u.permute, &u.preatt, &u.softmax, &u.compute_att, &u.unpermute],
+            Stage::Local(l) | Stage::Flash { launch: l, .. } => vec![l],
+        };
+        launches.into_iter().map(|l| l.resources().clone()).collect()
     }
 }
 
 /// The op's shape (`C = NH * HS`) and window from shape keys B, T, NH, HS and W (default 128).
-pub fn shape_dims(shape: &Shape) -> Result<(Dims, usize)> {
-    let b = shape.dim("B", GRID_YZ as i64)?;
+pub fn shape_dims(shape: &Shape) -> Result<PrefillDims> {
+    let b = shape.dim("B", I32 as i64)?;
     let t = shape.dim("T", I32 as i64)?;
-    let nh = shape.dim("NH", GRID_YZ as i64)?;
+    let nh = shape.dim("NH", I32 as i64)?;
     let hs = shape.dim("HS", I32 as i64)?;
     let window = match shape.get("W") {
         Some(_) => shape.dim("W", I32 as i64)?,
@@ -329,7 +345,11 @@ pub fn shape_dims(shape: &Shape) -> Result<(Dims, usize)> {
     };
     let c = nh.checked_mul(hs).filter(|&c| c <= I32);
     let c = c.ok_or_else(|| Error::constraint("NH*HS < 2^31", format!("NH = {nh}, HS = {hs}")))?;
-    Ok((Dims { b, t, c, nh }, window))
+    Ok(PrefillDims { dims: Dims { b, t, c, nh }, window })
+}
+
+fn shape(b: i64, t: i64, nh: i64, hs: i64, w: i64) -> Shape {
+    Shape::new(&[("B", b), ("T", t), ("NH", nh), ("HS", hs), ("W", w)])
 }
 
 pub struct Prefill;
@@ -345,49 +365,66 @@ impl Op for Prefill {
         "causal self-attention forward (fp32): qkv[B,T,3C] -> out[B,T,C], NH heads of HS, scale 1/sqrt(HS); \
          W = window of the local stage"
     }
-    fn sources(&self) -> &'static [common::KernelSource] {
-        crate::sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn variants(&self) -> Vec<Variant> {
-        stages().into_iter().map(|(v, _)| v).collect()
+        stages()
     }
     fn shape_keys(&self) -> &'static [&'static str] {
         &["B", "T", "NH", "HS", "W"]
     }
     fn default_shapes(&self) -> Vec<Shape> {
-        [1024, 64, 256]
-            .iter()
-            .map(|&t| Shape::new(&[("B", 4), ("T", t), ("NH", 12), ("HS", 64), ("W", DEFAULT_WINDOW as i64)]))
-            .collect()
+        [1024, 64, 256].iter().map(|&t| shape(4, t, 12, 64, DEFAULT_WINDOW as i64)).collect()
     }
     fn validate(&self, v: &Variant, shape: &Shape) -> Result<()> {
-        let (d, window) = shape_dims(shape)?;
-        check_shape(v, d, window)
+        check_shape(v, shape_dims(shape)?)
+    }
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut limits = vec![
+            Limit { constraint: ELEMS, past: shape(1, 1 << 22, 4, 128, 8), inside: None },
+            Limit { constraint: HEAD_SIZE, past: shape(1, 8, 2, 256, 8), inside: Some(shape(1, 8, 2, 128, 8)) },
+        ];
+        match v.plan::<Plan>() {
+            Ok(Plan::Unfused { reduce }) => {
+                limits.push(Limit { constraint: SCORES, past: shape(1, 46341, 1, 32, 8), inside: None });
+                if reduce {
+                    let past = shape(1, 1, 65536, 32, 8);
+                    limits.push(Limit { constraint: REDUCTION_GRID, past, inside: Some(shape(1, 1, 65535, 32, 8)) });
+                }
+            }
+            Ok(plan) => {
+                let (past, inside) = (shape(65536, 1, 1, 32, 8), shape(65535, 1, 1, 32, 8));
+                limits.push(Limit { constraint: GRID, past, inside: Some(inside) });
+                if plan == Plan::Local {
+                    let (past, inside) = (shape(1, 8, 2, 32, 1025), shape(1, 8, 2, 32, 1024));
+                    limits.push(Limit { constraint: WINDOW, past, inside: Some(inside) });
+                }
+            }
+            Err(_) => {}
+        }
+        limits
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
-        let (dims, window) = shape_dims(shape)?;
+        let pd = shape_dims(shape)?;
+        let (dims, window) = (pd.dims, pd.window);
         check_dims(dims)?;
         let Dims { b, t, c, nh } = dims;
         // Scores q.k/sqrt(HS) with a spread of ~1.3: softmax rows neither flat nor one-hot.
         let host_qkv = uniform(b * t * 3 * c, -2.0, 2.0, seed);
         let full = causal_attention(&host_qkv, dims, None);
         let copies = rotation_copies(gpu, 4 * (b * t * 4 * c + b * nh * t) as u64);
-        // Scratch only where the unfused stages can run at all (B*NH*T*T < 2^31).
-        let scratch = match Scratch::lengths(dims) {
-            Ok(_) => Some(Scratch::new(gpu, dims)?),
-            Err(_) => None,
-        };
         Ok(Box::new(PrefillProblem {
             dims,
             window,
             qkv: Rotated::upload(gpu, &host_qkv, copies)?,
             out: Rotated::outputs(gpu, b * t * c, copies)?,
             lse: Rotated::outputs(gpu, b * nh * t, copies)?,
-            scratch,
             host_qkv,
             full,
             windowed: None,
             copies,
+            prepared: Current::default(),
         }))
     }
 }
@@ -398,13 +435,13 @@ struct PrefillProblem {
     qkv: Rotated<f32>,
     out: Rotated<f32>,
     lse: Rotated<f32>,
-    scratch: Option<Scratch>,
     host_qkv: Vec<f32>,
     /// Full causal attention: (out, lse).
     full: (Vec<f64>, Vec<f64>),
     /// Windowed attention's out, computed on first use by the local stage.
     windowed: Option<Vec<f64>>,
     copies: usize,
+    prepared: Current<Prepared>,
 }
 
 impl Problem for PrefillProblem {
@@ -426,28 +463,25 @@ impl Problem for PrefillProblem {
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.out.poison(gpu)?;
         self.lse.poison(gpu)?;
-        match self.scratch.as_mut() {
-            Some(s) => s.poison(gpu),
-            None => Ok(()),
+        match self.prepared.get_mut() {
+            Ok((_, p)) => p.poison_scratch(gpu),
+            Err(_) => Ok(()),
         }
     }
-    fn launch(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<()> {
-        forward(
-            gpu,
-            v,
-            PrefillArgs {
-                out: self.out.get_mut(copy),
-                lse: Some(self.lse.get_mut(copy)),
-                qkv: self.qkv.get(copy),
-                scratch: self.scratch.as_mut(),
-                dims: self.dims,
-                window: self.window,
-            },
-        )
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        let d = PrefillDims { dims: self.dims, window: self.window };
+        Ok(self.prepared.set(v, prepare(gpu, v, d)?).resources())
     }
-    fn verify(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<Verification> {
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        let args =
+            PrefillArgs { out: self.out.get_mut(copy), lse: Some(self.lse.get_mut(copy)), qkv: self.qkv.get(copy) };
+        p.enqueue(stream, args)
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
         let out = gpu.download(self.out.get(copy))?;
-        let plan = plan(v)?;
+        let plan = v.plan::<Plan>()?;
         if plan == Plan::Local {
             let (w, dims) = (self.window, self.dims);
             let windowed = self.windowed.get_or_insert_with(|| causal_attention(&self.host_qkv, dims, Some(w)).0);

@@ -7,9 +7,10 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 use serde::Serialize;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum GemmPrecision {
@@ -44,6 +45,42 @@ impl GemmPrecision {
     }
 }
 
+/// cuBLAS's workspace size that Hopper's kernels ask for (4 MiB serves older chips).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A cuBLAS handle with its own workspace, so its GEMMs allocate nothing while a stream is captured
+/// into a graph. Not for concurrent use from several threads: a prepared stage owns its own.
+pub struct Blas {
+    handle: CudaBlas,
+    _workspace: CudaSlice<u8>,
+}
+
+impl Blas {
+    pub fn new(gpu: &Gpu) -> Result<Blas> {
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(Error::Blas {
+                context: "creating the handle".into(),
+                message: "libcublas.so could not be loaded".into(),
+            });
+        }
+        let handle = CudaBlas::new(gpu.stream().clone())
+            .map_err(|e| Error::Blas { context: "creating the handle".into(), message: format!("{e:?}") })?;
+        let workspace = gpu.zeros::<u8>(WORKSPACE_BYTES)?;
+        // SAFETY: the workspace outlives the handle (both owned here; the handle field drops first).
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *handle.handle(),
+                gpu.ptr(&workspace) as *mut c_void,
+                WORKSPACE_BYTES,
+            )
+        }
+        .result()
+        .map_err(|e| Error::Blas { context: "set the workspace".into(), message: e.to_string() })?;
+        Ok(Blas { handle, _workspace: workspace })
+    }
+}
+
 /// `out = inp · Wᵀ` with `inp` M×K, `W` N×K, `out` M×N, all row-major device pointers of the
 /// precision's element type; enqueued on `stream` through `blas` (whose stream it sets).
 ///
@@ -52,7 +89,7 @@ impl GemmPrecision {
 /// other thread may use `blas` meanwhile.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn linear(
-    blas: &CudaBlas,
+    blas: &Blas,
     stream: &CudaStream,
     precision: GemmPrecision,
     m: usize,
@@ -67,13 +104,14 @@ pub unsafe fn linear(
             return Err(Error::constraint(format!("1 <= {name} <= 2^31-1 for cuBLAS"), format!("{name} = {v}")));
         }
     }
-    cudarc::cublas::result::set_stream(*blas.handle(), stream.cu_stream() as _)
+    let handle = *blas.handle.handle();
+    cudarc::cublas::result::set_stream(handle, stream.cu_stream() as _)
         .map_err(|e| Error::Blas { context: "set the stream".into(), message: e.to_string() })?;
     let (dtype, compute) = precision.types();
     let (alpha, beta) = (1.0f32, 0.0f32);
     // Row-major out[M,N] is column-major outᵀ[N,M] = W[N,K] · inpᵀ: A = W (transposed), B = inp.
     cudarc::cublas::result::gemm_ex(
-        *blas.handle(),
+        handle,
         cublasOperation_t::CUBLAS_OP_T,
         cublasOperation_t::CUBLAS_OP_N,
         n as i32,

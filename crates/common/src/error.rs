@@ -81,3 +81,12 @@ pub fn require(ok: bool, constraint: &str, got: impl FnOnce() -> String) -> Resu
         Err(Error::constraint(constraint, got()))
     }
 }
+
+/// `len(name) == want` as a typed constraint.
+pub fn require_len(name: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(Error::constraint(format!("len({name}) == {want}"), format!("len({name}) = {len}")))
+    }
+}

@@ -42,7 +42,7 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     info: DeviceInfo,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
-    blas: OnceLock<std::result::Result<Arc<cudarc::cublas::CudaBlas>, String>>,
+    blas: OnceLock<std::result::Result<Arc<crate::blas::Blas>, String>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -118,13 +118,7 @@ impl Gpu {
             registers_per_sm: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?,
             driver_version: version,
         };
-        Ok(Arc::new(Gpu {
-            ctx,
-            stream,
-            info,
-            modules: Mutex::new(HashMap::new()),
-            blas: OnceLock::new(),
-        }))
+        Ok(Arc::new(Gpu { ctx, stream, info, modules: Mutex::new(HashMap::new()), blas: OnceLock::new() }))
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -152,16 +146,10 @@ impl Gpu {
     }
 
     /// A cuBLAS handle on the harness's stream, created on first use (for the ceilings; a prepared
-    /// library stage owns its own handle).
-    pub fn blas(&self) -> Result<Arc<cudarc::cublas::CudaBlas>> {
+    /// library stage owns its own).
+    pub fn blas(&self) -> Result<Arc<crate::blas::Blas>> {
         self.blas
-            .get_or_init(|| {
-                // SAFETY: only probes whether the shared library can be loaded.
-                if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-                    return Err("libcublas.so could not be loaded".to_string());
-                }
-                cudarc::cublas::CudaBlas::new(self.stream.clone()).map(Arc::new).map_err(|e| format!("{e:?}"))
-            })
+            .get_or_init(|| crate::blas::Blas::new(self).map(Arc::new).map_err(|e| e.to_string()))
             .clone()
             .map_err(|message| Error::Blas { context: "creating the handle".into(), message })
     }

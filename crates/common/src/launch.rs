@@ -78,7 +78,11 @@ pub enum Arg<'a> {
     U32(u32),
     F32(f32),
     /// `size` bytes at `ptr`, copied into the parameter buffer by the launch.
-    Value { ptr: *const c_void, size: usize, _borrow: PhantomData<&'a ()> },
+    Value {
+        ptr: *const c_void,
+        size: usize,
+        _borrow: PhantomData<&'a ()>,
+    },
 }
 
 impl<'a> Arg<'a> {
@@ -210,7 +214,13 @@ impl Gpu {
     /// configuration (zero or oversized dimensions, threads per block, shared memory, clusters, a
     /// block that fits on an SM), raises the dynamic shared-memory limit above 48 KiB and records the
     /// resources the table shows. Nothing is launched.
-    pub fn prepare_launch(&self, sources: &Sources, variant: &Variant, entry: &str, shape: LaunchShape) -> Result<Launch> {
+    pub fn prepare_launch(
+        &self,
+        sources: &Sources,
+        variant: &Variant,
+        entry: &str,
+        shape: LaunchShape,
+    ) -> Result<Launch> {
         let module = self.module(sources, variant)?;
         let name = format!("{}:{entry}", variant.id());
         let func = module
@@ -234,7 +244,10 @@ impl Gpu {
         }
         let threads = shape.block_threads();
         if threads > max_threads as u64 || bz > 64 {
-            return Err(fail(format!("block {:?} = {threads} threads; this function allows {max_threads}", shape.block)));
+            return Err(fail(format!(
+                "block {:?} = {threads} threads; this function allows {max_threads}",
+                shape.block
+            )));
         }
         let info = self.info();
         let total_smem = static_shared as u64 + shape.dynamic_shared_bytes as u64;
@@ -257,8 +270,11 @@ impl Gpu {
             }
         }
         if shape.dynamic_shared_bytes > 48 * 1024 {
-            func.set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.dynamic_shared_bytes as i32)
-                .ctx("raise the dynamic shared-memory limit")?;
+            func.set_attribute(
+                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shape.dynamic_shared_bytes as i32,
+            )
+            .ctx("raise the dynamic shared-memory limit")?;
         }
         let blocks_per_sm = func
             .occupancy_max_active_blocks_per_multiprocessor(threads as u32, shape.dynamic_shared_bytes as usize, None)

@@ -21,6 +21,7 @@ mod gpu;
 pub mod launch;
 pub mod module;
 pub mod nvrtc;
+pub mod overhead;
 pub mod report;
 pub mod runner;
 pub mod shape;
@@ -29,22 +30,20 @@ pub mod timing;
 pub mod variant;
 
 pub use cudarc;
-pub use error::{require, DriverContext, Error, Result};
+pub use error::{require, require_len, DriverContext, Error, Result};
 pub use family::{Bound, Family, Limit, Op, Prepared, Problem, Workload};
 pub use gpu::{DeviceInfo, Gpu};
 pub use launch::{device_ptr, Arg, Launch, LaunchShape, ResourceUse};
 pub use module::{KernelSource, Sources};
 pub use nvrtc::{Arch, Toolchain};
 pub use shape::Shape;
-pub use variant::{Define, Generator, LeaveOneOut, Precision, Requirements, Source, Sweep, Tolerance, Tunable, Variant};
-
-mod embedded {
-    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
-}
+pub use variant::{
+    Define, Generator, LeaveOneOut, Precision, Requirements, Source, Sweep, Tolerance, Tunable, Variant,
+};
 
 /// The shared device headers in `crates/common/kernels/` (reductions, vector access, fp16/bf16
-/// conversion) and common's own kernels (random fill for large inputs). Headers are handed to NVRTC
+/// conversion) and common's own kernels (the harness's empty kernel). Headers are handed to NVRTC
 /// in memory, so `#include "ladder_reduce.cuh"` works from any family's kernel.
 pub fn common_sources() -> &'static [KernelSource] {
-    embedded::KERNEL_SOURCES
+    overhead::SOURCES.files
 }

@@ -129,10 +129,8 @@ impl Gpu {
 mod tests {
     use super::*;
 
-    static A_FILES: [KernelSource; 2] = [
-        KernelSource { path: "a.cuh", text: "// a" },
-        KernelSource { path: "op/00_x.cu", text: "" },
-    ];
+    static A_FILES: [KernelSource; 2] =
+        [KernelSource { path: "a.cuh", text: "// a" }, KernelSource { path: "op/00_x.cu", text: "" }];
     static A: Sources = Sources { family: "a", files: &A_FILES, imports: &[] };
     static B_FILES: [KernelSource; 1] = [KernelSource { path: "b.cuh", text: "// b" }];
     static B: Sources = Sources { family: "b", files: &B_FILES, imports: &[&A] };

@@ -157,7 +157,9 @@ pub fn render(table: &Table, format: Format) -> String {
             let head = ["family", "op", "shape"].into_iter().chain(COLUMNS);
             let mut records: Vec<Vec<String>> = vec![head.map(String::from).collect()];
             for row in body {
-                records.push([table.family.clone(), table.op.clone(), table.shape.clone()].into_iter().chain(row).collect());
+                records.push(
+                    [table.family.clone(), table.op.clone(), table.shape.clone()].into_iter().chain(row).collect(),
+                );
             }
             for r in records {
                 // Writing into a Vec cannot fail.
@@ -326,9 +328,17 @@ mod tests {
     fn leave_one_out_rows_compare_with_their_all_on_stage() {
         let mut t = table();
         // Stage 2 (1.0 ms) minus one toggle, after a later stage 3 row: x prev is against stage 2.
-        t.rows.push(Row { name: "all-X".into(), compared_with: Some("s2".into()), ..row(2, Some(2.0), Status::Passed) });
+        t.rows.push(Row {
+            name: "all-X".into(),
+            compared_with: Some("s2".into()),
+            ..row(2, Some(2.0), Status::Passed)
+        });
         // A sweep point of stage 0 after it: against stage 0, not against the row before it.
-        t.rows.push(Row { name: "s0[W=2]".into(), compared_with: Some("s0".into()), ..row(0, Some(8.0), Status::Passed) });
+        t.rows.push(Row {
+            name: "s0[W=2]".into(),
+            compared_with: Some("s0".into()),
+            ..row(0, Some(8.0), Status::Passed)
+        });
         // A declared stage after derived rows compares with the last declared stage (s2).
         t.rows.push(row(5, Some(0.5), Status::Passed));
         fill_rates(&mut t);

@@ -240,7 +240,12 @@ fn run_variant(
     let timing = match timing::time(gpu, copies, cfg, |stream, c| problem.enqueue(stream, c)) {
         Ok(t) => t,
         Err(Error::Capture(why)) => {
-            return (Status::Skipped(format!("cannot be captured as a graph: {why}")), None, resources, Some(verification))
+            return (
+                Status::Skipped(format!("cannot be captured as a graph: {why}")),
+                None,
+                resources,
+                Some(verification),
+            )
         }
         Err(e) => {
             return (Status::Failed(format!("during timing: {}", first_line(&e))), None, resources, Some(verification))

@@ -52,6 +52,12 @@ impl Suite {
         Suite::default()
     }
 
+    /// A test that needs nothing but the CPU.
+    pub fn cpu(mut self, name: &str, test: impl FnOnce() + Send + 'static) -> Suite {
+        self.trials.push(Trial::test(name, move || run_catching(test)));
+        self
+    }
+
     /// A test that needs the GPU; it receives the process's device.
     pub fn gpu(mut self, name: &str, test: impl FnOnce(&Gpu) + Send + 'static) -> Suite {
         let trial = self.needing(Needs::Gpu, name, move || test(&open_gpu().expect("checked before the run")));

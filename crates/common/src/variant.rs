@@ -201,7 +201,8 @@ impl Variant {
     }
 
     pub fn with_tunables(mut self, tunables: &[(&'static str, u32)]) -> Variant {
-        self.tunables = Cow::Owned(tunables.iter().map(|&(n, value)| Tunable { name: Cow::Borrowed(n), value }).collect());
+        self.tunables =
+            Cow::Owned(tunables.iter().map(|&(n, value)| Tunable { name: Cow::Borrowed(n), value }).collect());
         self
     }
 
@@ -262,7 +263,8 @@ impl Variant {
 
     /// Every define NVRTC receives: the switches, then the tunables.
     pub fn compile_defines(&self) -> Vec<Define> {
-        let tunables = self.tunables.iter().map(|t| Define { name: t.name.clone(), value: Cow::Owned(t.value.to_string()) });
+        let tunables =
+            self.tunables.iter().map(|t| Define { name: t.name.clone(), value: Cow::Owned(t.value.to_string()) });
         self.defines.iter().cloned().chain(tunables).collect()
     }
 

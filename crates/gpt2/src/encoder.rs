@@ -1,16 +1,19 @@
 //! The encoder: token embedding plus position embedding, `out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]`.
 
 use common::check::Verification;
-use common::cudarc::driver::{CudaSlice, PushKernelArg};
+use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
-    require, Bound, DriverContext, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
+    Problem, ResourceUse, Result, Shape, Sources, Variant, Workload,
 };
 use rand::Rng;
 
-use crate::FAMILY;
+use crate::{FAMILY, SOURCES};
 
 const OP: &str = "encoder";
+const THREADS: u32 = 256;
+const ELEMS: &str = "B * T * C < 2^31";
 
 fn stages() -> Vec<Variant> {
     vec![Variant::kernel(
@@ -24,48 +27,103 @@ fn stages() -> Vec<Variant> {
     )]
 }
 
-pub struct EncoderArgs<'a> {
-    pub out: &'a mut CudaSlice<f32>,
-    pub tokens: &'a CudaSlice<i32>,
-    pub wte: &'a CudaSlice<f32>,
-    pub wpe: &'a CudaSlice<f32>,
+/// The sizes of one encoder call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncoderDims {
     pub b: usize,
     pub t: usize,
     pub c: usize,
     pub vocab: usize,
-    /// The longest sequence `wpe` covers.
+    /// The longest sequence `wpe` covers (its rows).
     pub max_t: usize,
 }
 
-pub fn check_shape(b: usize, t: usize, c: usize) -> Result<()> {
-    for (k, v) in [("B", b), ("T", t), ("C", c)] {
-        require(v >= 1, &format!("{k} >= 1"), || format!("{k} = {v}"))?;
-    }
-    let n = b.saturating_mul(t).saturating_mul(c);
-    require(n < i32::MAX as usize, "B * T * C < 2^31", || format!("B * T * C = {n}"))
+/// Token ids on the device, checked on the host to lie in `[0, vocab)` when uploaded.
+pub struct TokenIds {
+    ids: CudaSlice<i32>,
+    vocab: usize,
 }
 
-/// Launches stage `v` after checking shapes and lengths. Token ids are not read back here (that
-/// would stall the stream); callers guarantee `0 <= token < vocab`, as [`EncoderProblem`] does.
-pub fn forward(gpu: &Gpu, v: &Variant, a: EncoderArgs) -> Result<()> {
-    check_shape(a.b, a.t, a.c)?;
-    require(a.t <= a.max_t, "T <= max_T (rows of wpe)", || format!("T = {}, max_T = {}", a.t, a.max_t))?;
-    let n = a.b * a.t * a.c;
-    for (name, len, want) in [
-        ("out", a.out.len(), n),
-        ("tokens", a.tokens.len(), a.b * a.t),
-        ("wte", a.wte.len(), a.vocab * a.c),
-        ("wpe", a.wpe.len(), a.max_t * a.c),
-    ] {
-        require(len == want, &format!("len({name}) == {want}"), || format!("len({name}) = {len}"))?;
+impl TokenIds {
+    pub fn upload(gpu: &Gpu, ids: &[i32], vocab: usize) -> Result<TokenIds> {
+        if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= vocab) {
+            return Err(Error::constraint(format!("0 <= token < V = {vocab}"), format!("tokens[{i}] = {id}")));
+        }
+        Ok(TokenIds { ids: gpu.upload(ids)?, vocab })
     }
-    let kernel = gpu.kernel(crate::sources(), v, "encoder_forward")?;
-    let cfg = kernel.config(gpu, LaunchShape::linear((n as u32).div_ceil(256), 256))?;
-    let (b, t, c) = (a.b as i32, a.t as i32, a.c as i32);
-    let mut l = gpu.stream().launch_builder(kernel.function());
-    l.arg(a.out).arg(a.tokens).arg(a.wte).arg(a.wpe).arg(&b).arg(&t).arg(&c);
-    // SAFETY: arguments match the kernel signature; lengths checked above.
-    unsafe { l.launch(cfg) }.map(|_| ()).ctx("launch encoder_forward")
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Shape constraints: what the stage header's `Limits:` line documents, and `T <= max_T`.
+pub fn check_shape(d: EncoderDims) -> Result<()> {
+    for (k, v) in [("B", d.b), ("T", d.t), ("C", d.c), ("V", d.vocab)] {
+        require(v >= 1, &format!("{k} >= 1"), || format!("{k} = {v}"))?;
+    }
+    let n = d.b.checked_mul(d.t).and_then(|n| n.checked_mul(d.c));
+    require(n.is_some_and(|n| n < 1 << 31), ELEMS, || format!("B = {}, T = {}, C = {}", d.b, d.t, d.c))?;
+    require(d.t <= d.max_t, "T <= max_T (rows of wpe)", || format!("T = {}, max_T = {}", d.t, d.max_t))
+}
+
+/// An encoder stage prepared for one size.
+pub struct Prepared {
+    launch: Launch,
+    d: EncoderDims,
+}
+
+pub struct EncoderArgs<'a> {
+    pub out: &'a mut CudaSlice<f32>,
+    pub tokens: &'a TokenIds,
+    pub wte: &'a CudaSlice<f32>,
+    pub wpe: &'a CudaSlice<f32>,
+}
+
+pub fn prepare(gpu: &Gpu, v: &Variant, d: EncoderDims) -> Result<Prepared> {
+    check_shape(d)?;
+    let n = (d.b * d.t * d.c) as u32;
+    let launch =
+        gpu.prepare_launch(&SOURCES, v, "encoder_forward", LaunchShape::linear(n.div_ceil(THREADS), THREADS))?;
+    Ok(Prepared { launch, d })
+}
+
+impl Prepared {
+    /// Enqueues the stage after checking every length (token ids were range-checked on upload).
+    pub fn enqueue(&self, stream: &CudaStream, a: EncoderArgs) -> Result<()> {
+        let d = self.d;
+        require(a.tokens.vocab == d.vocab, "token ids checked against this V", || {
+            format!("checked against V = {}, prepared for V = {}", a.tokens.vocab, d.vocab)
+        })?;
+        for (name, len, want) in [
+            ("out", a.out.len(), d.b * d.t * d.c),
+            ("tokens", a.tokens.len(), d.b * d.t),
+            ("wte", a.wte.len(), d.vocab * d.c),
+            ("wpe", a.wpe.len(), d.max_t * d.c),
+        ] {
+            require_len(name, len, want)?;
+        }
+        let args = [
+            Arg::buf(a.out),
+            Arg::buf(&a.tokens.ids),
+            Arg::buf(a.wte),
+            Arg::buf(a.wpe),
+            Arg::int(d.b),
+            Arg::int(d.t),
+            Arg::int(d.c),
+            Arg::int(d.vocab),
+        ];
+        // SAFETY: arguments match the kernel signature; lengths checked above, B*T*C < 2^31.
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+
+    pub fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.launch.resources().clone()]
+    }
 }
 
 pub fn reference(tokens: &[i32], wte: &[f32], wpe: &[f32], t: usize, c: usize) -> Vec<f64> {
@@ -77,6 +135,22 @@ pub fn reference(tokens: &[i32], wte: &[f32], wpe: &[f32], t: usize, c: usize) -
         }
     }
     out
+}
+
+fn shape(b: i64, t: i64, c: i64, v: i64) -> Shape {
+    Shape::new(&[("B", b), ("T", t), ("C", c), ("V", v)])
+}
+
+/// The problem's dimensions (`wpe` holds exactly T rows).
+fn dims(shape: &Shape) -> Result<EncoderDims> {
+    let t = shape.dim("T", 1 << 20)?;
+    Ok(EncoderDims {
+        b: shape.dim("B", 1 << 20)?,
+        t,
+        c: shape.dim("C", 1 << 20)?,
+        vocab: shape.dim("V", i32::MAX as i64)?,
+        max_t: t,
+    })
 }
 
 pub struct Encoder;
@@ -91,8 +165,8 @@ impl Op for Encoder {
     fn description(&self) -> &'static str {
         "token + position embedding (fp32): out[b,t,:] = wte[tok,:] + wpe[t,:]"
     }
-    fn sources(&self) -> &'static [common::KernelSource] {
-        crate::sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn variants(&self) -> Vec<Variant> {
         stages()
@@ -101,56 +175,53 @@ impl Op for Encoder {
         &["B", "T", "C", "V"]
     }
     fn default_shapes(&self) -> Vec<Shape> {
-        vec![Shape::new(&[("B", 4), ("T", 1024), ("C", 768), ("V", 50257)])]
+        vec![shape(4, 1024, 768, 50257)]
     }
     fn validate(&self, _v: &Variant, shape: &Shape) -> Result<()> {
-        check_shape(shape.dim("B", 1 << 20)?, shape.dim("T", 1 << 20)?, shape.dim("C", 1 << 20)?)?;
-        shape.dim("V", i32::MAX as i64).map(|_| ())
+        check_shape(dims(shape)?)
+    }
+    fn limits(&self, _v: &Variant) -> Vec<Limit> {
+        vec![Limit { constraint: ELEMS, past: shape(1 << 11, 1 << 10, 1 << 10, 7), inside: None }]
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
-        self.validate(&stages()[0], shape)?;
-        let (b, t, c, vocab) =
-            (shape.req("B")? as usize, shape.req("T")? as usize, shape.req("C")? as usize, shape.req("V")? as usize);
+        let d = dims(shape)?;
+        check_shape(d)?;
         let mut r = rng(seed);
-        let tokens: Vec<i32> = (0..b * t).map(|_| r.random_range(0..vocab as i32)).collect();
-        let wte = uniform(vocab * c, -1.0, 1.0, seed ^ 1);
-        let wpe = uniform(t * c, -1.0, 1.0, seed ^ 2);
-        let reference = reference(&tokens, &wte, &wpe, t, c);
+        let ids: Vec<i32> = (0..d.b * d.t).map(|_| r.random_range(0..d.vocab as i32)).collect();
+        let wte = uniform(d.vocab * d.c, -1.0, 1.0, seed ^ 1);
+        let wpe = uniform(d.t * d.c, -1.0, 1.0, seed ^ 2);
+        let reference = reference(&ids, &wte, &wpe, d.t, d.c);
         // wte is shared (it is the model's table); tokens and outputs rotate.
-        let copies = rotation_copies(gpu, (b * t * c * 4 * 2) as u64);
+        let copies = rotation_copies(gpu, (d.b * d.t * d.c * 4 * 2) as u64);
         Ok(Box::new(EncoderProblem {
-            b,
-            t,
-            c,
-            vocab,
-            tokens: Rotated::upload(gpu, &tokens, copies)?,
+            d,
+            tokens: (0..copies).map(|_| TokenIds::upload(gpu, &ids, d.vocab)).collect::<Result<_>>()?,
             wte: gpu.upload(&wte)?,
             wpe: gpu.upload(&wpe)?,
-            out: Rotated::outputs(gpu, b * t * c, copies)?,
+            out: Rotated::outputs(gpu, d.b * d.t * d.c, copies)?,
             reference,
             copies,
+            prepared: Current::default(),
         }))
     }
 }
 
 struct EncoderProblem {
-    b: usize,
-    t: usize,
-    c: usize,
-    vocab: usize,
-    tokens: Rotated<i32>,
+    d: EncoderDims,
+    tokens: Vec<TokenIds>,
     wte: CudaSlice<f32>,
     wpe: CudaSlice<f32>,
     out: Rotated<f32>,
     reference: Vec<f64>,
     copies: usize,
+    prepared: Current<Prepared>,
 }
 
 impl Problem for EncoderProblem {
     fn workload(&self) -> Workload {
-        let n = (self.b * self.t * self.c) as u64;
+        let n = (self.d.b * self.d.t * self.d.c) as u64;
         // One wte row and one wpe row read and one out row written per token, plus the token ids.
-        Workload { bytes: 12 * n + 4 * (self.b * self.t) as u64, flops: n, bound: Bound::Memory }
+        Workload { bytes: 12 * n + 4 * (self.d.b * self.d.t) as u64, flops: n, bound: Bound::Memory }
     }
     fn copies(&self) -> usize {
         self.copies
@@ -158,24 +229,16 @@ impl Problem for EncoderProblem {
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.out.poison(gpu)
     }
-    fn launch(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<()> {
-        forward(
-            gpu,
-            v,
-            EncoderArgs {
-                out: self.out.get_mut(copy),
-                tokens: self.tokens.get(copy),
-                wte: &self.wte,
-                wpe: &self.wpe,
-                b: self.b,
-                t: self.t,
-                c: self.c,
-                vocab: self.vocab,
-                max_t: self.t,
-            },
-        )
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?).resources())
     }
-    fn verify(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<Verification> {
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        let tokens = &self.tokens[copy % self.tokens.len()];
+        p.enqueue(stream, EncoderArgs { out: self.out.get_mut(copy), tokens, wte: &self.wte, wpe: &self.wpe })
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
         Ok(Verification::new(v.tolerance()).add("out", &gpu.download(self.out.get(copy))?, &self.reference))
     }
 }

@@ -2,7 +2,7 @@
 //! it, the full model composed from the fastest stage of every family, with a KV cache and
 //! generation.
 
-use common::{Family, KernelSource, Op};
+use common::{Family, Op, Sources};
 
 pub mod encoder;
 
@@ -12,9 +12,8 @@ mod embedded {
 
 pub const FAMILY: &str = "gpt2";
 
-pub fn sources() -> &'static [KernelSource] {
-    embedded::KERNEL_SOURCES
-}
+/// Every `.cu`/`.cuh` file of this crate, embedded at build time.
+pub static SOURCES: Sources = Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[] };
 
 pub struct Gpt2;
 
@@ -25,8 +24,8 @@ impl Family for Gpt2 {
     fn description(&self) -> &'static str {
         "GPT-2's own kernels (encoder) and the composed model"
     }
-    fn sources(&self) -> &'static [KernelSource] {
-        sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
         vec![&encoder::Encoder]

@@ -5,15 +5,18 @@
 //! kernels, two, one.
 
 use common::check::Verification;
-use common::cudarc::driver::CudaSlice;
+use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
-use common::{require, Bound, Error, Gpu, Op, Precision, Problem, Requirements, Result, Shape, Variant, Workload};
+use common::{
+    require, require_len, Arg, Bound, Error, Gpu, Launch, Limit, Op, Precision, Prepared as Current, Problem,
+    Requirements, ResourceUse, Result, Shape, Sources, Variant, Workload,
+};
 
-use crate::gemm::{self, check_dims, check_len, elementwise, Arg, Dims, Ptrs, Workspace};
+use crate::gemm::{check_dims, check_gemm, elementwise, gemm_limits, CublasLt, Dims, Gemm, Ptrs, Wmma, M3_TUNABLES};
 use crate::linear::{inputs, verify_rows, M3_DEFINES};
 use crate::lt::{LtEpilogue, LtOperands};
 use crate::reference::{gelu_tanh, linear_rows, sampled_rows};
-use crate::FAMILY;
+use crate::{FAMILY, SOURCES};
 
 const OP: &str = "linear-epilogue";
 
@@ -49,71 +52,114 @@ enum Plan {
     Lt(LtOperands),
 }
 
-fn stages() -> Vec<(Variant, Plan)> {
-    let k = |stage, name, file, summary| {
+fn stages() -> Vec<Variant> {
+    let k = |stage, name, file, plan: Plan, summary| {
         // The GEMM's switches are all on (no toggles): the stages differ in the epilogue only.
         Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp16, summary)
-            .with_defines(&M3_DEFINES)
+            .with_plan(plan)
+            .with_defines(&M3_DEFINES[..])
+            .with_tunables(&M3_TUNABLES)
             .with_requirements(Requirements::SM80)
     };
-    let lib = |stage, name, library, p, summary| Variant::library(FAMILY, OP, stage, name, library, p, summary);
+    let lib = |stage, name, library, p, ops, summary| {
+        Variant::library(FAMILY, OP, stage, name, library, p, summary).with_plan(Plan::Lt(ops))
+    };
     vec![
-        (
-            k(
-                0,
-                "unfused",
-                "linear-epilogue/00_unfused.cu",
-                "WMMA-M3 GEMM, then a bias kernel, then a GELU/residual kernel",
-            ),
+        k(
+            0,
+            "unfused",
+            "linear-epilogue/00_unfused.cu",
             Plan::Unfused,
+            "WMMA-M3 GEMM, then a bias kernel, then a GELU/residual kernel",
         ),
-        (
-            k(
-                1,
-                "fused-after",
-                "linear-epilogue/01_fused_after.cu",
-                "WMMA-M3 GEMM, then one bias+GELU / bias+residual kernel",
-            ),
+        k(
+            1,
+            "fused-after",
+            "linear-epilogue/01_fused_after.cu",
             Plan::FusedAfter,
+            "WMMA-M3 GEMM, then one bias+GELU / bias+residual kernel",
         ),
-        (
-            k(
-                2,
-                "fused-in-gemm",
-                "linear-epilogue/02_fused_in_gemm.cu",
-                "the WMMA-M3 GEMM applies bias and GELU/residual in its store",
-            ),
+        k(
+            2,
+            "fused-in-gemm",
+            "linear-epilogue/02_fused_in_gemm.cu",
             Plan::FusedInGemm,
+            "the WMMA-M3 GEMM applies bias and GELU/residual in its store",
         ),
-        (
-            lib(
-                90,
-                "cublaslt-tf32",
-                "cublasLtMatmul TF32, BIAS / GELU_BIAS epilogue",
-                Precision::Tf32,
-                "cuBLASLt TF32 with its epilogue; residual as C with beta = 1",
-            ),
-            Plan::Lt(LtOperands::Tf32),
+        lib(
+            90,
+            "cublaslt-tf32",
+            "cublasLtMatmul TF32, BIAS / GELU_BIAS epilogue",
+            Precision::Tf32,
+            LtOperands::Tf32,
+            "cuBLASLt TF32 with its epilogue; residual as C with beta = 1",
         ),
-        (
-            lib(
-                91,
-                "cublaslt-fp16",
-                "fp16 convert + cublasLtMatmul fp16->fp32, BIAS / GELU_BIAS epilogue",
-                Precision::Fp16,
-                "cuBLASLt fp16 operands (conversion timed), fp32 out, its epilogue; residual as C",
-            ),
-            Plan::Lt(LtOperands::Fp16),
+        lib(
+            91,
+            "cublaslt-fp16",
+            "fp16 convert + cublasLtMatmul fp16->fp32, BIAS / GELU_BIAS epilogue",
+            Precision::Fp16,
+            LtOperands::Fp16,
+            "cuBLASLt fp16 operands (conversion timed), fp32 out, its epilogue; residual as C",
         ),
     ]
 }
 
-fn plan(v: &Variant) -> Result<Plan> {
-    stages().into_iter().find(|(s, _)| s.stage == v.stage).map(|(_, p)| p).ok_or_else(|| Error::Unknown {
-        what: "linear-epilogue stage",
-        name: format!("{}-{}", v.stage, v.name),
-        known: stages().iter().map(|(s, _)| format!("{}-{}", s.stage, s.name)).collect::<Vec<_>>().join(", "),
-    })
+/// The sizes of one call and its epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpilogueDims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub epilogue: Epilogue,
+}
+
+impl EpilogueDims {
+    fn gemm(self) -> Dims {
+        Dims { m: self.m, n: self.n, k: self.k }
+    }
+}
+
+/// The GEMM plan of a stage: the kernel stages run linear stage 4's WMMA kernel.
+fn gemm_plan(plan: Plan) -> Gemm {
+    match plan {
+        Plan::Lt(_) => Gemm::Cublas(common::blas::GemmPrecision::Fp16),
+        _ => Gemm::WmmaM3,
+    }
+}
+
+/// Shape constraints of `v` at `d`: what its header's `Limits:` line documents.
+pub fn check_shape(v: &Variant, d: EpilogueDims) -> Result<()> {
+    check_gemm(v, gemm_plan(v.plan::<Plan>()?), d.gemm())
+}
+
+/// An element-wise kernel that runs after the GEMM, by its argument list.
+#[derive(Clone, Copy)]
+enum After {
+    /// `mm_bias_add`, `mm_bias_gelu`: (out, bias, rows, cols).
+    Bias,
+    /// `mm_gelu`: (out, n).
+    Gelu,
+    /// `mm_residual_add`: (out, residual, n).
+    Residual,
+    /// `mm_bias_residual`: (out, bias, residual, rows, cols).
+    BiasResidual,
+}
+
+/// How a prepared stage runs.
+enum Stage {
+    /// The WMMA GEMM, then these element-wise kernels in order.
+    Wmma {
+        gemm: Wmma,
+        after: Vec<(Launch, After)>,
+    },
+    Lt(CublasLt),
+}
+
+/// An epilogue stage prepared for one size and epilogue.
+pub struct Prepared {
+    stage: Stage,
+    d: EpilogueDims,
 }
 
 /// The buffers of one call: `out` M·N, `inp` M·K, `weight` N·K, `bias` N, `residual` M·N (needed
@@ -124,70 +170,94 @@ pub struct EpilogueArgs<'a> {
     pub weight: &'a CudaSlice<f32>,
     pub bias: &'a CudaSlice<f32>,
     pub residual: Option<&'a CudaSlice<f32>>,
-    pub epilogue: Epilogue,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
 }
 
-pub fn check_shape(v: &Variant, m: usize, n: usize, k: usize) -> Result<()> {
-    check_dims(Dims { m, n, k })?;
-    plan(v).map(|_| ())
-}
-
-/// Launches stage `v` after checking the sizes and every buffer length.
-pub fn forward(gpu: &Gpu, v: &Variant, a: EpilogueArgs, ws: &mut Workspace) -> Result<()> {
-    let d = Dims { m: a.m, n: a.n, k: a.k };
-    check_shape(v, d.m, d.n, d.k)?;
-    check_len("inp", a.inp.len(), d.m * d.k)?;
-    check_len("weight", a.weight.len(), d.n * d.k)?;
-    check_len("out", a.out.len(), d.m * d.n)?;
-    check_len("bias", a.bias.len(), d.n)?;
-    match (a.epilogue, a.residual) {
-        (Epilogue::BiasResidual, Some(r)) => check_len("residual", r.len(), d.m * d.n)?,
-        (Epilogue::BiasResidual, None) => return Err(Error::constraint("residual given for epi = 2", "none")),
-        (Epilogue::BiasGelu, r) => require(r.is_none(), "no residual for epi = 1", || "a residual".into())?,
-    }
+/// Prepares stage `v` for `d`.
+pub fn prepare(gpu: &Gpu, v: &Variant, d: EpilogueDims) -> Result<Prepared> {
     gpu.supports(v)?;
-    let p = Ptrs {
-        out: gpu.ptr(a.out),
-        inp: gpu.ptr(a.inp),
-        w: gpu.ptr(a.weight),
-        bias: gpu.ptr(a.bias),
-        residual: a.residual.map_or(0, |r| gpu.ptr(r)),
-    };
-    let gelu = a.epilogue == Epilogue::BiasGelu;
-    let mn = d.m * d.n;
-    let (rows, cols) = (Arg::I(d.m as i32), Arg::I(d.n as i32));
-    let no_epi = Ptrs { bias: 0, residual: 0, ..p };
-    match plan(v)? {
-        Plan::Unfused => {
-            gemm::wmma_m3(gpu, v, d, no_epi, ws, "linear_wmma_m3")?;
-            gemm::launch(gpu, v, "mm_bias_add", elementwise(mn), &[Arg::P(p.out), Arg::P(p.bias), rows, cols])?;
-            if gelu {
-                gemm::launch(gpu, v, "mm_gelu", elementwise(mn), &[Arg::P(p.out), Arg::I(mn as i32)])
+    check_shape(v, d)?;
+    let gelu = d.epilogue == Epilogue::BiasGelu;
+    let mn = elementwise(d.m * d.n);
+    let launch = |entry: &str, args: After| Ok((gpu.prepare_launch(&SOURCES, v, entry, mn)?, args));
+    let stage = match v.plan::<Plan>()? {
+        Plan::Unfused => Stage::Wmma {
+            gemm: Wmma::prepare(gpu, v, d.gemm(), true, "linear_wmma_m3")?,
+            after: vec![
+                launch("mm_bias_add", After::Bias)?,
+                if gelu { launch("mm_gelu", After::Gelu)? } else { launch("mm_residual_add", After::Residual)? },
+            ],
+        },
+        Plan::FusedAfter => Stage::Wmma {
+            gemm: Wmma::prepare(gpu, v, d.gemm(), true, "linear_wmma_m3")?,
+            after: vec![if gelu {
+                launch("mm_bias_gelu", After::Bias)?
             } else {
-                let args = [Arg::P(p.out), Arg::P(p.residual), Arg::I(mn as i32)];
-                gemm::launch(gpu, v, "mm_residual_add", elementwise(mn), &args)
-            }
-        }
-        Plan::FusedAfter => {
-            gemm::wmma_m3(gpu, v, d, no_epi, ws, "linear_wmma_m3")?;
-            if gelu {
-                gemm::launch(gpu, v, "mm_bias_gelu", elementwise(mn), &[Arg::P(p.out), Arg::P(p.bias), rows, cols])
-            } else {
-                let args = [Arg::P(p.out), Arg::P(p.bias), Arg::P(p.residual), rows, cols];
-                gemm::launch(gpu, v, "mm_bias_residual", elementwise(mn), &args)
-            }
-        }
+                launch("mm_bias_residual", After::BiasResidual)?
+            }],
+        },
         Plan::FusedInGemm => {
             let entry = if gelu { "linear_wmma_m3_gelu" } else { "linear_wmma_m3_residual" };
-            gemm::wmma_m3(gpu, v, d, p, ws, entry)
+            Stage::Wmma { gemm: Wmma::prepare(gpu, v, d.gemm(), true, entry)?, after: Vec::new() }
         }
         Plan::Lt(ops) => {
             let epi = if gelu { LtEpilogue::GeluBias } else { LtEpilogue::Bias };
-            gemm::cublaslt(gpu, ops, epi, d, p, ws)
+            Stage::Lt(CublasLt::prepare(gpu, ops, epi, d.gemm())?)
         }
+    };
+    Ok(Prepared { stage, d })
+}
+
+impl Prepared {
+    /// Enqueues the stage on `stream` after checking every buffer length.
+    pub fn enqueue(&self, stream: &CudaStream, a: EpilogueArgs) -> Result<()> {
+        let d = self.d;
+        require_len("inp", a.inp.len(), d.m * d.k)?;
+        require_len("weight", a.weight.len(), d.n * d.k)?;
+        require_len("out", a.out.len(), d.m * d.n)?;
+        require_len("bias", a.bias.len(), d.n)?;
+        match (d.epilogue, a.residual) {
+            (Epilogue::BiasResidual, Some(r)) => require_len("residual", r.len(), d.m * d.n)?,
+            (Epilogue::BiasResidual, None) => return Err(Error::constraint("residual given for epi = 2", "none")),
+            (Epilogue::BiasGelu, r) => require(r.is_none(), "no residual for epi = 1", || "a residual".into())?,
+        }
+        let p = Ptrs {
+            out: common::device_ptr(a.out),
+            inp: common::device_ptr(a.inp),
+            w: common::device_ptr(a.weight),
+            bias: common::device_ptr(a.bias),
+            residual: a.residual.map_or(0, common::device_ptr),
+        };
+        let (rows, cols, mn) = (Arg::int(d.m), Arg::int(d.n), Arg::int(d.m * d.n));
+        let (out, bias, residual) = (Arg::Ptr(p.out), Arg::Ptr(p.bias), Arg::Ptr(p.residual));
+        // SAFETY: every buffer's length was checked against the prepared sizes, which satisfy the
+        // stage's limits; each element-wise entry's arguments are listed in its signature's order.
+        unsafe {
+            match &self.stage {
+                Stage::Wmma { gemm, after } => {
+                    let in_gemm = after.is_empty();
+                    // The unfused stages run the plain GEMM (no bias) and apply the epilogue after it.
+                    gemm.enqueue(stream, if in_gemm { p } else { Ptrs { bias: 0, residual: 0, ..p } })?;
+                    for (l, args) in after {
+                        match args {
+                            After::Bias => l.enqueue(stream, &[out, bias, rows, cols])?,
+                            After::Gelu => l.enqueue(stream, &[out, mn])?,
+                            After::Residual => l.enqueue(stream, &[out, residual, mn])?,
+                            After::BiasResidual => l.enqueue(stream, &[out, bias, residual, rows, cols])?,
+                        }
+                    }
+                    Ok(())
+                }
+                Stage::Lt(lt) => lt.enqueue(stream, p),
+            }
+        }
+    }
+
+    pub fn resources(&self) -> Vec<ResourceUse> {
+        let launches = match &self.stage {
+            Stage::Wmma { gemm, after } => gemm.launches().into_iter().chain(after.iter().map(|(l, _)| l)).collect(),
+            Stage::Lt(lt) => lt.launches(),
+        };
+        launches.into_iter().map(|l| l.resources().clone()).collect()
     }
 }
 
@@ -219,6 +289,20 @@ pub fn reference_rows(
 
 pub struct LinearEpilogue;
 
+fn shape(m: i64, n: i64, k: i64, epi: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("epi", epi)])
+}
+
+fn dims(shape: &Shape) -> Result<EpilogueDims> {
+    let max = i32::MAX as i64;
+    Ok(EpilogueDims {
+        m: shape.dim("M", max)?,
+        n: shape.dim("N", max)?,
+        k: shape.dim("K", max)?,
+        epilogue: Epilogue::from_key(shape.req("epi")?)?,
+    })
+}
+
 impl Op for LinearEpilogue {
     fn family(&self) -> &'static str {
         FAMILY
@@ -229,32 +313,30 @@ impl Op for LinearEpilogue {
     fn description(&self) -> &'static str {
         "linear layer + epilogue: epi=1 GELU(x W^T + b) (tanh), epi=2 x W^T + b + residual; fp32 in/out"
     }
-    fn sources(&self) -> &'static [common::KernelSource] {
-        crate::sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn variants(&self) -> Vec<Variant> {
-        stages().into_iter().map(|(v, _)| v).collect()
+        stages()
     }
     fn shape_keys(&self) -> &'static [&'static str] {
         &["M", "N", "K", "epi"]
     }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M at B·T = 4096: MLP up + GELU; attention projection + residual; MLP down + residual.
-        [(3072, 768, 1), (768, 768, 2), (768, 3072, 2)]
-            .iter()
-            .map(|&(n, k, e)| Shape::new(&[("M", 4096), ("N", n), ("K", k), ("epi", e)]))
-            .collect()
+        [(3072, 768, 1), (768, 768, 2), (768, 3072, 2)].iter().map(|&(n, k, e)| shape(4096, n, k, e)).collect()
     }
     fn validate(&self, v: &Variant, shape: &Shape) -> Result<()> {
-        let max = i32::MAX as i64;
-        Epilogue::from_key(shape.req("epi")?)?;
-        check_shape(v, shape.dim("M", max)?, shape.dim("N", max)?, shape.dim("K", max)?)
+        check_shape(v, dims(shape)?)
+    }
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        v.plan::<Plan>().map(|p| gemm_limits(v, gemm_plan(p), |m, n, k| shape(m, n, k, 2))).unwrap_or_default()
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
-        let max = i32::MAX as i64;
-        let d = Dims { m: shape.dim("M", max)?, n: shape.dim("N", max)?, k: shape.dim("K", max)? };
+        let ed = dims(shape)?;
+        let d = ed.gemm();
         check_dims(d)?;
-        let epilogue = Epilogue::from_key(shape.req("epi")?)?;
+        let epilogue = ed.epilogue;
         let (x, w, b) = inputs(d, seed);
         let residual = (epilogue == Epilogue::BiasResidual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3));
         let rows = sampled_rows(d.m, d.n, d.k);
@@ -263,8 +345,7 @@ impl Op for LinearEpilogue {
         let bytes_per_copy = (4 * (d.m * d.k + d.n * d.k + d.m * d.n + res_elems)) as u64;
         let copies = rotation_copies(gpu, bytes_per_copy);
         Ok(Box::new(EpilogueProblem {
-            d,
-            epilogue,
+            d: ed,
             inp: Rotated::upload(gpu, &x, copies)?,
             w: Rotated::upload(gpu, &w, copies)?,
             bias: gpu.upload(&b)?,
@@ -273,14 +354,13 @@ impl Op for LinearEpilogue {
             rows,
             reference,
             copies,
-            ws: Workspace::new(),
+            prepared: Current::default(),
         }))
     }
 }
 
 struct EpilogueProblem {
-    d: Dims,
-    epilogue: Epilogue,
+    d: EpilogueDims,
     inp: Rotated<f32>,
     w: Rotated<f32>,
     bias: CudaSlice<f32>,
@@ -289,13 +369,13 @@ struct EpilogueProblem {
     rows: Vec<usize>,
     reference: Vec<f64>,
     copies: usize,
-    ws: Workspace,
+    prepared: Current<Prepared>,
 }
 
 impl Problem for EpilogueProblem {
     fn workload(&self) -> Workload {
         let (m, n, k) = (self.d.m as u64, self.d.n as u64, self.d.k as u64);
-        let (res, epi_flops) = match self.epilogue {
+        let (res, epi_flops) = match self.d.epilogue {
             Epilogue::BiasGelu => (0, 8 * m * n),
             Epilogue::BiasResidual => (m * n, 2 * m * n),
         };
@@ -311,23 +391,23 @@ impl Problem for EpilogueProblem {
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.out.poison(gpu)
     }
-    fn launch(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<()> {
-        let d = self.d;
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?).resources())
+    }
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
         let args = EpilogueArgs {
             out: self.out.get_mut(copy),
             inp: self.inp.get(copy),
             weight: self.w.get(copy),
             bias: &self.bias,
             residual: self.residual.as_ref().map(|r| r.get(copy)),
-            epilogue: self.epilogue,
-            m: d.m,
-            n: d.n,
-            k: d.k,
         };
-        forward(gpu, v, args, &mut self.ws)
+        p.enqueue(stream, args)
     }
-    fn verify(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<Verification> {
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
         let out = gpu.download(self.out.get(copy))?;
-        Ok(verify_rows(v, &out, &self.reference, &self.rows, self.d))
+        Ok(verify_rows(v, &out, &self.reference, &self.rows, self.d.gemm()))
     }
 }

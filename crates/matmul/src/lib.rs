@@ -4,7 +4,7 @@
 //! cuBLAS at fp32, TF32 and fp16; and the same GEMM with its bias+GELU / bias+residual epilogue
 //! unfused, fused after the GEMM, fused into the GEMM, and through cuBLASLt's epilogues.
 
-use common::{Family, KernelSource, Op};
+use common::{Family, Op, Sources};
 
 pub mod epilogue;
 pub mod gemm;
@@ -19,9 +19,7 @@ mod embedded {
 pub const FAMILY: &str = "matmul";
 
 /// Every `.cu`/`.cuh` file of this crate, embedded at build time.
-pub fn sources() -> &'static [KernelSource] {
-    embedded::KERNEL_SOURCES
-}
+pub static SOURCES: Sources = Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[] };
 
 pub struct Matmul;
 
@@ -32,8 +30,8 @@ impl Family for Matmul {
     fn description(&self) -> &'static str {
         "linear layer GEMM (fp32 in/out): naive -> tiled -> WMMA fp16 (report M2, M3) beside cuBLAS, plus fused epilogues"
     }
-    fn sources(&self) -> &'static [KernelSource] {
-        sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
         vec![&linear::Linear, &epilogue::LinearEpilogue]

@@ -2,13 +2,12 @@
 //! with fp32 output, bias and residual and TF32 or fp16 operands. cudarc's safe `Matmul` trait
 //! uses one buffer for C and D and one element type for everything, which rules out a residual as C
 //! and fp16 operands with an fp32 output; descriptors are therefore built here, once per
-//! (operands, epilogue, shape), and the heuristic's first algorithm is cached with them.
+//! (operands, epilogue, shape) at prepare, with the heuristic's first algorithm.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 
 use common::cudarc::cublaslt::{result as ltr, sys};
-use common::cudarc::driver::CudaSlice;
+use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::{DriverContext, Error, Gpu, Result};
 
 use crate::gemm::Dims;
@@ -64,26 +63,29 @@ unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmul
         .map_err(lt_err("set matmul attribute"))
 }
 
-type Key = (LtOperands, LtEpilogue, usize, usize, usize);
-
+/// A cuBLASLt handle, its workspace and one matmul plan (descriptors and the heuristic's first
+/// algorithm), prepared for one (operands, epilogue, shape).
 pub(crate) struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
-    plans: HashMap<Key, Plan>,
+    plan: Option<Plan>,
+    d: Dims,
+    ops: LtOperands,
+    epi: LtEpilogue,
 }
 
 impl Drop for Lt {
     fn drop(&mut self) {
-        self.plans.clear();
+        self.plan = None;
         if !self.handle.is_null() {
-            // SAFETY: the handle was created in `new` and is destroyed once.
+            // SAFETY: the handle was created in `prepare` and is destroyed once.
             let _ = unsafe { ltr::destroy_handle(self.handle) };
         }
     }
 }
 
 impl Lt {
-    pub(crate) fn new(gpu: &Gpu) -> Result<Lt> {
+    pub(crate) fn prepare(gpu: &Gpu, ops: LtOperands, epi: LtEpilogue, d: Dims) -> Result<Lt> {
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::Blas {
@@ -92,20 +94,15 @@ impl Lt {
             });
         }
         gpu.context().bind_to_thread().ctx("bind the context")?;
+        let workspace = gpu.zeros::<u8>(WORKSPACE_BYTES)?;
         let handle = ltr::create_handle().map_err(lt_err("create handle"))?;
-        let workspace = gpu.zeros::<u8>(WORKSPACE_BYTES);
-        let workspace = match workspace {
-            Ok(w) => w,
-            Err(e) => {
-                // SAFETY: created just above, not used elsewhere.
-                let _ = unsafe { ltr::destroy_handle(handle) };
-                return Err(e);
-            }
-        };
-        Ok(Lt { handle, workspace, plans: HashMap::new() })
+        let mut lt = Lt { handle, workspace, plan: None, d, ops, epi };
+        lt.plan = Some(lt.plan()?);
+        Ok(lt)
     }
 
-    fn plan(&self, ops: LtOperands, epi: LtEpilogue, d: Dims, bias: u64) -> Result<Plan> {
+    fn plan(&self) -> Result<Plan> {
+        let (ops, epi, d) = (self.ops, self.epi, self.d);
         let (dtype, compute) = match ops {
             LtOperands::Tf32 => {
                 (sys::cudaDataType_t::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
@@ -129,7 +126,6 @@ impl Lt {
             };
             set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &e)?;
             set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32t)?;
-            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
         }
         let (m, n, k) = (d.m as u64, d.n as u64, d.k as u64);
         plan.a = ltr::create_matrix_layout(dtype, k, n, k as i64).map_err(lt_err("create layout A"))?;
@@ -154,53 +150,46 @@ impl Lt {
         Ok(plan)
     }
 
-    /// `out = epi(a · bᵀ + bias) + residual` (residual 0: none) on the harness stream.
+    /// `out = epi(a · bᵀ + bias) + residual` (residual 0: none) on `stream`.
     ///
     /// # Safety
-    /// `inp`, `w` must address M·K and N·K elements of the operand type, `out` (and `residual`
+    /// `a`, `b` must address M·K and N·K elements of the operand type, `out` (and `residual`
     /// when non-zero) M·N fp32, `bias` N fp32 (non-zero).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn linear(
-        &mut self,
-        gpu: &Gpu,
-        ops: LtOperands,
-        epi: LtEpilogue,
-        d: Dims,
-        inp: u64,
-        w: u64,
+    pub(crate) unsafe fn enqueue(
+        &self,
+        stream: &CudaStream,
+        a: u64,
+        b: u64,
         bias: u64,
         residual: u64,
         out: u64,
     ) -> Result<()> {
-        let key = (ops, epi, d.m, d.n, d.k);
-        if !self.plans.contains_key(&key) {
-            let plan = self.plan(ops, epi, d, bias)?;
-            self.plans.insert(key, plan);
-        }
-        let plan = &self.plans[&key];
+        let plan = self.plan.as_ref().expect("prepared with its plan");
+        // The descriptor is host memory: setting the bias pointer is not a device call.
         set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
         let alpha = 1.0f32;
         let beta = if residual != 0 { 1.0f32 } else { 0.0f32 };
         let c = if residual != 0 { residual } else { out };
         let algo = plan.algo.as_ref().expect("plans are stored with their algorithm");
+        let d = self.d;
         ltr::matmul(
             self.handle,
             plan.desc,
             &alpha as *const f32 as *const c_void,
             &beta as *const f32 as *const c_void,
-            w as *const c_void,
+            b as *const c_void,
             plan.a,
-            inp as *const c_void,
+            a as *const c_void,
             plan.b,
             c as *const c_void,
             plan.c,
             out as *mut c_void,
             plan.c,
             algo as *const _,
-            gpu.ptr(&self.workspace) as *mut c_void,
+            common::device_ptr(&self.workspace) as *mut c_void,
             WORKSPACE_BYTES,
-            gpu.stream().cu_stream() as *mut _,
+            stream.cu_stream() as *mut _,
         )
-        .map_err(lt_err(&format!("matmul {}x{}x{} {ops:?} {epi:?}", d.m, d.n, d.k)))
+        .map_err(lt_err(&format!("matmul {}x{}x{} {:?} {:?}", d.m, d.n, d.k, self.ops, self.epi)))
     }
 }

@@ -2,22 +2,26 @@
 //! writing `mean` and `rstd` per row.
 
 use common::check::Verification;
-use common::cudarc::driver::{CudaSlice, PushKernelArg};
+use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, Bound, Define, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant,
-    Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    ResourceUse, Result, Shape, Sources, Variant, Workload,
 };
 use rayon::prelude::*;
 
-use crate::FAMILY;
+use crate::{FAMILY, SOURCES};
 
 const OP: &str = "layernorm";
+
+/// Threads per block of the thread-per-row stages.
+const ROW_THREADS: u32 = 256;
 
 /// How a stage maps rows onto the grid (the kernel's side of it lives in the stage's header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plan {
-    /// One thread per row, 256 per block; `constant`: weight and bias come from `__constant__`.
+    /// One thread per row, [`ROW_THREADS`] per block; `constant`: weight and bias come from
+    /// `__constant__` arrays of `LN_CONST_MAX_C` floats, bound at prepare.
     ThreadPerRow { constant: bool },
     /// One block per row, a thread per element up to 1024, shared-memory tree reductions.
     BlockPerRow,
@@ -29,165 +33,175 @@ enum Plan {
 
 /// The float4-per-lane counts stage 6 is instantiated for (its `LN_ENTRY` list).
 const REGISTER_CHUNKS: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32];
-/// Floats of weight (and of bias) that fit stage 3's `__constant__` arrays.
-pub const CONSTANT_MAX_C: usize = 7936;
 
-static UNROLL: [Define; 1] = [Define::new("LN_UNROLL", "8")];
-static WARPS8: [Define; 1] = [Define::new("LN_WARPS", "8")];
-static WARPS4: [Define; 1] = [Define::new("LN_WARPS", "4")];
+const ELEMS: &str = "rows * C < 2^31";
+const CONSTANT_C: &str = "C <= LN_CONST_MAX_C";
+const REGISTER_C: &str = "C <= 4096";
 
-fn stages() -> Vec<(Variant, Plan)> {
-    let k = |stage, name, file, summary| Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary);
+fn stages() -> Vec<Variant> {
+    let k = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary).with_plan(plan)
+    };
+    let row = Plan::ThreadPerRow { constant: false };
     vec![
-        (
-            k(0, "naive", "layernorm/00_naive.cu", "one thread per row; mean, variance, output in three loops over C"),
-            Plan::ThreadPerRow { constant: false },
-        ),
-        (
-            k(1, "unrolled", "layernorm/01_unrolled.cu", "#pragma unroll 8 on the three C loops").with_defines(&UNROLL),
-            Plan::ThreadPerRow { constant: false },
-        ),
-        (
-            k(2, "restrict", "layernorm/02_restrict.cu", "__restrict__ on every pointer").with_defines(&UNROLL),
-            Plan::ThreadPerRow { constant: false },
-        ),
-        (
-            k(3, "constant-memory", "layernorm/03_constant_memory.cu", "weight and bias in __constant__ memory")
-                .with_defines(&UNROLL),
+        k(0, "naive", "layernorm/00_naive.cu", row, "one thread per row; mean, variance, output in three loops over C"),
+        k(1, "unrolled", "layernorm/01_unrolled.cu", row, "#pragma unroll 8 on the three C loops")
+            .with_tunables(&[("LN_UNROLL", 8)]),
+        k(2, "restrict", "layernorm/02_restrict.cu", row, "__restrict__ on every pointer")
+            .with_tunables(&[("LN_UNROLL", 8)]),
+        k(
+            3,
+            "constant-memory",
+            "layernorm/03_constant_memory.cu",
             Plan::ThreadPerRow { constant: true },
-        ),
-        (
-            k(
-                4,
-                "block-reduction",
-                "layernorm/04_block_reduction.cu",
-                "one block per row, coalesced, shared-memory tree sums",
-            ),
+            "weight and bias in __constant__ memory",
+        )
+        .with_tunables(&[("LN_UNROLL", 8), ("LN_CONST_MAX_C", 7936)]),
+        k(
+            4,
+            "block-reduction",
+            "layernorm/04_block_reduction.cu",
             Plan::BlockPerRow,
+            "one block per row, coalesced, shared-memory tree sums",
         ),
-        (
-            k(
-                5,
-                "warp-shuffle",
-                "layernorm/05_warp_shuffle.cu",
-                "one warp per row, __shfl_xor_sync sums, no shared memory",
-            )
-            .with_defines(&WARPS8),
+        k(
+            5,
+            "warp-shuffle",
+            "layernorm/05_warp_shuffle.cu",
             Plan::WarpPerRow,
-        ),
-        (
-            k(
-                6,
-                "single-pass-vectorized",
-                "layernorm/06_single_pass_vectorized.cu",
-                "row read once into registers with 16-byte loads, stats from registers, 16-byte streaming stores",
-            )
-            .with_defines(&WARPS4),
+            "one warp per row, __shfl_xor_sync sums, no shared memory",
+        )
+        .with_tunables(&[("LN_WARPS", 8)]),
+        k(
+            6,
+            "single-pass-vectorized",
+            "layernorm/06_single_pass_vectorized.cu",
             Plan::WarpPerRowInRegisters,
-        ),
+            "row read once into registers with 16-byte loads, stats from registers, 16-byte streaming stores",
+        )
+        .with_tunables(&[("LN_WARPS", 4)]),
     ]
 }
 
-fn plan(v: &Variant) -> Result<Plan> {
-    stages().into_iter().find(|(s, _)| s.name == v.name && s.stage == v.stage).map(|(_, p)| p).ok_or_else(|| {
-        Error::Unknown {
-            what: "layernorm stage",
-            name: v.name.to_string(),
-            known: stages().iter().map(|(s, _)| s.name.to_string()).collect::<Vec<_>>().join(", "),
+/// The sizes of one LayerNorm call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerNormDims {
+    pub rows: usize,
+    pub c: usize,
+}
+
+/// Shape constraints of `v` at `d`: what its header's `Limits:` line documents.
+pub fn check_shape(v: &Variant, d: LayerNormDims) -> Result<()> {
+    let LayerNormDims { rows, c } = d;
+    require(rows >= 1, "rows >= 1", || format!("rows = {rows}"))?;
+    require(c >= 1, "C >= 1", || format!("C = {c}"))?;
+    require(rows.checked_mul(c).is_some_and(|n| n < 1 << 31), ELEMS, || format!("rows = {rows}, C = {c}"))?;
+    match v.plan::<Plan>()? {
+        Plan::ThreadPerRow { constant: true } => {
+            let max = v.tunable("LN_CONST_MAX_C")? as usize;
+            require(c <= max, CONSTANT_C, || format!("C = {c}, LN_CONST_MAX_C = {max}"))
         }
-    })
+        // 32 float4 per lane = 128 registers: the one-warp register budget.
+        Plan::WarpPerRowInRegisters => require(c <= 4096, REGISTER_C, || format!("C = {c}")),
+        _ => Ok(()),
+    }
 }
 
-/// Rows per block of the warp-per-row stages, from the define that the kernel is compiled with.
-fn warps_per_block(v: &Variant) -> Result<u32> {
-    v.define("LN_WARPS").and_then(|w| w.parse().ok()).ok_or_else(|| Error::constraint("stage defines LN_WARPS", v.id()))
+/// A LayerNorm stage prepared for one size.
+pub struct Prepared {
+    launch: Launch,
+    d: LayerNormDims,
+    /// Stage 3 reads weight and bias from its `__constant__` arrays instead of its arguments.
+    constant: bool,
 }
 
-/// The buffers of one LayerNorm call.
+/// The buffers of one call.
 pub struct LayerNormArgs<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub mean: &'a mut CudaSlice<f32>,
     pub rstd: &'a mut CudaSlice<f32>,
     pub inp: &'a CudaSlice<f32>,
+    /// Read by every stage except the constant-memory one, which reads what
+    /// [`Prepared::bind_constant_weights`] bound.
     pub weight: &'a CudaSlice<f32>,
     pub bias: &'a CudaSlice<f32>,
-    pub rows: usize,
-    pub c: usize,
     pub eps: f32,
 }
 
-/// Shape constraints of `v` at `rows` × `c`.
-pub fn check_shape(v: &Variant, rows: usize, c: usize) -> Result<()> {
-    require(rows >= 1, "rows >= 1", || format!("rows = {rows}"))?;
-    require(c >= 1, "C >= 1", || format!("C = {c}"))?;
-    require(rows.saturating_mul(c) < i32::MAX as usize, "rows * C < 2^31", || format!("rows * C = {}", rows * c))?;
-    match plan(v)? {
-        Plan::ThreadPerRow { constant: true } => {
-            require(c <= CONSTANT_MAX_C, "C <= 7936 (weight and bias in 64 KB of constant memory)", || {
-                format!("C = {c}")
-            })
+/// Prepares stage `v` for `d` after checking the shape against the stage's limits.
+pub fn prepare(gpu: &Gpu, v: &Variant, d: LayerNormDims) -> Result<Prepared> {
+    check_shape(v, d)?;
+    let plan = v.plan::<Plan>()?;
+    let rows = d.rows as u32;
+    let (entry, shape) = match plan {
+        Plan::ThreadPerRow { .. } => {
+            ("layernorm_forward".to_string(), LaunchShape::linear(rows.div_ceil(ROW_THREADS), ROW_THREADS))
+        }
+        Plan::BlockPerRow => {
+            let block = (d.c.div_ceil(32) * 32).min(1024) as u32;
+            ("layernorm_forward".to_string(), LaunchShape::linear(rows, block).with_shared(block * 4))
+        }
+        Plan::WarpPerRow => {
+            let warps = v.tunable("LN_WARPS")?;
+            ("layernorm_forward".to_string(), LaunchShape::linear(rows.div_ceil(warps), 32 * warps))
         }
         Plan::WarpPerRowInRegisters => {
-            require(c <= 4096, "C <= 4096 (one warp holds the row in 128 registers per lane)", || format!("C = {c}"))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Copies weight and bias into stage 3's `__constant__` arrays; the stage reads them from there
-/// instead of from the `weight`/`bias` buffers (they are bound once, like model parameters).
-pub fn bind_constant_weights(gpu: &Gpu, v: &Variant, weight: &[f32], bias: &[f32]) -> Result<()> {
-    require(weight.len() == bias.len(), "len(weight) == len(bias)", || format!("{} vs {}", weight.len(), bias.len()))?;
-    require(weight.len() <= CONSTANT_MAX_C, "C <= 7936 (constant memory)", || format!("C = {}", weight.len()))?;
-    gpu.write_symbol(crate::sources(), v, "ln_weight", weight)?;
-    gpu.write_symbol(crate::sources(), v, "ln_bias", bias)
-}
-
-/// Launches stage `v` of LayerNorm after checking the shape, the buffer lengths and `eps`.
-pub fn forward(gpu: &Gpu, v: &Variant, a: LayerNormArgs) -> Result<()> {
-    let (rows, c) = (a.rows, a.c);
-    check_shape(v, rows, c)?;
-    require(a.eps.is_finite() && a.eps > 0.0, "eps > 0 and finite", || format!("eps = {}", a.eps))?;
-    for (name, len, want) in [
-        ("inp", a.inp.len(), rows * c),
-        ("out", a.out.len(), rows * c),
-        ("weight", a.weight.len(), c),
-        ("bias", a.bias.len(), c),
-        ("mean", a.mean.len(), rows),
-        ("rstd", a.rstd.len(), rows),
-    ] {
-        require(len == want, &format!("len({name}) == {want}"), || format!("len({name}) = {len}"))?;
-    }
-    let plan = plan(v)?;
-    let rows_u = rows as u32;
-    let (entry, shape) = match plan {
-        Plan::ThreadPerRow { .. } => ("layernorm_forward".to_string(), LaunchShape::linear(rows_u.div_ceil(256), 256)),
-        Plan::BlockPerRow => {
-            let block = (c.div_ceil(32) * 32).min(1024) as u32;
-            ("layernorm_forward".to_string(), LaunchShape::linear(rows_u, block).with_shared(block * 4))
-        }
-        Plan::WarpPerRow | Plan::WarpPerRowInRegisters => {
-            let warps = warps_per_block(v)?;
-            let entry = if plan == Plan::WarpPerRow {
-                "layernorm_forward".to_string()
-            } else {
-                let n = REGISTER_CHUNKS.iter().find(|&&n| n * 128 >= c).copied().unwrap_or(32);
-                format!("layernorm_forward_{n}")
-            };
-            (entry, LaunchShape::linear(rows_u.div_ceil(warps), 32 * warps))
+            let warps = v.tunable("LN_WARPS")?;
+            let n = REGISTER_CHUNKS.iter().find(|&&n| n * 128 >= d.c).copied().unwrap_or(32);
+            (format!("layernorm_forward_{n}"), LaunchShape::linear(rows.div_ceil(warps), 32 * warps))
         }
     };
-    let kernel = gpu.kernel(crate::sources(), v, &entry)?;
-    let cfg = kernel.config(gpu, shape)?;
-    let (rows_i, c_i) = (rows as i32, c as i32);
-    let mut b = gpu.stream().launch_builder(kernel.function());
-    b.arg(a.out).arg(a.mean).arg(a.rstd).arg(a.inp);
-    if plan != (Plan::ThreadPerRow { constant: true }) {
-        b.arg(a.weight).arg(a.bias);
+    let launch = gpu.prepare_launch(&SOURCES, v, &entry, shape)?;
+    Ok(Prepared { launch, d, constant: plan == Plan::ThreadPerRow { constant: true } })
+}
+
+impl Prepared {
+    /// Whether this stage reads weight and bias from constant memory (bind them once first).
+    pub fn reads_constant_weights(&self) -> bool {
+        self.constant
     }
-    b.arg(&rows_i).arg(&c_i).arg(&a.eps);
-    // SAFETY: the argument list matches the stage's kernel signature; lengths were checked above.
-    unsafe { b.launch(cfg) }.map(|_| ()).ctx("launch layernorm_forward")
+
+    /// Copies weight and bias into the constant-memory stage's `__constant__` arrays, which it
+    /// reads instead of the `weight`/`bias` arguments (bound once, like model parameters).
+    pub fn bind_constant_weights(&self, gpu: &Gpu, v: &Variant, weight: &[f32], bias: &[f32]) -> Result<()> {
+        require(self.constant, "a constant-memory stage", || v.id())?;
+        require_len("weight", weight.len(), self.d.c)?;
+        require_len("bias", bias.len(), self.d.c)?;
+        gpu.write_symbol(&SOURCES, v, "ln_weight", weight)?;
+        gpu.write_symbol(&SOURCES, v, "ln_bias", bias)
+    }
+
+    /// Enqueues the stage on `stream` after checking every buffer length and `eps`.
+    pub fn enqueue(&self, stream: &CudaStream, a: LayerNormArgs) -> Result<()> {
+        let LayerNormDims { rows, c } = self.d;
+        require(a.eps.is_finite() && a.eps > 0.0, "eps > 0 and finite", || format!("eps = {}", a.eps))?;
+        for (name, len, want) in [
+            ("inp", a.inp.len(), rows * c),
+            ("out", a.out.len(), rows * c),
+            ("weight", a.weight.len(), c),
+            ("bias", a.bias.len(), c),
+            ("mean", a.mean.len(), rows),
+            ("rstd", a.rstd.len(), rows),
+        ] {
+            require_len(name, len, want)?;
+        }
+        let (out, mean, rstd, inp) = (Arg::buf(a.out), Arg::buf(a.mean), Arg::buf(a.rstd), Arg::buf(a.inp));
+        let (w, b) = (Arg::buf(a.weight), Arg::buf(a.bias));
+        let (rows, c, eps) = (Arg::int(rows), Arg::int(c), Arg::F32(a.eps));
+        // SAFETY: the entries take (out, mean, rstd, inp, [weight, bias,] rows, C, eps); lengths were
+        // checked above and rows * C < 2^31 at prepare.
+        unsafe {
+            if self.constant {
+                self.launch.enqueue(stream, &[out, mean, rstd, inp, rows, c, eps])
+            } else {
+                self.launch.enqueue(stream, &[out, mean, rstd, inp, w, b, rows, c, eps])
+            }
+        }
+    }
+
+    pub fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.launch.resources().clone()]
+    }
 }
 
 /// f64 reference: (out, mean, rstd).
@@ -214,6 +228,14 @@ pub struct LayerNorm;
 
 const EPS: f32 = 1e-5;
 
+fn shape(rows: i64, c: i64) -> Shape {
+    Shape::new(&[("rows", rows), ("C", c)])
+}
+
+fn dims(shape: &Shape) -> Result<LayerNormDims> {
+    Ok(LayerNormDims { rows: shape.dim("rows", i32::MAX as i64)?, c: shape.dim("C", i32::MAX as i64)? })
+}
+
 impl Op for LayerNorm {
     fn family(&self) -> &'static str {
         FAMILY
@@ -224,25 +246,39 @@ impl Op for LayerNorm {
     fn description(&self) -> &'static str {
         "LayerNorm forward over C (fp32), rows = B*T; writes out, mean, rstd"
     }
-    fn sources(&self) -> &'static [common::KernelSource] {
-        crate::sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn variants(&self) -> Vec<Variant> {
-        stages().into_iter().map(|(v, _)| v).collect()
+        stages()
     }
     fn shape_keys(&self) -> &'static [&'static str] {
         &["rows", "C"]
     }
     fn default_shapes(&self) -> Vec<Shape> {
-        vec![Shape::new(&[("rows", 4096), ("C", 768)]), Shape::new(&[("rows", 32768), ("C", 4096)])]
+        vec![shape(4096, 768), shape(32768, 4096)]
     }
     fn validate(&self, v: &Variant, shape: &Shape) -> Result<()> {
-        check_shape(v, shape.dim("rows", i32::MAX as i64)?, shape.dim("C", i32::MAX as i64)?)
+        check_shape(v, dims(shape)?)
+    }
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut limits = vec![Limit { constraint: ELEMS, past: shape(1 << 20, 2048), inside: None }];
+        match v.plan::<Plan>() {
+            Ok(Plan::ThreadPerRow { constant: true }) => {
+                let max = v.tunable("LN_CONST_MAX_C").unwrap_or(0) as i64;
+                limits.push(Limit { constraint: CONSTANT_C, past: shape(3, max + 1), inside: Some(shape(3, max)) });
+            }
+            Ok(Plan::WarpPerRowInRegisters) => {
+                limits.push(Limit { constraint: REGISTER_C, past: shape(3, 4097), inside: Some(shape(3, 4096)) })
+            }
+            _ => {}
+        }
+        limits
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
-        let rows = shape.dim("rows", i32::MAX as i64)?;
-        let c = shape.dim("C", i32::MAX as i64)?;
-        require(rows.saturating_mul(c) < i32::MAX as usize, "rows * C < 2^31", || format!("rows * C = {}", rows * c))?;
+        let d = dims(shape)?;
+        let LayerNormDims { rows, c } = d;
+        require(rows.checked_mul(c).is_some_and(|n| n < 1 << 31), ELEMS, || format!("rows = {rows}, C = {c}"))?;
         // Inputs with a non-zero mean and spread, so mean subtraction matters.
         let x = uniform(rows * c, -2.0, 3.0, seed);
         let w = uniform(c, 0.5, 1.5, seed ^ 1);
@@ -251,43 +287,40 @@ impl Op for LayerNorm {
         let bytes_per_copy = ((2 * rows * c + 2 * rows) * 4) as u64;
         let copies = rotation_copies(gpu, bytes_per_copy);
         Ok(Box::new(LayerNormProblem {
-            rows,
-            c,
+            d,
             x: Rotated::upload(gpu, &x, copies)?,
             w_dev: gpu.upload(&w)?,
             b_dev: gpu.upload(&b)?,
             w,
             b,
-            bound_constant: Vec::new(),
             out: Rotated::outputs(gpu, rows * c, copies)?,
             mean: Rotated::outputs(gpu, rows, copies)?,
             rstd: Rotated::outputs(gpu, rows, copies)?,
             reference,
             copies,
+            prepared: Current::default(),
         }))
     }
 }
 
 struct LayerNormProblem {
-    rows: usize,
-    c: usize,
+    d: LayerNormDims,
     x: Rotated<f32>,
     w: Vec<f32>,
     b: Vec<f32>,
     w_dev: CudaSlice<f32>,
     b_dev: CudaSlice<f32>,
-    /// Variants whose `__constant__` weights hold this problem's w and b.
-    bound_constant: Vec<String>,
     out: Rotated<f32>,
     mean: Rotated<f32>,
     rstd: Rotated<f32>,
     reference: (Vec<f64>, Vec<f64>, Vec<f64>),
     copies: usize,
+    prepared: Current<Prepared>,
 }
 
 impl Problem for LayerNormProblem {
     fn workload(&self) -> Workload {
-        let (r, c) = (self.rows as u64, self.c as u64);
+        let (r, c) = (self.d.rows as u64, self.d.c as u64);
         // x read once, out written once, w/b read once, mean/rstd written; ~8 flops per element.
         Workload { bytes: 4 * (2 * r * c + 2 * c + 2 * r), flops: 8 * r * c, bound: Bound::Memory }
     }
@@ -299,14 +332,17 @@ impl Problem for LayerNormProblem {
         self.mean.poison(gpu)?;
         self.rstd.poison(gpu)
     }
-    fn launch(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<()> {
-        if plan(v)? == (Plan::ThreadPerRow { constant: true }) && !self.bound_constant.contains(&v.id()) {
-            bind_constant_weights(gpu, v, &self.w, &self.b)?;
-            self.bound_constant.push(v.id());
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        let p = prepare(gpu, v, self.d)?;
+        if p.reads_constant_weights() {
+            p.bind_constant_weights(gpu, v, &self.w, &self.b)?;
         }
-        forward(
-            gpu,
-            v,
+        Ok(self.prepared.set(v, p).resources())
+    }
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        p.enqueue(
+            stream,
             LayerNormArgs {
                 out: self.out.get_mut(copy),
                 mean: self.mean.get_mut(copy),
@@ -314,13 +350,12 @@ impl Problem for LayerNormProblem {
                 inp: self.x.get(copy),
                 weight: &self.w_dev,
                 bias: &self.b_dev,
-                rows: self.rows,
-                c: self.c,
                 eps: EPS,
             },
         )
     }
-    fn verify(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<Verification> {
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
         Ok(Verification::new(v.tolerance())
             .add("out", &gpu.download(self.out.get(copy))?, &self.reference.0)
             .add("mean", &gpu.download(self.mean.get(copy))?, &self.reference.1)

@@ -1,7 +1,7 @@
 //! The norm family: LayerNorm forward and the attention softmax, each a ladder of stages from the
 //! reference report's naive kernels to the bandwidth limit.
 
-use common::{Family, KernelSource, Op};
+use common::{Family, Op, Sources};
 
 pub mod layernorm;
 pub mod softmax;
@@ -12,10 +12,8 @@ mod embedded {
 
 pub const FAMILY: &str = "norm";
 
-/// Every `.cu` file of this crate, embedded at build time.
-pub fn sources() -> &'static [KernelSource] {
-    embedded::KERNEL_SOURCES
-}
+/// Every `.cu`/`.cuh` file of this crate, embedded at build time.
+pub static SOURCES: Sources = Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[] };
 
 pub struct Norm;
 
@@ -26,8 +24,8 @@ impl Family for Norm {
     fn description(&self) -> &'static str {
         "LayerNorm forward and row softmax (fp32): naive -> reductions -> single-pass vectorized"
     }
-    fn sources(&self) -> &'static [KernelSource] {
-        sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
         vec![&layernorm::LayerNorm, &softmax::Softmax]

@@ -2,25 +2,28 @@
 //! optional causal mask (row r sits at position r % T and sees columns 0..=r % T; the rest are 0).
 
 use common::check::Verification;
-use common::cudarc::driver::{CudaSlice, PushKernelArg};
+use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, Bound, Define, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Variant,
-    Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    ResourceUse, Result, Shape, Sources, Variant, Workload,
 };
 use rayon::prelude::*;
 
-use crate::FAMILY;
+use crate::{FAMILY, SOURCES};
 
 const OP: &str = "softmax";
 
 /// The attention scale 1/sqrt(64) of GPT-2's head size, used by the problems.
 pub const INV_TEMPERATURE: f32 = 0.125;
 
+/// Threads per block of the thread-per-row stage.
+const ROW_THREADS: u32 = 256;
+
 /// How a stage maps rows onto the grid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plan {
-    /// One thread per row, 256 per block.
+    /// One thread per row, [`ROW_THREADS`] per block.
     ThreadPerRow,
     /// One block per row, a thread per element up to 1024, shared-memory tree reductions.
     BlockPerRow,
@@ -33,116 +36,134 @@ enum Plan {
 /// The float4-per-thread counts stage 4 is instantiated for (its `SM_ENTRY` list).
 const REGISTER_CHUNKS: [usize; 4] = [1, 2, 4, 8];
 
-static WARPS8: [Define; 1] = [Define::new("SM_WARPS", "8")];
-static WARPS4: [Define; 1] = [Define::new("SM_WARPS", "4")];
-static THREADS256: [Define; 1] = [Define::new("SM_THREADS", "256")];
+const ELEMS: &str = "rows * T < 2^31";
+const CAUSAL_BLOCKS: &str = "rows % T == 0 when causal";
+const REGISTER_T: &str = "T <= 32 * SM_THREADS";
 
-fn stages() -> Vec<(Variant, Plan)> {
-    let k = |stage, name, file, summary| Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary);
+fn stages() -> Vec<Variant> {
+    let k = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary).with_plan(plan)
+    };
     vec![
-        (
-            k(0, "naive", "softmax/00_naive.cu", "one thread per row; max, sum, normalise in three loops"),
+        k(
+            0,
+            "naive",
+            "softmax/00_naive.cu",
             Plan::ThreadPerRow,
+            "one thread per row; max, sum, normalise in three loops",
         ),
-        (
-            k(
-                1,
-                "block-reduction",
-                "softmax/01_block_reduction.cu",
-                "one block per row, shared-memory tree max and sum",
-            ),
+        k(
+            1,
+            "block-reduction",
+            "softmax/01_block_reduction.cu",
             Plan::BlockPerRow,
+            "one block per row, shared-memory tree max and sum",
         ),
-        (
-            k(2, "warp-shuffle", "softmax/02_warp_shuffle.cu", "one warp per row, shuffle max and sum")
-                .with_defines(&WARPS8),
+        k(2, "warp-shuffle", "softmax/02_warp_shuffle.cu", Plan::WarpPerRow, "one warp per row, shuffle max and sum")
+            .with_tunables(&[("SM_WARPS", 8)]),
+        k(
+            3,
+            "online",
+            "softmax/03_online.cu",
             Plan::WarpPerRow,
-        ),
-        (
-            k(3, "online", "softmax/03_online.cu", "max and sum in one online pass, 16-byte loads and stores")
-                .with_defines(&WARPS4),
-            Plan::WarpPerRow,
-        ),
-        (
-            k(
-                4,
-                "register-resident",
-                "softmax/04_register_resident.cu",
-                "block per row holds the row in registers: one read, one write per element",
-            )
-            .with_defines(&THREADS256),
+            "max and sum in one online pass, 16-byte loads and stores",
+        )
+        .with_tunables(&[("SM_WARPS", 4)]),
+        k(
+            4,
+            "register-resident",
+            "softmax/04_register_resident.cu",
             Plan::BlockPerRowInRegisters,
-        ),
+            "block per row holds the row in registers: one read, one write per element",
+        )
+        .with_tunables(&[("SM_THREADS", 256)]),
     ]
 }
 
-fn plan(v: &Variant) -> Result<Plan> {
-    stages().into_iter().find(|(s, _)| s.name == v.name && s.stage == v.stage).map(|(_, p)| p).ok_or_else(|| {
-        Error::Unknown {
-            what: "softmax stage",
-            name: v.name.to_string(),
-            known: stages().iter().map(|(s, _)| s.name.to_string()).collect::<Vec<_>>().join(", "),
-        }
-    })
-}
-
-fn define_u32(v: &Variant, name: &str) -> Result<u32> {
-    v.define(name)
-        .and_then(|w| w.parse().ok())
-        .ok_or_else(|| Error::constraint(format!("stage defines {name}"), v.id()))
-}
-
-pub struct SoftmaxArgs<'a> {
-    pub out: &'a mut CudaSlice<f32>,
-    pub inp: &'a CudaSlice<f32>,
+/// The sizes of one softmax call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoftmaxDims {
     pub rows: usize,
     pub t: usize,
-    pub inv_temperature: f32,
     pub causal: bool,
 }
 
-pub fn check_shape(v: &Variant, rows: usize, t: usize, causal: bool) -> Result<()> {
+/// Shape constraints of `v` at `d`: what its header's `Limits:` line documents.
+pub fn check_shape(v: &Variant, d: SoftmaxDims) -> Result<()> {
+    let SoftmaxDims { rows, t, causal } = d;
     require(rows >= 1, "rows >= 1", || format!("rows = {rows}"))?;
     require(t >= 1, "T >= 1", || format!("T = {t}"))?;
-    require(rows.saturating_mul(t) < i32::MAX as usize, "rows * T < 2^31", || format!("rows * T = {}", rows * t))?;
-    require(!causal || rows.is_multiple_of(t), "causal rows come in blocks of T (rows % T == 0)", || {
-        format!("rows = {rows}, T = {t}")
-    })?;
-    plan(v).map(|_| ())
+    require(rows.checked_mul(t).is_some_and(|n| n < 1 << 31), ELEMS, || format!("rows = {rows}, T = {t}"))?;
+    require(!causal || rows.is_multiple_of(t), CAUSAL_BLOCKS, || format!("rows = {rows}, T = {t}"))?;
+    if v.plan::<Plan>()? == Plan::BlockPerRowInRegisters {
+        let threads = v.tunable("SM_THREADS")? as usize;
+        require(t <= 32 * threads, REGISTER_T, || format!("T = {t}, SM_THREADS = {threads}"))?;
+    }
+    Ok(())
 }
 
-pub fn forward(gpu: &Gpu, v: &Variant, a: SoftmaxArgs) -> Result<()> {
-    let (rows, t) = (a.rows, a.t);
-    check_shape(v, rows, t, a.causal)?;
-    require(a.inv_temperature.is_finite() && a.inv_temperature > 0.0, "inv_temperature > 0 and finite", || {
-        format!("inv_temperature = {}", a.inv_temperature)
-    })?;
-    require(a.inp.len() == rows * t, &format!("len(inp) == {}", rows * t), || format!("len(inp) = {}", a.inp.len()))?;
-    require(a.out.len() == rows * t, &format!("len(out) == {}", rows * t), || format!("len(out) = {}", a.out.len()))?;
-    let rows_u = rows as u32;
-    let (entry, shape) = match plan(v)? {
-        Plan::ThreadPerRow => ("softmax_forward".to_string(), LaunchShape::linear(rows_u.div_ceil(256), 256)),
+/// A softmax stage prepared for one size.
+pub struct Prepared {
+    launch: Launch,
+    d: SoftmaxDims,
+}
+
+/// The buffers of one call: `out` and `inp` hold rows·T values.
+pub struct SoftmaxArgs<'a> {
+    pub out: &'a mut CudaSlice<f32>,
+    pub inp: &'a CudaSlice<f32>,
+    pub inv_temperature: f32,
+}
+
+/// Prepares stage `v` for `d` after checking the shape against the stage's limits.
+pub fn prepare(gpu: &Gpu, v: &Variant, d: SoftmaxDims) -> Result<Prepared> {
+    check_shape(v, d)?;
+    let rows = d.rows as u32;
+    let (entry, shape) = match v.plan::<Plan>()? {
+        Plan::ThreadPerRow => ("softmax_forward".into(), LaunchShape::linear(rows.div_ceil(ROW_THREADS), ROW_THREADS)),
         Plan::BlockPerRow => {
-            let block = (t.div_ceil(32) * 32).min(1024) as u32;
-            ("softmax_forward".to_string(), LaunchShape::linear(rows_u, block).with_shared(block * 4))
+            let block = (d.t.div_ceil(32) * 32).min(1024) as u32;
+            ("softmax_forward".into(), LaunchShape::linear(rows, block).with_shared(block * 4))
         }
         Plan::WarpPerRow => {
-            let warps = define_u32(v, "SM_WARPS")?;
-            ("softmax_forward".to_string(), LaunchShape::linear(rows_u.div_ceil(warps), 32 * warps))
+            let warps = v.tunable("SM_WARPS")?;
+            ("softmax_forward".into(), LaunchShape::linear(rows.div_ceil(warps), 32 * warps))
         }
         Plan::BlockPerRowInRegisters => {
-            let threads = define_u32(v, "SM_THREADS")?;
-            let n = REGISTER_CHUNKS.iter().find(|&&n| n * 4 * threads as usize >= t).copied().unwrap_or(8);
-            (format!("softmax_forward_{n}"), LaunchShape::linear(rows_u, threads))
+            let threads = v.tunable("SM_THREADS")?;
+            let n = REGISTER_CHUNKS.iter().find(|&&n| n * 4 * threads as usize >= d.t).copied().unwrap_or(8);
+            (format!("softmax_forward_{n}"), LaunchShape::linear(rows, threads))
         }
     };
-    let kernel = gpu.kernel(crate::sources(), v, &entry)?;
-    let cfg = kernel.config(gpu, shape)?;
-    let (rows_i, t_i, causal_i) = (rows as i32, t as i32, a.causal as i32);
-    let mut b = gpu.stream().launch_builder(kernel.function());
-    b.arg(a.out).arg(a.inp).arg(&rows_i).arg(&t_i).arg(&a.inv_temperature).arg(&causal_i);
-    // SAFETY: the argument list matches the kernel signature; lengths were checked above.
-    unsafe { b.launch(cfg) }.map(|_| ()).ctx("launch softmax_forward")
+    let launch = gpu.prepare_launch(&SOURCES, v, &entry, shape)?;
+    Ok(Prepared { launch, d })
+}
+
+impl Prepared {
+    /// Enqueues the stage on `stream` after checking the buffer lengths and the temperature.
+    pub fn enqueue(&self, stream: &CudaStream, a: SoftmaxArgs) -> Result<()> {
+        let SoftmaxDims { rows, t, causal } = self.d;
+        require(a.inv_temperature.is_finite() && a.inv_temperature > 0.0, "inv_temperature > 0 and finite", || {
+            format!("inv_temperature = {}", a.inv_temperature)
+        })?;
+        require_len("inp", a.inp.len(), rows * t)?;
+        require_len("out", a.out.len(), rows * t)?;
+        let args = [
+            Arg::buf(a.out),
+            Arg::buf(a.inp),
+            Arg::int(rows),
+            Arg::int(t),
+            Arg::F32(a.inv_temperature),
+            Arg::I32(causal as i32),
+        ];
+        // SAFETY: every stage's entry takes (out, inp, rows, T, inv_temperature, causal); the
+        // lengths were checked above and rows * T < 2^31 at prepare.
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+
+    pub fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.launch.resources().clone()]
+    }
 }
 
 /// f64 reference.
@@ -163,6 +184,21 @@ pub fn reference(x: &[f32], rows: usize, t: usize, inv_temperature: f64, causal:
     out
 }
 
+fn shape(rows: i64, t: i64, causal: i64) -> Shape {
+    Shape::new(&[("rows", rows), ("T", t), ("causal", causal)])
+}
+
+/// The dimensions and input magnitude of a shape.
+fn dims(shape: &Shape) -> Result<(SoftmaxDims, f32)> {
+    let d = SoftmaxDims {
+        rows: shape.dim("rows", i32::MAX as i64)?,
+        t: shape.dim("T", i32::MAX as i64)?,
+        causal: shape.get("causal").unwrap_or(0) != 0,
+    };
+    let magnitude = if shape.get("magnitude").is_some() { shape.dim("magnitude", 1 << 20)? } else { 8 };
+    Ok((d, magnitude as f32))
+}
+
 pub struct Softmax;
 
 impl Op for Softmax {
@@ -173,69 +209,71 @@ impl Op for Softmax {
         OP
     }
     fn description(&self) -> &'static str {
-        "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1)"
+        "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1); inputs in \
+         [-magnitude, magnitude) (default 8)"
     }
-    fn sources(&self) -> &'static [common::KernelSource] {
-        crate::sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn variants(&self) -> Vec<Variant> {
-        stages().into_iter().map(|(v, _)| v).collect()
+        stages()
     }
     fn shape_keys(&self) -> &'static [&'static str] {
         &["rows", "T", "causal", "magnitude"]
     }
     fn default_shapes(&self) -> Vec<Shape> {
-        vec![
-            // The attention shape: B=4, NH=12, T=1024, causal.
-            Shape::new(&[("rows", 4 * 12 * 1024), ("T", 1024), ("causal", 1)]),
-            Shape::new(&[("rows", 32768), ("T", 4096), ("causal", 0)]),
-        ]
+        // The attention shape (B=4, NH=12, T=1024, causal), and a bandwidth shape.
+        vec![shape(4 * 12 * 1024, 1024, 1), shape(32768, 4096, 0)]
     }
     fn validate(&self, v: &Variant, shape: &Shape) -> Result<()> {
-        let causal = shape.get("causal").unwrap_or(0) != 0;
-        check_shape(v, shape.dim("rows", i32::MAX as i64)?, shape.dim("T", i32::MAX as i64)?, causal)
+        check_shape(v, dims(shape)?.0)
+    }
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut limits = vec![
+            Limit { constraint: ELEMS, past: shape(1 << 20, 2048, 0), inside: None },
+            Limit { constraint: CAUSAL_BLOCKS, past: shape(10, 4, 1), inside: Some(shape(8, 4, 1)) },
+        ];
+        if v.plan::<Plan>().ok() == Some(Plan::BlockPerRowInRegisters) {
+            let max = 32 * v.tunable("SM_THREADS").unwrap_or(0) as i64;
+            limits.push(Limit { constraint: REGISTER_T, past: shape(17, max + 1, 0), inside: Some(shape(17, max, 0)) });
+        }
+        limits
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
-        let rows = shape.dim("rows", i32::MAX as i64)?;
-        let t = shape.dim("T", i32::MAX as i64)?;
-        let causal = shape.get("causal").unwrap_or(0) != 0;
-        require(rows.saturating_mul(t) < i32::MAX as usize, "rows * T < 2^31", || format!("rows * T = {}", rows * t))?;
-        require(!causal || rows.is_multiple_of(t), "causal rows come in blocks of T (rows % T == 0)", || {
-            format!("rows = {rows}, T = {t}")
-        })?;
-        let magnitude = shape.get("magnitude").unwrap_or(8) as f32;
+        let (d, magnitude) = dims(shape)?;
+        let SoftmaxDims { rows, t, causal } = d;
+        require(rows.checked_mul(t).is_some_and(|n| n < 1 << 31), ELEMS, || format!("rows = {rows}, T = {t}"))?;
+        require(!causal || rows.is_multiple_of(t), CAUSAL_BLOCKS, || format!("rows = {rows}, T = {t}"))?;
         let x = uniform(rows * t, -magnitude, magnitude, seed);
         let reference = reference(&x, rows, t, INV_TEMPERATURE as f64, causal);
         let copies = rotation_copies(gpu, (2 * rows * t * 4) as u64);
         Ok(Box::new(SoftmaxProblem {
-            rows,
-            t,
-            causal,
+            d,
             x: Rotated::upload(gpu, &x, copies)?,
             out: Rotated::outputs(gpu, rows * t, copies)?,
             reference,
             copies,
+            prepared: Current::default(),
         }))
     }
 }
 
 struct SoftmaxProblem {
-    rows: usize,
-    t: usize,
-    causal: bool,
+    d: SoftmaxDims,
     x: Rotated<f32>,
     out: Rotated<f32>,
     reference: Vec<f64>,
     copies: usize,
+    prepared: Current<Prepared>,
 }
 
 impl Problem for SoftmaxProblem {
     fn workload(&self) -> Workload {
-        let (rows, t) = (self.rows as u64, self.t as u64);
+        let (rows, t) = (self.d.rows as u64, self.d.t as u64);
         let n = rows * t;
         // Every output element written once (the masked part as zeros); the input read once, and
         // under the causal mask only its lower triangle: rows/T blocks of T(T+1)/2 elements.
-        let read = if self.causal { rows / t * (t * (t + 1) / 2) } else { n };
+        let read = if self.d.causal { rows / t * (t * (t + 1) / 2) } else { n };
         // ~5 flops per element read (scale, subtract, exp, add, multiply).
         Workload { bytes: 4 * (read + n), flops: 5 * read, bound: Bound::Memory }
     }
@@ -245,21 +283,18 @@ impl Problem for SoftmaxProblem {
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.out.poison(gpu)
     }
-    fn launch(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<()> {
-        forward(
-            gpu,
-            v,
-            SoftmaxArgs {
-                out: self.out.get_mut(copy),
-                inp: self.x.get(copy),
-                rows: self.rows,
-                t: self.t,
-                inv_temperature: INV_TEMPERATURE,
-                causal: self.causal,
-            },
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?).resources())
+    }
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        p.enqueue(
+            stream,
+            SoftmaxArgs { out: self.out.get_mut(copy), inp: self.x.get(copy), inv_temperature: INV_TEMPERATURE },
         )
     }
-    fn verify(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<Verification> {
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
         Ok(Verification::new(v.tolerance()).add("out", &gpu.download(self.out.get(copy))?, &self.reference))
     }
 }

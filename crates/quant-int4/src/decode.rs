@@ -12,18 +12,18 @@
 use std::borrow::Cow;
 
 use common::check::{compare, Verification};
-use common::cudarc::driver::{CudaSlice, PushKernelArg};
+use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, Bound, Define, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Requirements, Result,
-    Shape, Source, Variant, Workload,
+    require, require_len, Arg, Bound, Define, Error, Generator, Gpu, Launch, LaunchShape, LeaveOneOut, Limit, Op,
+    Precision, Prepared as Current, Problem, Requirements, ResourceUse, Result, Shape, Sources, Variant, Workload,
 };
 use half::bf16;
 use rayon::prelude::*;
 
 use crate::format::{check_int4, dequantize_row, quantize, KvFormat};
 use crate::quantize::cache_values;
-use crate::FAMILY;
+use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode";
 const KERNEL: &str = "decode/00_splitk.cu";
@@ -73,9 +73,15 @@ fn range_label(opts: &[usize]) -> String {
     parts.join(",")
 }
 
+/// Warps per block of the split kernel (its pass layout is written for 4).
+const WARPS: (&str, u32) = ("QI4_WARPS", 4);
+
 fn int4_variant(stage: u32, name: String, opts: &[usize], summary: String) -> Variant {
-    let mut v =
-        Variant::kernel(FAMILY, OP, stage, "", KERNEL, Precision::Int4Bf16, "").with_requirements(Requirements::SM80);
+    let format = if opts.contains(&6) { KvFormat::Int4 { groups: 4 } } else { KvFormat::Int4 { groups: 1 } };
+    let mut v = Variant::kernel(FAMILY, OP, stage, "", KERNEL, Precision::Int4Bf16, "")
+        .with_requirements(Requirements::SM80)
+        .with_tunables(&[WARPS])
+        .with_plan(format);
     v.name = Cow::Owned(name);
     v.summary = Cow::Owned(summary);
     v.defines = Cow::Owned(opts.iter().map(|&o| Define::on(OPTS[o - 1])).collect());
@@ -97,6 +103,8 @@ pub fn stages() -> Vec<Variant> {
             "BF16 cache: split-K over tokens, block per (seq, KV head, split), 4 warps, mma.sync, merge pass",
         )
         .with_defines(BF16_DEFINES)
+        .with_tunables(&[WARPS])
+        .with_plan(KvFormat::Bf16)
         .with_requirements(Requirements::SM80),
         int4_variant(
             1,
@@ -135,14 +143,9 @@ pub fn stages() -> Vec<Variant> {
     v
 }
 
-/// Which cache a stage reads, from its defines (so leave-one-out variants resolve too).
+/// Which cache a stage reads: its plan (leave-one-out variants keep it; OPT6 is never left out).
 pub fn stage_format(v: &Variant) -> Result<KvFormat> {
-    match v.source {
-        Source::Kernel(KERNEL) if v.define("QI4_KV_BF16").is_some() => Ok(KvFormat::Bf16),
-        Source::Kernel(KERNEL) if v.define("OPT6").is_some() => Ok(KvFormat::Int4 { groups: 4 }),
-        Source::Kernel(KERNEL) => Ok(KvFormat::Int4 { groups: 1 }),
-        _ => Err(Error::Unknown { what: "decode stage", name: v.id(), known: KERNEL.into() }),
-    }
+    v.plan::<KvFormat>()
 }
 
 /// Problem dimensions.
@@ -166,20 +169,33 @@ impl Dims {
     }
 }
 
-/// The dimension constraints of every stage.
+const HEAD_DIM: &str = "D in {64, 128}";
+const GRID_B: &str = "B <= 65535";
+const GRID_HKV: &str = "HKV <= 65535";
+const GROUP: &str = "HQ / HKV <= 8";
+const ROWS: &str = "B * Tmax * HKV < 2^31";
+const SPLITS: &str = "splits <= 256";
+
+/// The dimension constraints of every stage: what the stage header's `Limits:` line documents.
 pub fn check_dims(d: &Dims) -> Result<()> {
-    require(d.d == 64 || d.d == 128, "D in {64, 128}", || format!("D = {}", d.d))?;
-    require(d.b >= 1 && d.b <= 65_535, "1 <= B <= 65535", || format!("B = {}", d.b))?;
-    require(d.hkv >= 1 && d.hkv <= 65_535, "1 <= HKV <= 65535", || format!("HKV = {}", d.hkv))?;
+    require(d.d == 64 || d.d == 128, HEAD_DIM, || format!("D = {}", d.d))?;
+    require(d.b >= 1, "B >= 1", || format!("B = {}", d.b))?;
+    require(d.b <= 65_535, GRID_B, || format!("B = {}", d.b))?;
+    require(d.hkv >= 1, "HKV >= 1", || format!("HKV = {}", d.hkv))?;
+    require(d.hkv <= 65_535, GRID_HKV, || format!("HKV = {}", d.hkv))?;
     require(d.hq >= 1 && d.hq.checked_rem(d.hkv) == Some(0), "HQ % HKV == 0", || {
         format!("HQ = {}, HKV = {}", d.hq, d.hkv)
     })?;
-    require(d.group() <= MAX_GROUP, "HQ / HKV <= 8", || format!("HQ / HKV = {}", d.group()))?;
+    require(d.group() <= MAX_GROUP, GROUP, || format!("HQ / HKV = {}", d.group()))?;
     require(d.tmax >= 1, "Tmax >= 1", || format!("Tmax = {}", d.tmax))?;
     let rows = d.b.checked_mul(d.tmax).and_then(|r| r.checked_mul(d.hkv));
-    require(rows.is_some_and(|r| r < i32::MAX as usize), "B * Tmax * HKV < 2^31", || {
-        format!("B = {}, Tmax = {}, HKV = {}", d.b, d.tmax, d.hkv)
-    })
+    require(rows.is_some_and(|r| r < 1 << 31), ROWS, || format!("B = {}, Tmax = {}, HKV = {}", d.b, d.tmax, d.hkv))
+}
+
+/// The split count's limits.
+fn check_splits(splits: usize) -> Result<()> {
+    require(splits >= 1, "splits >= 1", || format!("splits = {splits}"))?;
+    require(splits <= MAX_SPLITS, SPLITS, || format!("splits = {splits}"))
 }
 
 /// Every length in `1..=tmax`, one per sequence.
@@ -219,19 +235,17 @@ impl SeqLens {
 }
 
 /// The per-split partial results: O (unnormalized), running max and sum per (seq, head, split).
-pub struct Workspace {
+struct Workspace {
     o: CudaSlice<f32>,
     m: CudaSlice<f32>,
     l: CudaSlice<f32>,
-    rows: usize,
-    d: usize,
 }
 
 impl Workspace {
     /// Room for `splits` partials of every (sequence, query head) of `dims`.
-    pub fn new(gpu: &Gpu, dims: &Dims, splits: usize) -> Result<Workspace> {
+    fn new(gpu: &Gpu, dims: &Dims, splits: usize) -> Result<Workspace> {
         let rows = dims.b * dims.hq * splits;
-        Ok(Workspace { o: gpu.zeros(rows * dims.d)?, m: gpu.zeros(rows)?, l: gpu.zeros(rows)?, rows, d: dims.d })
+        Ok(Workspace { o: gpu.zeros(rows * dims.d)?, m: gpu.zeros(rows)?, l: gpu.zeros(rows)? })
     }
 }
 
@@ -273,6 +287,17 @@ pub fn check_cache(name: &str, stage: &str, want: KvFormat, got: KvFormat, bytes
     require(bytes == n, &format!("{name} cache bytes == B*Tmax*HKV*{rb} = {n}"), || format!("{bytes} bytes"))
 }
 
+/// A decode stage prepared for one size, cache format and split count: the split kernel, the merge
+/// and the per-split workspace.
+pub struct Prepared {
+    split: Launch,
+    combine: Launch,
+    ws: Workspace,
+    dims: Dims,
+    splits: usize,
+    format: KvFormat,
+}
+
 /// The buffers of one decode call.
 pub struct DecodeArgs<'a> {
     /// `[B, HQ, D]` bf16.
@@ -282,69 +307,75 @@ pub struct DecodeArgs<'a> {
     pub k: Cache<'a>,
     pub v: Cache<'a>,
     pub seq_lens: &'a SeqLens,
-    pub ws: &'a mut Workspace,
-    pub dims: Dims,
-    pub splits: usize,
 }
 
-/// Launches stage `var` (the split kernel and the merge) after checking the dimensions, the
-/// cache formats against the stage, every buffer length, the sequence lengths and the split count.
-pub fn forward(gpu: &Gpu, var: &Variant, a: DecodeArgs) -> Result<()> {
-    let dims = a.dims;
+/// Prepares stage `var` for `dims` with `splits` splits: checks the dimensions, the split count and
+/// the stage's format, configures both kernels and allocates the workspace.
+pub fn prepare(gpu: &Gpu, var: &Variant, dims: Dims, splits: usize) -> Result<Prepared> {
     check_dims(&dims)?;
-    let fmt = stage_format(var)?;
-    if let KvFormat::Int4 { groups } = fmt {
+    check_splits(splits)?;
+    let format = stage_format(var)?;
+    if let KvFormat::Int4 { groups } = format {
         check_int4(dims.d, groups)?;
     }
-    for (name, c) in [("K", &a.k), ("V", &a.v)] {
-        check_cache(name, &var.name, fmt, c.format(), c.bytes(), &dims)?;
-    }
-    let qo = dims.b * dims.hq * dims.d;
-    require(a.q.len() == qo, &format!("len(q) == B*HQ*D = {qo}"), || format!("len(q) = {}", a.q.len()))?;
-    require(a.out.len() == qo, &format!("len(out) == B*HQ*D = {qo}"), || format!("len(out) = {}", a.out.len()))?;
-    check_seq_lens(a.seq_lens.host(), dims.b, dims.tmax)?;
-    let splits = a.splits;
-    require((1..=MAX_SPLITS).contains(&splits), "1 <= splits <= 256", || format!("splits = {splits}"))?;
-    let rows = dims.b * dims.hq * splits;
-    require(a.ws.rows >= rows && a.ws.d == dims.d, "workspace sized for B*HQ*splits rows of D", || {
-        format!("workspace {} rows of {}, need {rows} of {}", a.ws.rows, a.ws.d, dims.d)
-    })?;
-
     let entry = if dims.d == 64 { "qi4_decode_d64" } else { "qi4_decode_d128" };
-    let kernel = gpu.kernel(crate::sources(), var, entry)?;
-    let combine = gpu.kernel(crate::sources(), var, "qi4_combine")?;
-    let cfg = kernel.config(
-        gpu,
-        LaunchShape {
-            grid: (splits as u32, dims.hkv as u32, dims.b as u32),
-            block: (128, 1, 1),
-            dynamic_shared_bytes: 0,
-        },
-    )?;
-    let ccfg = combine.config(
-        gpu,
-        LaunchShape { grid: (dims.hq as u32, dims.b as u32, 1), block: (dims.d as u32, 1, 1), dynamic_shared_bytes: 0 },
-    )?;
-    let (tmax, hkv, nh, sp, d) = (dims.tmax as i32, dims.hkv as i32, dims.group() as i32, splits as i32, dims.d as i32);
-    let scale = (std::f64::consts::LOG2_E / (dims.d as f64).sqrt()) as f32;
-    {
-        let mut b = gpu.stream().launch_builder(kernel.function());
-        b.arg(&mut a.ws.o).arg(&mut a.ws.m).arg(&mut a.ws.l).arg(a.q);
-        for c in [&a.k, &a.v] {
-            match c {
-                Cache::Bf16(s) => b.arg(*s),
-                Cache::Int4 { data, .. } => b.arg(*data),
-            };
+    let threads = 32 * var.tunable("QI4_WARPS")?;
+    let grid = (splits as u32, dims.hkv as u32, dims.b as u32);
+    let split = gpu.prepare_launch(&SOURCES, var, entry, LaunchShape::new(grid, (threads, 1, 1)))?;
+    let combine_shape = LaunchShape::new((dims.hq as u32, dims.b as u32, 1), (dims.d as u32, 1, 1));
+    let combine = gpu.prepare_launch(&SOURCES, var, "qi4_combine", combine_shape)?;
+    Ok(Prepared { split, combine, ws: Workspace::new(gpu, &dims, splits)?, dims, splits, format })
+}
+
+impl Prepared {
+    /// Enqueues the split kernel and the merge on `stream` after checking the cache formats against
+    /// the stage, every buffer length and the sequence lengths.
+    pub fn enqueue(&self, stream: &CudaStream, a: DecodeArgs) -> Result<()> {
+        let (dims, var_fmt) = (self.dims, self.format);
+        for (name, c) in [("K", &a.k), ("V", &a.v)] {
+            check_cache(name, var_fmt.label(), var_fmt, c.format(), c.bytes(), &dims)?;
         }
-        b.arg(&a.seq_lens.dev).arg(&tmax).arg(&hkv).arg(&nh).arg(&sp).arg(&scale);
-        // SAFETY: the argument list matches the kernel signature; every length was checked above
-        // and the kernel reads only tokens below seq_lens[b] <= Tmax.
-        unsafe { b.launch(cfg) }.map(|_| ()).ctx("launch the split-K decode kernel")?;
+        let qo = dims.b * dims.hq * dims.d;
+        require_len("q", a.q.len(), qo)?;
+        require_len("out", a.out.len(), qo)?;
+        check_seq_lens(a.seq_lens.host(), dims.b, dims.tmax)?;
+        let cache = |c: &Cache| match c {
+            Cache::Bf16(s) => Arg::buf(s),
+            Cache::Int4 { data, .. } => Arg::buf(data),
+        };
+        let (hkv, nh, sp) = (Arg::int(dims.hkv), Arg::int(dims.group()), Arg::int(self.splits));
+        let scale = Arg::F32((std::f64::consts::LOG2_E / (dims.d as f64).sqrt()) as f32);
+        let (o, m, l) = (Arg::buf(&self.ws.o), Arg::buf(&self.ws.m), Arg::buf(&self.ws.l));
+        // SAFETY: the argument lists match the kernel signatures; every length was checked above and
+        // at prepare (the workspace holds B*HQ*splits rows), and the kernel reads only tokens below
+        // seq_lens[b] <= Tmax.
+        unsafe {
+            let split_args = [
+                o,
+                m,
+                l,
+                Arg::buf(a.q),
+                cache(&a.k),
+                cache(&a.v),
+                Arg::buf(&a.seq_lens.dev),
+                Arg::int(dims.tmax),
+                hkv,
+                nh,
+                sp,
+                scale,
+            ];
+            self.split.enqueue(stream, &split_args)?;
+            self.combine.enqueue(stream, &[Arg::buf(a.out), o, m, l, hkv, nh, sp, Arg::int(dims.d)])
+        }
     }
-    let mut b = gpu.stream().launch_builder(combine.function());
-    b.arg(a.out).arg(&a.ws.o).arg(&a.ws.m).arg(&a.ws.l).arg(&hkv).arg(&nh).arg(&sp).arg(&d);
-    // SAFETY: as above; the workspace holds B*HQ*splits rows.
-    unsafe { b.launch(ccfg) }.map(|_| ()).ctx("launch qi4_combine")
+
+    pub fn splits(&self) -> usize {
+        self.splits
+    }
+
+    pub fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.split.resources().clone(), self.combine.resources().clone()]
+    }
 }
 
 /// f64 reference for the sequences `seqs`: `[seqs.len(), HQ, D]`. `k_row(b, t, kvh, out)` and
@@ -456,9 +487,8 @@ impl DecodeShape {
         let ragged = s.req("ragged")?;
         require(ragged == 0 || ragged == 1, "ragged in {0, 1}", || format!("ragged = {ragged}"))?;
         let splits = s.req("splits")?;
-        require((0..=MAX_SPLITS as i64).contains(&splits), "0 <= splits <= 256 (0 = heuristic)", || {
-            format!("splits = {splits}")
-        })?;
+        require(splits >= 0, "splits >= 0 (0 = heuristic)", || format!("splits = {splits}"))?;
+        require(splits <= MAX_SPLITS as i64, SPLITS, || format!("splits = {splits}"))?;
         let fmt = KvFormat::from_key(s.req("fmt")?)?;
         if let KvFormat::Int4 { groups } = fmt {
             check_int4(dims.d, groups)?;
@@ -497,19 +527,19 @@ impl Op for Decode {
     fn description(&self) -> &'static str {
         "GQA decode attention over a bf16 / INT4 (row-wise, group-wise) KV cache, split-K + merge"
     }
-    fn sources(&self) -> &'static [common::KernelSource] {
-        crate::sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn variants(&self) -> Vec<Variant> {
         stages()
     }
     fn leave_one_out(&self) -> Vec<Variant> {
+        // Both ladders have an all-on stage: their derived rows are named by ladder.
         stages()
             .iter()
-            .filter(|v| !v.toggles.is_empty())
             .flat_map(|all| {
-                let prefix = if all.define("OPT6").is_some() { "group" } else { "row" };
-                all.leave_one_out().into_iter().map(move |mut v| {
+                let prefix = if all.has("OPT6") { "group" } else { "row" };
+                LeaveOneOut.derive(all).into_iter().map(move |mut v| {
                     v.name = Cow::Owned(format!("{prefix}-{}", v.name));
                     v
                 })
@@ -534,6 +564,22 @@ impl Op for Decode {
         require(stage_runs_on(stage, s.fmt), &format!("stage {} reads the {} cache", v.name, stage.label()), || {
             format!("fmt = {} ({})", s.fmt.key(), s.fmt.label())
         })
+    }
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let fmt = stage_format(v).unwrap_or(KvFormat::Bf16);
+        let at = |b, tmax, hq, hkv, d, splits| shape(b, tmax, tmax.min(64), false, hq, hkv, d, fmt, splits);
+        vec![
+            Limit { constraint: HEAD_DIM, past: at(2, 64, 8, 1, 96, 0), inside: Some(at(2, 64, 8, 1, 64, 0)) },
+            Limit { constraint: GRID_B, past: at(65536, 1, 8, 1, 64, 1), inside: Some(at(65535, 1, 8, 1, 64, 1)) },
+            Limit {
+                constraint: GRID_HKV,
+                past: at(1, 1, 65536, 65536, 64, 1),
+                inside: Some(at(1, 1, 65535, 65535, 64, 1)),
+            },
+            Limit { constraint: GROUP, past: at(2, 64, 9, 1, 64, 0), inside: Some(at(2, 64, 8, 1, 64, 0)) },
+            Limit { constraint: ROWS, past: at(2, 1 << 30, 8, 1, 64, 0), inside: None },
+            Limit { constraint: SPLITS, past: at(2, 64, 8, 1, 64, 257), inside: Some(at(2, 300, 8, 1, 64, 256)) },
+        ]
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let s = DecodeShape::parse(shape)?;
@@ -580,7 +626,6 @@ impl Op for Decode {
             s,
             splits,
             seq_lens: SeqLens::new(gpu, &lens, dims.tmax)?,
-            ws: Workspace::new(gpu, &dims, splits)?,
             q: Rotated::upload(gpu, &q_bf, copies)?,
             kb: Rotated::upload(gpu, &k, copies)?,
             vb: Rotated::upload(gpu, &v, copies)?,
@@ -591,6 +636,7 @@ impl Op for Decode {
             ref_bf16,
             ref_deq,
             copies,
+            prepared: Current::default(),
         }))
     }
 }
@@ -618,7 +664,6 @@ struct DecodeProblem {
     s: DecodeShape,
     splits: usize,
     seq_lens: SeqLens,
-    ws: Workspace,
     q: Rotated<bf16>,
     kb: Rotated<bf16>,
     vb: Rotated<bf16>,
@@ -629,6 +674,7 @@ struct DecodeProblem {
     ref_bf16: Vec<f64>,
     ref_deq: Option<Vec<f64>>,
     copies: usize,
+    prepared: Current<Prepared>,
 }
 
 impl Problem for DecodeProblem {
@@ -646,38 +692,29 @@ impl Problem for DecodeProblem {
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.out.poison(gpu)
     }
-    fn launch(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<()> {
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
         let fmt = stage_format(v)?;
-        let (k, vv) = match fmt {
-            KvFormat::Bf16 => (Cache::Bf16(self.kb.get(copy)), Cache::Bf16(self.vb.get(copy))),
-            KvFormat::Int4 { groups } => match (&self.kq, &self.vq) {
-                (Some(kq), Some(vq)) if self.s.fmt == fmt => {
-                    (Cache::Int4 { data: kq.get(copy), groups }, Cache::Int4 { data: vq.get(copy), groups })
-                }
-                _ => {
-                    return Err(Error::constraint(
-                        format!("stage {} needs a fmt={} problem", v.name, fmt.key()),
-                        format!("fmt = {}", self.s.fmt.key()),
-                    ))
-                }
-            },
-        };
-        forward(
-            gpu,
-            v,
-            DecodeArgs {
-                out: self.out.get_mut(copy),
-                q: self.q.get(copy),
-                k,
-                v: vv,
-                seq_lens: &self.seq_lens,
-                ws: &mut self.ws,
-                dims: self.s.dims,
-                splits: self.splits,
-            },
-        )
+        require(
+            fmt == KvFormat::Bf16 || self.s.fmt == fmt,
+            &format!("stage {} needs a fmt={} problem", v.name, fmt.key()),
+            || format!("fmt = {}", self.s.fmt.key()),
+        )?;
+        Ok(self.prepared.set(v, prepare(gpu, v, self.s.dims, self.splits)?).resources())
     }
-    fn verify(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<Verification> {
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        let (k, vv) = match (p.format, &self.kq, &self.vq) {
+            (KvFormat::Bf16, _, _) => (Cache::Bf16(self.kb.get(copy)), Cache::Bf16(self.vb.get(copy))),
+            (KvFormat::Int4 { groups }, Some(kq), Some(vq)) => {
+                (Cache::Int4 { data: kq.get(copy), groups }, Cache::Int4 { data: vq.get(copy), groups })
+            }
+            (KvFormat::Int4 { .. }, _, _) => return Err(Error::NotPrepared),
+        };
+        let args = DecodeArgs { out: self.out.get_mut(copy), q: self.q.get(copy), k, v: vv, seq_lens: &self.seq_lens };
+        p.enqueue(stream, args)
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
         let d = self.s.dims;
         let row = d.hq * d.d;
         let out = gpu.download(self.out.get(copy))?;

@@ -3,7 +3,7 @@
 //! cache": the formats and their quantizer, the BF16 and INT4 split-K baselines and the report's
 //! ten optimizations as switches of one kernel.
 
-use common::{Family, KernelSource, Op};
+use common::{Family, Op, Sources};
 
 pub mod decode;
 pub mod format;
@@ -16,9 +16,7 @@ mod embedded {
 pub const FAMILY: &str = "quant-int4";
 
 /// Every `.cu`/`.cuh` file of this crate, embedded at build time.
-pub fn sources() -> &'static [KernelSource] {
-    embedded::KERNEL_SOURCES
-}
+pub static SOURCES: Sources = Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[] };
 
 pub struct QuantInt4;
 
@@ -29,8 +27,8 @@ impl Family for QuantInt4 {
     fn description(&self) -> &'static str {
         "INT4 KV-cache decode GQA: quantizer, BF16/INT4 split-K baselines, the ten-optimization ladder"
     }
-    fn sources(&self) -> &'static [KernelSource] {
-        sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
         vec![&decode::Decode, &quantize::Quantize]

@@ -2,53 +2,60 @@
 //! for byte against the CPU quantizer in [`crate::format`].
 
 use common::check::{compare, Verification};
-use common::cudarc::driver::{CudaSlice, PushKernelArg};
+use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, Bound, DriverContext, Error, Gpu, LaunchShape, Op, Precision, Problem, Result, Shape, Source, Variant,
-    Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    ResourceUse, Result, Shape, Sources, Variant, Workload,
 };
 use half::bf16;
 
 use crate::format::{check_int4, dequantize, int4_row_bytes, quantize};
-use crate::FAMILY;
+use crate::{FAMILY, SOURCES};
 
 const OP: &str = "quantize";
 
-/// How a stage maps rows onto the grid.
+const HEAD_DIM: &str = "D in {64, 128}";
+const GROUPS: &str = "groups in {1 (row-wise), 4 (group-wise)}";
+
+/// One warp per row, `QZ_WARPS` rows per block: the only plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Plan {
-    /// One warp per row, `rows_per_block` warps per block.
-    WarpPerRow { rows_per_block: u32 },
+struct WarpPerRow;
+
+fn stages() -> Vec<Variant> {
+    vec![Variant::kernel(
+        FAMILY,
+        OP,
+        0,
+        "warp-per-row",
+        "quantize/00_warp_per_row.cu",
+        Precision::Int4Bf16,
+        "one warp per row: shuffle min/max per group, directed-rounding fp16 scales, OR-packed words",
+    )
+    .with_plan(WarpPerRow)
+    .with_tunables(&[("QZ_WARPS", 8)])]
 }
 
-fn stages() -> Vec<(Variant, Plan)> {
-    vec![(
-        Variant::kernel(
-            FAMILY,
-            OP,
-            0,
-            "warp-per-row",
-            "quantize/00_warp_per_row.cu",
-            Precision::Int4Bf16,
-            "one warp per row: shuffle min/max per group, directed-rounding fp16 scales, OR-packed words",
-        ),
-        Plan::WarpPerRow { rows_per_block: 8 },
-    )]
+/// The sizes of one quantizer call: `rows` rows of `d` values in `groups` groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantizeDims {
+    pub rows: usize,
+    pub d: usize,
+    pub groups: usize,
 }
 
-fn plan(v: &Variant) -> Result<Plan> {
-    stages().into_iter().find(|(s, _)| s.source == v.source && s.stage == v.stage).map(|(_, p)| p).ok_or_else(|| {
-        Error::Unknown { what: "quantize stage", name: v.name.to_string(), known: "warp-per-row".into() }
-    })
+/// Shape constraints: what the stage header's `Limits:` line documents, and rows within `int`.
+pub fn check_shape(v: &Variant, q: QuantizeDims) -> Result<()> {
+    v.plan::<WarpPerRow>()?;
+    check_int4(q.d, q.groups)?;
+    require(q.rows >= 1, "rows >= 1", || format!("rows = {}", q.rows))?;
+    require(q.rows <= i32::MAX as usize, "rows < 2^31", || format!("rows = {}", q.rows))
 }
 
-/// Shape constraints: `rows` rows of `d` values in `groups` groups.
-pub fn check_shape(v: &Variant, rows: usize, d: usize, groups: usize) -> Result<()> {
-    check_int4(d, groups)?;
-    require(rows >= 1, "rows >= 1", || format!("rows = {rows}"))?;
-    require(rows < i32::MAX as usize, "rows < 2^31", || format!("rows = {rows}"))?;
-    plan(v).map(|_| ())
+/// The quantizer prepared for one size.
+pub struct Prepared {
+    launch: Launch,
+    q: QuantizeDims,
 }
 
 /// The buffers of one quantizer call.
@@ -57,30 +64,29 @@ pub struct QuantizeArgs<'a> {
     pub out: &'a mut CudaSlice<u8>,
     /// `rows * d` values.
     pub inp: &'a CudaSlice<bf16>,
-    pub rows: usize,
-    pub d: usize,
-    pub groups: usize,
 }
 
-/// Launches stage `v` of the quantizer after checking the shape and the buffer lengths.
-pub fn forward(gpu: &Gpu, v: &Variant, a: QuantizeArgs) -> Result<()> {
-    let (rows, d, groups) = (a.rows, a.d, a.groups);
-    check_shape(v, rows, d, groups)?;
-    let want_out = rows * int4_row_bytes(d, groups);
-    require(a.inp.len() == rows * d, &format!("len(inp) == rows * D = {}", rows * d), || {
-        format!("len(inp) = {}", a.inp.len())
-    })?;
-    require(a.out.len() == want_out, &format!("len(out) == rows * (4G + D/2) = {want_out}"), || {
-        format!("len(out) = {}", a.out.len())
-    })?;
-    let Plan::WarpPerRow { rows_per_block } = plan(v)?;
-    let kernel = gpu.kernel(crate::sources(), v, "quantize_int4")?;
-    let cfg = kernel.config(gpu, LaunchShape::linear((rows as u32).div_ceil(rows_per_block), 32 * rows_per_block))?;
-    let (rows_i, d_i, g_i) = (rows as i32, d as i32, groups as i32);
-    let mut b = gpu.stream().launch_builder(kernel.function());
-    b.arg(a.out).arg(a.inp).arg(&rows_i).arg(&d_i).arg(&g_i);
-    // SAFETY: the argument list matches the kernel signature; lengths were checked above.
-    unsafe { b.launch(cfg) }.map(|_| ()).ctx("launch quantize_int4")
+pub fn prepare(gpu: &Gpu, v: &Variant, q: QuantizeDims) -> Result<Prepared> {
+    check_shape(v, q)?;
+    let warps = v.tunable("QZ_WARPS")?;
+    let shape = LaunchShape::linear((q.rows as u32).div_ceil(warps), 32 * warps);
+    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, "quantize_int4", shape)?, q })
+}
+
+impl Prepared {
+    /// Enqueues the quantizer on `stream` after checking the buffer lengths.
+    pub fn enqueue(&self, stream: &CudaStream, a: QuantizeArgs) -> Result<()> {
+        let QuantizeDims { rows, d, groups } = self.q;
+        require_len("inp", a.inp.len(), rows * d)?;
+        require_len("out", a.out.len(), rows * int4_row_bytes(d, groups))?;
+        let args = [Arg::buf(a.out), Arg::buf(a.inp), Arg::int(rows), Arg::int(d), Arg::int(groups)];
+        // SAFETY: the argument list matches the kernel signature; lengths were checked above.
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+
+    pub fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.launch.resources().clone()]
+    }
 }
 
 /// Test data for a cache: uniform in [-1, 1) with one outlier channel (d = 3, x6) in the first
@@ -95,6 +101,18 @@ pub fn cache_values(n: usize, d: usize, seed: u64) -> Vec<bf16> {
 
 pub struct Quantize;
 
+fn qshape(rows: i64, d: i64, g: i64) -> Shape {
+    Shape::new(&[("rows", rows), ("D", d), ("G", g)])
+}
+
+fn dims(shape: &Shape) -> Result<QuantizeDims> {
+    Ok(QuantizeDims {
+        rows: shape.dim("rows", i32::MAX as i64)?,
+        d: shape.dim("D", 1 << 20)?,
+        groups: shape.dim("G", 1 << 20)?,
+    })
+}
+
 impl Op for Quantize {
     fn family(&self) -> &'static str {
         FAMILY
@@ -105,11 +123,11 @@ impl Op for Quantize {
     fn description(&self) -> &'static str {
         "bf16 KV-cache rows -> INT4 (G = 1 row-wise or 4 group-wise fp16 scale/shift pairs + packed codes)"
     }
-    fn sources(&self) -> &'static [common::KernelSource] {
-        crate::sources()
+    fn sources(&self) -> &'static Sources {
+        &SOURCES
     }
     fn variants(&self) -> Vec<Variant> {
-        stages().into_iter().map(|(v, _)| v).collect()
+        stages()
     }
     fn shape_keys(&self) -> &'static [&'static str] {
         &["rows", "D", "G"]
@@ -125,12 +143,16 @@ impl Op for Quantize {
         v
     }
     fn validate(&self, v: &Variant, shape: &Shape) -> Result<()> {
-        check_shape(v, shape.dim("rows", i32::MAX as i64)?, shape.dim("D", 1 << 20)?, shape.dim("G", 1 << 20)?)
+        check_shape(v, dims(shape)?)
+    }
+    fn limits(&self, _v: &Variant) -> Vec<Limit> {
+        vec![
+            Limit { constraint: HEAD_DIM, past: qshape(3, 96, 1), inside: Some(qshape(3, 64, 1)) },
+            Limit { constraint: GROUPS, past: qshape(3, 128, 2), inside: Some(qshape(3, 128, 4)) },
+        ]
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
-        let rows = shape.dim("rows", i32::MAX as i64)?;
-        let d = shape.dim("D", 1 << 20)?;
-        let groups = shape.dim("G", 1 << 20)?;
+        let QuantizeDims { rows, d, groups } = dims(shape)?;
         check_int4(d, groups)?;
         let x = cache_values(rows * d, d, seed);
         let reference = quantize(&x, d, groups);
@@ -145,6 +167,7 @@ impl Op for Quantize {
             x,
             reference,
             copies,
+            prepared: Current::default(),
         }))
     }
 }
@@ -158,6 +181,7 @@ struct QuantizeProblem {
     x: Vec<bf16>,
     reference: Vec<u8>,
     copies: usize,
+    prepared: Current<Prepared>,
 }
 
 /// `NaN` where the bytes differ, 0 where they agree: compared with zeros, every mismatch counts as
@@ -180,12 +204,16 @@ impl Problem for QuantizeProblem {
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.out.poison(gpu)
     }
-    fn launch(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<()> {
-        let (rows, d, groups) = (self.rows, self.d, self.groups);
-        forward(gpu, v, QuantizeArgs { out: self.out.get_mut(copy), inp: self.inp.get(copy), rows, d, groups })
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        let q = QuantizeDims { rows: self.rows, d: self.d, groups: self.groups };
+        Ok(self.prepared.set(v, prepare(gpu, v, q)?).resources())
     }
-    fn verify(&mut self, gpu: &Gpu, v: &Variant, copy: usize) -> Result<Verification> {
-        debug_assert!(matches!(v.source, Source::Kernel(_)));
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        p.enqueue(stream, QuantizeArgs { out: self.out.get_mut(copy), inp: self.inp.get(copy) })
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
         let out = gpu.download(self.out.get(copy))?;
         let zeros = vec![0.0f64; self.reference.len()];
         let got = dequantize(&out, self.d, self.groups);

@@ -15,6 +15,7 @@
 //   per row of B*NH*T, block 256.
 // Constraints: HS in {32, 64, 128} (op-wide); B*T*3C < 2^31 and B*NH*T*T < 2^31 (int indices).
 // Tolerance: fp32 sums of at most T and HS terms, rel L2 <= 1e-5.
+// Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; B * NH * T * T < 2^31
 #include "ladder.cuh"
 #include "attention_unfused.cuh"
 

@@ -11,6 +11,7 @@
 //   prediction. The compiled code shows NVRTC already unrolls stage 0's loops by 16 on its own; the
 //   pragma caps that at 8, so fewer loads are in flight, not more (docs/notes/attention.md).
 // Launch: as stage 0. Constraints: as stage 0. Tolerance: fp32, rel L2 <= 1e-5.
+// Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; B * NH * T * T < 2^31
 #include "ladder.cuh"
 #include "attention_unfused.cuh"
 

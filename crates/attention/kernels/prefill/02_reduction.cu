@@ -14,9 +14,10 @@
 //   t2 > t1 return. softmax: grid (T, NH, B), block P = next power of two >= T clamped to [32, 1024],
 //   strided over the row. compute_att: grid (HS, T, B*NH), block P, thread j sums att[t1,t2] v[t2,hs]
 //   over t2 = j, j+P, ... <= t1. Dynamic shared memory: blockDim.x floats.
-// Constraints: HS in {32, 64, 128} (a power of two, one thread per term); T <= 65535 and
-//   B*NH <= 65535 (grid y and z); B*T*3C < 2^31 and B*NH*T*T < 2^31.
+// Constraints: HS in {32, 64, 128} (a power of two, one thread per term); B*NH <= 65535 (grid z);
+//   T <= 65535 (grid y) follows from B*NH*T*T < 2^31; B*T*3C < 2^31.
 // Tolerance: fp32, tree order instead of sequential order, rel L2 <= 1e-5.
+// Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; B * NH * T * T < 2^31; B * NH <= 65535
 #include "ladder.cuh"
 #include "attention_tree.cuh"
 #include "attention_unfused.cuh"

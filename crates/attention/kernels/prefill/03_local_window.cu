@@ -16,6 +16,7 @@
 // Constraints: 1 <= W <= 1024; HS in {32, 64, 128}; NH, B <= 65535 (grid y, z); B*T*3C < 2^31.
 // Tolerance: fp32 against the windowed f64 reference, rel L2 <= 1e-5. (Against full causal
 //   attention the error is large whenever W < T: it is shown as a note, not checked.)
+// Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; NH <= 65535 and B <= 65535; 1 <= W <= 1024
 #include "ladder.cuh"
 #include "attention_tree.cuh"
 

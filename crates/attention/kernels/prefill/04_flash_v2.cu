@@ -18,11 +18,17 @@
 // Constraints: HS in {32, 64, 128}; NH, B <= 65535; B*T*3C < 2^31. Ragged T: rows and keys past T
 //   load as zeros, keys past T are masked, rows past T are not written.
 // Tolerance: fp32 online softmax, rel L2 <= 1e-5.
+// Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; NH <= 65535 and B <= 65535
 #include "ladder.cuh"
 
-#define BR 16
-#define BC 16
-#define NTHREADS 256
+#if !defined(FA_BR) || !defined(FA_BC)
+#error "FA_BR, FA_BC (query rows and key columns of a tile; FA_BR * FA_BC threads) are tunables: the stage list sets them"
+#endif
+// The thread-to-score mapping and the row reductions are written for 16 x 16 tiles.
+static_assert(FA_BR == 16 && FA_BC == 16, "this kernel needs FA_BR = FA_BC = 16");
+#define BR FA_BR
+#define BC FA_BC
+#define NTHREADS (FA_BR * FA_BC)
 
 template <int D>
 __device__ __forceinline__ void flash_v2(float* out, const float* qkv, int T, int NH, float scale) {

@@ -20,11 +20,17 @@
 //   Dynamic shared memory (2*16*(D+1) + 16*D + 256) floats: 25.1 KB at D = 128.
 // Constraints: HS in {32, 64, 128}; NH, B <= 65535; B*T*3C < 2^31. Ragged T as in stage 4.
 // Tolerance: fp32 online softmax, rel L2 <= 1e-5 for out and for lse.
+// Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; NH <= 65535 and B <= 65535
 #include "ladder.cuh"
 
-#define BR 16
-#define BC 16
-#define NTHREADS 256
+#if !defined(FA_BR) || !defined(FA_BC)
+#error "FA_BR, FA_BC (query rows and key columns of a tile; FA_BR * FA_BC threads) are tunables: the stage list sets them"
+#endif
+// The thread-to-score mapping and the row reductions are written for 16 x 16 tiles.
+static_assert(FA_BR == 16 && FA_BC == 16, "this kernel needs FA_BR = FA_BC = 16");
+#define BR FA_BR
+#define BC FA_BC
+#define NTHREADS (FA_BR * FA_BC)
 
 // Max and sum over the 16 lanes of a half-warp (xor offsets below 16 never leave the half).
 __device__ __forceinline__ float row16_max(float v) {

@@ -8,7 +8,8 @@
 //   GELU: read+write M·N, residual: read 2·M·N, write M·N).
 // Launch: GEMM as linear stage 4; element-wise kernels grid ceil(M·N/256), block 256.
 // Constraints: as linear stage 4. Tolerance: fp16 operands, rel L2 <= 1e-2.
-#include "matmul_wmma.cuh"
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K <= 65535 * 32
+#include "matmul_wmma_m3.cuh"
 
 MM_DEFINE_WMMA_M3(linear_wmma_m3, MM_EPI_BIAS)
 

@@ -6,7 +6,8 @@
 //   about 100 MB, ~35 us at 3 TB/s, against a GEMM of a few hundred us.
 // Launch: GEMM as linear stage 4 (no bias); fused kernel grid ceil(M·N/256), block 256.
 // Constraints: as linear stage 4. Tolerance: fp16 operands, rel L2 <= 1e-2.
-#include "matmul_wmma.cuh"
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K <= 65535 * 32
+#include "matmul_wmma_m3.cuh"
 
 MM_DEFINE_WMMA_M3(linear_wmma_m3, MM_EPI_BIAS)
 

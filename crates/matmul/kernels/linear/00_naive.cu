@@ -10,6 +10,7 @@
 // Launch: block (16, 16) = 16 columns x 16 rows, grid (ceil(N/16), ceil(M/16)), no shared memory.
 // Constraints: M, N, K >= 1; M*K, N*K, M*N < 2^31; ceil(M/16) <= 65535. bias may be NULL.
 // Tolerance: fp32 accumulation, rel L2 <= 1e-5.
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 16
 #include "matmul_aux.cuh"
 
 extern "C" __global__ void linear_naive(float* out, const float* inp, const float* w, const float* bias, int M, int N,

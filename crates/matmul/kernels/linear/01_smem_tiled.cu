@@ -11,9 +11,13 @@
 // Launch: block (32, 32), grid (ceil(N/32), ceil(M/32)), 8.4 KB static shared memory.
 // Constraints: M, N, K >= 1 (ragged edges zero-filled, stores guarded); M*K, N*K, M*N < 2^31.
 // Tolerance: fp32, rel L2 <= 1e-5.
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * MM_TILE
 #include "matmul_aux.cuh"
 
-#define TILE 32
+#ifndef MM_TILE
+#error "MM_TILE (the square tile edge; block MM_TILE x MM_TILE) is a tunable: the stage list sets it"
+#endif
+#define TILE MM_TILE
 
 extern "C" __global__ void __launch_bounds__(TILE * TILE) linear_smem_tiled(float* out, const float* inp,
                                                                              const float* w, const float* bias,

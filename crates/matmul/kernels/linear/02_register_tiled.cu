@@ -13,10 +13,17 @@
 // Constraints: M, N, K >= 1. 16-byte loads are used when K % 4 == 0 (and 16-byte stores when
 //   N % 4 == 0); otherwise the same code falls back to guarded scalar accesses, zero-filling
 //   beyond M, N, K. Tolerance: fp32, rel L2 <= 1e-5.
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * MM_RT_TILE
 #include "matmul_aux.cuh"
 
-#define BM 128
-#define BN 128
+#ifndef MM_RT_TILE
+#error "MM_RT_TILE (the square block tile; 2 * MM_RT_TILE threads) is a tunable: the stage list sets it"
+#endif
+// The thread mapping below (16 x 16 threads of 8 x 8 accumulators, 2 loader threads per tile row)
+// is written for 128 x 128 tiles.
+static_assert(MM_RT_TILE == 128, "linear_register_tiled's thread mapping needs MM_RT_TILE = 128");
+#define BM MM_RT_TILE
+#define BN MM_RT_TILE
 #define BK 8
 
 // Four consecutive elements k..k+3 of row `row` of a rows x K matrix, zero outside it.
@@ -36,7 +43,7 @@ __device__ __forceinline__ float4 load_row4(const float* p, int row, int rows, i
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(256) linear_register_tiled(float* out, const float* inp, const float* w,
+extern "C" __global__ void __launch_bounds__(2 * MM_RT_TILE) linear_register_tiled(float* out, const float* inp, const float* w,
                                                                         const float* bias, int M, int N, int K) {
     __shared__ __align__(16) float As[BK][BM + 4];
     __shared__ __align__(16) float Bs[BK][BN + 4];

@@ -16,6 +16,7 @@
 //   skipped while storing (no separate bias kernel).
 // Launch: GEMM grid (Np/16, Mp/16), block 32. Constraints: M, N, K >= 1, Mp/16 <= 65535,
 //   padded sizes < 2^31 elements. Tolerance: fp16 operands, rel L2 <= 1e-2.
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 16; K <= 65535 * 32
 #include "matmul_wmma.cuh"
 
 extern "C" __global__ void linear_wmma_m2(float* out, const __half* a, const __half* bt, const float* bias, int M,

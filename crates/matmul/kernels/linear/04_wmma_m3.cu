@@ -29,6 +29,7 @@
 // Constraints: any M, N, K >= 1 (operands zero-padded to 16; the loader zero-fills chunks past
 //   Mp, Kp, Np, so K tiles of 16 and partial 128 tiles are fine); padded sizes < 2^31 elements.
 //   Tolerance: fp16 operands, fp32 accumulation, rel L2 <= 1e-2.
-#include "matmul_wmma.cuh"
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K <= 65535 * 32
+#include "matmul_wmma_m3.cuh"
 
 MM_DEFINE_WMMA_M3(linear_wmma_m3, MM_EPI_BIAS)

@@ -8,6 +8,7 @@
 // Launch: grid ceil(rows/256), block 256, no shared memory.
 // Constraints: rows, C >= 1; rows*C < 2^31. Tolerance: fp32, rel L2 <= 1e-5.
 // Outputs: out[rows*C], mean[rows], rstd[rows] (rstd = 1/sqrt(var + eps), biased variance).
+// Limits: rows * C < 2^31
 
 extern "C" __global__ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                              const float* weight, const float* bias, int rows, int C,

@@ -8,6 +8,7 @@
 //   rows-many blocks instead of rows/256; the report measured 20x over the naive kernel.
 // Launch: grid rows, block min(round_up(C, 32), 1024), dynamic shared memory = block floats.
 // Constraints: rows <= 2^31-1, rows*C < 2^31. Tolerance: fp32, 1e-5.
+// Limits: rows * C < 2^31
 
 // Tree reduction over buf[0..n) (n = blockDim.x, any value); result in buf[0]. All threads call it.
 __device__ float tree_sum(float* buf, float v) {

@@ -6,10 +6,11 @@
 //   read three times (mean, variance, output), mostly from L1/L2.
 // Launch: grid ceil(rows/LN_WARPS), block 32*LN_WARPS (LN_WARPS = 8). Constraints: rows*C < 2^31.
 // Tolerance: fp32, 1e-5.
+// Limits: rows * C < 2^31
 #include "ladder_reduce.cuh"
 
 #ifndef LN_WARPS
-#define LN_WARPS 8
+#error "LN_WARPS (warps per block) is a tunable: the stage list sets it"
 #endif
 
 extern "C" __global__ void __launch_bounds__(32 * LN_WARPS)

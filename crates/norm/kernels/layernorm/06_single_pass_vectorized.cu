@@ -11,11 +11,12 @@
 // Constraints: C <= 4096 (32 float4 = 128 registers per lane: the one-warp register budget).
 //   C % 4 != 0 rows are not 16-byte aligned: the same kernel takes a scalar path for them.
 // Tolerance: fp32, 1e-5.
+// Limits: rows * C < 2^31; C <= 4096
 #include "ladder_reduce.cuh"
 #include "ladder_vec.cuh"
 
 #ifndef LN_WARPS
-#define LN_WARPS 4
+#error "LN_WARPS (warps per block) is a tunable: the stage list sets it"
 #endif
 
 template <int N>

@@ -7,6 +7,7 @@
 //   is read three times; and parallelism is only rows/256 blocks.
 // Launch: grid ceil(rows/256), block 256, no shared memory.
 // Constraints: rows, T >= 1; causal needs rows % T == 0; rows*T < 2^31. Tolerance: fp32, 1e-5.
+// Limits: rows * T < 2^31; rows % T == 0 when causal
 #include "ladder.cuh"
 
 // out[r, j] = exp(s*(x[r,j] - max)) / sum_k exp(s*(x[r,k] - max)), s = inv_temperature.

@@ -5,10 +5,11 @@
 //   that finishes a short (causal) row does not wait for the block. Still three reads of the row.
 // Launch: grid ceil(rows/SM_WARPS), block 32*SM_WARPS (SM_WARPS = 8).
 // Constraints: as stage 0. Tolerance: fp32, 1e-5.
+// Limits: rows * T < 2^31; rows % T == 0 when causal
 #include "ladder_reduce.cuh"
 
 #ifndef SM_WARPS
-#define SM_WARPS 8
+#error "SM_WARPS (warps per block) is a tunable: the stage list sets it"
 #endif
 
 extern "C" __global__ void __launch_bounds__(32 * SM_WARPS)

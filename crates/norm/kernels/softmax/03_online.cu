@@ -7,11 +7,12 @@
 //   a quarter of the memory instructions; the second read often hits L2.
 // Launch: grid ceil(rows/SM_WARPS), block 32*SM_WARPS (SM_WARPS = 4).
 // Constraints: as stage 0; T % 4 != 0 takes a scalar path in the same kernel. Tolerance: fp32, 1e-5.
+// Limits: rows * T < 2^31; rows % T == 0 when causal
 #include "ladder_reduce.cuh"
 #include "ladder_vec.cuh"
 
 #ifndef SM_WARPS
-#define SM_WARPS 4
+#error "SM_WARPS (warps per block) is a tunable: the stage list sets it"
 #endif
 
 // Folds value v (already scaled) into the running (m, s).

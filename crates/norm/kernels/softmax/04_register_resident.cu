@@ -7,13 +7,15 @@
 //   causal), which is what a copy moves; no second pass that may miss L2.
 // Launch: grid rows, block SM_THREADS (256); entry softmax_forward_<N> holds N float4 per thread,
 //   the host picks the smallest N with N*4*SM_THREADS >= T.
-// Constraints: T <= 8192 (8 float4 = 32 registers per thread). T % 4 != 0 takes a scalar path in
+// Constraints: T <= 32 * SM_THREADS, 8192 at the declared 256 threads (8 float4 = 32 registers per
+//   thread); checked in Rust before launch. T % 4 != 0 takes a scalar path in
 //   the same kernel. Tolerance: fp32, 1e-5.
+// Limits: rows * T < 2^31; rows % T == 0 when causal; T <= 32 * SM_THREADS
 #include "ladder_reduce.cuh"
 #include "ladder_vec.cuh"
 
 #ifndef SM_THREADS
-#define SM_THREADS 256
+#error "SM_THREADS (threads per block) is a tunable: the stage list sets it"
 #endif
 
 template <int N>

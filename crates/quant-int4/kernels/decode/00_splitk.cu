@@ -49,10 +49,12 @@
 //   changes the bytes read from HBM: K, V (+ scales) once, Q and the partials.
 // Launch: qi4_decode_d{64,128}: grid (splits, HKV, B), block 128, static shared ~21-29 KiB;
 //   qi4_combine: grid (HQ, B), block D.
-// Constraints: D in {64, 128}; HQ/HKV <= 8; 1 <= seq_lens[b] <= Tmax; splits >= 1. Tokens past
-//   seq_lens[b] are never read (the tests fill them with NaN).
+// Constraints: D in {64, 128}; HQ/HKV <= 8; 1 <= seq_lens[b] <= Tmax; 1 <= splits <= 256; B and
+//   HKV <= 65535 (grid z, y); B*Tmax*HKV < 2^31 rows. Tokens past seq_lens[b] are never read (the
+//   tests fill them with NaN). QI4_WARPS = 4: the pass layout below is written for 128 threads.
 // Tolerance: rel L2 <= 1e-2 against the f64 reference on the same (dequantized) cache: bf16
 //   products and P, fp32 accumulation and softmax.
+// Limits: D in {64, 128}; B <= 65535; HKV <= 65535; HQ / HKV <= 8; B * Tmax * HKV < 2^31; splits <= 256
 #include "ladder.cuh"
 #include "ladder_reduce.cuh"
 #include "ladder_convert.cuh"
@@ -96,7 +98,9 @@
 #error "OPT6 is the group-wise INT4 format; it does not apply to the bf16 cache"
 #endif
 
-constexpr int QI4_WARPS = 4;
+#ifndef QI4_WARPS
+#error "QI4_WARPS (warps per block) is a tunable: the stage list sets it"
+#endif
 constexpr int QI4_THREADS = 32 * QI4_WARPS;
 constexpr int QI4_TILE = 16;                               // tokens per warp tile (one mma k-step of P.V)
 constexpr int QI4_PASS = 256;                              // tokens per pass (scores kept in shared memory)

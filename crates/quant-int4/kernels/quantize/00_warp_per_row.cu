@@ -7,9 +7,11 @@
 //   per group stores the (scale, shift) pair.
 // Why this shape: reads and writes are coalesced per row (a warp reads 2D contiguous bytes); the
 //   op is a one-off conversion, so no further optimisation is laddered.
-// Launch: grid ceil(rows / 8), block 256 (8 warps = 8 rows), no shared memory.
+// Launch: grid ceil(rows / QZ_WARPS), block 32 * QZ_WARPS (declared 8 warps = 8 rows), no shared
+//   memory.
 // Constraints: D in {64, 128}, G in {1, 4}, rows >= 1. Output must match the CPU quantizer byte
 //   for byte (the verification counts mismatching bytes; tolerance 0).
+// Limits: D in {64, 128}; groups in {1 (row-wise), 4 (group-wise)}
 #include "qi4_format.cuh"
 
 template <int D, int G>
@@ -59,7 +61,11 @@ __device__ __forceinline__ void quantize_row(unsigned char* __restrict__ out_row
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+#ifndef QZ_WARPS
+#error "QZ_WARPS (warps = rows per block) is a tunable: the stage list sets it"
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * QZ_WARPS)
 quantize_int4(unsigned char* __restrict__ out, const __nv_bfloat16* __restrict__ inp, int rows, int D, int G) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);

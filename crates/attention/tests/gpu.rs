@@ -1,0 +1,99 @@
+//! attention/prefill on the device: every stage compiled without local memory (NVRTC), and (GPU)
+//! every stage verified at the default shapes, edge shapes and ragged random shapes, bad buffers as
+//! typed errors, the documented limits and graph replays. Ignored (not passed) without NVRTC or a
+//! GPU; failing with `LADDER_REQUIRE_NVRTC=1` / `LADDER_REQUIRE_GPU=1`.
+
+use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
+use attention::reference::Dims;
+use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
+use common::{Arch, Error, Gpu, Op, Shape, Source, Variant};
+use proptest::prelude::*;
+
+fn variant(name: &str) -> Variant {
+    Prefill.variants().into_iter().find(|v| v.name == name).unwrap_or_else(|| panic!("no stage {name}"))
+}
+
+fn shape(b: usize, t: usize, nh: usize, hs: usize, w: usize) -> Shape {
+    Shape::new(&[("B", b as i64), ("T", t as i64), ("NH", nh as i64), ("HS", hs as i64), ("W", w as i64)])
+}
+
+fn constraint(r: common::Result<()>, needle: &str) {
+    match r {
+        Err(Error::Constraint { constraint, got }) => {
+            assert!(constraint.contains(needle), "constraint '{constraint}' (got {got}) should mention '{needle}'")
+        }
+        other => panic!("expected a constraint error mentioning '{needle}', got {other:?}"),
+    }
+}
+
+fn bad_buffers(gpu: &Gpu) {
+    let d = Dims { b: 2, t: 33, c: 96, nh: 3 };
+    let qkv = gpu.upload(&common::data::uniform(d.b * d.t * 3 * d.c, -1.0, 1.0, 3)).unwrap();
+    let short_qkv = gpu.upload(&vec![0.0f32; d.b * d.t * 3 * d.c - 1]).unwrap();
+    let mut out = gpu.alloc_poisoned::<f32>(d.b * d.t * d.c).unwrap();
+    let mut long_out = gpu.alloc_poisoned::<f32>(d.b * d.t * d.c + 1).unwrap();
+    let mut lse = gpu.alloc_poisoned::<f32>(d.b * d.nh * d.t).unwrap();
+    let mut short_lse = gpu.alloc_poisoned::<f32>(d.b * d.nh * d.t - 1).unwrap();
+    let s = gpu.stream();
+    for v in Prefill.variants() {
+        let p = prefill::prepare(gpu, &v, PrefillDims { dims: d, window: 16 }).unwrap();
+        constraint(p.enqueue(s, PrefillArgs { out: &mut out, lse: Some(&mut lse), qkv: &short_qkv }), "len(qkv)");
+        constraint(p.enqueue(s, PrefillArgs { out: &mut long_out, lse: Some(&mut lse), qkv: &qkv }), "len(out)");
+        let bad = PrefillDims { dims: Dims { c: 144, ..d }, window: 16 };
+        constraint(prefill::prepare(gpu, &v, bad).map(|_| ()), "HS");
+    }
+    let tuned = prefill::prepare(gpu, &variant("flash-v2-tuned"), PrefillDims { dims: d, window: 16 }).unwrap();
+    constraint(tuned.enqueue(s, PrefillArgs { out: &mut out, lse: None, qkv: &qkv }), "lse");
+    constraint(tuned.enqueue(s, PrefillArgs { out: &mut out, lse: Some(&mut short_lse), qkv: &qkv }), "len(lse)");
+    constraint(prefill::prepare(gpu, &variant("local-window"), PrefillDims { dims: d, window: 0 }).map(|_| ()), "W");
+    gpu.synchronize().unwrap();
+    // Nothing was launched: out is still all NaN.
+    assert!(gpu.download(&out).unwrap().iter().all(|x| x.is_nan()), "a refused call wrote out");
+}
+
+fn main() -> std::process::ExitCode {
+    let mut suite = Suite::new().nvrtc("kernels_compile_without_local_memory", |tc| {
+        for v in Prefill.variants() {
+            let Source::Kernel(path) = v.source else { continue };
+            let src = attention::SOURCES.find(path).unwrap();
+            let headers = attention::SOURCES.headers().unwrap();
+            for arch in [Arch::SM80, Arch::SM90A] {
+                let c =
+                    tc.compile(&v.id(), src, &headers, &v.compile_defines(), arch).unwrap_or_else(|e| panic!("{e}"));
+                assert!(!c.image.is_empty(), "{} {}: empty image", v.id(), arch.name());
+                // No local-memory arrays (a run-time indexed array would show as a .local declaration).
+                assert!(!c.ptx.contains(".local"), "{} {}: uses local memory", v.id(), arch.name());
+            }
+        }
+    });
+    for t in [64, 256, 1024] {
+        suite = suite.gpu(&format!("stages_pass_default_t{t}"), move |gpu| {
+            let s = Prefill.default_shapes().into_iter().find(|s| s.get("T") == Some(t)).expect("a default shape");
+            assert_stages_pass(gpu, &Prefill, &s, &Prefill.variants());
+        });
+    }
+    suite
+        .gpu("stages_pass_edge_shapes", |gpu| {
+            // T = 1 (a single token), T just past a tile, a window of 1, a window past T, W = 1024.
+            for s in
+                [shape(1, 1, 1, 32, 1), shape(2, 17, 3, 128, 1), shape(1, 33, 2, 64, 1024), shape(3, 100, 4, 32, 99)]
+            {
+                assert_stages_pass(gpu, &Prefill, &s, &Prefill.variants());
+            }
+        })
+        .gpu("bad_buffers_are_typed_errors", bad_buffers)
+        .gpu("stages_pass_ragged", |gpu| {
+            // Ragged shapes: T not a multiple of 16 or 32, every head size, B and NH up to GPT-2's, any window.
+            let hs = prop::sample::select(prefill::HEAD_SIZES.to_vec());
+            proptest(16, (1usize..=4, 1usize..=12, 1usize..=512, hs, 1usize..=1024), |(b, nh, t, hs, w)| {
+                assert_stages_pass(gpu, &Prefill, &shape(b, t, nh, hs, w), &Prefill.variants())
+            })
+        })
+        .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &attention::Attention))
+        .gpu("graph_replay_every_stage", |gpu| {
+            for v in Prefill.variants() {
+                assert_graph_replay_passes(gpu, &Prefill, &shape(2, 100, 3, 64, 33), &v);
+            }
+        })
+        .main()
+}

@@ -1,0 +1,99 @@
+//! The host cost of one launch: a prepared trivial stage enqueued many times through [`Launch`]
+//! (`cuLaunchKernelEx` with parameter checks), beside the same kernel launched through cudarc's own
+//! builder (`cuLaunchKernel`) in the same process. Launches go in batches with a synchronisation
+//! between them, and only the host time of the enqueue loops is counted, so a full launch queue
+//! never turns the figure into GPU time.
+
+use std::time::Instant;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use serde::Serialize;
+
+use crate::error::{DriverContext, Result};
+use crate::gpu::Gpu;
+use crate::launch::{Arg, LaunchShape};
+use crate::module::Sources;
+use crate::variant::{Precision, Variant};
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+/// common's own kernels (the harness's empty kernel) and shared headers.
+pub static SOURCES: Sources = Sources { family: "common", files: embedded::KERNEL_SOURCES, imports: &[] };
+
+/// The empty kernel, as a stage.
+pub fn noop() -> Variant {
+    Variant::kernel("common", "harness", 0, "noop", "harness/00_noop.cu", Precision::Fp32, "the empty kernel")
+}
+
+/// Host microseconds per launch: median, min and max over the batches.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct PerLaunch {
+    pub median_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Overhead {
+    pub launches: usize,
+    pub batch: usize,
+    /// `Launch::enqueue` of a prepared stage.
+    pub prepared: PerLaunch,
+    /// cudarc's `launch_builder` + `launch` of the same function.
+    pub raw: PerLaunch,
+}
+
+impl Overhead {
+    pub fn ratio(&self) -> f64 {
+        self.prepared.median_us / self.raw.median_us
+    }
+}
+
+fn per_launch(mut batches: Vec<f64>) -> PerLaunch {
+    batches.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    PerLaunch { median_us: batches[batches.len() / 2], min_us: batches[0], max_us: batches[batches.len() - 1] }
+}
+
+/// Enqueues the empty kernel `launches` times each way (in batches of `batch`, interleaved, after a
+/// warm-up) and returns the host time per launch.
+pub fn measure(gpu: &Gpu, launches: usize, batch: usize) -> Result<Overhead> {
+    let variant = noop();
+    let launch = gpu.prepare_launch(&SOURCES, &variant, "ladder_noop", LaunchShape::linear(1, 32))?;
+    let func = gpu.module(&SOURCES, &variant)?.load_function("ladder_noop").ctx("load ladder_noop")?;
+    let out = gpu.zeros::<f32>(1)?;
+    let stream = gpu.stream();
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let n = 1i32;
+    let prepared_batch = || -> Result<f64> {
+        let t = Instant::now();
+        for _ in 0..batch {
+            // SAFETY: ladder_noop(float*, int) never writes for n >= 0.
+            unsafe { launch.enqueue(stream, &[Arg::buf(&out), Arg::I32(n)]) }?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6 / batch as f64)
+    };
+    let raw_batch = || -> Result<f64> {
+        let t = Instant::now();
+        for _ in 0..batch {
+            let mut b = stream.launch_builder(&func);
+            b.arg(&out).arg(&n);
+            // SAFETY: as above.
+            unsafe { b.launch(cfg) }.ctx("launch ladder_noop")?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6 / batch as f64)
+    };
+    // Warm-up: first launches pay for lazy loading in the driver.
+    prepared_batch()?;
+    raw_batch()?;
+    gpu.synchronize()?;
+    let (mut prepared, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..launches.div_ceil(batch).max(1) {
+        prepared.push(prepared_batch()?);
+        gpu.synchronize()?;
+        raw.push(raw_batch()?);
+        gpu.synchronize()?;
+    }
+    Ok(Overhead { launches, batch, prepared: per_launch(prepared), raw: per_launch(raw) })
+}

@@ -1,0 +1,135 @@
+//! matmul on the GPU: every stage of both ops at the GPT-2 shapes (M = 64 with the real N, K; full
+//! M = 4096 shapes), at ragged hand-picked shapes, in property tests over M, N, K in 1..512, bad
+//! buffers as typed errors that launch nothing, the documented limits, and graph replays. Ignored
+//! (not passed) without a GPU; failing with `LADDER_REQUIRE_GPU=1`.
+
+use common::cudarc::driver::CudaSlice;
+use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
+use common::{Error, Gpu, Op, Shape, Variant};
+use matmul::epilogue::{self, Epilogue, EpilogueArgs, EpilogueDims, LinearEpilogue};
+use matmul::linear::{self, Linear, LinearArgs, LinearDims};
+
+fn all_variants(op: &dyn Op) -> Vec<Variant> {
+    op.variants().into_iter().chain(op.leave_one_out()).collect()
+}
+
+fn lin(m: i64, n: i64, k: i64, bias: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
+}
+
+fn epi(m: i64, n: i64, k: i64, e: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("epi", e)])
+}
+
+fn pass(gpu: &Gpu, op: &dyn Op, shape: &Shape) {
+    assert_stages_pass(gpu, op, shape, &all_variants(op));
+}
+
+fn constraint(r: common::Result<()>) -> String {
+    match r {
+        Err(e @ Error::Constraint { .. }) => e.to_string(),
+        other => panic!("expected a constraint error, got {other:?}"),
+    }
+}
+
+fn bad_buffers(gpu: &Gpu) {
+    let (m, n, k) = (8usize, 16usize, 24usize);
+    let inp = gpu.upload(&vec![1.0f32; m * k]).unwrap();
+    let long_inp = gpu.upload(&vec![1.0f32; m * k + 1]).unwrap();
+    let w = gpu.upload(&vec![1.0f32; n * k]).unwrap();
+    let bias = gpu.upload(&vec![1.0f32; n]).unwrap();
+    let short_bias = gpu.upload(&vec![1.0f32; n - 1]).unwrap();
+    let stream = gpu.stream();
+    for v in Linear.variants() {
+        let p = linear::prepare(gpu, &v, LinearDims { m, n, k, bias: true }).unwrap();
+        let mut out = gpu.alloc_poisoned::<f32>(m * n).unwrap();
+        let mut call = |x: &CudaSlice<f32>, b: Option<&CudaSlice<f32>>| {
+            p.enqueue(stream, LinearArgs { out: &mut out, inp: x, weight: &w, bias: b })
+        };
+        assert!(constraint(call(&long_inp, Some(&bias))).contains("len(inp)"), "{}", v.id());
+        assert!(constraint(call(&inp, Some(&short_bias))).contains("len(bias)"), "{}", v.id());
+        assert!(constraint(call(&inp, None)).contains("bias"), "{}", v.id());
+        assert!(
+            constraint(linear::prepare(gpu, &v, LinearDims { m: 0, n, k, bias: true }).map(|_| ())).contains("M >= 1")
+        );
+        gpu.synchronize().unwrap();
+        // Nothing was launched: out is still all poison.
+        assert!(gpu.download(&out).unwrap().iter().all(|x| x.is_nan()), "{} wrote out", v.id());
+    }
+    let residual = gpu.upload(&vec![1.0f32; m * n]).unwrap();
+    for v in LinearEpilogue.variants() {
+        for e in [Epilogue::BiasResidual, Epilogue::BiasGelu] {
+            let p = epilogue::prepare(gpu, &v, EpilogueDims { m, n, k, epilogue: e }).unwrap();
+            let mut out = gpu.alloc_poisoned::<f32>(m * n).unwrap();
+            let mut call = |res: Option<&CudaSlice<f32>>| {
+                p.enqueue(stream, EpilogueArgs { out: &mut out, inp: &inp, weight: &w, bias: &bias, residual: res })
+            };
+            match e {
+                Epilogue::BiasResidual => {
+                    assert!(constraint(call(None)).contains("residual"), "{}", v.id());
+                    assert!(constraint(call(Some(&bias))).contains("len(residual)"), "{}", v.id());
+                }
+                Epilogue::BiasGelu => assert!(constraint(call(Some(&residual))).contains("no residual"), "{}", v.id()),
+            }
+            gpu.synchronize().unwrap();
+            assert!(gpu.download(&out).unwrap().iter().all(|x| x.is_nan()), "{} wrote out", v.id());
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    Suite::new()
+        .gpu("linear_gpt2_shapes_m64", |gpu| {
+            for mut s in Linear.default_shapes() {
+                s.set("M", 64);
+                pass(gpu, &Linear, &s);
+            }
+        })
+        .gpu("linear_full_shape_and_sampled_reference", |gpu| {
+            // Full reference (4096·768·768 < 2^32 MACs) and a sampled one (4096·2304·768).
+            pass(gpu, &Linear, &lin(4096, 768, 768, 1));
+            pass(gpu, &Linear, &lin(4096, 2304, 768, 1));
+        })
+        .gpu("linear_ragged_shapes", |gpu| {
+            for (m, n, k) in [(1, 1, 1), (1, 50257, 3), (17, 33, 15), (129, 127, 130), (31, 2305, 769), (300, 7, 1001)]
+            {
+                for b in [0, 1] {
+                    pass(gpu, &Linear, &lin(m, n, k, b));
+                }
+            }
+        })
+        .gpu("epilogue_gpt2_shapes_m64", |gpu| {
+            for mut s in LinearEpilogue.default_shapes() {
+                s.set("M", 64);
+                pass(gpu, &LinearEpilogue, &s);
+            }
+            pass(gpu, &LinearEpilogue, &epi(4096, 768, 768, 2));
+        })
+        .gpu("epilogue_ragged_shapes", |gpu| {
+            for (m, n, k) in [(1, 1, 1), (17, 33, 15), (130, 515, 47)] {
+                for e in [1, 2] {
+                    pass(gpu, &LinearEpilogue, &epi(m, n, k, e));
+                }
+            }
+        })
+        .gpu("linear_any_shape", |gpu| {
+            proptest(16, (1i64..512, 1i64..512, 1i64..512, 0i64..2), |(m, n, k, b)| {
+                pass(gpu, &Linear, &lin(m, n, k, b))
+            })
+        })
+        .gpu("epilogue_any_shape", |gpu| {
+            proptest(16, (1i64..512, 1i64..512, 1i64..512, 1i64..3), |(m, n, k, e)| {
+                pass(gpu, &LinearEpilogue, &epi(m, n, k, e))
+            })
+        })
+        .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
+        .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &matmul::Matmul))
+        .gpu("graph_replay_every_stage", |gpu| {
+            for (op, shape) in [(&Linear as &dyn Op, lin(129, 127, 130, 1)), (&LinearEpilogue, epi(130, 515, 47, 2))] {
+                for v in all_variants(op) {
+                    assert_graph_replay_passes(gpu, op, &shape, &v);
+                }
+            }
+        })
+        .main()
+}
