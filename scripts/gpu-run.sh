@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU-side runner packed into .gpu-bundle/run.sh by scripts/gpu-bundle.
-#   run.sh tests [FILTER]        every test executable with LADDER_REQUIRE_GPU=1; one line each,
-#                                then "N passed, N failed"; logs in $LOG_DIR/tests/
+#   run.sh tests [FILTER]        every test executable with LADDER_REQUIRE_GPU=1; one line each
+#                                (a test the harness ignored is flagged: none should be, with a
+#                                device), then "N passed, N failed"; logs in $LOG_DIR/tests/
 #   run.sh ladder ARGS...        the ladder CLI
 #   run.sh bench NAME [ARGS...]  one criterion bench executable (NAME as in benches/, e.g.
 #                                norm.bench.norm), with criterion's output under $LOG_DIR/criterion
@@ -41,8 +42,10 @@ tests)
             failed=$((failed + 1))
         fi
         summary=$(grep -E "^test result" "$LOG_DIR/tests/$name.log" | tail -1)
-        skips=$(grep -c "^SKIP" "$LOG_DIR/tests/$name.log")
-        echo "$status $name ($(($(date +%s) - start)) s): ${summary:-no test result line}${skips:+, $skips SKIP lines}"
+        ignored=$(echo "$summary" | grep -oE "[0-9]+ ignored" | cut -d' ' -f1)
+        flag=""
+        [ "${ignored:-0}" -gt 0 ] && flag=" (IGNORED TESTS)"
+        echo "$status $name ($(($(date +%s) - start)) s): ${summary:-no test result line}$flag"
     done
     echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ]

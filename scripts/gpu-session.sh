@@ -8,6 +8,9 @@
 #   scripts/gpu-session.sh [STEP ...]     (default: device anchors tests tables benches)
 #   steps: device | anchors | tests[:FILTER] | tables[:FAMILY] | loo:FAMILY | benches[:NAME]
 #          | bench:NAME:REGEX (one bench, criterion filter) | lmhead-padded | splits-sweep
+#          | overhead (host cost of a launch) | graph (every family, --graph --quick)
+#          | runall (wall time of `ladder run all --quick`, and of the previous commit's ladder in
+#            .gpu-old/ when carried) | cmp:FAMILY[:ARGS] (full tables of FAMILY by both binaries)
 #   DEADLINE_S (default 570): seconds the whole session may take.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -93,6 +96,23 @@ for s in "$@"; do
                 done
             done
         done
+        ;;
+    overhead) step overhead 60 "$bundle/run.sh ladder launch-overhead" ;;
+    graph) step tables-graph 300 "$bundle/run.sh ladder run all --graph --quick --out $logs/tables-graph" ;;
+    runall)
+        # Both from an empty kernel cache, so both pay the same NVRTC compilations.
+        step runall-quick 240 "s=\$(date +%s%N); LADDER_CACHE_DIR=/tmp/cache-runall-new $bundle/run.sh ladder run all --quick; echo wall \$(( (\$(date +%s%N) - s) / 1000000 )) ms"
+        if [ -x .gpu-old/ladder ]; then
+            step runall-quick-before 240 "s=\$(date +%s%N); LADDER_CACHE_DIR=/tmp/cache-runall-old .gpu-old/run.sh ladder run all --quick; echo wall \$(( (\$(date +%s%N) - s) / 1000000 )) ms"
+        fi
+        ;;
+    cmp:*)
+        fam=${arg%%:*}
+        extra=""
+        [ "$fam" != "$arg" ] && extra=${arg#*:}
+        step "cmp-$fam-after" 200 "$bundle/run.sh ladder run $fam $extra --out $logs/cmp-after"
+        [ -x .gpu-old/ladder ] && step "cmp-$fam-before" 200 \
+            "LADDER_CACHE_DIR=/tmp/ladder-cache-old .gpu-old/run.sh ladder run $fam $extra --out $logs/cmp-before"
         ;;
     *) echo "unknown step $s" | tee -a "$summary" ;;
     esac

@@ -8,8 +8,8 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    Problem, ResourceUse, Result, Shape, Sources, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::reference::{causal_attention, Dims};
@@ -323,8 +323,10 @@ impl Prepared {
             }
         }
     }
+}
 
-    pub fn resources(&self) -> Vec<ResourceUse> {
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
         let launches = match &self.stage {
             Stage::Unfused(u) => vec![&u.permute, &u.preatt, &u.softmax, &u.compute_att, &u.unpermute],
             Stage::Local(l) | Stage::Flash { launch: l, .. } => vec![l],
@@ -354,25 +356,19 @@ fn shape(b: i64, t: i64, nh: i64, hs: i64, w: i64) -> Shape {
 
 pub struct Prefill;
 
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "causal self-attention forward (fp32): qkv[B,T,3C] -> out[B,T,C], NH heads of HS, scale 1/sqrt(HS); \
+         W = window of the local stage",
+    sources: &SOURCES,
+    shape_keys: &["B", "T", "NH", "HS", "W"],
+    stages,
+};
+
 impl Op for Prefill {
-    fn family(&self) -> &'static str {
-        FAMILY
-    }
-    fn name(&self) -> &'static str {
-        OP
-    }
-    fn description(&self) -> &'static str {
-        "causal self-attention forward (fp32): qkv[B,T,3C] -> out[B,T,C], NH heads of HS, scale 1/sqrt(HS); \
-         W = window of the local stage"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn variants(&self) -> Vec<Variant> {
-        stages()
-    }
-    fn shape_keys(&self) -> &'static [&'static str] {
-        &["B", "T", "NH", "HS", "W"]
+    fn info(&self) -> &'static OpInfo {
+        &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
         [1024, 64, 256].iter().map(|&t| shape(4, t, 12, 64, DEFAULT_WINDOW as i64)).collect()
@@ -470,7 +466,7 @@ impl Problem for PrefillProblem {
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
         let d = PrefillDims { dims: self.dims, window: self.window };
-        Ok(self.prepared.set(v, prepare(gpu, v, d)?).resources())
+        Ok(self.prepared.set(v, prepare(gpu, v, d)?))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;

@@ -16,6 +16,9 @@ pub enum Error {
     NoNvrtc(String),
     #[error("CUDA headers (cuda_fp16.h) not found; looked in: {0}")]
     NoCudaHeaders(String),
+    /// The first attempt's `NoNvrtc` or `NoCudaHeaders`, as text (the toolchain is located once).
+    #[error("{0}")]
+    Toolchain(String),
     #[error("compiling {variant} for {arch} failed; NVRTC log:\n{log}")]
     Compile { variant: String, arch: String, log: String },
     #[error("kernel source {0} is not embedded in this family")]

@@ -50,21 +50,47 @@ pub trait Family: Sync {
     fn ops(&self) -> Vec<&'static dyn Op>;
 }
 
+/// What an op is: its family and name, one line for `ladder list`, the family's sources, the keys
+/// of its shapes (in display order) and its stage list. Each op declares one as a `static`.
+#[derive(Debug)]
+pub struct OpInfo {
+    pub family: &'static str,
+    pub name: &'static str,
+    pub description: &'static str,
+    pub sources: &'static Sources,
+    pub shape_keys: &'static [&'static str],
+    /// The stage list: each stage declared once, with its plan.
+    pub stages: fn() -> Vec<Variant>,
+}
+
 pub trait Op: Sync {
-    fn family(&self) -> &'static str;
-    fn name(&self) -> &'static str;
-    fn description(&self) -> &'static str;
+    fn info(&self) -> &'static OpInfo;
+    fn family(&self) -> &'static str {
+        self.info().family
+    }
+    fn name(&self) -> &'static str {
+        self.info().name
+    }
+    fn description(&self) -> &'static str {
+        self.info().description
+    }
     /// The family's embedded sources (the same as [`Family::sources`]).
-    fn sources(&self) -> &'static Sources;
+    fn sources(&self) -> &'static Sources {
+        self.info().sources
+    }
+    /// The shape keys, in display order.
+    fn shape_keys(&self) -> &'static [&'static str] {
+        self.info().shape_keys
+    }
     /// The op's stages in ladder order, each with its plan: the one list the CLI, tests, benches and
     /// docs read.
-    fn variants(&self) -> Vec<Variant>;
+    fn variants(&self) -> Vec<Variant> {
+        (self.info().stages)()
+    }
     /// Extra rows shown with `--leave-one-out`: every stage with toggles, all-on minus each one.
     fn leave_one_out(&self) -> Vec<Variant> {
         self.variants().iter().flat_map(|v| LeaveOneOut.derive(v)).collect()
     }
-    /// The shape keys, in display order.
-    fn shape_keys(&self) -> &'static [&'static str];
     fn default_shapes(&self) -> Vec<Shape>;
     /// Fails with a typed constraint error when `variant` cannot run `shape` (sizes, limits,
     /// alignment). Checked before anything is allocated or launched; `prepare` checks the same.
@@ -92,6 +118,11 @@ pub trait Problem {
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification>;
 }
 
+/// An op's prepared stage: it reports the resources of its kernels at their launch configurations.
+pub trait PreparedStage {
+    fn resources(&self) -> Vec<ResourceUse>;
+}
+
 /// The stage a problem has prepared: the variant and the op's prepared form of it.
 pub struct Prepared<P> {
     current: Option<(Variant, P)>,
@@ -103,9 +134,10 @@ impl<P> Default for Prepared<P> {
     }
 }
 
-impl<P> Prepared<P> {
-    pub fn set(&mut self, variant: &Variant, prepared: P) -> &mut P {
-        &mut self.current.insert((variant.clone(), prepared)).1
+impl<P: PreparedStage> Prepared<P> {
+    /// Makes `prepared` the current stage and returns its resources (what `Problem::prepare` returns).
+    pub fn set(&mut self, variant: &Variant, prepared: P) -> Vec<ResourceUse> {
+        self.current.insert((variant.clone(), prepared)).1.resources()
     }
 
     /// The prepared stage, or a typed error when nothing was prepared.

@@ -296,5 +296,5 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// NVRTC for tests that need no GPU; shared by the process.
 pub fn toolchain() -> Result<Arc<Toolchain>> {
     static TC: std::sync::OnceLock<std::result::Result<Arc<Toolchain>, String>> = std::sync::OnceLock::new();
-    TC.get_or_init(|| Toolchain::locate().map(Arc::new).map_err(|e| e.to_string())).clone().map_err(Error::NoNvrtc)
+    TC.get_or_init(|| Toolchain::locate().map(Arc::new).map_err(|e| e.to_string())).clone().map_err(Error::Toolchain)
 }

@@ -122,7 +122,15 @@ fn ceiling_line(table: &Table) -> String {
 /// The header lines above the table.
 pub fn header(table: &Table) -> Vec<String> {
     vec![
-        format!("{}/{}  shape {}  on {}  (seed {})", table.family, table.op, table.shape, table.device, table.seed),
+        format!(
+            "{}/{}  shape {}  on {}  (seed {}{})",
+            table.family,
+            table.op,
+            table.shape,
+            table.device,
+            table.seed,
+            if table.graph { "; times are CUDA-graph replays" } else { "" }
+        ),
         format!(
             "floor: {:.2} MB moved, {:.3} GFLOP; {}",
             table.workload.bytes as f64 / 1e6,

@@ -4,8 +4,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    Problem, ResourceUse, Result, Shape, Sources, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use rand::Rng;
 
@@ -120,8 +120,10 @@ impl Prepared {
         // SAFETY: arguments match the kernel signature; lengths checked above, B*T*C < 2^31.
         unsafe { self.launch.enqueue(stream, &args) }
     }
+}
 
-    pub fn resources(&self) -> Vec<ResourceUse> {
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
         vec![self.launch.resources().clone()]
     }
 }
@@ -155,24 +157,18 @@ fn dims(shape: &Shape) -> Result<EncoderDims> {
 
 pub struct Encoder;
 
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "token + position embedding (fp32): out[b,t,:] = wte[tok,:] + wpe[t,:]",
+    sources: &SOURCES,
+    shape_keys: &["B", "T", "C", "V"],
+    stages,
+};
+
 impl Op for Encoder {
-    fn family(&self) -> &'static str {
-        FAMILY
-    }
-    fn name(&self) -> &'static str {
-        OP
-    }
-    fn description(&self) -> &'static str {
-        "token + position embedding (fp32): out[b,t,:] = wte[tok,:] + wpe[t,:]"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn variants(&self) -> Vec<Variant> {
-        stages()
-    }
-    fn shape_keys(&self) -> &'static [&'static str] {
-        &["B", "T", "C", "V"]
+    fn info(&self) -> &'static OpInfo {
+        &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
         vec![shape(4, 1024, 768, 50257)]
@@ -230,7 +226,7 @@ impl Problem for EncoderProblem {
         self.out.poison(gpu)
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?).resources())
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;

@@ -8,8 +8,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, Limit, Op, Precision, Prepared as Current, Problem,
-    Requirements, ResourceUse, Result, Shape, Sources, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, Limit, Op, OpInfo, Precision, Prepared as Current,
+    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::gemm::{check_dims, check_gemm, elementwise, gemm_limits, CublasLt, Dims, Gemm, Ptrs, Wmma, M3_TUNABLES};
@@ -251,8 +251,10 @@ impl Prepared {
             }
         }
     }
+}
 
-    pub fn resources(&self) -> Vec<ResourceUse> {
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
         let launches = match &self.stage {
             Stage::Wmma { gemm, after } => gemm.launches().into_iter().chain(after.iter().map(|(l, _)| l)).collect(),
             Stage::Lt(lt) => lt.launches(),
@@ -303,24 +305,18 @@ fn dims(shape: &Shape) -> Result<EpilogueDims> {
     })
 }
 
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "linear layer + epilogue: epi=1 GELU(x W^T + b) (tanh), epi=2 x W^T + b + residual; fp32 in/out",
+    sources: &SOURCES,
+    shape_keys: &["M", "N", "K", "epi"],
+    stages,
+};
+
 impl Op for LinearEpilogue {
-    fn family(&self) -> &'static str {
-        FAMILY
-    }
-    fn name(&self) -> &'static str {
-        OP
-    }
-    fn description(&self) -> &'static str {
-        "linear layer + epilogue: epi=1 GELU(x W^T + b) (tanh), epi=2 x W^T + b + residual; fp32 in/out"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn variants(&self) -> Vec<Variant> {
-        stages()
-    }
-    fn shape_keys(&self) -> &'static [&'static str] {
-        &["M", "N", "K", "epi"]
+    fn info(&self) -> &'static OpInfo {
+        &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M at B·T = 4096: MLP up + GELU; attention projection + residual; MLP down + residual.
@@ -392,7 +388,7 @@ impl Problem for EpilogueProblem {
         self.out.poison(gpu)
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?).resources())
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;

@@ -6,8 +6,8 @@ use common::check::{ErrorStats, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
-    Prepared as Current, Problem, Requirements, ResourceUse, Result, Shape, Sources, Variant, Workload,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::gemm::{check_dims, check_gemm, gemm_limits, Cublas, Dims, Gemm, Ptrs, Wmma, M3_TUNABLES};
@@ -188,8 +188,10 @@ impl Prepared {
             }
         }
     }
+}
 
-    pub fn resources(&self) -> Vec<ResourceUse> {
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
         let launches = match &self.stage {
             Stage::Direct(l) => vec![l],
             Stage::Wmma(w) => w.launches(),
@@ -242,24 +244,18 @@ fn dims(shape: &Shape) -> Result<LinearDims> {
     Ok(LinearDims { m: shape.dim("M", max)?, n: shape.dim("N", max)?, k: shape.dim("K", max)?, bias: b == 1 })
 }
 
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "out[M,N] = inp[M,K] . W[N,K]^T + bias[N] (llm.c layout, fp32 in/out); bias=0 drops the bias",
+    sources: &SOURCES,
+    shape_keys: &["M", "N", "K", "bias"],
+    stages,
+};
+
 impl Op for Linear {
-    fn family(&self) -> &'static str {
-        FAMILY
-    }
-    fn name(&self) -> &'static str {
-        OP
-    }
-    fn description(&self) -> &'static str {
-        "out[M,N] = inp[M,K] . W[N,K]^T + bias[N] (llm.c layout, fp32 in/out); bias=0 drops the bias"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn variants(&self) -> Vec<Variant> {
-        stages()
-    }
-    fn shape_keys(&self) -> &'static [&'static str] {
-        &["M", "N", "K", "bias"]
+    fn info(&self) -> &'static OpInfo {
+        &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M at B·T = 4096: QKV, attention projection, MLP up, MLP down, LM head; and 4096³.
@@ -327,7 +323,7 @@ impl Problem for LinearProblem {
         self.out.poison(gpu)
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?).resources())
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;

@@ -5,8 +5,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
-    ResourceUse, Result, Shape, Sources, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
@@ -198,8 +198,10 @@ impl Prepared {
             }
         }
     }
+}
 
-    pub fn resources(&self) -> Vec<ResourceUse> {
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
         vec![self.launch.resources().clone()]
     }
 }
@@ -236,24 +238,18 @@ fn dims(shape: &Shape) -> Result<LayerNormDims> {
     Ok(LayerNormDims { rows: shape.dim("rows", i32::MAX as i64)?, c: shape.dim("C", i32::MAX as i64)? })
 }
 
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "LayerNorm forward over C (fp32), rows = B*T; writes out, mean, rstd",
+    sources: &SOURCES,
+    shape_keys: &["rows", "C"],
+    stages,
+};
+
 impl Op for LayerNorm {
-    fn family(&self) -> &'static str {
-        FAMILY
-    }
-    fn name(&self) -> &'static str {
-        OP
-    }
-    fn description(&self) -> &'static str {
-        "LayerNorm forward over C (fp32), rows = B*T; writes out, mean, rstd"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn variants(&self) -> Vec<Variant> {
-        stages()
-    }
-    fn shape_keys(&self) -> &'static [&'static str] {
-        &["rows", "C"]
+    fn info(&self) -> &'static OpInfo {
+        &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
         vec![shape(4096, 768), shape(32768, 4096)]
@@ -337,7 +333,7 @@ impl Problem for LayerNormProblem {
         if p.reads_constant_weights() {
             p.bind_constant_weights(gpu, v, &self.w, &self.b)?;
         }
-        Ok(self.prepared.set(v, p).resources())
+        Ok(self.prepared.set(v, p))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;

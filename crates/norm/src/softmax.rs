@@ -5,8 +5,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
-    ResourceUse, Result, Shape, Sources, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
@@ -160,8 +160,10 @@ impl Prepared {
         // lengths were checked above and rows * T < 2^31 at prepare.
         unsafe { self.launch.enqueue(stream, &args) }
     }
+}
 
-    pub fn resources(&self) -> Vec<ResourceUse> {
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
         vec![self.launch.resources().clone()]
     }
 }
@@ -201,25 +203,19 @@ fn dims(shape: &Shape) -> Result<(SoftmaxDims, f32)> {
 
 pub struct Softmax;
 
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1); inputs in \
+         [-magnitude, magnitude) (default 8)",
+    sources: &SOURCES,
+    shape_keys: &["rows", "T", "causal", "magnitude"],
+    stages,
+};
+
 impl Op for Softmax {
-    fn family(&self) -> &'static str {
-        FAMILY
-    }
-    fn name(&self) -> &'static str {
-        OP
-    }
-    fn description(&self) -> &'static str {
-        "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1); inputs in \
-         [-magnitude, magnitude) (default 8)"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn variants(&self) -> Vec<Variant> {
-        stages()
-    }
-    fn shape_keys(&self) -> &'static [&'static str] {
-        &["rows", "T", "causal", "magnitude"]
+    fn info(&self) -> &'static OpInfo {
+        &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
         // The attention shape (B=4, NH=12, T=1024, causal), and a bandwidth shape.
@@ -284,7 +280,7 @@ impl Problem for SoftmaxProblem {
         self.out.poison(gpu)
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?).resources())
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;

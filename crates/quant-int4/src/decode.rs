@@ -16,7 +16,8 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Arg, Bound, Define, Error, Generator, Gpu, Launch, LaunchShape, LeaveOneOut, Limit, Op,
-    Precision, Prepared as Current, Problem, Requirements, ResourceUse, Result, Shape, Sources, Variant, Workload,
+    OpInfo, Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
+    Workload,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -372,8 +373,10 @@ impl Prepared {
     pub fn splits(&self) -> usize {
         self.splits
     }
+}
 
-    pub fn resources(&self) -> Vec<ResourceUse> {
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
         vec![self.split.resources().clone(), self.combine.resources().clone()]
     }
 }
@@ -517,21 +520,18 @@ fn stage_runs_on(stage: KvFormat, shape_fmt: KvFormat) -> bool {
 
 pub struct Decode;
 
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "GQA decode attention over a bf16 / INT4 (row-wise, group-wise) KV cache, split-K + merge",
+    sources: &SOURCES,
+    shape_keys: &["B", "Tmax", "seq", "ragged", "HQ", "HKV", "D", "fmt", "splits"],
+    stages,
+};
+
 impl Op for Decode {
-    fn family(&self) -> &'static str {
-        FAMILY
-    }
-    fn name(&self) -> &'static str {
-        OP
-    }
-    fn description(&self) -> &'static str {
-        "GQA decode attention over a bf16 / INT4 (row-wise, group-wise) KV cache, split-K + merge"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn variants(&self) -> Vec<Variant> {
-        stages()
+    fn info(&self) -> &'static OpInfo {
+        &INFO
     }
     fn leave_one_out(&self) -> Vec<Variant> {
         // Both ladders have an all-on stage: their derived rows are named by ladder.
@@ -545,9 +545,6 @@ impl Op for Decode {
                 })
             })
             .collect()
-    }
-    fn shape_keys(&self) -> &'static [&'static str] {
-        &["B", "Tmax", "seq", "ragged", "HQ", "HKV", "D", "fmt", "splits"]
     }
     fn default_shapes(&self) -> Vec<Shape> {
         let mut v = Vec::new();
@@ -699,7 +696,7 @@ impl Problem for DecodeProblem {
             &format!("stage {} needs a fmt={} problem", v.name, fmt.key()),
             || format!("fmt = {}", self.s.fmt.key()),
         )?;
-        Ok(self.prepared.set(v, prepare(gpu, v, self.s.dims, self.splits)?).resources())
+        Ok(self.prepared.set(v, prepare(gpu, v, self.s.dims, self.splits)?))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;

@@ -5,8 +5,8 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
-    ResourceUse, Result, Shape, Sources, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -83,8 +83,10 @@ impl Prepared {
         // SAFETY: the argument list matches the kernel signature; lengths were checked above.
         unsafe { self.launch.enqueue(stream, &args) }
     }
+}
 
-    pub fn resources(&self) -> Vec<ResourceUse> {
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
         vec![self.launch.resources().clone()]
     }
 }
@@ -113,24 +115,18 @@ fn dims(shape: &Shape) -> Result<QuantizeDims> {
     })
 }
 
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "bf16 KV-cache rows -> INT4 (G = 1 row-wise or 4 group-wise fp16 scale/shift pairs + packed codes)",
+    sources: &SOURCES,
+    shape_keys: &["rows", "D", "G"],
+    stages,
+};
+
 impl Op for Quantize {
-    fn family(&self) -> &'static str {
-        FAMILY
-    }
-    fn name(&self) -> &'static str {
-        OP
-    }
-    fn description(&self) -> &'static str {
-        "bf16 KV-cache rows -> INT4 (G = 1 row-wise or 4 group-wise fp16 scale/shift pairs + packed codes)"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn variants(&self) -> Vec<Variant> {
-        stages()
-    }
-    fn shape_keys(&self) -> &'static [&'static str] {
-        &["rows", "D", "G"]
+    fn info(&self) -> &'static OpInfo {
+        &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
         // rows = B * Tmax * HKV of the decode caches at B = 32 and 128.
@@ -206,7 +202,7 @@ impl Problem for QuantizeProblem {
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
         let q = QuantizeDims { rows: self.rows, d: self.d, groups: self.groups };
-        Ok(self.prepared.set(v, prepare(gpu, v, q)?).resources())
+        Ok(self.prepared.set(v, prepare(gpu, v, q)?))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
