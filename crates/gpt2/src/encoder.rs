@@ -38,7 +38,8 @@ pub struct EncoderDims {
     pub max_t: usize,
 }
 
-/// Token ids on the device, checked on the host to lie in `[0, vocab)` when uploaded.
+/// Token ids on the device, checked on the host to lie in `[0, vocab)` when uploaded: the only way
+/// to make one, so the kernel can index `wte` with them unchecked.
 pub struct TokenIds {
     ids: CudaSlice<i32>,
     vocab: usize,
@@ -115,9 +116,9 @@ impl Prepared {
             Arg::int(d.b),
             Arg::int(d.t),
             Arg::int(d.c),
-            Arg::int(d.vocab),
         ];
-        // SAFETY: arguments match the kernel signature; lengths checked above, B*T*C < 2^31.
+        // SAFETY: arguments match the kernel signature; lengths checked above, B*T*C < 2^31, and
+        // every token id was checked against V when its TokenIds was made.
         unsafe { self.launch.enqueue(stream, &args) }
     }
 }
