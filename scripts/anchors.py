@@ -2,7 +2,7 @@
 """Times the PyTorch equivalents of kernel-ladder's ops at the families' default shapes and writes
 JSON that `ladder run --anchors FILE` shows as extra rows. Needs only torch with CUDA.
 
-    python3 scripts/anchors.py --out anchors.json [--family norm,attention,quant-int4]
+    python3 scripts/anchors.py --out anchors.json [--family norm,attention,attention-decode,quant-int4]
 
 Timing mirrors the harness: CUDA events around each call after warm-up, the median (with min and
 max) of many calls, rotating through enough copies of the inputs that they do not sit in L2.
@@ -89,6 +89,32 @@ def attention():
     return out
 
 
+def attention_decode():
+    """SDPA on the contiguous bf16 caches of the decode tables ([B, T, HKV, D], viewed as
+    [B, HKV, T, D]), one query token, both fused backends; the ragged shape has no anchor (SDPA
+    would need a mask)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    out = []
+    shapes = [(1, 12, 12, 64, 1024), (8, 12, 12, 64, 1024), (64, 12, 12, 64, 1024), (16, 32, 32, 128, 8192),
+              (32, 32, 4, 128, 8192), (128, 32, 4, 128, 8192)]
+    for b, hq, hkv, d, t in shapes:
+        shape = f"B={b},HQ={hq},HKV={hkv},D={d},seq={t},ragged=0,bs=16,dtype=0,alibi=0,splits=0"
+        copies = rotation(2 * b * t * hkv * d * 2)
+        kvs = [(torch.randn(b, t, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2),
+                torch.randn(b, t, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)) for _ in range(copies)]
+        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+        for backend, name in [(SDPBackend.CUDNN_ATTENTION, "torch sdpa bf16 (cuDNN)"), (SDPBackend.FLASH_ATTENTION, "torch sdpa bf16 (flash)")]:
+            def run(k, v, backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
+            try:
+                out.append(anchor("attention", "decode", shape, name, [lambda k=k, v=v: run(k, v) for k, v in kvs]))
+            except RuntimeError as e:
+                print(f"{name} at {shape}: not available ({str(e).splitlines()[0]})")
+        del kvs, q
+    return out
+
+
 def quant_int4():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -117,12 +143,13 @@ def quant_int4():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--family", default="norm,attention,quant-int4")
+    p.add_argument("--family", default="norm,attention,attention-decode,quant-int4")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     anchors = []
     for fam in args.family.split(","):
-        anchors += {"norm": norm, "attention": attention, "quant-int4": quant_int4}[fam]()
+        anchors += {"norm": norm, "attention": attention, "attention-decode": attention_decode,
+                    "quant-int4": quant_int4}[fam]()
     dev = torch.cuda.get_device_name(0)
     with open(args.out, "w") as f:
         json.dump({"device": dev, "torch": torch.__version__, "anchors": anchors}, f, indent=1)

@@ -6,7 +6,7 @@
 # a summary is printed last.
 #
 #   scripts/gpu-session.sh [STEP ...]     (default: device anchors tests tables benches)
-#   steps: device | anchors | tests[:FILTER] | tables[:FAMILY] | loo:FAMILY | benches[:NAME]
+#   steps: device | anchors[:FAMILIES] | tests[:FILTER] | tables[:FAMILY[:ARGS]] | loo:FAMILY | benches[:NAME]
 #          | bench:NAME:REGEX (one bench, criterion filter) | lmhead-padded | splits-sweep
 #          | overhead (host cost of a launch) | graph (every family, --graph --quick)
 #          | runall (wall time of `ladder run all --quick`, and of the previous commit's ladder in
@@ -59,13 +59,19 @@ for s in "$@"; do
     case "$s" in
     device) step device 90 "nvidia-smi; $bundle/run.sh ladder device --remeasure" ;;
     anchors) step anchors 120 "PYTHONUNBUFFERED=1 python3 scripts/anchors.py --out $logs/anchors.json" ;;
+    anchors:*) step "anchors-$arg" 120 "PYTHONUNBUFFERED=1 python3 scripts/anchors.py --family $arg --out $logs/anchors.json" ;;
     tests*) step "tests${arg:+-$arg}" 300 "$bundle/run.sh tests $arg" ;;
     tables)
         for fam in norm attention gpt2; do step "tables-$fam" 150 "$(tables "$fam")"; done
         step tables-matmul 200 "$(tables matmul --leave-one-out)"
         step tables-quant-int4 300 "$(tables quant-int4 --leave-one-out)"
         ;;
-    tables:*) step "tables-$arg" 300 "$(tables "$arg")" ;;
+    tables:*)
+        fam=${arg%%:*}
+        extra=""
+        [ "$fam" != "$arg" ] && extra=${arg#*:}
+        step "tables-$fam" 300 "$(tables "$fam" $extra)"
+        ;;
     loo:*) step "tables-$arg-loo" 300 "$(tables "$arg" --leave-one-out)" ;;
     benches*)
         for b in "$bundle"/benches/*; do

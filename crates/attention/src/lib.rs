@@ -1,10 +1,13 @@
 //! The attention family: causal multi-head self-attention as GPT-2 runs it, each op a ladder of
 //! stages. `prefill` is the whole-sequence forward pass, from the reference report's five-kernel
-//! baseline through reductions, a fused local window and FlashAttention-2 in fp32. The CPU
-//! references live in [`reference`] so later ops (decode) can share them.
+//! baseline through reductions, a fused local window and FlashAttention-2 in fp32. `decode` is one
+//! query token per sequence against a KV cache, contiguous or paged: from three naive kernels
+//! through decoding attention, Flash-Decoding and vLLM's paged kernels to GQA packing. Its shared
+//! machinery (sequence lengths, ALiBi, the f64 reference) is what `quant-int4` builds on.
 
 use common::{Family, Op, Sources};
 
+pub mod decode;
 pub mod prefill;
 pub mod reference;
 
@@ -24,12 +27,13 @@ impl Family for Attention {
         FAMILY
     }
     fn description(&self) -> &'static str {
-        "causal self-attention (fp32): five-kernel baseline -> reductions -> local window -> FlashAttention-2"
+        "attention: causal prefill (fp32, five kernels -> FlashAttention-2) and decode over contiguous and paged \
+         bf16/fp16 KV caches (naive -> decoding attention -> Flash-Decoding -> vLLM paged v1/v2 -> GQA packing)"
     }
     fn sources(&self) -> &'static Sources {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&prefill::Prefill]
+        vec![&prefill::Prefill, &decode::Decode]
     }
 }

@@ -3,6 +3,7 @@
 //! typed errors, the documented limits and graph replays. Ignored (not passed) without NVRTC or a
 //! GPU; failing with `LADDER_REQUIRE_NVRTC=1` / `LADDER_REQUIRE_GPU=1`.
 
+use attention::decode::{self, Decode, DecodeArgs, DecodeDims, Dtype, Heads, KvCache, PagedCache};
 use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
 use attention::reference::Dims;
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
@@ -51,9 +52,74 @@ fn bad_buffers(gpu: &Gpu) {
     assert!(gpu.download(&out).unwrap().iter().all(|x| x.is_nan()), "a refused call wrote out");
 }
 
+#[allow(clippy::too_many_arguments)]
+fn decode_shape(b: i64, hq: i64, hkv: i64, d: i64, seq: i64, ragged: i64, bs: i64, dtype: i64, alibi: i64) -> Shape {
+    let mut s = decode::shape(b, hq, hkv, d, seq, ragged, bs, alibi, 0);
+    s.set("dtype", dtype);
+    s
+}
+
+fn decode_bad_input(gpu: &Gpu) {
+    let heads = Heads { hq: 4, hkv: 2, d: 64 };
+    let dims = DecodeDims { b: 2, heads, tmax: 40, dtype: Dtype::Bf16, block_size: 16, splits: 0 };
+    let lens = [40usize, 7];
+    let k = decode::contiguous_cache(&dims, &lens, 1);
+    let v = decode::contiguous_cache(&dims, &lens, 2);
+    let (kp, vp, mut table) = decode::paged_from_contiguous(&dims, &k, &v, &lens, 2, 3);
+    let blocks = kp.len() / (2 * 64 * 16);
+    // A table entry outside the pool, and a pool whose size is not whole blocks.
+    table[1] = blocks as i32;
+    constraint(PagedCache::new(gpu, &kp, &vp, &table, 2, 16, heads).map(|_| ()), "block_tables");
+    table[1] = -1;
+    constraint(PagedCache::new(gpu, &kp, &vp, &table, 2, 16, heads).map(|_| ()), "block_tables");
+    constraint(PagedCache::new(gpu, &kp[1..], &vp[1..], &table, 2, 16, heads).map(|_| ()), "len(K pool)");
+    // Lengths of 0 or past the capacity.
+    constraint(decode::SeqLens::new(gpu, &[0, 3], 40).map(|_| ()), "seq_lens");
+    constraint(decode::SeqLens::new(gpu, &[41, 3], 40).map(|_| ()), "seq_lens");
+    // Mismatched buffers and the wrong layout: refused before any launch.
+    let seq_lens = decode::SeqLens::new(gpu, &lens, 40).unwrap();
+    let kd = gpu.upload(&k).unwrap();
+    let vd = gpu.upload(&v).unwrap();
+    let q = gpu.upload(&vec![Dtype::Bf16.bits(0.5); 2 * 4 * 64]).unwrap();
+    let mut out = gpu.alloc_poisoned::<u16>(2 * 4 * 64).unwrap();
+    let mut lse = gpu.alloc_poisoned::<f32>(2 * 4).unwrap();
+    let stream = gpu.stream();
+    for v_ in Decode.variants() {
+        let p = decode::prepare(gpu, &v_, dims).unwrap();
+        let short = gpu.upload(&k[1..]).unwrap();
+        let r = p.enqueue(
+            stream,
+            DecodeArgs {
+                out: &mut out,
+                lse: &mut lse,
+                q: &q,
+                cache: KvCache::Contiguous { k: &short, v: &vd },
+                seq_lens: &seq_lens,
+                alibi: None,
+            },
+        );
+        assert!(matches!(r, Err(Error::Constraint { .. })), "{}: {r:?}", v_.id());
+        let long_lens = decode::SeqLens::new(gpu, &[41, 3], 41).unwrap();
+        let r = p.enqueue(
+            stream,
+            DecodeArgs {
+                out: &mut out,
+                lse: &mut lse,
+                q: &q,
+                cache: KvCache::Contiguous { k: &kd, v: &vd },
+                seq_lens: &long_lens,
+                alibi: None,
+            },
+        );
+        constraint(r, "seq_lens");
+    }
+    gpu.synchronize().unwrap();
+    assert!(gpu.download(&out).unwrap().iter().all(|&x| Dtype::Bf16.value(x).is_nan()), "a refused call wrote out");
+}
+
 fn main() -> std::process::ExitCode {
     let mut suite = Suite::new().nvrtc("kernels_compile_without_local_memory", |tc| {
-        for v in Prefill.variants() {
+        for v in Prefill.variants().into_iter().chain(Decode.variants()) {
             let Source::Kernel(path) = v.source else { continue };
             let src = attention::SOURCES.find(path).unwrap();
             let headers = attention::SOURCES.headers().unwrap();
@@ -82,6 +148,37 @@ fn main() -> std::process::ExitCode {
             }
         })
         .gpu("bad_buffers_are_typed_errors", bad_buffers)
+        .gpu("decode_stages_pass_small_shapes", |gpu| {
+            let all = Decode.variants();
+            for (dtype, alibi, bs) in [(0, 0, 16), (1, 0, 32), (0, 1, 32), (1, 1, 16)] {
+                // GPT-2's heads, a GQA 8:1 layout with ragged lengths, MQA, and a single token.
+                for s in [
+                    decode_shape(2, 12, 12, 64, 1024, 0, bs, dtype, alibi),
+                    decode_shape(3, 32, 4, 128, 700, 1, bs, dtype, alibi),
+                    decode_shape(2, 8, 1, 128, 513, 1, bs, dtype, alibi),
+                    decode_shape(3, 4, 2, 64, 1, 0, bs, dtype, alibi),
+                ] {
+                    assert_stages_pass(gpu, &Decode, &s, &all);
+                }
+            }
+        })
+        .gpu("decode_stages_pass_ragged", |gpu| {
+            let strategy = (
+                1i64..=8,
+                1i64..=4096,
+                prop::sample::select(vec![1i64, 2, 4, 8]),
+                prop::sample::select(vec![1i64, 2, 4]),
+                prop::sample::select(vec![64i64, 128]),
+                prop::sample::select(vec![16i64, 32]),
+                (0i64..=1, 0i64..=1, 0i64..=40),
+            );
+            proptest(16, strategy, |(b, seq, ratio, hkv, d, bs, (dtype, alibi, splits))| {
+                let mut s = decode_shape(b, ratio * hkv, hkv, d, seq, 1, bs, dtype, alibi);
+                s.set("splits", splits);
+                assert_stages_pass(gpu, &Decode, &s, &Decode.variants());
+            })
+        })
+        .gpu("decode_bad_input_is_refused", decode_bad_input)
         .gpu("stages_pass_ragged", |gpu| {
             // Ragged shapes: T not a multiple of 16 or 32, every head size, B and NH up to GPT-2's, any window.
             let hs = prop::sample::select(prefill::HEAD_SIZES.to_vec());
@@ -93,6 +190,9 @@ fn main() -> std::process::ExitCode {
         .gpu("graph_replay_every_stage", |gpu| {
             for v in Prefill.variants() {
                 assert_graph_replay_passes(gpu, &Prefill, &shape(2, 100, 3, 64, 33), &v);
+            }
+            for v in Decode.variants() {
+                assert_graph_replay_passes(gpu, &Decode, &decode_shape(3, 8, 2, 128, 700, 1, 16, 0, 1), &v);
             }
         })
         .main()

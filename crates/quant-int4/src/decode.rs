@@ -22,6 +22,9 @@ use common::{
 use half::bf16;
 use rayon::prelude::*;
 
+pub use attention::decode::{check_seq_lens, checked_seqs, SeqLens, MAX_CHECKED_SEQS};
+use attention::decode::{lengths, Heads};
+
 use crate::format::{check_int4, dequantize_row, quantize, KvFormat};
 use crate::quantize::cache_values;
 use crate::{FAMILY, SOURCES};
@@ -34,9 +37,6 @@ const BF16_DEFINES: &[Define] = &[Define::on("QI4_KV_BF16")];
 pub const MAX_GROUP: usize = 8;
 /// Largest split count accepted.
 pub const MAX_SPLITS: usize = 256;
-/// Sequences verified at most per problem; larger batches check an evenly spaced subset (and
-/// that every other output is finite).
-pub const MAX_CHECKED_SEQS: usize = 64;
 
 /// The optimization switches in the reference's numbering (OPTS[i] is optimization i + 1).
 pub const OPTS: [&str; 10] = ["OPT1", "OPT2", "OPT3", "OPT4", "OPT5", "OPT6", "OPT7", "OPT8", "OPT9", "OPT10"];
@@ -199,40 +199,11 @@ fn check_splits(splits: usize) -> Result<()> {
     require(splits <= MAX_SPLITS, SPLITS, || format!("splits = {splits}"))
 }
 
-/// Every length in `1..=tmax`, one per sequence.
-pub fn check_seq_lens(lens: &[usize], b: usize, tmax: usize) -> Result<()> {
-    require(lens.len() == b, "len(seq_lens) == B", || format!("len(seq_lens) = {}, B = {b}", lens.len()))?;
-    if let Some((i, &l)) = lens.iter().enumerate().find(|(_, &l)| l == 0 || l > tmax) {
-        return Err(Error::constraint("1 <= seq_lens[b] <= Tmax", format!("seq_lens[{i}] = {l}, Tmax = {tmax}")));
-    }
-    Ok(())
-}
-
 /// The split count when the shape leaves it at 0: enough blocks for about four per SM, at most
 /// one split per 128 cached tokens and at most 128 splits.
 pub fn default_splits(sm_count: usize, b: usize, hkv: usize, tmax: usize) -> usize {
     let want = (4 * sm_count.max(1)).div_ceil(b.max(1) * hkv.max(1));
     want.clamp(1, tmax.div_ceil(128).clamp(1, 128))
-}
-
-/// Validated sequence lengths, on the host and the device.
-pub struct SeqLens {
-    host: Vec<usize>,
-    dev: CudaSlice<i32>,
-}
-
-impl SeqLens {
-    /// Checks every length against `tmax` and uploads them.
-    pub fn new(gpu: &Gpu, lens: &[usize], tmax: usize) -> Result<SeqLens> {
-        check_seq_lens(lens, lens.len(), tmax)?;
-        require(tmax < i32::MAX as usize, "Tmax < 2^31", || format!("Tmax = {tmax}"))?;
-        let dev = gpu.upload(&lens.iter().map(|&l| l as i32).collect::<Vec<i32>>())?;
-        Ok(SeqLens { host: lens.to_vec(), dev })
-    }
-
-    pub fn host(&self) -> &[usize] {
-        &self.host
-    }
 }
 
 /// The per-split partial results: O (unnormalized), running max and sum per (seq, head, split).
@@ -358,7 +329,7 @@ impl Prepared {
                 Arg::buf(a.q),
                 cache(&a.k),
                 cache(&a.v),
-                Arg::buf(&a.seq_lens.dev),
+                Arg::buf(a.seq_lens.device()),
                 Arg::int(dims.tmax),
                 hkv,
                 nh,
@@ -381,58 +352,16 @@ impl PreparedStage for Prepared {
     }
 }
 
-/// f64 reference for the sequences `seqs`: `[seqs.len(), HQ, D]`. `k_row(b, t, kvh, out)` and
-/// `v_row` write one cached row as f64 (from the bf16 cache or dequantized).
+/// f64 reference for the sequences `seqs`: `[seqs.len(), HQ, D]` (attention's decode reference,
+/// without ALiBi). `k_row(b, t, kvh, out)` and `v_row` write one cached row as f64 (from the bf16
+/// cache or dequantized).
 pub fn reference<K, V>(dims: &Dims, q: &[f32], lens: &[usize], seqs: &[usize], k_row: K, v_row: V) -> Vec<f64>
 where
     K: Fn(usize, usize, usize, &mut [f64]) + Sync,
     V: Fn(usize, usize, usize, &mut [f64]) + Sync,
 {
-    let (d, nh, hkv) = (dims.d, dims.group(), dims.hkv);
-    let scale = 1.0 / (d as f64).sqrt();
-    let mut out = vec![0f64; seqs.len() * dims.hq * d];
-    out.par_chunks_mut(nh * d).enumerate().for_each(|(i, o)| {
-        let (b, kvh) = (seqs[i / hkv], i % hkv);
-        let l = lens[b];
-        let mut k = vec![0f64; l * d];
-        let mut v = vec![0f64; l * d];
-        for t in 0..l {
-            k_row(b, t, kvh, &mut k[t * d..(t + 1) * d]);
-            v_row(b, t, kvh, &mut v[t * d..(t + 1) * d]);
-        }
-        let mut s = vec![0f64; l];
-        for h in 0..nh {
-            let qr = &q[(b * dims.hq + kvh * nh + h) * d..][..d];
-            for t in 0..l {
-                s[t] = k[t * d..(t + 1) * d].iter().zip(qr).map(|(a, b)| a * *b as f64).sum::<f64>() * scale;
-            }
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let mut sum = 0.0;
-            let orow = &mut o[h * d..(h + 1) * d];
-            orow.fill(0.0);
-            for t in 0..l {
-                let p = (s[t] - m).exp();
-                sum += p;
-                for (od, vd) in orow.iter_mut().zip(&v[t * d..(t + 1) * d]) {
-                    *od += p * vd;
-                }
-            }
-            orow.iter_mut().for_each(|x| *x /= sum);
-        }
-    });
-    out
-}
-
-/// The sequences checked against the reference: all of them up to [`MAX_CHECKED_SEQS`], else an
-/// evenly spaced subset that always includes the first and the last.
-pub fn checked_seqs(b: usize) -> Vec<usize> {
-    if b <= MAX_CHECKED_SEQS {
-        return (0..b).collect();
-    }
-    let mut v: Vec<usize> = (0..MAX_CHECKED_SEQS - 1).map(|i| i * (b - 1) / (MAX_CHECKED_SEQS - 1)).collect();
-    v.push(b - 1);
-    v.dedup();
-    v
+    let heads = Heads { hq: dims.hq, hkv: dims.hkv, d: dims.d };
+    attention::decode::reference(heads, q, lens, seqs, None, k_row, v_row).0
 }
 
 /// A decode shape with all keys.
@@ -501,15 +430,7 @@ impl DecodeShape {
 
     /// Per-sequence lengths: `seq`, or uniform in `[ceil(seq/2), seq]` when ragged.
     pub fn lens(&self, seed: u64) -> Vec<usize> {
-        if !self.ragged {
-            return vec![self.seq; self.dims.b];
-        }
-        let lo = self.seq.div_ceil(2);
-        let span = self.seq - lo + 1;
-        uniform(self.dims.b, 0.0, 1.0, seed)
-            .into_iter()
-            .map(|u| lo + ((u * span as f32) as usize).min(span - 1))
-            .collect()
+        lengths(self.dims.b, self.seq, self.ragged, seed)
     }
 }
 

@@ -1,0 +1,171 @@
+// attention_decode.cuh: the pieces the decode-attention stages share. One query token per sequence:
+// q [B, HQ, D], per-sequence lengths seq_lens[B], query head hq reads KV head hq / (HQ / HKV); the
+// cache element type T is __nv_bfloat16 or __half, all arithmetic fp32. Scores are
+// scale * q.k + slope[hq] * (t - (len - 1)) with ALiBi (slopes == nullptr: none); lse is the natural
+// logsumexp of those scores.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include "ladder.cuh"
+#include "ladder_convert.cuh"
+#include "ladder_reduce.cuh"
+
+// The ALiBi bias of key t for a query at position len - 1.
+__device__ __forceinline__ float decode_alibi(const float* slopes, int hq, int t, int len) {
+    return slopes != nullptr ? slopes[hq] * (float)(t - (len - 1)) : 0.0f;
+}
+
+// Eight consecutive cache elements (16 bytes, aligned) as floats.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float* out) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
+}
+
+// Merges S partial results of one (sequence, query head) into out and lse. Each partial is its
+// split's running max m_s, sum l_s = sum exp(s - m_s) and o_s = sum exp(s - m_s) v (unnormalized),
+// or o_s / l_s when `normalized`; an empty split has m_s = -inf. Grid (HQ, B), block D threads.
+template <typename T>
+__device__ __forceinline__ void decode_combine(T* out, float* lse, const float* o_part, const float* m_part,
+                                               const float* l_part, int splits, int D, bool normalized) {
+    const int hq = blockIdx.x, b = blockIdx.y, HQ = gridDim.x, d = threadIdx.x;
+    const size_t row = (size_t)b * HQ + hq;
+    const float* m = m_part + row * splits;
+    const float* l = l_part + row * splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m[s]);
+    float sum = 0.0f, acc = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        if (m[s] == -INFINITY) continue;
+        const float w = __expf(m[s] - mx);
+        sum += w * l[s];
+        acc += (normalized ? w * l[s] : w) * o_part[(row * splits + s) * D + d];
+    }
+    out[row * D + d] = from_float<T>(acc / sum);
+    if (d == 0) lse[row] = mx + __logf(sum);
+}
+
+// One block of THREADS threads over tokens [t_begin, t_end) of one sequence of a contiguous cache,
+// for the G query heads hq0 .. hq0+G-1 that share one KV head (G = 1: the decoding-attention design;
+// G > 1: each K and V row read once for the whole group). Thread groups of GS = D/8 lanes each hold
+// one key row per step, one 16-byte load per lane, and reduce each head's dot product with xor
+// shuffles inside the group; scores go to shared memory `s` (G rows of n = t_end - t_begin floats);
+// softmax per head with block reductions; P.V with each group accumulating its keys' rows, then a
+// shuffle reduction across the groups of a warp and a shared-memory one across warps. Returns, for
+// output column threadIdx.x < D, each head's unnormalized output, and each head's max and sum of
+// exp; an empty range gives -inf and 0.
+template <typename T, int D, int THREADS, int G>
+__device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float (&l)[G], const T* __restrict__ q0,
+                                             const T* __restrict__ kbase, const T* __restrict__ vbase, size_t stride,
+                                             int t_begin, int t_end, int len, float scale, const float* slopes,
+                                             int hq0, float* s) {
+    constexpr int GS = D / 8;            // lanes per key row
+    constexpr int GPW = 32 / GS;         // groups (rows in flight) per warp
+    constexpr int WARPS = THREADS / 32;
+    constexpr int GROUPS = WARPS * GPW;  // rows per block step
+    __shared__ float scratch[32];
+    __shared__ float red[WARPS][G][D];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gw = lane / GS, gl = lane % GS;
+    const int n = t_end - t_begin;
+    float q[G][8];
+#pragma unroll
+    for (int h = 0; h < G; ++h) load8(q0 + (size_t)h * D + gl * 8, q[h]);
+
+    // S = scale * q.K^T (+ ALiBi), one row per group per step; the step loop is warp-uniform so the
+    // shuffles always run with the full warp.
+    float lmax[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) lmax[h] = -INFINITY;
+    for (int base = t_begin + warp * GPW; base < t_end; base += GROUPS) {
+        const int t = base + gw;
+        float acc[G];
+#pragma unroll
+        for (int h = 0; h < G; ++h) acc[h] = 0.0f;
+        if (t < t_end) {
+            float k[8];
+            load8(kbase + (size_t)t * stride + gl * 8, k);
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[h] += q[h][i] * k[i];
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int off = GS / 2; off > 0; off >>= 1) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], off);
+            if (t < t_end && gl == 0) {
+                const float v = acc[h] * scale + decode_alibi(slopes, hq0 + h, t, len);
+                s[h * n + t - t_begin] = v;
+                lmax[h] = fmaxf(lmax[h], v);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m[h] = block_max(lmax[h], scratch);
+        float lsum = 0.0f;
+        for (int i = tid; i < n; i += THREADS) {
+            const float p = __expf(s[h * n + i] - m[h]);
+            s[h * n + i] = p;
+            lsum += p;
+        }
+        l[h] = block_sum(lsum, scratch);  // also orders the p writes before the reads below
+    }
+
+    // O = P.V: each group accumulates its rows' 8 columns, for every head.
+    float acc[G][8];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
+    }
+    for (int base = t_begin + warp * GPW; base < t_end; base += GROUPS) {
+        const int t = base + gw;
+        if (t < t_end) {
+            float v[8];
+            load8(vbase + (size_t)t * stride + gl * 8, v);
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                const float p = s[h * n + t - t_begin];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[h][i] += p * v[i];
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int off = GS; off < 32; off <<= 1) acc[h][i] += __shfl_xor_sync(0xffffffffu, acc[h][i], off);
+        }
+        if (gw == 0) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) red[warp][h][gl * 8 + i] = acc[h][i];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        o[h] = 0.0f;
+        if (tid < D) {
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) o[h] += red[w][h][tid];
+        }
+    }
+}
+
+// The entry points of decode_combine (unnormalized partials), one per element type.
+#define DECODE_COMBINE_ENTRIES                                                                                    \
+    extern "C" __global__ void decode_combine_bf16(__nv_bfloat16* out, float* lse, const float* o_part,          \
+                                                   const float* m_part, const float* l_part, int splits, int D) { \
+        decode_combine<__nv_bfloat16>(out, lse, o_part, m_part, l_part, splits, D, false);                        \
+    }                                                                                                             \
+    extern "C" __global__ void decode_combine_f16(__half* out, float* lse, const float* o_part, const float* m_part, \
+                                                  const float* l_part, int splits, int D) {                      \
+        decode_combine<__half>(out, lse, o_part, m_part, l_part, splits, D, false);                               \
+    }
