@@ -55,8 +55,9 @@ __device__ __forceinline__ void decode_combine(T* out, float* lse, const float* 
 // softmax per head with block reductions; P.V with each group accumulating its keys' rows, then a
 // shuffle reduction across the groups of a warp and a shared-memory one across warps. Returns, for
 // output column threadIdx.x < D, each head's unnormalized output, and each head's max and sum of
-// exp; an empty range gives -inf and 0.
-template <typename T, int D, int THREADS, int G>
+// exp; an empty range gives -inf and 0. Each group keeps R rows in flight: it issues the loads of R
+// rows (R*16 bytes per lane) before it uses the first.
+template <typename T, int D, int THREADS, int G, int R>
 __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float (&l)[G], const T* __restrict__ q0,
                                              const T* __restrict__ kbase, const T* __restrict__ vbase, size_t stride,
                                              int t_begin, int t_end, int len, float scale, const float* slopes,
@@ -64,7 +65,8 @@ __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float
     constexpr int GS = D / 8;            // lanes per key row
     constexpr int GPW = 32 / GS;         // groups (rows in flight) per warp
     constexpr int WARPS = THREADS / 32;
-    constexpr int GROUPS = WARPS * GPW;  // rows per block step
+    constexpr int GROUPS = WARPS * GPW;  // rows per block step and unroll slot
+    constexpr int STEP = GROUPS * R;
     __shared__ float scratch[32];
     __shared__ float red[WARPS][G][D];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -79,28 +81,34 @@ __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float
     float lmax[G];
 #pragma unroll
     for (int h = 0; h < G; ++h) lmax[h] = -INFINITY;
-    for (int base = t_begin + warp * GPW; base < t_end; base += GROUPS) {
-        const int t = base + gw;
-        float acc[G];
+    for (int base = t_begin + warp * GPW; base < t_end; base += STEP) {
+        float k[R][8];
 #pragma unroll
-        for (int h = 0; h < G; ++h) acc[h] = 0.0f;
-        if (t < t_end) {
-            float k[8];
-            load8(kbase + (size_t)t * stride + gl * 8, k);
+        for (int r = 0; r < R; ++r) {
+            const int t = base + r * GROUPS + gw;
+            if (t < t_end) load8(kbase + (size_t)t * stride + gl * 8, k[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int t = base + r * GROUPS + gw;
+            float acc[G];
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                acc[h] = 0.0f;
+                if (t < t_end) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[h] += q[h][i] * k[r][i];
+                }
+            }
 #pragma unroll
             for (int h = 0; h < G; ++h) {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[h] += q[h][i] * k[i];
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-#pragma unroll
-            for (int off = GS / 2; off > 0; off >>= 1) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], off);
-            if (t < t_end && gl == 0) {
-                const float v = acc[h] * scale + decode_alibi(slopes, hq0 + h, t, len);
-                s[h * n + t - t_begin] = v;
-                lmax[h] = fmaxf(lmax[h], v);
+                for (int off = GS / 2; off > 0; off >>= 1) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], off);
+                if (t < t_end && gl == 0) {
+                    const float v = acc[h] * scale + decode_alibi(slopes, hq0 + h, t, len);
+                    s[h * n + t - t_begin] = v;
+                    lmax[h] = fmaxf(lmax[h], v);
+                }
             }
         }
     }
@@ -123,16 +131,23 @@ __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
     }
-    for (int base = t_begin + warp * GPW; base < t_end; base += GROUPS) {
-        const int t = base + gw;
-        if (t < t_end) {
-            float v[8];
-            load8(vbase + (size_t)t * stride + gl * 8, v);
+    for (int base = t_begin + warp * GPW; base < t_end; base += STEP) {
+        float v[R][8];
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
-                const float p = s[h * n + t - t_begin];
+        for (int r = 0; r < R; ++r) {
+            const int t = base + r * GROUPS + gw;
+            if (t < t_end) load8(vbase + (size_t)t * stride + gl * 8, v[r]);
+        }
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[h][i] += p * v[i];
+        for (int r = 0; r < R; ++r) {
+            const int t = base + r * GROUPS + gw;
+            if (t < t_end) {
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float p = s[h * n + t - t_begin];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[h][i] += p * v[r][i];
+                }
             }
         }
     }

@@ -39,6 +39,8 @@ pub const MAX_CHECKED_SEQS: usize = 64;
 pub const MAX_SPLITS: usize = 256;
 /// Scores a block keeps in shared memory (128 KiB of fp32).
 const MAX_SCORES: usize = 32768;
+/// The scores per block the packed stage's split heuristic aims at (8 KiB).
+const PACKED_SCORES: usize = 2048;
 
 const HEAD_DIM: &str = "D in {64, 128}";
 const GROUPS: &str = "HQ % HKV == 0";
@@ -319,9 +321,9 @@ fn stages() -> Vec<Variant> {
             "gqa-packed",
             "decode/05_gqa_packed.cu",
             Plan::GqaPacked,
-            "flash-decoding with a KV head's query heads in one block: each K/V row read once per group",
+            "flash-decoding with a KV head's query heads in one block (each K/V row read once per group), 4 rows in flight per thread group",
         )
-        .with_tunables(&threads),
+        .with_tunables(&[("DA_THREADS", 128), ("DA_ROWS", 4)]),
     ]
 }
 
@@ -508,6 +510,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
         let blocks = d.b * if plan == Plan::GqaPacked { d.heads.hkv } else { d.heads.hq };
         if d.splits == 0 {
             d.splits = default_splits(gpu.info().sm_count as usize, blocks, d.tmax);
+            if plan == Plan::GqaPacked {
+                // Keep a block's scores small, so shared memory does not cap the blocks per SM.
+                let cap = (d.group() * d.tmax).div_ceil(PACKED_SCORES);
+                d.splits = d.splits.max(cap).min(MAX_SPLITS);
+            }
         }
         require(d.splits >= 1, "splits >= 1", || format!("splits = {}", d.splits))?;
     }

@@ -31,7 +31,7 @@ __device__ __forceinline__ void decoding_attention(T* out, float* lse, const T* 
     const size_t stride = (size_t)HKV * D;
     const size_t kv0 = ((size_t)b * Tmax * HKV + kvh) * D;
     float o[1], m[1], l[1];
-    decode_block<T, D, DA_THREADS, 1>(o, m, l, q + ((size_t)b * HQ + hq) * D, k + kv0, v + kv0, stride, 0, len, len,
+    decode_block<T, D, DA_THREADS, 1, 1>(o, m, l, q + ((size_t)b * HQ + hq) * D, k + kv0, v + kv0, stride, 0, len, len,
                                    scale, slopes, hq, s);
     const size_t row = (size_t)b * HQ + hq;
     if (threadIdx.x < D) out[row * D + threadIdx.x] = from_float<T>(o[0] / l[0]);

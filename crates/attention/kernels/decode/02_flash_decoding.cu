@@ -29,7 +29,7 @@ __device__ __forceinline__ void flash_decoding(float* o_part, float* m_part, flo
     const int t_begin = min(split * chunk, len), t_end = min(t_begin + chunk, len);
     const size_t kv0 = ((size_t)b * Tmax * HKV + kvh) * D;
     float o[1], m[1], l[1];
-    decode_block<T, D, DA_THREADS, 1>(o, m, l, q + ((size_t)b * HQ + hq) * D, k + kv0, v + kv0, (size_t)HKV * D,
+    decode_block<T, D, DA_THREADS, 1, 1>(o, m, l, q + ((size_t)b * HQ + hq) * D, k + kv0, v + kv0, (size_t)HKV * D,
                                    t_begin, t_end, len, scale, slopes, hq, s);
     const size_t part = ((size_t)b * HQ + hq) * splits + split;
     if (threadIdx.x < D) o_part[part * D + threadIdx.x] = o[0];

@@ -1,10 +1,15 @@
 // Decode attention, stage 5: gqa-packed (the query heads of one KV head in one block).
 // Changed from stage 2: block (split, KV head, sequence) computes all G = HQ/HKV query heads that
 //   share the KV head: each K row is loaded once and dotted with G queries held in registers, each
-//   V row once and accumulated into G outputs. Splits and the combine are stage 2's.
+//   V row once and accumulated into G outputs. Each thread group keeps DA_ROWS (4) rows in flight
+//   (all their loads issued before the first is used), and the split count keeps a block's scores
+//   to at most 2048 floats, so shared memory does not cap the blocks per SM. Splits and the combine
+//   are stage 2's.
 // Why it should be faster: stage 2 reads every K/V row G times (once per query head of the group);
-//   here once, so the bytes read drop by G at GQA shapes (8x at 32:4), and the HBM floor becomes
-//   reachable. MHA (G = 1) runs the same kernel as stage 2 with a KV-head grid.
+//   here once, so the bytes read drop by G at GQA shapes (8x at 32:4). Measured first without the
+//   rows in flight and the scores cap (H100): 20-33% of copy bandwidth at GQA, with 1-2 blocks per
+//   SM of 8 rows (2 KiB) in flight each; 4x the bytes in flight per block and 4x the blocks per SM
+//   should bring it near the copy bandwidth. MHA (G = 1) runs the same kernel with a KV-head grid.
 // Launch: decode_gqa_{bf16,f16}_d{64,128}_g{1,2,4,8}: grid (splits, HKV, B), block DA_THREADS (128),
 //   dynamic shared memory 4*G*ceil(Tmax/splits) bytes; decode_combine_{bf16,f16} (stage 2's).
 // Constraints: D in {64, 128}; HQ/HKV in {1, 2, 4, 8}; 1 <= splits <= 256;
@@ -12,8 +17,8 @@
 // Limits: D in {64, 128}; HQ % HKV == 0; B <= 65535; B * HQ * Tmax < 2^31; splits <= 256; HQ / HKV in {1, 2, 4, 8}; G * Tmax / splits <= 32768
 #include "attention_decode.cuh"
 
-#ifndef DA_THREADS
-#error "DA_THREADS (threads per block) is a tunable: the stage list sets it"
+#if !defined(DA_THREADS) || !defined(DA_ROWS)
+#error "DA_THREADS (threads per block) and DA_ROWS (rows in flight per group) are tunables: the stage list sets them"
 #endif
 
 template <typename T, int D, int G>
@@ -27,7 +32,7 @@ __device__ __forceinline__ void gqa_packed(float* o_part, float* m_part, float* 
     const int t_begin = min(split * chunk, len), t_end = min(t_begin + chunk, len);
     const size_t kv0 = ((size_t)b * Tmax * HKV + kvh) * D;
     float o[G], m[G], l[G];
-    decode_block<T, D, DA_THREADS, G>(o, m, l, q + ((size_t)b * HQ + hq0) * D, k + kv0, v + kv0, (size_t)HKV * D,
+    decode_block<T, D, DA_THREADS, G, DA_ROWS>(o, m, l, q + ((size_t)b * HQ + hq0) * D, k + kv0, v + kv0, (size_t)HKV * D,
                                       t_begin, t_end, len, scale, slopes, hq0, s);
 #pragma unroll
     for (int h = 0; h < G; ++h) {
