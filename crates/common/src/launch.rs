@@ -212,7 +212,8 @@ impl Gpu {
     /// Prepares entry point `entry` of `variant` (from `sources`) for `shape`: compiles or loads the
     /// module, resolves the function, reads its attributes and parameter sizes, checks the
     /// configuration (zero or oversized dimensions, threads per block, shared memory, clusters, a
-    /// block that fits on an SM), raises the dynamic shared-memory limit above 48 KiB and records the
+    /// block that fits on an SM), raises the dynamic shared-memory limit when static plus dynamic
+    /// shared memory passes 48 KiB, and records the
     /// resources the table shows. Nothing is launched.
     pub fn prepare_launch(
         &self,

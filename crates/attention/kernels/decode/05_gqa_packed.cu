@@ -1,15 +1,15 @@
 // Decode attention, stage 5: gqa-packed (the query heads of one KV head in one block).
 // Changed from stage 2: block (split, KV head, sequence) computes all G = HQ/HKV query heads that
 //   share the KV head: each K row is loaded once and dotted with G queries held in registers, each
-//   V row once and accumulated into G outputs. Each thread group keeps DA_ROWS (4) rows in flight
-//   (all their loads issued before the first is used), and the split count keeps a block's scores
-//   to at most 2048 floats, so shared memory does not cap the blocks per SM. Splits and the combine
-//   are stage 2's.
+//   V row once and accumulated into G outputs. Each thread group keeps max(1, DA_ROWS/G) rows in
+//   flight (all their loads issued before the first is used; DA_ROWS = 4), and the split count keeps
+//   a block's scores to at most 2048 floats, so shared memory does not cap the blocks per SM. Splits
+//   and the combine are stage 2's.
 // Why it should be faster: stage 2 reads every K/V row G times (once per query head of the group);
-//   here once, so the bytes read drop by G at GQA shapes (8x at 32:4). Measured first without the
-//   rows in flight and the scores cap (H100): 20-33% of copy bandwidth at GQA, with 1-2 blocks per
-//   SM of 8 rows (2 KiB) in flight each; 4x the bytes in flight per block and 4x the blocks per SM
-//   should bring it near the copy bandwidth. MHA (G = 1) runs the same kernel with a KV-head grid.
+//   here once, so the bytes read drop by G at GQA shapes (8x at 32:4). MHA (G = 1) runs the same
+//   kernel with a KV-head grid. Measured (H100, docs/notes/attention.md): without rows in flight
+//   or the cap, 25-33% of copy bandwidth at GQA (1-2 blocks per SM, limited by shared memory); with
+//   4 rows in flight for every G, 168 registers at G = 8 and no better; hence the shared budget.
 // Launch: decode_gqa_{bf16,f16}_d{64,128}_g{1,2,4,8}: grid (splits, HKV, B), block DA_THREADS (128),
 //   dynamic shared memory 4*G*ceil(Tmax/splits) bytes; decode_combine_{bf16,f16} (stage 2's).
 // Constraints: D in {64, 128}; HQ/HKV in {1, 2, 4, 8}; 1 <= splits <= 256;
@@ -32,7 +32,9 @@ __device__ __forceinline__ void gqa_packed(float* o_part, float* m_part, float* 
     const int t_begin = min(split * chunk, len), t_end = min(t_begin + chunk, len);
     const size_t kv0 = ((size_t)b * Tmax * HKV + kvh) * D;
     float o[G], m[G], l[G];
-    decode_block<T, D, DA_THREADS, G, DA_ROWS>(o, m, l, q + ((size_t)b * HQ + hq0) * D, k + kv0, v + kv0, (size_t)HKV * D,
+    // The q and output registers grow with G: the rows in flight share DA_ROWS rows of budget.
+    constexpr int R = DA_ROWS / G > 1 ? DA_ROWS / G : 1;
+    decode_block<T, D, DA_THREADS, G, R>(o, m, l, q + ((size_t)b * HQ + hq0) * D, k + kv0, v + kv0, (size_t)HKV * D,
                                       t_begin, t_end, len, scale, slopes, hq0, s);
 #pragma unroll
     for (int h = 0; h < G; ++h) {
