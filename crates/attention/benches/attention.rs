@@ -1,7 +1,9 @@
-//! `cargo bench -p attention`: every prefill stage at each default shape (a criterion group per
-//! shape). The unfused stages (0–2) at T = 1024 take tens to hundreds of milliseconds a run: they get
-//! criterion's flat sampling with 10 samples instead of being dropped.
+//! `cargo bench -p attention`: every prefill and decode stage at each default shape (a criterion
+//! group per shape). The slow stages get criterion's flat sampling with 10 samples instead of being
+//! dropped: the unfused prefill stages (0–2) at T = 1024, tens to hundreds of milliseconds a run, and
+//! the naive decode stage (milliseconds at the long-context shapes).
 
+use attention::decode::Decode;
 use attention::prefill::Prefill;
 use common::bench::{bench_op, Sampling};
 use common::Op;
@@ -18,5 +20,16 @@ fn prefill(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, prefill);
+fn decode(c: &mut Criterion) {
+    let op = &Decode;
+    bench_op(c, op, &op.default_shapes(), &op.variants(), |_, v| {
+        if v.stage == 0 {
+            Sampling::slow()
+        } else {
+            Sampling::default()
+        }
+    });
+}
+
+criterion_group!(benches, prefill, decode);
 criterion_main!(benches);
