@@ -321,7 +321,7 @@ fn stages() -> Vec<Variant> {
             "gqa-packed",
             "decode/05_gqa_packed.cu",
             Plan::GqaPacked,
-            "flash-decoding with a KV head's query heads in one block (each K/V row read once per group), 4 rows in flight per thread group",
+            "flash-decoding with a KV head's query heads in one block (each K/V row read once per group), max(1, 4/G) rows in flight",
         )
         .with_tunables(&[("DA_THREADS", 128), ("DA_ROWS", 4)]),
     ]

@@ -27,7 +27,7 @@ impl Family for Attention {
         FAMILY
     }
     fn description(&self) -> &'static str {
-        "attention: causal prefill (fp32, five kernels -> FlashAttention-2) and decode over contiguous and paged \
+        "causal prefill (fp32, five kernels -> FlashAttention-2) and decode over contiguous and paged \
          bf16/fp16 KV caches (naive -> decoding attention -> Flash-Decoding -> vLLM paged v1/v2 -> GQA packing)"
     }
     fn sources(&self) -> &'static Sources {
