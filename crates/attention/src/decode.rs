@@ -53,7 +53,6 @@ const PACKED_GROUP: &str = "HQ / HKV in {1, 2, 4, 8}";
 const SCORES_PACKED: &str = "G * Tmax / splits <= 32768";
 const BLOCK_SIZE: &str = "block_size in {16, 32}";
 const SCORES_PAGED: &str = "max_blocks * block_size <= 32768";
-const TILE_ROWS: &str = "HQ / HKV <= 16";
 
 // ---------------------------------------------------------------- shared machinery
 
@@ -259,8 +258,6 @@ enum Plan {
     PagedV2,
     /// Flash-decoding with the query heads of one KV head in one block.
     GqaPacked,
-    /// The query heads of one KV head as the rows of tensor-core tiles, K/V passes in shared memory.
-    TensorCore,
 }
 
 impl Plan {
@@ -327,14 +324,6 @@ fn stages() -> Vec<Variant> {
             "flash-decoding with a KV head's query heads in one block (each K/V row read once per group), max(1, 4/G) rows in flight",
         )
         .with_tunables(&[("DA_THREADS", 128), ("DA_ROWS", 4)]),
-        k(
-            6,
-            "tensor-core",
-            "decode/06_tensor_core.cu",
-            Plan::TensorCore,
-            "a KV head's query heads as the 16 rows of WMMA bf16/fp16 tiles, 64-token K/V passes in shared memory, online softmax",
-        )
-        .with_tunables(&[("TC_PASS", 64), ("TC_THREADS", 128)]),
     ]
 }
 
@@ -397,10 +386,6 @@ pub fn check_shape(v: &Variant, d: DecodeDims) -> Result<()> {
     require(n.is_some_and(|n| n < 1 << 31), ELEMS, || format!("B = {}, HQ = {hq}, Tmax = {}", d.b, d.tmax))?;
     match plan {
         Plan::DecodingAttention => require(d.tmax <= MAX_SCORES, SCORES_1, || format!("Tmax = {}", d.tmax))?,
-        Plan::TensorCore => {
-            require(d.splits <= MAX_SPLITS, SPLITS, || format!("splits = {}", d.splits))?;
-            require(d.group() <= 16, TILE_ROWS, || format!("HQ / HKV = {}", d.group()))?;
-        }
         Plan::FlashDecoding | Plan::GqaPacked => {
             require(d.splits <= MAX_SPLITS, SPLITS, || format!("splits = {}", d.splits))?;
             if plan == Plan::GqaPacked {
@@ -521,8 +506,8 @@ pub struct Prepared {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
     let plan = v.plan::<Plan>()?;
     let mut d = d;
-    if matches!(plan, Plan::FlashDecoding | Plan::GqaPacked | Plan::TensorCore) {
-        let blocks = d.b * if plan == Plan::FlashDecoding { d.heads.hq } else { d.heads.hkv };
+    if plan == Plan::FlashDecoding || plan == Plan::GqaPacked {
+        let blocks = d.b * if plan == Plan::GqaPacked { d.heads.hkv } else { d.heads.hq };
         if d.splits == 0 {
             d.splits = default_splits(gpu.info().sm_count as usize, blocks, d.tmax);
             if plan == Plan::GqaPacked {
@@ -568,22 +553,6 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
             let (o, m, l) = partials(d.splits)?;
             Stage::Split {
                 split: launch(&entry, shape)?,
-                combine: launch(&format!("decode_combine_{ty}"), combine_shape)?,
-                o,
-                m,
-                l,
-                parts: d.splits,
-            }
-        }
-        Plan::TensorCore => {
-            let (pass, threads) = (v.tunable("TC_PASS")? as usize, v.tunable("TC_THREADS")?);
-            // Q, K and V tiles (2-byte elements), scores (fp32) and P (2 bytes), the running and the
-            // pass output (fp32), and three per-row vectors.
-            let smem = (16 * dim + 2 * pass * dim) * 2 + 16 * pass * (4 + 2) + 2 * 16 * dim * 4 + 3 * 16 * 4;
-            let shape = LaunchShape::new((d.splits as u32, hkv as u32, b), (threads, 1, 1)).with_shared(smem as u32);
-            let (o, m, l) = partials(d.splits)?;
-            Stage::Split {
-                split: launch(&format!("decode_tc_{ty}_d{dim}"), shape)?,
                 combine: launch(&format!("decode_combine_{ty}"), combine_shape)?,
                 o,
                 m,
@@ -831,12 +800,6 @@ impl Op for Decode {
                     let (past, inside) = (at(2, 3, 1, 64, 40, 16, 0), at(2, 8, 1, 64, 40, 16, 0));
                     l.push(Limit { constraint: PACKED_GROUP, past, inside: Some(inside) });
                 }
-            }
-            Plan::TensorCore => {
-                let (past, inside) = (at(2, 4, 2, 64, 300, 16, 257), at(2, 4, 2, 64, 300, 16, 256));
-                l.push(Limit { constraint: SPLITS, past, inside: Some(inside) });
-                let (past, inside) = (at(2, 17, 1, 64, 40, 16, 0), at(2, 16, 1, 64, 40, 16, 0));
-                l.push(Limit { constraint: TILE_ROWS, past, inside: Some(inside) });
             }
             _ => {}
         }
