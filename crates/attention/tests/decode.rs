@@ -4,7 +4,8 @@
 use attention::decode::{
     self, alibi_slopes, checked_seqs, paged_from_contiguous, reference, Decode, DecodeDims, Dtype, Heads,
 };
-use common::{Error, Op, Shape, Variant};
+use common::testing::assert_constraint;
+use common::{Op, Shape, Variant};
 
 fn variant(name: &str) -> Variant {
     Decode.variants().into_iter().find(|v| v.name == name).unwrap_or_else(|| panic!("no stage {name}"))
@@ -98,28 +99,19 @@ fn paged_layout_holds_the_same_rows() {
     assert_eq!(ids.len(), used);
 }
 
-fn constraint(r: common::Result<()>, needle: &str) {
-    match r {
-        Err(Error::Constraint { constraint, got }) => {
-            assert!(constraint.contains(needle), "constraint '{constraint}' (got {got}) should mention '{needle}'")
-        }
-        other => panic!("expected a constraint error mentioning '{needle}', got {other:?}"),
-    }
-}
-
 #[test]
 fn bad_shapes_are_typed_errors() {
     let s = |b, hq, hkv, d, seq, bs, splits| decode::shape(b, hq, hkv, d, seq, 0, bs, 0, splits);
     for v in Decode.variants() {
         Decode.validate(&v, &s(2, 8, 2, 128, 100, 16, 0)).unwrap_or_else(|e| panic!("{}: {e}", v.id()));
-        constraint(Decode.validate(&v, &s(2, 8, 2, 96, 100, 16, 0)), "D in {64, 128}");
-        constraint(Decode.validate(&v, &s(2, 6, 4, 64, 100, 16, 0)), "HQ % HKV");
+        assert_constraint(Decode.validate(&v, &s(2, 8, 2, 96, 100, 16, 0)), "D in {64, 128}");
+        assert_constraint(Decode.validate(&v, &s(2, 6, 4, 64, 100, 16, 0)), "HQ % HKV");
         assert!(Decode.validate(&v, &s(0, 8, 2, 64, 100, 16, 0)).is_err());
     }
-    constraint(Decode.validate(&variant("paged-v1"), &s(2, 4, 2, 64, 100, 24, 0)), "block_size");
-    constraint(Decode.validate(&variant("decoding-attention"), &s(1, 1, 1, 64, 40000, 16, 0)), "Tmax <= 32768");
-    constraint(Decode.validate(&variant("gqa-packed"), &s(2, 6, 2, 64, 100, 16, 0)), "HQ / HKV in");
-    constraint(Decode.validate(&variant("flash-decoding"), &s(2, 4, 2, 64, 100, 16, 300)), "splits <= 256");
+    assert_constraint(Decode.validate(&variant("paged-v1"), &s(2, 4, 2, 64, 100, 24, 0)), "block_size");
+    assert_constraint(Decode.validate(&variant("decoding-attention"), &s(1, 1, 1, 64, 40000, 16, 0)), "Tmax <= 32768");
+    assert_constraint(Decode.validate(&variant("gqa-packed"), &s(2, 6, 2, 64, 100, 16, 0)), "HQ / HKV in");
+    assert_constraint(Decode.validate(&variant("flash-decoding"), &s(2, 4, 2, 64, 100, 16, 300)), "splits <= 256");
     let bad_dtype = Shape::parse("B=1,HQ=1,HKV=1,D=64,seq=4,ragged=0,bs=16,dtype=2,alibi=0,splits=0").unwrap();
     assert!(Decode.validate(&variant("naive"), &bad_dtype).is_err());
     assert_eq!(checked_seqs(3), vec![0, 1, 2]);

@@ -3,6 +3,7 @@
 
 use attention::prefill::{self, Prefill, PrefillDims};
 use attention::reference::{causal_attention, Dims};
+use common::testing::assert_constraint;
 use common::{Error, Op, Shape, Variant};
 
 fn check_shape(v: &Variant, dims: Dims, window: usize) -> common::Result<()> {
@@ -108,15 +109,6 @@ fn windowed_reference_limits() {
 
 // ---------------------------------------------------------------- CPU: validation
 
-fn constraint(r: common::Result<()>, needle: &str) {
-    match r {
-        Err(Error::Constraint { constraint, got }) => {
-            assert!(constraint.contains(needle), "constraint '{constraint}' (got {got}) should mention '{needle}'")
-        }
-        other => panic!("expected a constraint error mentioning '{needle}', got {other:?}"),
-    }
-}
-
 #[test]
 fn shape_checks_are_typed_errors() {
     for v in Prefill.variants() {
@@ -126,32 +118,32 @@ fn shape_checks_are_typed_errors() {
         for hs in prefill::HEAD_SIZES {
             check_shape(&v, dims(3, 77, 5, hs), 128).unwrap_or_else(|e| panic!("{}: {e}", v.id()));
         }
-        constraint(check_shape(&v, dims(4, 64, 12, 48), 128), "HS");
-        constraint(check_shape(&v, dims(4, 64, 12, 16), 128), "HS");
-        constraint(check_shape(&v, Dims { b: 1, t: 8, c: 100, nh: 3 }, 128), "C % NH");
-        constraint(check_shape(&v, dims(4, 0, 12, 64), 128), "T >= 1");
-        constraint(check_shape(&v, dims(0, 8, 12, 64), 128), "B >= 1");
-        constraint(check_shape(&v, Dims { b: 1, t: 8, c: 64, nh: 0 }, 128), "NH >= 1");
+        assert_constraint(check_shape(&v, dims(4, 64, 12, 48), 128), "HS");
+        assert_constraint(check_shape(&v, dims(4, 64, 12, 16), 128), "HS");
+        assert_constraint(check_shape(&v, Dims { b: 1, t: 8, c: 100, nh: 3 }, 128), "C % NH");
+        assert_constraint(check_shape(&v, dims(4, 0, 12, 64), 128), "T >= 1");
+        assert_constraint(check_shape(&v, dims(0, 8, 12, 64), 128), "B >= 1");
+        assert_constraint(check_shape(&v, Dims { b: 1, t: 8, c: 64, nh: 0 }, 128), "NH >= 1");
         // B*T*3C past i32.
-        constraint(check_shape(&v, dims(64, 65536, 4, 128), 128), "B * T * 3C");
+        assert_constraint(check_shape(&v, dims(64, 65536, 4, 128), 128), "B * T * 3C");
     }
     // The window bounds the local stage only.
     let local = variant("local-window");
-    constraint(check_shape(&local, dims(1, 8, 1, 64), 0), "W");
-    constraint(check_shape(&local, dims(1, 8, 1, 64), 1025), "W");
+    assert_constraint(check_shape(&local, dims(1, 8, 1, 64), 0), "W");
+    assert_constraint(check_shape(&local, dims(1, 8, 1, 64), 1025), "W");
     check_shape(&local, dims(1, 8, 1, 64), 1024).unwrap();
     check_shape(&local, dims(1, 8, 1, 64), 1).unwrap();
     check_shape(&variant("flash-v2"), dims(1, 8, 1, 64), 0).unwrap();
     // The T x T scratch of the unfused stages: B*NH*T*T < 2^31 (here 3.2e9), fine for the fused ones.
     let long = dims(4, 8192, 12, 64);
     for name in ["baseline", "unrolled", "reduction"] {
-        constraint(check_shape(&variant(name), long, 128), "B * NH * T * T");
+        assert_constraint(check_shape(&variant(name), long, 128), "B * NH * T * T");
     }
     for name in ["local-window", "flash-v2", "flash-v2-tuned"] {
         check_shape(&variant(name), long, 128).unwrap();
     }
     // Grid z of the reduction kernels.
-    constraint(check_shape(&variant("reduction"), dims(4096, 1, 16, 32), 128), "B * NH");
+    assert_constraint(check_shape(&variant("reduction"), dims(4096, 1, 16, 32), 128), "B * NH");
     check_shape(&variant("baseline"), dims(4096, 1, 16, 32), 128).unwrap();
 }
 
@@ -168,10 +160,10 @@ fn op_validate_reads_the_shape() {
     let local = variant("local-window");
     let bad =
         |text: &str| op.validate(&local, &shapes[0].overlay(&Shape::parse(text).unwrap(), op.shape_keys()).unwrap());
-    constraint(bad("HS=96"), "HS");
-    constraint(bad("T=0"), "T");
-    constraint(bad("W=0"), "W");
-    constraint(bad("W=2048"), "W");
+    assert_constraint(bad("HS=96"), "HS");
+    assert_constraint(bad("T=0"), "T");
+    assert_constraint(bad("W=0"), "W");
+    assert_constraint(bad("W=2048"), "W");
     // No W key: the default window.
     let no_w = Shape::new(&[("B", 1), ("T", 8), ("NH", 1), ("HS", 32)]);
     assert_eq!(prefill::shape_dims(&no_w).unwrap().window, prefill::DEFAULT_WINDOW);

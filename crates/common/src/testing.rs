@@ -126,6 +126,16 @@ where
     }
 }
 
+/// Fails unless `r` is a typed constraint error whose constraint mentions `needle`.
+pub fn assert_constraint<T: std::fmt::Debug>(r: crate::Result<T>, needle: &str) {
+    match r {
+        Err(Error::Constraint { constraint, got }) => {
+            assert!(constraint.contains(needle), "constraint '{constraint}' (got {got}) should mention '{needle}'")
+        }
+        other => panic!("expected a constraint error mentioning '{needle}', got {other:?}"),
+    }
+}
+
 /// Prepares and verifies every stage of `op` at `shape` on the same fresh inputs and panics with
 /// every failure listed. Stages whose constraints exclude the shape are checked to be refused with a
 /// typed error by `prepare` too, not run.

@@ -3,33 +3,17 @@
 //! buffers as typed errors that launch nothing, the documented limits, and graph replays. Ignored
 //! (not passed) without a GPU; failing with `LADDER_REQUIRE_GPU=1`.
 
+mod support;
+
 use common::cudarc::driver::CudaSlice;
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
-use common::{Error, Gpu, Op, Shape, Variant};
+use common::{Gpu, Op, Shape};
 use matmul::epilogue::{self, Epilogue, EpilogueArgs, EpilogueDims, LinearEpilogue};
 use matmul::linear::{self, Linear, LinearArgs, LinearDims};
-
-fn all_variants(op: &dyn Op) -> Vec<Variant> {
-    op.variants().into_iter().chain(op.leave_one_out()).collect()
-}
-
-fn lin(m: i64, n: i64, k: i64, bias: i64) -> Shape {
-    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
-}
-
-fn epi(m: i64, n: i64, k: i64, e: i64) -> Shape {
-    Shape::new(&[("M", m), ("N", n), ("K", k), ("epi", e)])
-}
+use support::{all_variants, constraint, epi, lin};
 
 fn pass(gpu: &Gpu, op: &dyn Op, shape: &Shape) {
     assert_stages_pass(gpu, op, shape, &all_variants(op));
-}
-
-fn constraint(r: common::Result<()>) -> String {
-    match r {
-        Err(e @ Error::Constraint { .. }) => e.to_string(),
-        other => panic!("expected a constraint error, got {other:?}"),
-    }
 }
 
 fn bad_buffers(gpu: &Gpu) {

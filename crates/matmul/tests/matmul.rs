@@ -2,29 +2,13 @@
 //! shape validation, the stage list against the files and the documented limits. The GPU tests are
 //! in `gpu.rs`.
 
-use common::{Error, Family, Op, Shape, Variant};
+mod support;
+
+use common::{Family, Op};
 use matmul::epilogue::{self, Epilogue, EpilogueDims, LinearEpilogue};
 use matmul::linear::{self, Linear, LinearDims};
 use matmul::reference::{gelu_tanh, linear_rows, sampled_rows, SAMPLE_ROWS};
-
-fn all_variants(op: &dyn Op) -> Vec<Variant> {
-    op.variants().into_iter().chain(op.leave_one_out()).collect()
-}
-
-fn lin(m: i64, n: i64, k: i64, bias: i64) -> Shape {
-    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
-}
-
-fn epi(m: i64, n: i64, k: i64, e: i64) -> Shape {
-    Shape::new(&[("M", m), ("N", n), ("K", k), ("epi", e)])
-}
-
-fn constraint(r: common::Result<()>) -> String {
-    match r {
-        Err(e @ Error::Constraint { .. }) => e.to_string(),
-        other => panic!("expected a constraint error, got {other:?}"),
-    }
-}
+use support::{all_variants, constraint, epi, lin};
 
 #[test]
 fn stage_files_match() {

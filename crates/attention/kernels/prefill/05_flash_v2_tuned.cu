@@ -23,14 +23,7 @@
 // Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; NH <= 65535 and B <= 65535
 #include "ladder.cuh"
 
-#if !defined(FA_BR) || !defined(FA_BC)
-#error "FA_BR, FA_BC (query rows and key columns of a tile; FA_BR * FA_BC threads) are tunables: the stage list sets them"
-#endif
-// The thread-to-score mapping and the row reductions are written for 16 x 16 tiles.
-static_assert(FA_BR == 16 && FA_BC == 16, "this kernel needs FA_BR = FA_BC = 16");
-#define BR FA_BR
-#define BC FA_BC
-#define NTHREADS (FA_BR * FA_BC)
+#include "attention_flash.cuh"
 
 // Max and sum over the 16 lanes of a half-warp (xor offsets below 16 never leave the half).
 __device__ __forceinline__ float row16_max(float v) {
