@@ -149,6 +149,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                         let src = match &v.source {
                             Source::Kernel(p) => format!("kernels/{p}"),
                             Source::Library(l) => l.to_string(),
+                            Source::Host(h) => format!("host: {h}"),
                         };
                         let req = if v.requires.arch_specific {
                             format!(" [sm_{}{}a]", v.requires.min_cc.0, v.requires.min_cc.1)
@@ -231,6 +232,12 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     "  copy bandwidth     {:>8.0} GB/s (device-to-device copy of {} MiB, read + write)",
                     ceilings.copy_gbps,
                     ceilings.copy_bytes >> 20
+                );
+                println!(
+                    "  host-to-device     {:>8.1} GB/s pinned, {:.1} GB/s pageable ({} MiB)",
+                    ceilings.h2d_pinned_gbps,
+                    ceilings.h2d_pageable_gbps,
+                    ceilings.h2d_bytes >> 20
                 );
                 println!(
                     "  cuBLAS fp32 GEMM   {:>8.1} TFLOP/s ({n}x{n}x{n})",

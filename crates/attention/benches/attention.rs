@@ -1,9 +1,11 @@
 //! `cargo bench -p attention`: every prefill and decode stage at each default shape (a criterion
 //! group per shape). The slow stages get criterion's flat sampling with 10 samples instead of being
 //! dropped: the unfused prefill stages (0–2) at T = 1024, tens to hundreds of milliseconds a run, and
-//! the naive decode stage (milliseconds at the long-context shapes).
+//! the naive decode stage (milliseconds at the long-context shapes), and every decode-offload stage
+//! (each run moves up to half a gigabyte over the host link).
 
 use attention::decode::Decode;
+use attention::offload::DecodeOffload;
 use attention::prefill::Prefill;
 use common::bench::{bench_op, Sampling};
 use common::Op;
@@ -31,5 +33,10 @@ fn decode(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, prefill, decode);
+fn decode_offload(c: &mut Criterion) {
+    let op = &DecodeOffload;
+    bench_op(c, op, &op.default_shapes(), &op.variants(), |_, _| Sampling::slow());
+}
+
+criterion_group!(benches, prefill, decode, decode_offload);
 criterion_main!(benches);

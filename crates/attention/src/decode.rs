@@ -18,7 +18,7 @@
 //! `dtype` (0 bf16, 1 fp16), `alibi` (0/1) and `splits` (0 = the heuristic).
 
 use common::check::Verification;
-use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
@@ -42,14 +42,15 @@ const MAX_SCORES: usize = 32768;
 /// The scores per block the packed stage's split heuristic aims at (8 KiB).
 const PACKED_SCORES: usize = 2048;
 
-const HEAD_DIM: &str = "D in {64, 128}";
-const GROUPS: &str = "HQ % HKV == 0";
-const GRID_B: &str = "B <= 65535";
-const ELEMS: &str = "B * HQ * Tmax < 2^31";
+pub(crate) const HEAD_DIM: &str = "D in {64, 128}";
+pub(crate) const GROUPS: &str = "HQ % HKV == 0";
+pub(crate) const GRID_B: &str = "B <= 65535";
+pub(crate) const ELEMS: &str = "B * HQ * Tmax < 2^31";
 const SCORES_1: &str = "Tmax <= 32768";
 const SPLITS: &str = "splits <= 256";
 const SCORES_SPLIT: &str = "Tmax / splits <= 32768";
 const PACKED_GROUP: &str = "HQ / HKV in {1, 2, 4, 8}";
+pub(crate) const MMA_GROUP: &str = "HQ / HKV <= 16";
 const SCORES_PACKED: &str = "G * Tmax / splits <= 32768";
 const BLOCK_SIZE: &str = "block_size in {16, 32}";
 const SCORES_PAGED: &str = "max_blocks * block_size <= 32768";
@@ -258,6 +259,8 @@ enum Plan {
     PagedV2,
     /// Flash-decoding with the query heads of one KV head in one block.
     GqaPacked,
+    /// The query heads of one KV head as the rows of `mma.sync` tiles, per-warp online softmax.
+    TensorCore,
 }
 
 impl Plan {
@@ -324,6 +327,14 @@ fn stages() -> Vec<Variant> {
             "flash-decoding with a KV head's query heads in one block (each K/V row read once per group), max(1, 4/G) rows in flight",
         )
         .with_tunables(&[("DA_THREADS", 128), ("DA_ROWS", 4)]),
+        k(
+            6,
+            "tensor-core",
+            "decode/06_tensor_core.cu",
+            Plan::TensorCore,
+            "a KV head's query heads as the rows of mma.sync m16n8k16 tiles, K/V by cp.async into swizzled per-warp rings, online softmax per warp",
+        )
+        .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)]),
     ]
 }
 
@@ -386,6 +397,10 @@ pub fn check_shape(v: &Variant, d: DecodeDims) -> Result<()> {
     require(n.is_some_and(|n| n < 1 << 31), ELEMS, || format!("B = {}, HQ = {hq}, Tmax = {}", d.b, d.tmax))?;
     match plan {
         Plan::DecodingAttention => require(d.tmax <= MAX_SCORES, SCORES_1, || format!("Tmax = {}", d.tmax))?,
+        Plan::TensorCore => {
+            require(d.splits <= MAX_SPLITS, SPLITS, || format!("splits = {}", d.splits))?;
+            require(d.group() <= 16, MMA_GROUP, || format!("HQ / HKV = {}", d.group()))?;
+        }
         Plan::FlashDecoding | Plan::GqaPacked => {
             require(d.splits <= MAX_SPLITS, SPLITS, || format!("splits = {}", d.splits))?;
             if plan == Plan::GqaPacked {
@@ -463,6 +478,28 @@ impl PagedCache {
     }
 }
 
+/// A contiguous `[B, Tmax, HKV, D]` cache pair in page-locked host memory mapped into the device's
+/// address space: a contiguous stage reads it in place, over the host link.
+pub struct HostCache {
+    k: PinnedHostSlice<u16>,
+    v: PinnedHostSlice<u16>,
+    k_dev: u64,
+    v_dev: u64,
+}
+
+impl HostCache {
+    pub fn new(gpu: &Gpu, k: &[u16], v: &[u16]) -> Result<HostCache> {
+        require_len("V cache", v.len(), k.len())?;
+        let (k, v) = (gpu.pinned(k)?, gpu.pinned(v)?);
+        Ok(HostCache { k_dev: gpu.mapped_ptr(&k)?, v_dev: gpu.mapped_ptr(&v)?, k, v })
+    }
+
+    /// The K and V caches (for copies to the device).
+    pub fn host(&self) -> (&PinnedHostSlice<u16>, &PinnedHostSlice<u16>) {
+        (&self.k, &self.v)
+    }
+}
+
 /// The cache one call reads, in the stage's layout.
 pub enum KvCache<'a> {
     /// `[B, Tmax, HKV, D]` each.
@@ -470,6 +507,8 @@ pub enum KvCache<'a> {
         k: &'a CudaSlice<u16>,
         v: &'a CudaSlice<u16>,
     },
+    /// The contiguous layout, in mapped host memory.
+    HostMapped(&'a HostCache),
     Paged(&'a PagedCache),
 }
 
@@ -506,8 +545,8 @@ pub struct Prepared {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
     let plan = v.plan::<Plan>()?;
     let mut d = d;
-    if plan == Plan::FlashDecoding || plan == Plan::GqaPacked {
-        let blocks = d.b * if plan == Plan::GqaPacked { d.heads.hkv } else { d.heads.hq };
+    if matches!(plan, Plan::FlashDecoding | Plan::GqaPacked | Plan::TensorCore) {
+        let blocks = d.b * if plan == Plan::FlashDecoding { d.heads.hq } else { d.heads.hkv };
         if d.splits == 0 {
             d.splits = default_splits(gpu.info().sm_count as usize, blocks, d.tmax);
             if plan == Plan::GqaPacked {
@@ -522,11 +561,20 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
     let Heads { hq, hkv, d: dim } = d.heads;
     let (b, t, ty) = (d.b as u32, d.tmax, d.dtype.suffix());
     let launch = |entry: &str, shape: LaunchShape| gpu.prepare_launch(&SOURCES, v, entry, shape);
-    let partials = |parts: usize| -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-        let rows = d.b * hq * parts;
-        Ok((gpu.zeros(rows * dim)?, gpu.zeros(rows)?, gpu.zeros(rows)?))
-    };
     let combine_shape = LaunchShape::new((hq as u32, b, 1), (dim as u32, 1, 1));
+    // A split stage: its kernel writes `parts` partials per (sequence, query head) that `combine`
+    // merges.
+    let split_stage = |entry: &str, shape: LaunchShape, combine: &str, parts: usize| -> Result<Stage> {
+        let rows = d.b * hq * parts;
+        Ok(Stage::Split {
+            split: launch(entry, shape)?,
+            combine: launch(&format!("{combine}_{ty}"), combine_shape)?,
+            o: gpu.zeros(rows * dim)?,
+            m: gpu.zeros(rows)?,
+            l: gpu.zeros(rows)?,
+            parts,
+        })
+    };
     let stage = match plan {
         Plan::Naive => {
             let lin = |n: usize| LaunchShape::linear((n as u32).div_ceil(256), 256);
@@ -550,15 +598,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
             };
             let smem = 4 * g * t.div_ceil(d.splits);
             let shape = LaunchShape::new((d.splits as u32, grid_y as u32, b), (threads, 1, 1)).with_shared(smem as u32);
-            let (o, m, l) = partials(d.splits)?;
-            Stage::Split {
-                split: launch(&entry, shape)?,
-                combine: launch(&format!("decode_combine_{ty}"), combine_shape)?,
-                o,
-                m,
-                l,
-                parts: d.splits,
-            }
+            split_stage(&entry, shape, "decode_combine", d.splits)?
+        }
+        Plan::TensorCore => {
+            let (warps, stages) = (v.tunable("TC_WARPS")?, v.tunable("TC_STAGES")?);
+            // Per warp, a ring of `stages` K and V tiles of 16 rows of D 16-bit elements.
+            let smem = warps * stages * 2 * 16 * dim as u32 * 2;
+            let shape = LaunchShape::new((d.splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
+            split_stage(&format!("decode_tc_{ty}_d{dim}"), shape, "decode_combine", d.splits)?
         }
         Plan::PagedV1 => {
             let bs = d.block_size;
@@ -572,15 +619,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
             let parts = (d.max_blocks() * bs).div_ceil(part);
             let shape = LaunchShape::new((hq as u32, b, parts as u32), (v.tunable("PA_THREADS")?, 1, 1))
                 .with_shared(4 * part as u32);
-            let (o, m, l) = partials(parts)?;
-            Stage::Split {
-                split: launch(&format!("decode_paged_v2_{ty}_d{dim}_bs{bs}"), shape)?,
-                combine: launch(&format!("decode_paged_reduce_{ty}"), combine_shape)?,
-                o,
-                m,
-                l,
-                parts,
-            }
+            split_stage(&format!("decode_paged_v2_{ty}_d{dim}_bs{bs}"), shape, "decode_paged_reduce", parts)?
         }
     };
     Ok(Prepared { stage, plan, d })
@@ -614,6 +653,12 @@ impl Prepared {
                 require_len("K cache", k.len(), n)?;
                 require_len("V cache", v.len(), n)?;
                 (Arg::buf(k), Arg::buf(v), None)
+            }
+            (KvCache::HostMapped(h), Layout::Contiguous) => {
+                let n = d.b * d.tmax * hkv * dim;
+                require_len("K cache", h.k.len(), n)?;
+                require_len("V cache", h.v.len(), n)?;
+                (Arg::Ptr(h.k_dev), Arg::Ptr(h.v_dev), None)
             }
             (KvCache::Paged(p), Layout::Paged) => {
                 let want = (d.b, d.block_size, d.max_blocks(), d.heads);
@@ -653,6 +698,8 @@ impl Prepared {
                         (Plan::GqaPacked, _) => {
                             split.enqueue(stream, &[o, m, l, q, kc, vc, lens, slopes, tmax, scale])?
                         }
+                        (Plan::TensorCore, _) => split
+                            .enqueue(stream, &[o, m, l, q, kc, vc, lens, slopes, tmax, Arg::int(d.group()), scale])?,
                         (_, Some(t)) => split.enqueue(
                             stream,
                             &[o, m, l, q, kc, vc, t, lens, slopes, hkv_a, Arg::int(d.max_blocks()), scale],
@@ -789,6 +836,12 @@ impl Op for Decode {
             Plan::DecodingAttention => {
                 let (past, inside) = (at(1, 1, 1, 64, 32769, 16, 0), at(1, 1, 1, 64, 32768, 16, 0));
                 l.push(Limit { constraint: SCORES_1, past, inside: Some(inside) });
+            }
+            Plan::TensorCore => {
+                let (past, inside) = (at(2, 4, 2, 64, 300, 16, 257), at(2, 4, 2, 64, 300, 16, 256));
+                l.push(Limit { constraint: SPLITS, past, inside: Some(inside) });
+                let (past, inside) = (at(2, 17, 1, 64, 40, 16, 0), at(2, 16, 1, 64, 40, 16, 0));
+                l.push(Limit { constraint: MMA_GROUP, past, inside: Some(inside) });
             }
             Plan::FlashDecoding | Plan::GqaPacked => {
                 let (past, inside) = (at(2, 4, 2, 64, 300, 16, 257), at(2, 4, 2, 64, 300, 16, 256));

@@ -2,12 +2,15 @@
 //! stages. `prefill` is the whole-sequence forward pass, from the reference report's five-kernel
 //! baseline through reductions, a fused local window and FlashAttention-2 in fp32. `decode` is one
 //! query token per sequence against a KV cache, contiguous or paged: from three naive kernels
-//! through decoding attention, Flash-Decoding and vLLM's paged kernels to GQA packing. Its shared
-//! machinery (sequence lengths, ALiBi, the f64 reference) is what `quant-int4` builds on.
+//! through decoding attention, Flash-Decoding and vLLM's paged kernels to GQA packing and tensor
+//! cores. `decode-offload` is one decode step over a cache held in host memory (pageable, pinned,
+//! chunked over streams, read in place). The decode machinery (sequence lengths, ALiBi, the f64
+//! reference) is what `quant-int4` builds on.
 
 use common::{Family, Op, Sources};
 
 pub mod decode;
+pub mod offload;
 pub mod prefill;
 pub mod reference;
 
@@ -28,12 +31,13 @@ impl Family for Attention {
     }
     fn description(&self) -> &'static str {
         "causal prefill (fp32, five kernels -> FlashAttention-2) and decode over contiguous and paged \
-         bf16/fp16 KV caches (naive -> decoding attention -> Flash-Decoding -> vLLM paged v1/v2 -> GQA packing)"
+         bf16/fp16 KV caches (naive -> decoding attention -> Flash-Decoding -> vLLM paged v1/v2 -> GQA packing -> tensor cores), and decode over a host-resident cache (pageable -> \
+         pinned -> streams -> mapped)"
     }
     fn sources(&self) -> &'static Sources {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&prefill::Prefill, &decode::Decode]
+        vec![&prefill::Prefill, &decode::Decode, &offload::DecodeOffload]
     }
 }

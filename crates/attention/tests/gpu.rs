@@ -3,7 +3,8 @@
 //! typed errors, the documented limits and graph replays. Ignored (not passed) without NVRTC or a
 //! GPU; failing with `LADDER_REQUIRE_NVRTC=1` / `LADDER_REQUIRE_GPU=1`.
 
-use attention::decode::{self, Decode, DecodeArgs, DecodeDims, Dtype, Heads, KvCache, PagedCache};
+use attention::decode::{self, Decode, DecodeArgs, DecodeDims, Dtype, Heads, HostCache, KvCache, PagedCache};
+use attention::offload::{self, DecodeOffload, HostKv, OffloadArgs, OffloadDims};
 use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
 use attention::reference::Dims;
 use common::testing::{
@@ -119,9 +120,38 @@ fn decode_bad_input(gpu: &Gpu) {
     assert!(gpu.download(&out).unwrap().iter().all(|&x| Dtype::Bf16.value(x).is_nan()), "a refused call wrote out");
 }
 
+fn offload_bad_input(gpu: &Gpu) {
+    let heads = Heads { hq: 4, hkv: 2, d: 64 };
+    let d = OffloadDims { b: 2, heads, seq: 40, chunks: 3 };
+    let n = 2 * 40 * 2 * 64;
+    let (k, v) = (vec![0u16; n], vec![0u16; n]);
+    assert_constraint(HostCache::new(gpu, &k, &v[..n - 1]).map(|_| ()), "len(V cache)");
+    let cache = HostKv { pinned: HostCache::new(gpu, &k, &v).unwrap(), k, v };
+    let q = gpu.upload(&vec![0u16; 2 * 4 * 64]).unwrap();
+    for var in DecodeOffload.variants() {
+        let mut p = offload::prepare(gpu, &var, d).unwrap();
+        let (mut out, mut lse) = (gpu.alloc_poisoned::<u16>(2 * 4 * 64 - 1).unwrap(), gpu.zeros::<f32>(8).unwrap());
+        let args = OffloadArgs { out: &mut out, lse: &mut lse, q: &q, cache: &cache, alibi: None };
+        assert_constraint(p.enqueue(gpu.stream(), args), "len(out)");
+        let short = HostKv {
+            pinned: HostCache::new(gpu, &cache.k[..n - 128], &cache.v[..n - 128]).unwrap(),
+            k: cache.k[..n - 128].to_vec(),
+            v: cache.v[..n - 128].to_vec(),
+        };
+        let mut out = gpu.alloc_poisoned::<u16>(2 * 4 * 64).unwrap();
+        let args = OffloadArgs { out: &mut out, lse: &mut lse, q: &q, cache: &short, alibi: None };
+        assert_constraint(p.enqueue(gpu.stream(), args), "len(K cache)");
+        gpu.synchronize().unwrap();
+        assert!(gpu.download(&out).unwrap().iter().all(|&x| Dtype::Bf16.value(x).is_nan()), "a refused call wrote out");
+    }
+    let past = OffloadDims { chunks: 41, ..d };
+    let streams = DecodeOffload.variants().into_iter().find(|v| v.name == "streams").unwrap();
+    assert_constraint(offload::prepare(gpu, &streams, past).map(|_| ()), "1 <= chunks <= 16");
+}
+
 fn main() -> std::process::ExitCode {
     let mut suite = Suite::new().nvrtc("kernels_compile_without_local_memory", |tc| {
-        for v in Prefill.variants().into_iter().chain(Decode.variants()) {
+        for v in Prefill.variants().into_iter().chain(Decode.variants()).chain(DecodeOffload.variants()) {
             let Source::Kernel(path) = v.source else { continue };
             let src = attention::SOURCES.find(path).unwrap();
             let headers = attention::SOURCES.headers().unwrap();
@@ -181,6 +211,35 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("decode_bad_input_is_refused", decode_bad_input)
+        .gpu("offload_stages_pass", |gpu| {
+            // GPT-2's heads with chunks that do not divide the sequence, GQA 8:1 with ALiBi, MQA
+            // with one token per chunk, a single token.
+            let mut alibi = offload::shape(3, 32, 4, 128, 700, 5);
+            alibi.set("alibi", 1);
+            for s in [
+                offload::shape(2, 12, 12, 64, 1000, 3),
+                alibi,
+                offload::shape(2, 8, 1, 64, 16, 16),
+                offload::shape(1, 4, 2, 128, 1, 1),
+            ] {
+                assert_stages_pass(gpu, &DecodeOffload, &s, &DecodeOffload.variants());
+            }
+        })
+        .gpu("offload_stages_pass_ragged", |gpu| {
+            let strategy = (
+                1i64..=4,
+                1i64..=2048,
+                prop::sample::select(vec![1i64, 2, 4, 8]),
+                prop::sample::select(vec![1i64, 2, 4]),
+                prop::sample::select(vec![64i64, 128]),
+                1i64..=16,
+            );
+            proptest(8, strategy, |(b, seq, ratio, hkv, d, chunks)| {
+                let s = offload::shape(b, ratio * hkv, hkv, d, seq, chunks.min(seq));
+                assert_stages_pass(gpu, &DecodeOffload, &s, &DecodeOffload.variants());
+            })
+        })
+        .gpu("offload_bad_input_is_refused", offload_bad_input)
         .gpu("stages_pass_ragged", |gpu| {
             // Ragged shapes: T not a multiple of 16 or 32, every head size, B and NH up to GPT-2's, any window.
             let hs = prop::sample::select(prefill::HEAD_SIZES.to_vec());

@@ -20,6 +20,11 @@ pub struct Ceilings {
     /// Bytes read plus bytes written per second by `cuMemcpyDtoD` of `copy_bytes`.
     pub copy_gbps: f64,
     pub copy_bytes: u64,
+    /// Host-to-device bytes per second of `cuMemcpyHtoDAsync` of `h2d_bytes`, from pinned and from
+    /// pageable host memory.
+    pub h2d_pinned_gbps: f64,
+    pub h2d_pageable_gbps: f64,
+    pub h2d_bytes: u64,
     pub gemm_size: usize,
     pub fp32_tflops: f64,
     pub tf32_tflops: f64,
@@ -28,7 +33,7 @@ pub struct Ceilings {
 }
 
 /// Bump when the measurement changes, so old cache files are not trusted.
-const CACHE_VERSION: u32 = 1;
+const CACHE_VERSION: u32 = 2;
 
 fn cache_file(gpu: &Gpu) -> Option<PathBuf> {
     crate::nvrtc::cache_dir().map(|d| d.join(format!("ceilings-v{CACHE_VERSION}-{}.json", gpu.info().uuid)))
@@ -67,7 +72,25 @@ impl Ceilings {
         let mut dst = gpu.zeros::<f32>(n)?;
         let t = timing::time(gpu, 1, &cfg, |stream, _| stream.memcpy_dtod(&src, &mut dst).ctx("memcpy DtoD"))?;
         let copy_gbps = 2.0 * copy_bytes as f64 / (t.median_ms * 1e-3) / 1e9;
-        drop((src, dst));
+        drop(src);
+
+        // Host to device: 256 MiB from page-locked and from ordinary (pageable) host memory.
+        let h2d_bytes = (256u64 << 20).min(copy_bytes) & !255;
+        let h2d_n = (h2d_bytes / 4) as usize;
+        let pageable = crate::data::uniform(h2d_n, -1.0, 1.0, 4);
+        let pinned = gpu.pinned(&pageable)?;
+        let to = gpu.ptr(&dst);
+        let h2d = |src: *const f32| {
+            // SAFETY: src and dst each hold h2d_bytes; both outlive the timed copies.
+            let t = timing::time(gpu, 1, &cfg, |stream, _| unsafe {
+                let n = h2d_bytes as usize;
+                crate::gpu::copy_htod_2d(stream, to, n, src as *const u8, n, n, 1)
+            })?;
+            Ok::<f64, Error>(h2d_bytes as f64 / (t.median_ms * 1e-3) / 1e9)
+        };
+        let h2d_pinned_gbps = h2d(pinned.as_ptr().ctx("page-locked host memory")?)?;
+        let h2d_pageable_gbps = h2d(pageable.as_ptr())?;
+        drop((pinned, dst));
 
         let size = 8192usize;
         let mut rates = std::collections::HashMap::new();
@@ -100,6 +123,9 @@ impl Ceilings {
             uuid: info.uuid.clone(),
             copy_gbps,
             copy_bytes,
+            h2d_pinned_gbps,
+            h2d_pageable_gbps,
+            h2d_bytes,
             gemm_size: size,
             fp32_tflops: rates[&GemmPrecision::Fp32],
             tf32_tflops: rates[&GemmPrecision::Tf32],
@@ -122,6 +148,7 @@ impl Ceilings {
     pub fn fraction(&self, bound: Bound, gbps: f64, tflops: f64) -> f64 {
         match bound {
             Bound::Memory => gbps / self.copy_gbps,
+            Bound::HostLink => gbps / self.h2d_pinned_gbps,
             Bound::Compute(p) => tflops / self.tflops(p),
         }
     }

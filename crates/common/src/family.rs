@@ -18,8 +18,11 @@ use crate::variant::{Generator, LeaveOneOut, Precision, Variant};
 /// Which ceiling bounds an op: memory bandwidth, or the matrix rate at a precision.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub enum Bound {
+    /// Device memory traffic, read against the device-to-device copy bandwidth.
     Memory,
     Compute(Precision),
+    /// Host-to-device traffic (a cache in host memory), read against the pinned copy bandwidth.
+    HostLink,
 }
 
 /// The least work one run must do: each input read once, each output written once, and the

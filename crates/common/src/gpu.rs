@@ -2,7 +2,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 use serde::Serialize;
 
 use cudarc::driver::CudaModule;
@@ -176,6 +176,37 @@ impl Gpu {
         self.stream.clone_htod(host).ctx("copy to device")
     }
 
+    /// A page-locked host copy of `host`: write-combined (fast to send, slow for the CPU to read)
+    /// and mapped into the device's address space, so a kernel can also read it in place over the
+    /// host link (see [`Gpu::mapped_ptr`]).
+    pub fn pinned<T: DeviceRepr + ValidAsZeroBits + Copy>(&self, host: &[T]) -> Result<PinnedHostSlice<T>> {
+        use cudarc::driver::sys::{CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_WRITECOMBINED};
+        // SAFETY: every element is written below before the slice is used.
+        let mut p = unsafe {
+            self.ctx.alloc_pinned_with_flags::<T>(
+                host.len().max(1),
+                CU_MEMHOSTALLOC_WRITECOMBINED | CU_MEMHOSTALLOC_DEVICEMAP,
+            )
+        }
+        .ctx("allocate page-locked host memory")?;
+        let ptr = p.as_mut_ptr().ctx("page-locked host memory")?;
+        // SAFETY: `ptr` holds at least host.len() elements and does not overlap `host`.
+        unsafe { std::ptr::copy_nonoverlapping(host.as_ptr(), ptr, host.len()) };
+        Ok(p)
+    }
+
+    /// The device address of mapped page-locked memory from [`Gpu::pinned`]: a kernel reading it
+    /// reads host memory over the host link.
+    pub fn mapped_ptr<T: ValidAsZeroBits>(&self, p: &PinnedHostSlice<T>) -> Result<u64> {
+        let host = p.as_ptr().ctx("page-locked host memory")?;
+        let mut dev = 0;
+        // SAFETY: `host` is the start of a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP.
+        unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut _, 0) }
+            .result()
+            .ctx("cuMemHostGetDevicePointer")?;
+        Ok(dev)
+    }
+
     pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
         self.stream.clone_dtoh(dev).ctx("copy to host")
     }
@@ -200,4 +231,34 @@ impl Gpu {
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, self.stream.cu_stream()) }
             .ctx("poison (memset 0xFF)")
     }
+}
+
+/// A rectangle of host memory to device memory on `stream`: `height` rows of `width` bytes, rows
+/// `src_pitch` bytes apart at `src` and `dst_pitch` bytes apart at device address `dst` (a plain
+/// copy is one row). From page-locked memory the copy is asynchronous; from pageable memory the
+/// driver stages it and the host waits.
+///
+/// # Safety
+/// `src` must hold `(height - 1) * src_pitch + width` readable bytes for as long as the copy runs,
+/// and `dst` as many writable bytes with `dst_pitch`.
+pub unsafe fn copy_htod_2d(
+    stream: &CudaStream,
+    dst: u64,
+    dst_pitch: usize,
+    src: *const u8,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<()> {
+    use cudarc::driver::sys::{cuMemcpy2DAsync_v2, CUmemorytype, CUDA_MEMCPY2D};
+    let mut p: CUDA_MEMCPY2D = std::mem::zeroed();
+    p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
+    p.srcHost = src as *const _;
+    p.srcPitch = src_pitch;
+    p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.dstDevice = dst;
+    p.dstPitch = dst_pitch;
+    p.WidthInBytes = width;
+    p.Height = height;
+    cuMemcpy2DAsync_v2(&p, stream.cu_stream()).result().ctx("cuMemcpy2DAsync (host to device)")
 }

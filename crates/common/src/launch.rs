@@ -270,7 +270,7 @@ impl Gpu {
                 )));
             }
         }
-        if shape.dynamic_shared_bytes > 48 * 1024 {
+        if total_smem > 48 * 1024 {
             func.set_attribute(
                 FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shape.dynamic_shared_bytes as i32,
@@ -281,7 +281,11 @@ impl Gpu {
             .occupancy_max_active_blocks_per_multiprocessor(threads as u32, shape.dynamic_shared_bytes as usize, None)
             .ctx("occupancy query")?;
         if blocks_per_sm == 0 {
-            return Err(fail("no block of this shape fits on an SM (registers or shared memory)".into()));
+            return Err(fail(format!(
+                "no block of this shape fits on an SM (registers or shared memory): {threads} threads x \
+                 {registers} registers, {static_shared} + {} bytes of shared memory",
+                shape.dynamic_shared_bytes
+            )));
         }
         let params = param_sizes(&func).map_err(|e| fail(format!("reading the parameter layout: {e}")))?;
         if params.len() > MAX_ARGS {

@@ -68,7 +68,7 @@ impl Gpu {
     /// keyed by family, path, defines and architecture, so two families' `op/NN_x.cu` never collide.
     pub fn module(&self, sources: &Sources, variant: &Variant) -> Result<Arc<CudaModule>> {
         let Source::Kernel(path) = variant.source else {
-            return Err(Error::MissingSource(format!("{} is a library call, not a kernel", variant.id())));
+            return Err(Error::MissingSource(format!("{} is a library call or host work, not a kernel", variant.id())));
         };
         self.supports(variant)?;
         let arch = self.arch(variant.requires.arch_specific);

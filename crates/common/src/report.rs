@@ -115,6 +115,9 @@ fn ceiling_line(table: &Table) -> String {
     let c = &table.ceilings;
     match table.workload.bound {
         Bound::Memory => format!("memory-bound; ceiling {:.0} GB/s (device-to-device copy)", c.copy_gbps),
+        Bound::HostLink => {
+            format!("host-link-bound; ceiling {:.1} GB/s (host-to-device copy from pinned memory)", c.h2d_pinned_gbps)
+        }
         Bound::Compute(p) => format!("compute-bound; ceiling {:.1} TFLOP/s (cuBLAS {} GEMM)", c.tflops(p), p.label()),
     }
 }
@@ -268,6 +271,9 @@ mod tests {
                 device: "test".into(),
                 uuid: "0".into(),
                 copy_gbps: 4000.0,
+                h2d_pinned_gbps: 50.0,
+                h2d_pageable_gbps: 20.0,
+                h2d_bytes: 1 << 28,
                 copy_bytes: 1,
                 gemm_size: 1,
                 fp32_tflops: 50.0,

@@ -285,7 +285,7 @@ pub fn fill_rates(table: &mut Table) {
         // A compute-bound row is read against the GEMM rate of its own precision.
         let bound = match table.workload.bound {
             Bound::Compute(_) => Bound::Compute(table.rows[i].precision),
-            Bound::Memory => Bound::Memory,
+            b => b,
         };
         let frac = table.ceilings.fraction(bound, gbps, tflops);
         let row = &mut table.rows[i];

@@ -86,6 +86,9 @@ pub enum Source {
     Kernel(&'static str),
     /// A vendor library call (cuBLAS, cuBLASLt), named for the table.
     Library(&'static str),
+    /// Host-side work (copies, streams, memory placement) around kernels of other stages, named for
+    /// the table: the stage adds no kernel of its own.
+    Host(&'static str),
 }
 
 /// What a stage needs from the device.
@@ -186,6 +189,21 @@ impl Variant {
     ) -> Variant {
         let mut v = Variant::kernel(family, op, stage, name, "", precision, summary);
         v.source = Source::Library(library);
+        v
+    }
+
+    /// A stage whose difference is host-side orchestration of other stages' kernels.
+    pub const fn host(
+        family: &'static str,
+        op: &'static str,
+        stage: u32,
+        name: &'static str,
+        what: &'static str,
+        precision: Precision,
+        summary: &'static str,
+    ) -> Variant {
+        let mut v = Variant::kernel(family, op, stage, name, "", precision, summary);
+        v.source = Source::Host(what);
         v
     }
 

@@ -59,7 +59,7 @@
 #include "ladder_reduce.cuh"
 #include "ladder_convert.cuh"
 #include "qi4_format.cuh"
-#include "qi4_mma.cuh"
+#include "ladder_mma.cuh"
 
 #ifndef QI4_KV_BF16
 #define QI4_KV_BF16 0
@@ -328,7 +328,7 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
                 const unsigned* krow = reinterpret_cast<const unsigned*>(kv_w + (nt * 8 + g) * C::KSTRIDE);
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ++ks) {
-                    qi4_mma_16816(acc, qa[ks][0], 0u, qa[ks][1], 0u, krow[ks * 8 + t], krow[ks * 8 + 4 + t]);
+                    mma_16816<__nv_bfloat16>(acc, qa[ks][0], 0u, qa[ks][1], 0u, krow[ks * 8 + t], krow[ks * 8 + 4 + t]);
                 }
                 const int li = li0 + nt * 8 + 2 * t;
                 const float s0 = (pass0 + li < t_end) ? acc[0] * qk_scale : -INFINITY;
@@ -501,7 +501,7 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
                                     ((unsigned)vs[(2 * t + 1) * C::KSTRIDE + d] << 16);
                 const unsigned b1 = (unsigned)vs[(2 * t + 8) * C::KSTRIDE + d] |
                                     ((unsigned)vs[(2 * t + 9) * C::KSTRIDE + d] << 16);
-                qi4_mma_16816(o[nt], pa0, 0u, pa2, 0u, b0, b1);
+                mma_16816<__nv_bfloat16>(o[nt], pa0, 0u, pa2, 0u, b0, b1);
             }
             __syncwarp();
         }

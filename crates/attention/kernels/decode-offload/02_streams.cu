@@ -1,0 +1,49 @@
+// Decode offload, stage 2: streams (the sequence in chunks, copy of chunk i+1 under compute of chunk i).
+// Changed from stage 1: the host cache is sent in `chunks` slices along the sequence, each on its own
+//   stream: chunk c's K and V rows [c*Tc, (c+1)*Tc) of every sequence (one strided 2D copy each),
+//   then the decode stage on that chunk alone, giving O_c and lse_c. The copy engine runs the
+//   copies back to back while the SMs compute on the chunks already there. This kernel merges the
+//   chunks' results by logsumexp: O = sum_c exp(lse_c - M) O_c / sum_c exp(lse_c - M), lse = M + log
+//   of that sum, with M the largest lse_c.
+// Why it should be faster: stage 1's time is copy + compute; here it is about copy + one chunk's
+//   compute + this merge, so at most the compute time minus a chunk's is won. Over PCIe the copy is
+//   some 50x longer than the compute, so the gain is a few percent: streams hide compute, they do not
+//   make the link faster.
+// Launch: offload_merge_{bf16,f16}: grid (B*HQ), block D; the chunks' O_c [B*HQ, D] and lse_c [B*HQ]
+//   passed by address in one by-value struct of OFFLOAD_MAX_CHUNKS pairs.
+// Constraints: the decode stage's (it computes every chunk); 1 <= chunks <= 16; chunks <= seq, so no
+//   chunk is empty. Tolerance: rel L2 <= 1e-2 (each O_c is rounded to the cache type once).
+// Limits: D in {64, 128}; HQ % HKV == 0; B <= 65535; B * HQ * Tmax < 2^31; HQ / HKV <= 16; 1 <= chunks <= 16; chunks <= seq
+#include "ladder.cuh"
+#include "ladder_convert.cuh"
+
+#define OFFLOAD_MAX_CHUNKS 16
+
+template <typename T>
+struct OffloadChunks {
+    const T* out[OFFLOAD_MAX_CHUNKS];
+    const float* lse[OFFLOAD_MAX_CHUNKS];
+};
+
+template <typename T>
+__device__ __forceinline__ void offload_merge(T* out, float* lse, const OffloadChunks<T>& parts, int chunks) {
+    const int row = blockIdx.x, D = blockDim.x, d = threadIdx.x;
+    float mx = -INFINITY;
+    for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, parts.lse[c][row]);
+    float sum = 0.0f, acc = 0.0f;
+    for (int c = 0; c < chunks; ++c) {
+        const float w = __expf(parts.lse[c][row] - mx);
+        sum += w;
+        acc += w * to_float(parts.out[c][(size_t)row * D + d]);
+    }
+    out[(size_t)row * D + d] = from_float<T>(acc / sum);
+    if (d == 0) lse[row] = mx + __logf(sum);
+}
+
+extern "C" __global__ void offload_merge_bf16(__nv_bfloat16* out, float* lse, OffloadChunks<__nv_bfloat16> parts,
+                                              int chunks) {
+    offload_merge(out, lse, parts, chunks);
+}
+extern "C" __global__ void offload_merge_f16(__half* out, float* lse, OffloadChunks<__half> parts, int chunks) {
+    offload_merge(out, lse, parts, chunks);
+}
