@@ -24,27 +24,36 @@ __device__ __forceinline__ void load8(const T* p, float* out) {
     for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
 }
 
-// Merges S partial results of one (sequence, query head) into out and lse. Each partial is its
-// split's running max m_s, sum l_s = sum exp(s - m_s) and o_s = sum exp(s - m_s) v (unnormalized),
-// or o_s / l_s when `normalized`; an empty split has m_s = -inf. Grid (HQ, B), block D threads.
+// Merges the S partial results of one (sequence, query head) row for output column d: each partial
+// is its split's running max m_s, sum l_s = sum exp(s - m_s) and o_s = sum exp(s - m_s) v
+// (unnormalized), or o_s / l_s when `normalized`; an empty split has m_s = -inf. o holds the row's
+// S partials of D floats, m and l its S maxima and sums; writes out[d], and *lse when d == 0. The
+// partials are read through L2 (__ldcg): in the fused stage they were written by other blocks of
+// the same launch, and a line this SM's L1 kept from an earlier call would be stale.
+template <typename T>
+__device__ __forceinline__ void decode_merge_row(T* out, float* lse, const float* o, const float* m, const float* l,
+                                                 int splits, int D, int d, bool normalized) {
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(m + s));
+    float sum = 0.0f, acc = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        const float ms = __ldcg(m + s);
+        if (ms == -INFINITY) continue;
+        const float w = __expf(ms - mx), ls = __ldcg(l + s);
+        sum += w * ls;
+        acc += (normalized ? w * ls : w) * __ldcg(o + (size_t)s * D + d);
+    }
+    out[d] = from_float<T>(acc / sum);
+    if (d == 0) *lse = mx + __logf(sum);
+}
+
+// Merges the partials of every (sequence, query head): grid (HQ, B), block D threads.
 template <typename T>
 __device__ __forceinline__ void decode_combine(T* out, float* lse, const float* o_part, const float* m_part,
                                                const float* l_part, int splits, int D, bool normalized) {
-    const int hq = blockIdx.x, b = blockIdx.y, HQ = gridDim.x, d = threadIdx.x;
-    const size_t row = (size_t)b * HQ + hq;
-    const float* m = m_part + row * splits;
-    const float* l = l_part + row * splits;
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m[s]);
-    float sum = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-        if (m[s] == -INFINITY) continue;
-        const float w = __expf(m[s] - mx);
-        sum += w * l[s];
-        acc += (normalized ? w * l[s] : w) * o_part[(row * splits + s) * D + d];
-    }
-    out[row * D + d] = from_float<T>(acc / sum);
-    if (d == 0) lse[row] = mx + __logf(sum);
+    const size_t row = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+    decode_merge_row(out + row * D, lse + row, o_part + row * splits * D, m_part + row * splits,
+                     l_part + row * splits, splits, D, threadIdx.x, normalized);
 }
 
 // One block of THREADS threads over tokens [t_begin, t_end) of one sequence of a contiguous cache,

@@ -261,6 +261,8 @@ enum Plan {
     GqaPacked,
     /// The query heads of one KV head as the rows of `mma.sync` tiles, per-warp online softmax.
     TensorCore,
+    /// Stage 6 with the combine in the split kernel (last block merges) and wave-sized splits.
+    FusedCombine,
 }
 
 impl Plan {
@@ -335,6 +337,14 @@ fn stages() -> Vec<Variant> {
             "a KV head's query heads as the rows of mma.sync m16n8k16 tiles, K/V by cp.async into swizzled per-warp rings, online softmax per warp",
         )
         .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)]),
+        k(
+            7,
+            "fused-combine",
+            "decode/07_fused_combine.cu",
+            Plan::FusedCombine,
+            "stage 6 in one launch: the last split of a KV head merges (ticket counter); splits sized to whole waves from the occupancy",
+        )
+        .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)]),
     ]
 }
 
@@ -375,6 +385,18 @@ pub fn default_splits(sm_count: usize, blocks: usize, tmax: usize) -> usize {
     want.clamp(1, tmax.div_ceil(128).clamp(1, MAX_SPLITS))
 }
 
+/// The fewest tokens a wave-sized split gets (two 16-token tiles per warp of a 4-warp block).
+const MIN_SPLIT_TOKENS: usize = 128;
+
+/// The split count that fits whole waves: with `slots` blocks resident at once and `pairs` blocks
+/// per split, the count s (at least [`MIN_SPLIT_TOKENS`] tokens each, at most [`MAX_SPLITS`]) that
+/// minimizes ceil(pairs·s / slots) · ceil(tmax / s), the tokens on the critical path; ties go to
+/// fewer splits.
+pub fn wave_splits(slots: usize, pairs: usize, tmax: usize) -> usize {
+    let most = tmax.div_ceil(MIN_SPLIT_TOKENS).clamp(1, MAX_SPLITS);
+    (1..=most).min_by_key(|&s| ((pairs * s).div_ceil(slots.max(1)) * tmax.div_ceil(s), s)).unwrap_or(1)
+}
+
 /// Shape constraints of `v` at `d`: what its header's `Limits:` line documents. With `splits = 0`
 /// the split limits are checked at prepare, once the heuristic has chosen.
 pub fn check_shape(v: &Variant, d: DecodeDims) -> Result<()> {
@@ -397,7 +419,7 @@ pub fn check_shape(v: &Variant, d: DecodeDims) -> Result<()> {
     require(n.is_some_and(|n| n < 1 << 31), ELEMS, || format!("B = {}, HQ = {hq}, Tmax = {}", d.b, d.tmax))?;
     match plan {
         Plan::DecodingAttention => require(d.tmax <= MAX_SCORES, SCORES_1, || format!("Tmax = {}", d.tmax))?,
-        Plan::TensorCore => {
+        Plan::TensorCore | Plan::FusedCombine => {
             require(d.splits <= MAX_SPLITS, SPLITS, || format!("splits = {}", d.splits))?;
             require(d.group() <= 16, MMA_GROUP, || format!("HQ / HKV = {}", d.group()))?;
         }
@@ -528,9 +550,30 @@ pub struct DecodeArgs<'a> {
 
 /// How a prepared stage runs.
 enum Stage {
-    Naive { scores: Launch, softmax: Launch, pv: Launch, s: CudaSlice<f32> },
+    Naive {
+        scores: Launch,
+        softmax: Launch,
+        pv: Launch,
+        s: CudaSlice<f32>,
+    },
     Fused(Launch),
-    Split { split: Launch, combine: Launch, o: CudaSlice<f32>, m: CudaSlice<f32>, l: CudaSlice<f32>, parts: usize },
+    Split {
+        split: Launch,
+        combine: Launch,
+        o: CudaSlice<f32>,
+        m: CudaSlice<f32>,
+        l: CudaSlice<f32>,
+        parts: usize,
+    },
+    /// A split kernel whose last block per (sequence, KV head) merges; `tickets` count the splits done.
+    SplitFused {
+        kernel: Launch,
+        o: CudaSlice<f32>,
+        m: CudaSlice<f32>,
+        l: CudaSlice<f32>,
+        tickets: CudaSlice<i32>,
+        parts: usize,
+    },
 }
 
 /// A decode stage prepared for one size: its kernels, the split count it resolved, its workspace.
@@ -545,7 +588,8 @@ pub struct Prepared {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
     let plan = v.plan::<Plan>()?;
     let mut d = d;
-    if matches!(plan, Plan::FlashDecoding | Plan::GqaPacked | Plan::TensorCore) {
+    let splits_given = d.splits;
+    if matches!(plan, Plan::FlashDecoding | Plan::GqaPacked | Plan::TensorCore | Plan::FusedCombine) {
         let blocks = d.b * if plan == Plan::FlashDecoding { d.heads.hq } else { d.heads.hkv };
         if d.splits == 0 {
             d.splits = default_splits(gpu.info().sm_count as usize, blocks, d.tmax);
@@ -607,6 +651,27 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
             let shape = LaunchShape::new((d.splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
             split_stage(&format!("decode_tc_{ty}_d{dim}"), shape, "decode_combine", d.splits)?
         }
+        Plan::FusedCombine => {
+            let (warps, stages) = (v.tunable("TC_WARPS")?, v.tunable("TC_STAGES")?);
+            let smem = warps * stages * 2 * 16 * dim as u32 * 2;
+            let entry = format!("decode_tc_fused_{ty}_d{dim}");
+            let shape =
+                |splits: usize| LaunchShape::new((splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
+            if splits_given == 0 {
+                // The occupancy does not depend on the grid: read it from a one-split launch.
+                let slots = launch(&entry, shape(1))?.resources().blocks_per_sm as usize * gpu.info().sm_count as usize;
+                d.splits = wave_splits(slots, d.b * hkv, t);
+            }
+            let rows = d.b * hq * d.splits;
+            Stage::SplitFused {
+                kernel: launch(&entry, shape(d.splits))?,
+                o: gpu.zeros(rows * dim)?,
+                m: gpu.zeros(rows)?,
+                l: gpu.zeros(rows)?,
+                tickets: gpu.zeros(d.b * hkv)?,
+                parts: d.splits,
+            }
+        }
         Plan::PagedV1 => {
             let bs = d.block_size;
             let shape = LaunchShape::new((hq as u32, b, 1), (v.tunable("PA_THREADS")?, 1, 1))
@@ -629,7 +694,7 @@ impl Prepared {
     /// The split (or partition) count the stage runs with; 1 for the single-pass stages.
     pub fn splits(&self) -> usize {
         match &self.stage {
-            Stage::Split { parts, .. } => *parts,
+            Stage::Split { parts, .. } | Stage::SplitFused { parts, .. } => *parts,
             _ => 1,
         }
     }
@@ -689,6 +754,11 @@ impl Prepared {
                     pv.enqueue(stream, &[out, sc, vc, lens, b, tmax, hq_a, hkv_a, d_a])
                 }
                 (Stage::Fused(l), None) => l.enqueue(stream, &[out, lse, q, kc, vc, lens, slopes, tmax, hkv_a, scale]),
+                (Stage::SplitFused { kernel, o, m, l, tickets, .. }, _) => {
+                    let (o, m, l, t, g) =
+                        (Arg::buf(o), Arg::buf(m), Arg::buf(l), Arg::buf(tickets), Arg::int(d.group()));
+                    kernel.enqueue(stream, &[out, lse, o, m, l, t, q, kc, vc, lens, slopes, tmax, g, scale])
+                }
                 (Stage::Fused(l), Some(t)) => {
                     l.enqueue(stream, &[out, lse, q, kc, vc, t, lens, slopes, hkv_a, Arg::int(d.max_blocks()), scale])
                 }
@@ -719,6 +789,7 @@ impl PreparedStage for Prepared {
             Stage::Naive { scores, softmax, pv, .. } => vec![scores, softmax, pv],
             Stage::Fused(l) => vec![l],
             Stage::Split { split, combine, .. } => vec![split, combine],
+            Stage::SplitFused { kernel, .. } => vec![kernel],
         };
         launches.into_iter().map(|l| l.resources().clone()).collect()
     }
@@ -837,7 +908,7 @@ impl Op for Decode {
                 let (past, inside) = (at(1, 1, 1, 64, 32769, 16, 0), at(1, 1, 1, 64, 32768, 16, 0));
                 l.push(Limit { constraint: SCORES_1, past, inside: Some(inside) });
             }
-            Plan::TensorCore => {
+            Plan::TensorCore | Plan::FusedCombine => {
                 let (past, inside) = (at(2, 4, 2, 64, 300, 16, 257), at(2, 4, 2, 64, 300, 16, 256));
                 l.push(Limit { constraint: SPLITS, past, inside: Some(inside) });
                 let (past, inside) = (at(2, 17, 1, 64, 40, 16, 0), at(2, 16, 1, 64, 40, 16, 0));

@@ -3,7 +3,7 @@
 //! A cache larger than the GPU holds stays in host memory and is brought over for each decode step.
 //! The op is one decode step of B sequences of `seq` tokens each (the decode op's contiguous layout
 //! `[B, seq, HKV, D]`, bf16) whose K and V start in host memory; the output is the decode op's
-//! (O and lse). Every stage computes with the decode op's tensor-core stage; they differ in how the
+//! (O and lse). Every stage computes with the decode op's fused-combine stage (07); they differ in how the
 //! bytes cross the host link:
 //!
 //! 0. pageable: ordinary host memory, one stream, copy then compute (the driver stages the copy
@@ -36,7 +36,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode-offload";
 /// The decode stage every offload stage computes with.
-pub const COMPUTE_STAGE: &str = "tensor-core";
+pub const COMPUTE_STAGE: &str = "fused-combine";
 pub const MAX_CHUNKS: usize = 16;
 const CHUNKS: &str = "1 <= chunks <= 16";
 const CHUNK_LEN: &str = "chunks <= seq";
@@ -60,14 +60,14 @@ fn stages() -> Vec<Variant> {
         host(
             0,
             "pageable",
-            "pageable copy + decode/06",
+            "pageable copy + decode/07",
             Plan::Pageable,
             "cache in pageable host memory: one stream, copy the whole cache, then decode",
         ),
         host(
             1,
             "pinned",
-            "pinned copy + decode/06",
+            "pinned copy + decode/07",
             Plan::Pinned,
             "cache in page-locked host memory: the copy engine reads it directly, then decode",
         ),
@@ -85,7 +85,7 @@ fn stages() -> Vec<Variant> {
         host(
             3,
             "mapped",
-            "decode/06 on mapped host memory",
+            "decode/07 on mapped host memory",
             Plan::Mapped,
             "no copy: the decode kernel reads the page-locked cache in place over the host link",
         ),
@@ -117,7 +117,12 @@ impl OffloadDims {
         DecodeDims { b: self.b, heads: self.heads, tmax, dtype: Dtype::Bf16, block_size: 16, splits: 0 }
     }
 
-    /// Tokens per chunk (the last may hold fewer).
+    /// Chunk c's tokens `[c*seq/chunks, (c+1)*seq/chunks)`: balanced, none empty when chunks <= seq.
+    fn chunk(&self, c: usize) -> (usize, usize) {
+        (c * self.seq / self.chunks, (c + 1) * self.seq / self.chunks)
+    }
+
+    /// The most tokens a chunk holds (its device cache's capacity).
     fn chunk_len(&self) -> usize {
         self.seq.div_ceil(self.chunks)
     }
@@ -218,7 +223,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: OffloadDims) -> Result<Prepared> {
             let rows = d.b * d.heads.hq;
             let chunks = (0..d.chunks)
                 .map(|c| {
-                    let (t0, n) = (c * tc, tc.min(d.seq - (c * tc).min(d.seq)));
+                    let (t0, t1) = d.chunk(c);
+                    let n = t1 - t0;
                     let len = d.b * tc * d.heads.hkv * d.heads.d;
                     Ok(Chunk {
                         t0,
@@ -301,12 +307,19 @@ impl Prepared {
             }
             Stage::Chunked { chunks, decode, merge } => {
                 let (sk, sv) = (pk.as_ptr().map_err(drv)? as *const u8, pv.as_ptr().map_err(drv)? as *const u8);
-                for c in chunks.iter_mut() {
-                    c.stream.join(stream).map_err(drv)?;
+                // All copies first, each chunk's after the previous chunk's: copies on several
+                // streams at once would share the link and all finish together, so no chunk could
+                // start computing early. The decodes are enqueued after, so each join below waits
+                // for the previous chunk's copies only.
+                for i in 0..chunks.len() {
+                    chunks[i].stream.join(stream).map_err(drv)?;
+                    if i > 0 && copies {
+                        chunks[i].stream.join(&chunks[i - 1].stream).map_err(drv)?;
+                    }
+                    let c = &chunks[i];
                     if copies {
                         // Rows [t0, t0 + len) of every sequence: B rows of len tokens, seq tokens apart.
-                        let (width, pitch) = (c.len * row, d.seq * row);
-                        let off = c.t0 * row;
+                        let (width, pitch, off) = (c.len * row, d.seq * row, c.t0 * row);
                         // SAFETY: the source rectangle lies inside the n-element host caches (t0 + len
                         // <= seq), the destination holds B rows of chunk_len tokens.
                         unsafe {
@@ -315,6 +328,8 @@ impl Prepared {
                             copy_htod_2d(&c.stream, common::device_ptr(&c.v), tc, sv.add(off), pitch, width, d.b)?;
                         }
                     }
+                }
+                for c in chunks.iter_mut() {
                     if kernels {
                         let cache = KvCache::Contiguous { k: &c.k, v: &c.v };
                         let args = DecodeArgs {
@@ -331,12 +346,17 @@ impl Prepared {
                 }
                 if kernels {
                     // The chunks' addresses by value, as the kernel's OffloadChunks struct.
-                    let mut parts = [0u64; 2 * MAX_CHUNKS];
-                    for (i, c) in chunks.iter().enumerate() {
-                        parts[i] = common::device_ptr(&c.out);
-                        parts[MAX_CHUNKS + i] = common::device_ptr(&c.lse);
-                    }
-                    let args = [Arg::buf(a.out), Arg::buf(a.lse), Arg::value(&parts), Arg::int(chunks.len())];
+                    let parts = MergeChunks::new(chunks);
+                    let slopes = Arg::Ptr(a.alibi.map_or(0, common::device_ptr));
+                    let args = [
+                        Arg::buf(a.out),
+                        Arg::buf(a.lse),
+                        Arg::value(&parts),
+                        Arg::int(chunks.len()),
+                        slopes,
+                        Arg::int(d.heads.hq),
+                        Arg::int(d.seq),
+                    ];
                     // SAFETY: the arguments follow offload_merge_bf16's signature; every chunk's out
                     // and lse hold B*HQ*D and B*HQ elements, as do out and lse (checked by decode).
                     unsafe { merge.enqueue(stream, &args)? };
@@ -344,6 +364,27 @@ impl Prepared {
             }
         }
         Ok(())
+    }
+}
+
+/// The kernel's `OffloadChunks`: each chunk's out and lse addresses and its end token.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MergeChunks {
+    out: [u64; MAX_CHUNKS],
+    lse: [u64; MAX_CHUNKS],
+    end: [i32; MAX_CHUNKS],
+}
+
+impl MergeChunks {
+    fn new(chunks: &[Chunk]) -> MergeChunks {
+        let mut m = MergeChunks { out: [0; MAX_CHUNKS], lse: [0; MAX_CHUNKS], end: [0; MAX_CHUNKS] };
+        for (i, c) in chunks.iter().enumerate() {
+            m.out[i] = common::device_ptr(&c.out);
+            m.lse[i] = common::device_ptr(&c.lse);
+            m.end[i] = (c.t0 + c.len) as i32;
+        }
+        m
     }
 }
 
@@ -394,7 +435,7 @@ static INFO: OpInfo = OpInfo {
     family: FAMILY,
     name: OP,
     description: "one decode step over a bf16 KV cache [B,seq,HKV,D] held in host memory: pageable, pinned, \
-                  chunked over streams, or read in place (mapped); every stage computes with decode stage 06",
+                  chunked over streams, or read in place (mapped); every stage computes with decode stage 07",
     sources: &SOURCES,
     shape_keys: &["B", "HQ", "HKV", "D", "seq", "alibi", "chunks"],
     stages,

@@ -251,14 +251,23 @@ pub unsafe fn copy_htod_2d(
     height: usize,
 ) -> Result<()> {
     use cudarc::driver::sys::{cuMemcpy2DAsync_v2, CUmemorytype, CUDA_MEMCPY2D};
-    let mut p: CUDA_MEMCPY2D = std::mem::zeroed();
-    p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
-    p.srcHost = src as *const _;
-    p.srcPitch = src_pitch;
-    p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.dstDevice = dst;
-    p.dstPitch = dst_pitch;
-    p.WidthInBytes = width;
-    p.Height = height;
+    let p = CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: CUmemorytype::CU_MEMORYTYPE_HOST,
+        srcHost: src as *const _,
+        srcDevice: 0,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    };
     cuMemcpy2DAsync_v2(&p, stream.cu_stream()).result().ctx("cuMemcpy2DAsync (host to device)")
 }

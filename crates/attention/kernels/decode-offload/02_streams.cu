@@ -1,16 +1,19 @@
 // Decode offload, stage 2: streams (the sequence in chunks, copy of chunk i+1 under compute of chunk i).
 // Changed from stage 1: the host cache is sent in `chunks` slices along the sequence, each on its own
-//   stream: chunk c's K and V rows [c*Tc, (c+1)*Tc) of every sequence (one strided 2D copy each),
+//   stream: chunk c's K and V rows of every sequence (one strided 2D copy each),
 //   then the decode stage on that chunk alone, giving O_c and lse_c. The copy engine runs the
 //   copies back to back while the SMs compute on the chunks already there. This kernel merges the
 //   chunks' results by logsumexp: O = sum_c exp(lse_c - M) O_c / sum_c exp(lse_c - M), lse = M + log
-//   of that sum, with M the largest lse_c.
+//   of that sum, with M the largest lse_c. Chunk c ends at token end_c, and it was decoded as if
+//   its last token were the query's position: with ALiBi its scores all lack slope * (end_c - seq),
+//   a constant that leaves O_c unchanged and is added to lse_c here. Chunks are balanced: chunk c
+//   holds tokens [c*seq/chunks, (c+1)*seq/chunks), none empty.
 // Why it should be faster: stage 1's time is copy + compute; here it is about copy + one chunk's
 //   compute + this merge, so at most the compute time minus a chunk's is won. Over PCIe the copy is
 //   some 50x longer than the compute, so the gain is a few percent: streams hide compute, they do not
 //   make the link faster.
-// Launch: offload_merge_{bf16,f16}: grid (B*HQ), block D; the chunks' O_c [B*HQ, D] and lse_c [B*HQ]
-//   passed by address in one by-value struct of OFFLOAD_MAX_CHUNKS pairs.
+// Launch: offload_merge_{bf16,f16}: grid (B*HQ), block D; the chunks' O_c [B*HQ, D], lse_c [B*HQ]
+//   and end_c passed in one by-value struct of OFFLOAD_MAX_CHUNKS entries.
 // Constraints: the decode stage's (it computes every chunk); 1 <= chunks <= 16; chunks <= seq, so no
 //   chunk is empty. Tolerance: rel L2 <= 1e-2 (each O_c is rounded to the cache type once).
 // Limits: D in {64, 128}; HQ % HKV == 0; B <= 65535; B * HQ * Tmax < 2^31; HQ / HKV <= 16; 1 <= chunks <= 16; chunks <= seq
@@ -23,16 +26,20 @@ template <typename T>
 struct OffloadChunks {
     const T* out[OFFLOAD_MAX_CHUNKS];
     const float* lse[OFFLOAD_MAX_CHUNKS];
+    int end[OFFLOAD_MAX_CHUNKS];
 };
 
 template <typename T>
-__device__ __forceinline__ void offload_merge(T* out, float* lse, const OffloadChunks<T>& parts, int chunks) {
+__device__ __forceinline__ void offload_merge(T* out, float* lse, const OffloadChunks<T>& parts, int chunks,
+                                              const float* slopes, int HQ, int seq) {
     const int row = blockIdx.x, D = blockDim.x, d = threadIdx.x;
+    const float slope = slopes != nullptr ? slopes[row % HQ] : 0.0f;
+    auto chunk_lse = [&](int c) { return parts.lse[c][row] + slope * (float)(parts.end[c] - seq); };
     float mx = -INFINITY;
-    for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, parts.lse[c][row]);
+    for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, chunk_lse(c));
     float sum = 0.0f, acc = 0.0f;
     for (int c = 0; c < chunks; ++c) {
-        const float w = __expf(parts.lse[c][row] - mx);
+        const float w = __expf(chunk_lse(c) - mx);
         sum += w;
         acc += w * to_float(parts.out[c][(size_t)row * D + d]);
     }
@@ -41,9 +48,10 @@ __device__ __forceinline__ void offload_merge(T* out, float* lse, const OffloadC
 }
 
 extern "C" __global__ void offload_merge_bf16(__nv_bfloat16* out, float* lse, OffloadChunks<__nv_bfloat16> parts,
-                                              int chunks) {
-    offload_merge(out, lse, parts, chunks);
+                                              int chunks, const float* slopes, int HQ, int seq) {
+    offload_merge(out, lse, parts, chunks, slopes, HQ, seq);
 }
-extern "C" __global__ void offload_merge_f16(__half* out, float* lse, OffloadChunks<__half> parts, int chunks) {
-    offload_merge(out, lse, parts, chunks);
+extern "C" __global__ void offload_merge_f16(__half* out, float* lse, OffloadChunks<__half> parts, int chunks,
+                                             const float* slopes, int HQ, int seq) {
+    offload_merge(out, lse, parts, chunks, slopes, HQ, seq);
 }
