@@ -1,7 +1,8 @@
 // attention_decode_mma.cuh: the tensor-core split kernel of decode stages 6 and 7 (see
 // decode/06_tensor_core.cu for the design). Block (split, KV head, sequence) of WARPS warps
-// computes the split's unnormalized partial O, max m and sum l for the G query heads of its KV
-// head, exactly the layout decode_combine merges.
+// computes, for the G query heads of its KV head, the split's unnormalized partial O, max m and sum
+// l (exactly the layout decode_combine merges) or, with FINAL (a single split), the output O and
+// lse themselves.
 #pragma once
 #include "attention_decode.cuh"
 #include "ladder_mma.cuh"
@@ -16,8 +17,8 @@ __device__ __forceinline__ int tc_swizzle(int r, int c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
-template <typename T, int D, int WARPS, int STAGES>
-__device__ __forceinline__ void tensor_core_decode(float* o_part, float* m_part, float* l_part, const T* q,
+template <typename T, int D, int WARPS, int STAGES, bool FINAL>
+__device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_part, float* m_part, float* l_part, const T* q,
                                                    const T* k, const T* v, const int* seq_lens, const float* slopes,
                                                    int Tmax, int G, float scale) {
     static_assert(STAGES >= 2, "one tile is consumed while the next is in flight");
@@ -195,24 +196,40 @@ __device__ __forceinline__ void tensor_core_decode(float* o_part, float* m_part,
         ored[(warp * 16 + g + 8) * D + c + 1] = o[n][3] * w_hi;
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += W * 32) {
-        const int r = idx / D, c = idx % D;
-        float acc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) acc += ored[(w * 16 + r) * D + c];
-        o_part[(((size_t)b * HQ + hq0 + r) * splits + split) * D + c] = acc;
-    }
-    if (threadIdx.x < G) {
-        const int r = threadIdx.x;
-        float big = -INFINITY, sum = 0.0f;
+    // Row r's block max and sum of exp over the warps.
+    auto row_stats = [&](int r, float& big, float& sum) {
+        big = -INFINITY;
+        sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; ++w) big = fmaxf(big, red_m[w][r]);
         const float base = big == -INFINITY ? 0.0f : big;
 #pragma unroll
         for (int w = 0; w < W; ++w) sum += red_l[w][r] * __expf(red_m[w][r] - base);
-        const size_t part = ((size_t)b * HQ + hq0 + r) * splits + split;
-        m_part[part] = big;
-        l_part[part] = sum;
+    };
+    for (int idx = threadIdx.x; idx < G * D; idx += W * 32) {
+        const int r = idx / D, c = idx % D;
+        float acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) acc += ored[(w * 16 + r) * D + c];
+        if constexpr (FINAL) {
+            float big, sum;
+            row_stats(r, big, sum);
+            out[((size_t)b * HQ + hq0 + r) * D + c] = from_float<T>(acc / sum);
+        } else {
+            o_part[(((size_t)b * HQ + hq0 + r) * splits + split) * D + c] = acc;
+        }
+    }
+    if (threadIdx.x < G) {
+        const int r = threadIdx.x;
+        float big, sum;
+        row_stats(r, big, sum);
+        if constexpr (FINAL) {
+            lse[(size_t)b * HQ + hq0 + r] = big + __logf(sum);
+        } else {
+            const size_t part = ((size_t)b * HQ + hq0 + r) * splits + split;
+            m_part[part] = big;
+            l_part[part] = sum;
+        }
     }
 }
 

@@ -261,7 +261,7 @@ enum Plan {
     GqaPacked,
     /// The query heads of one KV head as the rows of `mma.sync` tiles, per-warp online softmax.
     TensorCore,
-    /// Stage 6 with the combine in the split kernel (last block merges) and wave-sized splits.
+    /// Stage 6 in one launch: splits to fill the SMs once, the combine in the split kernel.
     FusedCombine,
 }
 
@@ -342,7 +342,7 @@ fn stages() -> Vec<Variant> {
             "fused-combine",
             "decode/07_fused_combine.cu",
             Plan::FusedCombine,
-            "stage 6 in one launch: the last split of a KV head merges (ticket counter); splits sized to whole waves from the occupancy",
+            "stage 6 in one launch: splits only to fill the SMs once; one split writes O itself, several merge in the last block (ticket)",
         )
         .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)]),
     ]
@@ -385,16 +385,10 @@ pub fn default_splits(sm_count: usize, blocks: usize, tmax: usize) -> usize {
     want.clamp(1, tmax.div_ceil(128).clamp(1, MAX_SPLITS))
 }
 
-/// The fewest tokens a wave-sized split gets (two 16-token tiles per warp of a 4-warp block).
-const MIN_SPLIT_TOKENS: usize = 128;
-
-/// The split count that fits whole waves: with `slots` blocks resident at once and `pairs` blocks
-/// per split, the count s (at least [`MIN_SPLIT_TOKENS`] tokens each, at most [`MAX_SPLITS`]) that
-/// minimizes ceil(pairs·s / slots) · ceil(tmax / s), the tokens on the critical path; ties go to
-/// fewer splits.
-pub fn wave_splits(slots: usize, pairs: usize, tmax: usize) -> usize {
-    let most = tmax.div_ceil(MIN_SPLIT_TOKENS).clamp(1, MAX_SPLITS);
-    (1..=most).min_by_key(|&s| ((pairs * s).div_ceil(slots.max(1)) * tmax.div_ceil(s), s)).unwrap_or(1)
+/// The split count that fills the SMs once: enough blocks of `pairs` each for one per SM, at most
+/// one split per 128 cached tokens and at most [`MAX_SPLITS`].
+pub fn fill_splits(sm_count: usize, pairs: usize, tmax: usize) -> usize {
+    sm_count.div_ceil(pairs.max(1)).clamp(1, tmax.div_ceil(128).clamp(1, MAX_SPLITS))
 }
 
 /// Shape constraints of `v` at `d`: what its header's `Limits:` line documents. With `splits = 0`
@@ -588,11 +582,14 @@ pub struct Prepared {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
     let plan = v.plan::<Plan>()?;
     let mut d = d;
-    let splits_given = d.splits;
     if matches!(plan, Plan::FlashDecoding | Plan::GqaPacked | Plan::TensorCore | Plan::FusedCombine) {
         let blocks = d.b * if plan == Plan::FlashDecoding { d.heads.hq } else { d.heads.hkv };
         if d.splits == 0 {
-            d.splits = default_splits(gpu.info().sm_count as usize, blocks, d.tmax);
+            let sms = gpu.info().sm_count as usize;
+            d.splits = match plan {
+                Plan::FusedCombine => fill_splits(sms, blocks, d.tmax),
+                _ => default_splits(sms, blocks, d.tmax),
+            };
             if plan == Plan::GqaPacked {
                 // Keep a block's scores small, so shared memory does not cap the blocks per SM.
                 let cap = (d.group() * d.tmax).div_ceil(PACKED_SCORES);
@@ -654,17 +651,10 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
         Plan::FusedCombine => {
             let (warps, stages) = (v.tunable("TC_WARPS")?, v.tunable("TC_STAGES")?);
             let smem = warps * stages * 2 * 16 * dim as u32 * 2;
-            let entry = format!("decode_tc_fused_{ty}_d{dim}");
-            let shape =
-                |splits: usize| LaunchShape::new((splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
-            if splits_given == 0 {
-                // The occupancy does not depend on the grid: read it from a one-split launch.
-                let slots = launch(&entry, shape(1))?.resources().blocks_per_sm as usize * gpu.info().sm_count as usize;
-                d.splits = wave_splits(slots, d.b * hkv, t);
-            }
+            let shape = LaunchShape::new((d.splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
             let rows = d.b * hq * d.splits;
             Stage::SplitFused {
-                kernel: launch(&entry, shape(d.splits))?,
+                kernel: launch(&format!("decode_tc_fused_{ty}_d{dim}"), shape)?,
                 o: gpu.zeros(rows * dim)?,
                 m: gpu.zeros(rows)?,
                 l: gpu.zeros(rows)?,

@@ -168,6 +168,9 @@ struct Chunk {
     out: CudaSlice<u16>,
     lse: CudaSlice<f32>,
     stream: Arc<CudaStream>,
+    /// Its own prepared decode: the chunks run at once on their streams, so each needs its own
+    /// workspace (split partials, tickets).
+    decode: decode::Prepared,
 }
 
 enum Stage {
@@ -181,7 +184,6 @@ enum Stage {
     },
     Chunked {
         chunks: Vec<Chunk>,
-        decode: decode::Prepared,
         merge: Launch,
     },
     Mapped {
@@ -235,15 +237,12 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: OffloadDims) -> Result<Prepared> {
                         out: gpu.zeros(rows * d.heads.d)?,
                         lse: gpu.zeros(rows)?,
                         stream: gpu.new_stream()?,
+                        decode: decode::prepare(gpu, &compute, d.decode(tc))?,
                     })
                 })
                 .collect::<Result<Vec<Chunk>>>()?;
             let shape = LaunchShape::new((rows as u32, 1, 1), (d.heads.d as u32, 1, 1));
-            Stage::Chunked {
-                chunks,
-                decode: decode::prepare(gpu, &compute, d.decode(tc))?,
-                merge: gpu.prepare_launch(&SOURCES, v, "offload_merge_bf16", shape)?,
-            }
+            Stage::Chunked { chunks, merge: gpu.prepare_launch(&SOURCES, v, "offload_merge_bf16", shape)? }
         }
         Plan::Mapped => {
             let decode = decode::prepare(gpu, &compute, d.decode(d.seq))?;
@@ -305,7 +304,7 @@ impl Prepared {
                     )?;
                 }
             }
-            Stage::Chunked { chunks, decode, merge } => {
+            Stage::Chunked { chunks, merge } => {
                 let (sk, sv) = (pk.as_ptr().map_err(drv)? as *const u8, pv.as_ptr().map_err(drv)? as *const u8);
                 // All copies first, each chunk's after the previous chunk's: copies on several
                 // streams at once would share the link and all finish together, so no chunk could
@@ -340,7 +339,7 @@ impl Prepared {
                             seq_lens: &c.lens,
                             alibi: a.alibi,
                         };
-                        decode.enqueue(&c.stream, args)?;
+                        c.decode.enqueue(&c.stream, args)?;
                     }
                     stream.join(&c.stream).map_err(drv)?;
                 }
@@ -396,8 +395,8 @@ impl PreparedStage for Prepared {
     fn resources(&self) -> Vec<ResourceUse> {
         match &self.stage {
             Stage::Whole { decode, .. } | Stage::Mapped { decode, .. } => decode.resources(),
-            Stage::Chunked { decode, merge, .. } => {
-                decode.resources().into_iter().chain([merge.resources().clone()]).collect()
+            Stage::Chunked { chunks, merge } => {
+                chunks.iter().take(1).flat_map(|c| c.decode.resources()).chain([merge.resources().clone()]).collect()
             }
         }
     }

@@ -1,18 +1,21 @@
-// Decode attention, stage 7: fused-combine (one launch per call, splits sized to whole waves).
-// Changed from stage 6: two things that only matter around the kernel, not inside it.
-//   - The combine runs inside the split kernel: each block, after writing its partial, takes a
-//     ticket from a per-(sequence, KV head) counter (__threadfence, then atomicAdd); the block that
-//     draws the last ticket merges all the splits of its G query heads (through L2, stage 2's
-//     logsumexp rescaling) and resets the counter for the next call, so graph replays need no reset.
-//   - The split count is chosen from the occupancy the launch reports: with `slots` = resident
-//     blocks per SM x SMs and P = B x HKV pairs, the count s (each split at least 128 tokens) that
-//     minimizes ceil(P s / slots) x ceil(Tmax / s), the token length of the critical path in whole
-//     waves; ties go to fewer splits (fewer partials).
-// Why it should be faster: stage 6 pays a second launch and its gap (a few us: a third of the call at
-//   GPT-2's B = 1) and, with 4 blocks per SM-pair of splits from a heuristic that ignores
-//   occupancy, leaves the last wave part-empty (GQA 32:4 B = 32: 640 blocks on 264 slots, 2.4
-//   waves, 90% of copy). Predicted: GPT-2 B = 1 from 11.7 us to about 8 us; GQA B = 32 from 90% to
-//   about 97% of copy; the long-context shapes unchanged (already at the copy rate).
+// Decode attention, stage 7: fused-combine (one launch per call, splits only to fill the SMs once).
+// Changed from stage 6: what happens around the kernel, not inside it.
+//   - The split count fills the SMs once instead of four times: s = ceil(SMs / (B*HKV)), at most
+//     one split per 128 tokens. A block keeps 2 x 8 KiB tiles in flight per warp, so even one block
+//     per SM has far more bytes in flight than the copy rate needs (about 18 KiB per SM at ~0.8 us
+//     latency), and every extra split costs a pipeline fill, a merge and partials.
+//   - With one split the block writes O / l and the lse itself: no partials, no second kernel.
+//   - With several, each block, after writing its partial, takes a ticket from a per-(sequence, KV
+//     head) counter (__threadfence, then atomicAdd); the block that draws the last ticket merges
+//     the splits of its G query heads (through L2, stage 2's logsumexp rescaling) and resets the
+//     counter for the next call, so graph replays need no reset.
+// Why it should be faster: measured on stage 6 (H100, docs/notes/attention.md), one split beat the
+//   heuristic's 2-5 at every long shape (GQA 32:4 B = 32: 185 us at 1 split against 198 us at 5),
+//   and the combine is a second launch and gap of a few us, a fifth of the call at GPT-2's B = 1.
+//   A first version that always merged through the ticket, with splits sized to whole waves, was
+//   slower: 17-33 splits, and even at one split the in-kernel merge cost 8% (a fence, an atomic
+//   and a read-back per block). Predicted: long shapes at stage 6's one-split times less the
+//   combine (GQA B = 32 about 182 us, 97% of copy); GPT-2 B = 1 and 8 about 1-2 us faster.
 // Launch: decode_tc_fused_{bf16,f16}_d{64,128}: grid (splits, HKV, B), block 32*TC_WARPS, dynamic
 //   shared memory TC_WARPS*TC_STAGES*2*16*D*2 bytes; a zeroed int ticket per (sequence, KV head).
 // Constraints: stage 6's. Tolerance: rel L2 <= 1e-2.
@@ -28,7 +31,13 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
                                                      int* tickets, const T* q, const T* k, const T* v,
                                                      const int* seq_lens, const float* slopes, int Tmax, int G,
                                                      float scale) {
-    tensor_core_decode<T, D, TC_WARPS, TC_STAGES>(o_part, m_part, l_part, q, k, v, seq_lens, slopes, Tmax, G, scale);
+    if (gridDim.x == 1) {
+        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, true>(out, lse, nullptr, nullptr, nullptr, q, k, v, seq_lens,
+                                                            slopes, Tmax, G, scale);
+        return;
+    }
+    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, false>(nullptr, nullptr, o_part, m_part, l_part, q, k, v,
+                                                         seq_lens, slopes, Tmax, G, scale);
     __shared__ int last;
     __threadfence();  // this block's partials are visible device-wide before its ticket is drawn
     __syncthreads();
