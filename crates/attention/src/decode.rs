@@ -385,10 +385,11 @@ pub fn default_splits(sm_count: usize, blocks: usize, tmax: usize) -> usize {
     want.clamp(1, tmax.div_ceil(128).clamp(1, MAX_SPLITS))
 }
 
-/// The split count that fills the SMs once: enough blocks of `pairs` each for one per SM, at most
-/// one split per 128 cached tokens and at most [`MAX_SPLITS`].
+/// The split count that fills the SMs at most once: as many splits of `pairs` blocks each as fit
+/// one block per SM (at least one), at most one split per 128 cached tokens and at most
+/// [`MAX_SPLITS`].
 pub fn fill_splits(sm_count: usize, pairs: usize, tmax: usize) -> usize {
-    sm_count.div_ceil(pairs.max(1)).clamp(1, tmax.div_ceil(128).clamp(1, MAX_SPLITS))
+    (sm_count / pairs.max(1)).clamp(1, tmax.div_ceil(128).clamp(1, MAX_SPLITS))
 }
 
 /// Shape constraints of `v` at `d`: what its header's `Limits:` line documents. With `splits = 0`
@@ -652,14 +653,18 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
             let (warps, stages) = (v.tunable("TC_WARPS")?, v.tunable("TC_STAGES")?);
             let smem = warps * stages * 2 * 16 * dim as u32 * 2;
             let shape = LaunchShape::new((d.splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
-            let rows = d.b * hq * d.splits;
-            Stage::SplitFused {
-                kernel: launch(&format!("decode_tc_fused_{ty}_d{dim}"), shape)?,
-                o: gpu.zeros(rows * dim)?,
-                m: gpu.zeros(rows)?,
-                l: gpu.zeros(rows)?,
-                tickets: gpu.zeros(d.b * hkv)?,
-                parts: d.splits,
+            if d.splits == 1 {
+                Stage::Fused(launch(&format!("decode_tc_single_{ty}_d{dim}"), shape)?)
+            } else {
+                let rows = d.b * hq * d.splits;
+                Stage::SplitFused {
+                    kernel: launch(&format!("decode_tc_fused_{ty}_d{dim}"), shape)?,
+                    o: gpu.zeros(rows * dim)?,
+                    m: gpu.zeros(rows)?,
+                    l: gpu.zeros(rows)?,
+                    tickets: gpu.zeros(d.b * hkv)?,
+                    parts: d.splits,
+                }
             }
         }
         Plan::PagedV1 => {
@@ -742,6 +747,10 @@ impl Prepared {
                     scores.enqueue(stream, &[sc, q, kc, lens, slopes, b, tmax, hq_a, hkv_a, d_a, scale])?;
                     softmax.enqueue(stream, &[sc, lse, lens, b, tmax, hq_a])?;
                     pv.enqueue(stream, &[out, sc, vc, lens, b, tmax, hq_a, hkv_a, d_a])
+                }
+                // Stage 7's single-split entry takes the group size where the others take HKV.
+                (Stage::Fused(l), None) if self.plan == Plan::FusedCombine => {
+                    l.enqueue(stream, &[out, lse, q, kc, vc, lens, slopes, tmax, Arg::int(d.group()), scale])
                 }
                 (Stage::Fused(l), None) => l.enqueue(stream, &[out, lse, q, kc, vc, lens, slopes, tmax, hkv_a, scale]),
                 (Stage::SplitFused { kernel, o, m, l, tickets, .. }, _) => {

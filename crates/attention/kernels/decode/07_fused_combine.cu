@@ -1,9 +1,10 @@
-// Decode attention, stage 7: fused-combine (one launch per call, splits only to fill the SMs once).
+// Decode attention, stage 7: fused-combine (one launch per call, splits only where the SMs are idle).
 // Changed from stage 6: what happens around the kernel, not inside it.
-//   - The split count fills the SMs once instead of four times: s = ceil(SMs / (B*HKV)), at most
-//     one split per 128 tokens. A block keeps 2 x 8 KiB tiles in flight per warp, so even one block
-//     per SM has far more bytes in flight than the copy rate needs (about 18 KiB per SM at ~0.8 us
-//     latency), and every extra split costs a pipeline fill, a merge and partials.
+//   - The split count fills the SMs at most once instead of four times: s = max(1, floor(SMs /
+//     (B*HKV))), at most one split per 128 tokens, so any shape with B*HKV >= SMs/2 runs unsplit.
+//     A block keeps 2 x 8 KiB tiles in flight per warp, so even one block per SM has far more bytes
+//     in flight than the copy rate needs (about 18 KiB per SM at ~0.8 us latency), and every extra
+//     split costs a pipeline fill, a merge and partials.
 //   - With one split the block writes O / l and the lse itself: no partials, no second kernel.
 //   - With several, each block, after writing its partial, takes a ticket from a per-(sequence, KV
 //     head) counter (__threadfence, then atomicAdd); the block that draws the last ticket merges
@@ -13,11 +14,13 @@
 //   heuristic's 2-5 at every long shape (GQA 32:4 B = 32: 185 us at 1 split against 198 us at 5),
 //   and the combine is a second launch and gap of a few us, a fifth of the call at GPT-2's B = 1.
 //   A first version that always merged through the ticket, with splits sized to whole waves, was
-//   slower: 17-33 splits, and even at one split the in-kernel merge cost 8% (a fence, an atomic
-//   and a read-back per block). Predicted: long shapes at stage 6's one-split times less the
+//   slower: 17-33 splits, and even at one split the in-kernel merge cost 8%; so did a kernel that
+//   held both epilogues behind a branch on gridDim.x (they are now two entry points). The merging
+//   path is for small batches only. Predicted: long shapes at stage 6's one-split times less the
 //   combine (GQA B = 32 about 182 us, 97% of copy); GPT-2 B = 1 and 8 about 1-2 us faster.
-// Launch: decode_tc_fused_{bf16,f16}_d{64,128}: grid (splits, HKV, B), block 32*TC_WARPS, dynamic
-//   shared memory TC_WARPS*TC_STAGES*2*16*D*2 bytes; a zeroed int ticket per (sequence, KV head).
+// Launch: decode_tc_single_{bf16,f16}_d{64,128} (one split) or decode_tc_fused_* (several): grid
+//   (splits, HKV, B), block 32*TC_WARPS, dynamic shared memory TC_WARPS*TC_STAGES*2*16*D*2 bytes;
+//   the fused entry takes a zeroed int ticket per (sequence, KV head).
 // Constraints: stage 6's. Tolerance: rel L2 <= 1e-2.
 // Limits: D in {64, 128}; HQ % HKV == 0; B <= 65535; B * HQ * Tmax < 2^31; splits <= 256; HQ / HKV <= 16
 #include "attention_decode_mma.cuh"
@@ -26,16 +29,12 @@
 #error "TC_WARPS (warps per block) and TC_STAGES (K/V tiles per warp ring) are tunables: the stage list sets them"
 #endif
 
+// Several splits: each writes its partial; the last of a (sequence, KV head) to finish merges.
 template <typename T, int D>
 __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* o_part, float* m_part, float* l_part,
                                                      int* tickets, const T* q, const T* k, const T* v,
                                                      const int* seq_lens, const float* slopes, int Tmax, int G,
                                                      float scale) {
-    if (gridDim.x == 1) {
-        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, true>(out, lse, nullptr, nullptr, nullptr, q, k, v, seq_lens,
-                                                            slopes, Tmax, G, scale);
-        return;
-    }
     tensor_core_decode<T, D, TC_WARPS, TC_STAGES, false>(nullptr, nullptr, o_part, m_part, l_part, q, k, v,
                                                          seq_lens, slopes, Tmax, G, scale);
     __shared__ int last;
@@ -64,6 +63,12 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
         const T* v, const int* seq_lens, const float* slopes, int Tmax, int G, float scale) {                    \
         fused_combine_decode<T, D>(out, lse, o_part, m_part, l_part, tickets, q, k, v, seq_lens, slopes, Tmax, G, \
                                    scale);                                                                       \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_single_##SUFFIX##_d##D(               \
+        T* out, float* lse, const T* q, const T* k, const T* v, const int* seq_lens, const float* slopes, int Tmax, \
+        int G, float scale) {                                                                                     \
+        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, true>(out, lse, nullptr, nullptr, nullptr, q, k, v, seq_lens, \
+                                                            slopes, Tmax, G, scale);                             \
     }
 FUSED_ENTRY(bf16, __nv_bfloat16, 64)
 FUSED_ENTRY(bf16, __nv_bfloat16, 128)
