@@ -206,18 +206,21 @@ pub fn default_splits(sm_count: usize, b: usize, hkv: usize, tmax: usize) -> usi
     want.clamp(1, tmax.div_ceil(128).clamp(1, 128))
 }
 
-/// The per-split partial results: O (unnormalized), running max and sum per (seq, head, split).
+/// The per-split partial results in attention's split layout: O (unnormalized), running max and
+/// sum per (seq, head, split); and the lse attention's combine writes (this op does not return it).
 struct Workspace {
     o: CudaSlice<f32>,
     m: CudaSlice<f32>,
     l: CudaSlice<f32>,
+    lse: CudaSlice<f32>,
 }
 
 impl Workspace {
     /// Room for `splits` partials of every (sequence, query head) of `dims`.
     fn new(gpu: &Gpu, dims: &Dims, splits: usize) -> Result<Workspace> {
         let rows = dims.b * dims.hq * splits;
-        Ok(Workspace { o: gpu.zeros(rows * dims.d)?, m: gpu.zeros(rows)?, l: gpu.zeros(rows)? })
+        let (o, m, l) = (gpu.zeros(rows * dims.d)?, gpu.zeros(rows)?, gpu.zeros(rows)?);
+        Ok(Workspace { o, m, l, lse: gpu.zeros(dims.b * dims.hq)? })
     }
 }
 
@@ -295,7 +298,7 @@ pub fn prepare(gpu: &Gpu, var: &Variant, dims: Dims, splits: usize) -> Result<Pr
     let grid = (splits as u32, dims.hkv as u32, dims.b as u32);
     let split = gpu.prepare_launch(&SOURCES, var, entry, LaunchShape::new(grid, (threads, 1, 1)))?;
     let combine_shape = LaunchShape::new((dims.hq as u32, dims.b as u32, 1), (dims.d as u32, 1, 1));
-    let combine = gpu.prepare_launch(&SOURCES, var, "qi4_combine", combine_shape)?;
+    let combine = gpu.prepare_launch(&SOURCES, var, "decode_combine_bf16", combine_shape)?;
     Ok(Prepared { split, combine, ws: Workspace::new(gpu, &dims, splits)?, dims, splits, format })
 }
 
@@ -337,7 +340,8 @@ impl Prepared {
                 scale,
             ];
             self.split.enqueue(stream, &split_args)?;
-            self.combine.enqueue(stream, &[Arg::buf(a.out), o, m, l, hkv, nh, sp, Arg::int(dims.d)])
+            let lse = Arg::buf(&self.ws.lse);
+            self.combine.enqueue(stream, &[Arg::buf(a.out), lse, o, m, l, sp, Arg::int(dims.d)])
         }
     }
 

@@ -15,8 +15,10 @@ mod embedded {
 
 pub const FAMILY: &str = "quant-int4";
 
-/// Every `.cu`/`.cuh` file of this crate, embedded at build time.
-pub static SOURCES: Sources = Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[] };
+/// Every `.cu`/`.cuh` file of this crate, embedded at build time, and attention's headers (the split
+/// kernel writes attention's split layout and uses its combine).
+pub static SOURCES: Sources =
+    Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[&attention::SOURCES] };
 
 pub struct QuantInt4;
 

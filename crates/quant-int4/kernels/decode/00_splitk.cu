@@ -20,7 +20,9 @@
 //   5. O = O*alpha + P.V: the warp dequantizes its V tiles into the same shared tile and runs
 //      mma with A = P (16 heads x 16 tokens) and B = V (16 tokens x 8 dims).
 // At the end the 4 warps' partial O are summed in shared memory and the block writes
-// (O unnormalized, m, l) for its split; qi4_combine merges the splits (max, rescaled sums).
+// (O unnormalized, m, l) for its split in attention's split layout ([B*HQ, splits] rows, m as a
+// natural log: the base-2 running max times ln 2, l and O unchanged since 2^(s2 - m2) = e^(s - m));
+// attention's decode_combine merges the splits and writes the lse.
 //
 // Optimizations (the reference's numbering):
 //   OPT1  K loads unrolled: a lane's D/16 32-bit words (8 for D=128) are all in flight before the
@@ -48,7 +50,7 @@
 //   memory conflicts/indirection: 2, 8, 9, 10; local memory: 3, 4; shared round trip: 7); none
 //   changes the bytes read from HBM: K, V (+ scales) once, Q and the partials.
 // Launch: qi4_decode_d{64,128}: grid (splits, HKV, B), block 128, static shared ~21-29 KiB;
-//   qi4_combine: grid (HQ, B), block D.
+//   decode_combine_bf16 (attention's): grid (HQ, B), block D.
 // Constraints: D in {64, 128}; HQ/HKV <= 8; 1 <= seq_lens[b] <= Tmax; 1 <= splits <= 256; B and
 //   HKV <= 65535 (grid z, y); B*Tmax*HKV < 2^31 rows. Tokens past seq_lens[b] are never read (the
 //   tests fill them with NaN). QI4_WARPS = 4: the pass layout below is written for 128 threads.
@@ -60,6 +62,7 @@
 #include "ladder_convert.cuh"
 #include "qi4_format.cuh"
 #include "ladder_mma.cuh"
+#include "attention_decode.cuh"
 
 #ifndef QI4_KV_BF16
 #define QI4_KV_BF16 0
@@ -256,13 +259,15 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
     per = (per + QI4_TILE - 1) / QI4_TILE * QI4_TILE;
     const int t_begin = split * per;
     const int t_end = min(len, t_begin + per);
-    const size_t part = ((size_t)(b * hkv + kvh) * splits + split) * nh;  // first head row of this block
+    // Head h's partial is row (b*HQ + kvh*nh + h)*splits + split: heads are `splits` rows apart.
+    const size_t part = ((size_t)(b * hkv + kvh) * nh * splits + split);
+    auto row = [&](int h) { return part + (size_t)h * splits; };
 
     if (t_begin >= t_end) {  // an empty split (uniform for the block)
-        for (int i = tid; i < nh * D; i += QI4_THREADS) o_part[part * D + i] = 0.0f;
+        for (int i = tid; i < nh * D; i += QI4_THREADS) o_part[row(i / D) * D + i % D] = 0.0f;
         if (tid < nh) {
-            m_part[part + tid] = -INFINITY;
-            l_part[part + tid] = 0.0f;
+            m_part[row(tid)] = -INFINITY;
+            l_part[row(tid)] = 0.0f;
         }
         return;
     }
@@ -527,10 +532,10 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
         }
         __syncthreads();
     }
-    for (int i = tid; i < nh * D; i += QI4_THREADS) o_part[part * D + i] = s_o[i];
+    for (int i = tid; i < nh * D; i += QI4_THREADS) o_part[row(i / D) * D + i % D] = s_o[i];
     if (tid < nh) {
-        m_part[part + tid] = s_m[tid];
-        l_part[part + tid] = s_l[tid];
+        m_part[row(tid)] = s_m[tid] * 0.69314718f;  // base-2 max to natural log (ln 2)
+        l_part[row(tid)] = s_l[tid];
     }
 }
 
@@ -545,24 +550,6 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
 QI4_DECODE_ENTRY(qi4_decode_d64, 64)
 QI4_DECODE_ENTRY(qi4_decode_d128, 128)
 
-// Merges the splits of one (sequence, query head): O = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s.
-// Grid (HQ, B), block D (one thread per output element).
-extern "C" __global__ void qi4_combine(__nv_bfloat16* __restrict__ out, const float* __restrict__ o_part,
-                                       const float* __restrict__ m_part, const float* __restrict__ l_part,
-                                       int hkv, int nh, int splits, int D) {
-    const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
-    const int kvh = hq / nh, h = hq - kvh * nh;
-    const size_t base = (size_t)(b * hkv + kvh) * splits * nh + h;
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m_part[base + (size_t)s * nh]);
-    float l = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-        const size_t i = base + (size_t)s * nh;
-        const float m = m_part[i];
-        if (m == -INFINITY) continue;  // an empty split
-        const float w = exp2f(m - mx);
-        l += w * l_part[i];
-        acc += w * o_part[i * D + d];
-    }
-    out[((size_t)b * hkv * nh + hq) * D + d] = __float2bfloat16_rn(acc / l);
-}
+// The splits are merged by attention's decode_combine (attention_decode.cuh): the partials are in
+// its layout, [B*HQ, splits] rows, with natural-log maxima.
+DECODE_COMBINE_ENTRIES
