@@ -260,14 +260,15 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
     const int t_begin = split * per;
     const int t_end = min(len, t_begin + per);
     // Head h's partial is row (b*HQ + kvh*nh + h)*splits + split: heads are `splits` rows apart.
-    const size_t part = ((size_t)(b * hkv + kvh) * nh * splits + split);
-    auto row = [&](int h) { return part + (size_t)h * splits; };
+    float* o_split = o_part + ((size_t)(b * hkv + kvh) * nh * splits + split) * D;
+    float* m_split = m_part + (size_t)(b * hkv + kvh) * nh * splits + split;
+    float* l_split = l_part + (size_t)(b * hkv + kvh) * nh * splits + split;
 
     if (t_begin >= t_end) {  // an empty split (uniform for the block)
-        for (int i = tid; i < nh * D; i += QI4_THREADS) o_part[row(i / D) * D + i % D] = 0.0f;
+        for (int i = tid; i < nh * D; i += QI4_THREADS) o_split[(i / D) * splits * D + i % D] = 0.0f;
         if (tid < nh) {
-            m_part[row(tid)] = -INFINITY;
-            l_part[row(tid)] = 0.0f;
+            m_split[tid * splits] = -INFINITY;
+            l_split[tid * splits] = 0.0f;
         }
         return;
     }
@@ -532,10 +533,10 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
         }
         __syncthreads();
     }
-    for (int i = tid; i < nh * D; i += QI4_THREADS) o_part[row(i / D) * D + i % D] = s_o[i];
+    for (int i = tid; i < nh * D; i += QI4_THREADS) o_split[(i / D) * splits * D + i % D] = s_o[i];
     if (tid < nh) {
-        m_part[row(tid)] = s_m[tid] * 0.69314718f;  // base-2 max to natural log (ln 2)
-        l_part[row(tid)] = s_l[tid];
+        m_split[tid * splits] = s_m[tid] * 0.69314718f;  // base-2 max to natural log (ln 2)
+        l_split[tid * splits] = s_l[tid];
     }
 }
 
