@@ -5,6 +5,7 @@
 use common::{Family, Op, Sources};
 
 pub mod encoder;
+pub mod pointwise;
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
@@ -22,12 +23,12 @@ impl Family for Gpt2 {
         FAMILY
     }
     fn description(&self) -> &'static str {
-        "GPT-2's own kernels (encoder) and the composed model"
+        "GPT-2's own kernels (encoder, GELU, residual add) and the composed model"
     }
     fn sources(&self) -> &'static Sources {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&encoder::Encoder]
+        vec![&encoder::Encoder, &pointwise::Gelu, &pointwise::Residual]
     }
 }

@@ -29,3 +29,13 @@ fn bad_shapes_are_typed_errors() {
 fn documented_limits_are_enforced() {
     common::testing::check_limits(&gpt2::Gpt2).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn gelu_reference_matches_known_values() {
+    // GELU(0) = 0, GELU(x) -> x for large x, -> 0 for very negative x; GELU(1) = 0.841192 (tanh form).
+    use gpt2::pointwise::gelu;
+    assert_eq!(gelu(0.0), 0.0);
+    assert!((gelu(1.0) - 0.841_191_990_8).abs() < 1e-9, "{}", gelu(1.0));
+    assert!((gelu(10.0) - 10.0).abs() < 1e-12);
+    assert!(gelu(-10.0).abs() < 1e-12);
+}

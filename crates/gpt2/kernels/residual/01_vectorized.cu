@@ -1,0 +1,21 @@
+// Residual add, stage 1: vectorized (16-byte loads and stores, four elements per thread).
+// Changed from stage 0: float4 loads of a and b and a float4 store; the last N % 4 elements one per
+//   thread. Why it should be faster: 12 bytes per element and one add: purely memory-bound, so
+//   wider memory instructions are all there is to gain. Expected near the copy rate at large N.
+// Launch: residual_forward: grid ceil((N/4 + N%4)/256), block 256. Constraints: N < 2^31, whole
+//   allocations (16-byte aligned); out may alias a or b. Tolerance: fp32 (1e-5).
+// Limits: N < 2^31
+#include "ladder.cuh"
+
+extern "C" __global__ void residual_forward(float* out, const float* a, const float* b, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int n4 = n / 4;
+    if (i < n4) {
+        const float4 x = reinterpret_cast<const float4*>(a)[i];
+        const float4 y = reinterpret_cast<const float4*>(b)[i];
+        reinterpret_cast<float4*>(out)[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    } else if (i - n4 < n % 4) {
+        const int j = 4 * n4 + (i - n4);
+        out[j] = a[j] + b[j];
+    }
+}
