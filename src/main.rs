@@ -64,6 +64,11 @@ enum Command {
     },
     /// Families, ops and stages with what each stage changes.
     List { family: Option<String> },
+    /// The GPT-2 model.
+    Gpt2 {
+        #[command(subcommand)]
+        command: Gpt2Command,
+    },
     /// The ablation table: verify and time every stage at the default shapes (or --shape).
     Run {
         /// A family name, or `all`.
@@ -96,6 +101,21 @@ enum Command {
         /// Fixed input seed (default: fresh).
         #[arg(long)]
         seed: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
+enum Gpt2Command {
+    /// Compare the model's logits and greedy tokens with the directory scripts/gpt2_reference.py
+    /// wrote (Hugging Face on the same weights); fails unless every plan is within its tolerance.
+    Check {
+        /// The directory with model.safetensors, meta.json and the reference logits.
+        #[arg(long)]
+        reference: PathBuf,
+        /// Named plans to check, each optionally with op=stage overrides after a colon
+        /// (`fp32:linear=0`).
+        #[arg(long, value_delimiter = ' ', num_args = 1.., default_values_t = ["naive".to_string(), "fp32".to_string()])]
+        plan: Vec<String>,
     },
 }
 
@@ -169,6 +189,32 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Gpt2 { command: Gpt2Command::Check { reference, plan } } => {
+            let gpu = Gpu::open()?;
+            let mut ok = true;
+            for spec in plan {
+                let (name, overrides) = spec.split_once(':').unwrap_or((&spec, ""));
+                let plan = gpt2::model::Plan::named(name)?.with_overrides(overrides)?;
+                let r = gpt2::check::check(&gpu, &reference, plan)?;
+                let agree = r.tokens.iter().zip(&r.reference_tokens).all(|(a, b)| a == b);
+                println!(
+                    "plan {:<24} prefill logits rel L2 {:.2e}  greedy-step logits rel L2 (worst) {:.2e}  \
+                     tol {:.0e}  greedy tokens {}  {}",
+                    r.plan,
+                    r.prefill_rel_l2,
+                    r.decode_rel_l2,
+                    r.tolerance,
+                    if agree {
+                        "all equal".to_string()
+                    } else {
+                        format!("{:?} vs HF {:?}", r.tokens, r.reference_tokens)
+                    },
+                    if r.passed() { "ok" } else { "FAILED" }
+                );
+                ok &= r.passed();
+            }
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::LaunchOverhead { launches, batch } => {
             let gpu = Gpu::open()?;

@@ -4,7 +4,9 @@
 
 use common::{Family, Op, Sources};
 
+pub mod check;
 pub mod encoder;
+pub mod model;
 pub mod pointwise;
 
 mod embedded {

@@ -39,3 +39,121 @@ fn gelu_reference_matches_known_values() {
     assert!((gelu(10.0) - 10.0).abs() < 1e-12);
     assert!(gelu(-10.0).abs() < 1e-12);
 }
+
+mod model {
+    use gpt2::model::{Config, Plan, Weights};
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+
+    const TINY: Config = Config { layers: 2, heads: 2, c: 8, vocab: 11, max_t: 6 };
+
+    /// `w` written the way Hugging Face stores GPT-2: Conv1D weights [in, out], `transformer.` prefix.
+    fn hf_file(w: &Weights, cfg: &Config, skip: Option<&str>, bad_shape: Option<&str>) -> std::path::PathBuf {
+        let c = cfg.c;
+        let conv = |x: &[f32], out: usize, inp: usize| -> Vec<f32> {
+            let mut t = vec![0f32; x.len()];
+            for o in 0..out {
+                for i in 0..inp {
+                    t[i * out + o] = x[o * inp + i];
+                }
+            }
+            t
+        };
+        let mut tensors: Vec<(String, Vec<f32>, Vec<usize>)> = vec![
+            ("wte.weight".into(), w.wte.clone(), vec![cfg.vocab, c]),
+            ("wpe.weight".into(), w.wpe.clone(), vec![cfg.max_t, c]),
+            ("ln_f.weight".into(), w.lnf_w.clone(), vec![c]),
+            ("ln_f.bias".into(), w.lnf_b.clone(), vec![c]),
+        ];
+        for (l, b) in w.blocks.iter().enumerate() {
+            let n = |s: &str| format!("h.{l}.{s}");
+            tensors.extend([
+                (n("ln_1.weight"), b.ln1_w.clone(), vec![c]),
+                (n("ln_1.bias"), b.ln1_b.clone(), vec![c]),
+                (n("attn.c_attn.weight"), conv(&b.qkv_w, 3 * c, c), vec![c, 3 * c]),
+                (n("attn.c_attn.bias"), b.qkv_b.clone(), vec![3 * c]),
+                (n("attn.c_proj.weight"), conv(&b.proj_w, c, c), vec![c, c]),
+                (n("attn.c_proj.bias"), b.proj_b.clone(), vec![c]),
+                (n("ln_2.weight"), b.ln2_w.clone(), vec![c]),
+                (n("ln_2.bias"), b.ln2_b.clone(), vec![c]),
+                (n("mlp.c_fc.weight"), conv(&b.fc_w, 4 * c, c), vec![c, 4 * c]),
+                (n("mlp.c_fc.bias"), b.fc_b.clone(), vec![4 * c]),
+                (n("mlp.c_proj.weight"), conv(&b.fcproj_w, c, 4 * c), vec![4 * c, c]),
+                (n("mlp.c_proj.bias"), b.fcproj_b.clone(), vec![c]),
+            ]);
+        }
+        let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+            .into_iter()
+            .filter(|(n, _, _)| Some(n.as_str()) != skip)
+            .map(|(n, v, mut s)| {
+                if Some(n.as_str()) == bad_shape {
+                    s.reverse();
+                }
+                (format!("transformer.{n}"), v.iter().flat_map(|x| x.to_le_bytes()).collect(), s)
+            })
+            .collect();
+        let views: Vec<(String, TensorView)> =
+            bytes.iter().map(|(n, b, s)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap())).collect();
+        let path =
+            std::env::temp_dir().join(format!("gpt2-test-{}-{skip:?}-{bad_shape:?}.safetensors", std::process::id()));
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        path
+    }
+
+    #[test]
+    fn safetensors_round_trip_transposes_conv1d_once() {
+        let w = Weights::random(&TINY, 3);
+        let path = hf_file(&w, &TINY, None, None);
+        let back = Weights::load(&path, &TINY).unwrap();
+        assert_eq!(back.blocks[1].fc_w, w.blocks[1].fc_w);
+        assert_eq!(back.blocks[0].qkv_w, w.blocks[0].qkv_w);
+        assert_eq!(back.wte, w.wte);
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn missing_or_misshaped_tensors_are_named() {
+        let w = Weights::random(&TINY, 4);
+        let missing = hf_file(&w, &TINY, Some("h.1.mlp.c_fc.bias"), None);
+        let e = Weights::load(&missing, &TINY).unwrap_err().to_string();
+        assert!(e.contains("transformer.h.1.mlp.c_fc.bias") && e.contains("missing"), "{e}");
+        let bad = hf_file(&w, &TINY, None, Some("h.0.attn.c_attn.weight"));
+        let e = Weights::load(&bad, &TINY).unwrap_err().to_string();
+        assert!(
+            e.contains("transformer.h.0.attn.c_attn.weight") && e.contains("[8, 24]") && e.contains("[24, 8]"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(missing);
+        let _ = std::fs::remove_file(bad);
+    }
+
+    #[test]
+    fn unknown_models_plans_and_overrides_are_refused() {
+        assert!(Config::by_name("gpt3").is_err());
+        assert_eq!(Config::by_name("gpt2-xl").unwrap().head_size(), 64);
+        assert!(Plan::named("fastest-ever").is_err());
+        let p = Plan::named("fp32").unwrap();
+        assert!(p.clone().with_overrides("attention=9").is_err());
+        assert!(p.clone().with_overrides("softmax=1").is_err());
+        assert!(p.clone().with_overrides("linear").is_err());
+        assert_eq!(p.with_overrides("linear=0,gelu=0").unwrap().linear.stage, 0);
+    }
+
+    #[test]
+    fn reference_forward_with_no_layers_is_the_tied_head_of_the_embedding() {
+        let cfg = Config { layers: 0, ..TINY };
+        let mut w = Weights::random(&cfg, 5);
+        w.lnf_w = vec![1.0; cfg.c];
+        w.lnf_b = vec![0.0; cfg.c];
+        let logits = gpt2::model::reference_forward(&cfg, &w, &[vec![3, 7]]);
+        // Position 0: LayerNorm(wte[3] + wpe[0]) . wte[v] for every v.
+        let x: Vec<f64> = (0..cfg.c).map(|i| w.wte[3 * cfg.c + i] as f64 + w.wpe[i] as f64).collect();
+        let mean = x.iter().sum::<f64>() / cfg.c as f64;
+        let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / cfg.c as f64;
+        let h: Vec<f64> = x.iter().map(|v| (v - mean) / (var + gpt2::model::LN_EPS as f64).sqrt()).collect();
+        for (v, got) in logits.iter().take(cfg.vocab).enumerate() {
+            let want: f64 = h.iter().zip(&w.wte[v * cfg.c..(v + 1) * cfg.c]).map(|(a, b)| a * *b as f64).sum();
+            assert!((got - want).abs() < 1e-12, "v = {v}: {got} against {want}");
+        }
+    }
+}

@@ -5,7 +5,19 @@
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
 use common::{Op, Shape};
 use gpt2::encoder::{Encoder, TokenIds};
+use gpt2::model::{reference_forward, Config, Model, Plan, Weights};
 use gpt2::pointwise::{Gelu, Residual};
+
+/// Relative L2 error of `got` against `want`; NaN if any value is not finite.
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    if got.iter().any(|x| !x.is_finite()) {
+        return f64::NAN;
+    }
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    (num / den).sqrt()
+}
 
 fn main() -> std::process::ExitCode {
     Suite::new()
@@ -40,6 +52,36 @@ fn main() -> std::process::ExitCode {
                     assert_stages_pass(gpu, op, &s, &op.variants());
                 }
             })
+        })
+        .gpu("model_matches_the_f64_reference", |gpu| {
+            // Two layers, head size 32, a vocabulary and lengths that are not multiples of anything.
+            let cfg = Config { layers: 2, heads: 2, c: 64, vocab: 101, max_t: 40 };
+            for seed in [1u64, 2] {
+                let w = Weights::random(&cfg, seed);
+                let tokens: Vec<Vec<i32>> = (0..2)
+                    .map(|b| (0..17).map(|t| ((b * 31 + t * 7 + seed as usize) % 101) as i32).collect())
+                    .collect();
+                let want = reference_forward(&cfg, &w, &tokens);
+                for plan in ["naive", "fp32"] {
+                    let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
+                    let got = m.forward(gpu, &tokens).unwrap();
+                    let err = rel_l2(&got, &want);
+                    assert!(err <= 1e-5, "plan {plan}, seed {seed}: logits rel L2 {err:e}");
+                }
+            }
+        })
+        .gpu("model_refuses_bad_input", |gpu| {
+            let cfg = Config { layers: 1, heads: 2, c: 64, vocab: 101, max_t: 8 };
+            let mut m = Model::new(gpu, cfg, &Weights::random(&cfg, 1), Plan::named("fp32").unwrap()).unwrap();
+            let too_long = vec![vec![1; 9]];
+            let e = m.forward(gpu, &too_long).unwrap_err().to_string();
+            assert!(e.contains("context 8"), "{e}");
+            let e = m.forward(gpu, &[vec![1, 2], vec![3]]).unwrap_err().to_string();
+            assert!(e.contains("one length"), "{e}");
+            let e = m.forward(gpu, &[vec![1, 101]]).unwrap_err().to_string();
+            assert!(e.contains("token"), "{e}");
+            let wrong = Weights::random(&Config { vocab: 100, ..cfg }, 1);
+            assert!(Model::new(gpu, cfg, &wrong, Plan::named("fp32").unwrap()).is_err());
         })
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &gpt2::Gpt2))
         .gpu("graph_replay_every_stage", |gpu| {

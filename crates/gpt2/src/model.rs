@@ -1,0 +1,525 @@
+//! GPT-2, composed from the ladders: one prepared stage per op, chosen by a plan.
+//!
+//! The model is OpenAI's and Hugging Face's: learned token and position embeddings, pre-LayerNorm
+//! blocks (ln_1, causal self-attention with a fused QKV projection and an output projection,
+//! residual; ln_2, an MLP of 4C with GELU in its tanh form, residual), ln_f, and the LM head tied to
+//! the token embedding. [`Model::forward`] reads top to bottom: every call names the op it runs.
+//!
+//! This first step runs the whole-sequence forward pass (prefill) and returns the logits of every
+//! position; generation without a KV cache is this pass over the growing prefix.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::data::uniform;
+use common::{require, Error, Gpu, Op, Result, Variant};
+
+use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
+use attention::reference::Dims as AttnDims;
+use matmul::linear::{self, Linear, LinearArgs, LinearDims};
+use norm::layernorm::{self, LayerNorm, LayerNormArgs, LayerNormDims};
+
+use crate::encoder::{self, Encoder, EncoderArgs, EncoderDims, TokenIds};
+use crate::pointwise::{self, Gelu, Kind, Residual};
+
+/// LayerNorm's epsilon in GPT-2.
+pub const LN_EPS: f32 = 1e-5;
+
+/// A GPT-2 configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub layers: usize,
+    pub heads: usize,
+    pub c: usize,
+    pub vocab: usize,
+    /// The context length (rows of the position embedding).
+    pub max_t: usize,
+}
+
+impl Config {
+    pub const GPT2: Config = Config { layers: 12, heads: 12, c: 768, vocab: 50257, max_t: 1024 };
+    pub const MEDIUM: Config = Config { layers: 24, heads: 16, c: 1024, vocab: 50257, max_t: 1024 };
+    pub const LARGE: Config = Config { layers: 36, heads: 20, c: 1280, vocab: 50257, max_t: 1024 };
+    pub const XL: Config = Config { layers: 48, heads: 25, c: 1600, vocab: 50257, max_t: 1024 };
+
+    /// `gpt2`, `gpt2-medium`, `gpt2-large` or `gpt2-xl`.
+    pub fn by_name(name: &str) -> Result<Config> {
+        match name {
+            "gpt2" => Ok(Config::GPT2),
+            "gpt2-medium" => Ok(Config::MEDIUM),
+            "gpt2-large" => Ok(Config::LARGE),
+            "gpt2-xl" => Ok(Config::XL),
+            _ => Err(Error::constraint("model in {gpt2, gpt2-medium, gpt2-large, gpt2-xl}", format!("'{name}'"))),
+        }
+    }
+
+    pub fn head_size(&self) -> usize {
+        self.c / self.heads
+    }
+}
+
+/// One transformer block's parameters, in the layout the stages take: every linear weight is
+/// `[out, in]` (llm.c's `W[N, K]`), i.e. Hugging Face's Conv1D `[in, out]` transposed once at load.
+#[derive(Clone, Debug)]
+pub struct Block<T> {
+    pub ln1_w: T,
+    pub ln1_b: T,
+    pub qkv_w: T,
+    pub qkv_b: T,
+    pub proj_w: T,
+    pub proj_b: T,
+    pub ln2_w: T,
+    pub ln2_b: T,
+    pub fc_w: T,
+    pub fc_b: T,
+    pub fcproj_w: T,
+    pub fcproj_b: T,
+}
+
+/// All parameters: host (`Vec<f32>`) or device (`CudaSlice<f32>`).
+#[derive(Clone, Debug)]
+pub struct Params<T> {
+    pub wte: T,
+    pub wpe: T,
+    pub blocks: Vec<Block<T>>,
+    pub lnf_w: T,
+    pub lnf_b: T,
+}
+
+impl<T> Block<T> {
+    fn map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<Block<U>> {
+        Ok(Block {
+            ln1_w: f(&self.ln1_w)?,
+            ln1_b: f(&self.ln1_b)?,
+            qkv_w: f(&self.qkv_w)?,
+            qkv_b: f(&self.qkv_b)?,
+            proj_w: f(&self.proj_w)?,
+            proj_b: f(&self.proj_b)?,
+            ln2_w: f(&self.ln2_w)?,
+            ln2_b: f(&self.ln2_b)?,
+            fc_w: f(&self.fc_w)?,
+            fc_b: f(&self.fc_b)?,
+            fcproj_w: f(&self.fcproj_w)?,
+            fcproj_b: f(&self.fcproj_b)?,
+        })
+    }
+}
+
+impl<T> Params<T> {
+    fn map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<Params<U>> {
+        Ok(Params {
+            wte: f(&self.wte)?,
+            wpe: f(&self.wpe)?,
+            blocks: self.blocks.iter().map(|b| b.map(&mut f)).collect::<Result<_>>()?,
+            lnf_w: f(&self.lnf_w)?,
+            lnf_b: f(&self.lnf_b)?,
+        })
+    }
+}
+
+/// Host parameters.
+pub type Weights = Params<Vec<f32>>;
+
+impl Weights {
+    /// Seeded random parameters of `cfg`'s shapes: N(0, 0.02)-sized uniform weights like Hugging
+    /// Face's initialization, and non-trivial LayerNorm gains and biases so that a test exercises
+    /// every parameter (timing does not depend on the values).
+    pub fn random(cfg: &Config, seed: u64) -> Weights {
+        let c = cfg.c;
+        let mut s = seed;
+        let mut next = |n: usize, lo: f32, hi: f32| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            uniform(n, lo, hi, s)
+        };
+        let w = 0.035; // uniform(-w, w) has the standard deviation 0.02
+        let blocks = (0..cfg.layers)
+            .map(|_| Block {
+                ln1_w: next(c, 0.8, 1.2),
+                ln1_b: next(c, -0.1, 0.1),
+                qkv_w: next(3 * c * c, -w, w),
+                qkv_b: next(3 * c, -0.05, 0.05),
+                proj_w: next(c * c, -w, w),
+                proj_b: next(c, -0.05, 0.05),
+                ln2_w: next(c, 0.8, 1.2),
+                ln2_b: next(c, -0.1, 0.1),
+                fc_w: next(4 * c * c, -w, w),
+                fc_b: next(4 * c, -0.05, 0.05),
+                fcproj_w: next(4 * c * c, -w, w),
+                fcproj_b: next(c, -0.05, 0.05),
+            })
+            .collect();
+        Weights {
+            wte: next(cfg.vocab * c, -w, w),
+            wpe: next(cfg.max_t * c, -0.01, 0.01),
+            blocks,
+            lnf_w: next(c, 0.8, 1.2),
+            lnf_b: next(c, -0.1, 0.1),
+        }
+    }
+
+    /// Hugging Face's `model.safetensors` for GPT-2 (tensor names with or without the
+    /// `transformer.` prefix of `GPT2LMHeadModel`; `lm_head` is tied to `wte` and not read; f32,
+    /// f16 or bf16 stored). Conv1D weights `[in, out]` are transposed to `[out, in]` here, once.
+    pub fn load(path: &Path, cfg: &Config) -> Result<Weights> {
+        let bytes =
+            std::fs::read(path).map_err(|e| Error::Io { context: format!("read {}", path.display()), source: e })?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| Error::constraint("a safetensors file", format!("{}: {e}", path.display())))?;
+        let prefix = if st.names().iter().any(|n| n.starts_with("transformer.")) { "transformer." } else { "" };
+        let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+            let full = format!("{prefix}{name}");
+            let t = st.tensor(&full).map_err(|_| {
+                Error::constraint(format!("tensor {full} of shape {shape:?} in the weights file"), "missing")
+            })?;
+            require(t.shape() == shape, &format!("tensor {full} of shape {shape:?}"), || {
+                format!("shape {:?}", t.shape())
+            })?;
+            to_f32(&full, t.dtype(), t.data())
+        };
+        // A Conv1D weight stored [in, out], returned [out, in].
+        let conv = |name: &str, inp: usize, out: usize| -> Result<Vec<f32>> {
+            let w = get(name, &[inp, out])?;
+            let mut t = vec![0f32; w.len()];
+            for i in 0..inp {
+                for o in 0..out {
+                    t[o * inp + i] = w[i * out + o];
+                }
+            }
+            Ok(t)
+        };
+        let c = cfg.c;
+        let blocks = (0..cfg.layers)
+            .map(|l| {
+                let n = |s: &str| format!("h.{l}.{s}");
+                Ok(Block {
+                    ln1_w: get(&n("ln_1.weight"), &[c])?,
+                    ln1_b: get(&n("ln_1.bias"), &[c])?,
+                    qkv_w: conv(&n("attn.c_attn.weight"), c, 3 * c)?,
+                    qkv_b: get(&n("attn.c_attn.bias"), &[3 * c])?,
+                    proj_w: conv(&n("attn.c_proj.weight"), c, c)?,
+                    proj_b: get(&n("attn.c_proj.bias"), &[c])?,
+                    ln2_w: get(&n("ln_2.weight"), &[c])?,
+                    ln2_b: get(&n("ln_2.bias"), &[c])?,
+                    fc_w: conv(&n("mlp.c_fc.weight"), c, 4 * c)?,
+                    fc_b: get(&n("mlp.c_fc.bias"), &[4 * c])?,
+                    fcproj_w: conv(&n("mlp.c_proj.weight"), 4 * c, c)?,
+                    fcproj_b: get(&n("mlp.c_proj.bias"), &[c])?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Weights {
+            wte: get("wte.weight", &[cfg.vocab, c])?,
+            wpe: get("wpe.weight", &[cfg.max_t, c])?,
+            blocks,
+            lnf_w: get("ln_f.weight", &[c])?,
+            lnf_b: get("ln_f.bias", &[c])?,
+        })
+    }
+}
+
+fn to_f32(name: &str, dtype: safetensors::Dtype, data: &[u8]) -> Result<Vec<f32>> {
+    use safetensors::Dtype;
+    let halves = |f: fn(u16) -> f32| data.chunks_exact(2).map(|b| f(u16::from_le_bytes([b[0], b[1]]))).collect();
+    match dtype {
+        Dtype::F32 => Ok(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()),
+        Dtype::F16 => Ok(halves(|x| half::f16::from_bits(x).to_f32())),
+        Dtype::BF16 => Ok(halves(|x| half::bf16::from_bits(x).to_f32())),
+        other => Err(Error::constraint(format!("tensor {name} stored as F32, F16 or BF16"), format!("{other:?}"))),
+    }
+}
+
+// ---------------------------------------------------------------- plans
+
+/// One stage per op: the model-level ablation.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub name: String,
+    pub encoder: Variant,
+    pub layernorm: Variant,
+    pub linear: Variant,
+    pub attention: Variant,
+    pub gelu: Variant,
+    pub residual: Variant,
+}
+
+/// The op names a plan assigns, in forward order.
+pub const PLAN_OPS: [&str; 6] = ["encoder", "layernorm", "linear", "attention", "gelu", "residual"];
+
+fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
+    op.variants().into_iter().find(|v| v.stage == stage).ok_or_else(|| {
+        let have: Vec<u32> = op.variants().iter().map(|v| v.stage).collect();
+        Error::constraint(format!("{}/{} stage in {have:?}", op.family(), op.name()), format!("stage {stage}"))
+    })
+}
+
+impl Plan {
+    /// `naive` (stage 0 of every op) or `fp32` (the fastest fp32 stage of every op, no tensor cores:
+    /// the plan that must match Hugging Face to 1e-4).
+    pub fn named(name: &str) -> Result<Plan> {
+        let stages: [u32; 6] = match name {
+            "naive" => [0, 0, 0, 0, 0, 0],
+            "fp32" => [0, 6, 2, 5, 1, 1],
+            _ => return Err(Error::constraint("plan in {naive, fp32}", format!("'{name}'"))),
+        };
+        Plan::from_stages(name, stages)
+    }
+
+    fn from_stages(name: &str, s: [u32; 6]) -> Result<Plan> {
+        Ok(Plan {
+            name: name.to_string(),
+            encoder: stage_of(&Encoder, s[0])?,
+            layernorm: stage_of(&LayerNorm, s[1])?,
+            linear: stage_of(&Linear, s[2])?,
+            attention: stage_of(&Prefill, s[3])?,
+            gelu: stage_of(&Gelu, s[4])?,
+            residual: stage_of(&Residual, s[5])?,
+        })
+    }
+
+    /// This plan with single ops set to other stages: `op=stage,...` (ops as in [`PLAN_OPS`]).
+    pub fn with_overrides(self, spec: &str) -> Result<Plan> {
+        let mut stages = [&self.encoder, &self.layernorm, &self.linear, &self.attention, &self.gelu, &self.residual]
+            .map(|v| v.stage);
+        for item in spec.split(',').filter(|s| !s.is_empty()) {
+            let (op, stage) = item
+                .split_once('=')
+                .ok_or_else(|| Error::constraint("--plan overrides as op=stage", format!("'{item}'")))?;
+            let i = PLAN_OPS
+                .iter()
+                .position(|&o| o == op)
+                .ok_or_else(|| Error::constraint(format!("op in {PLAN_OPS:?}"), format!("'{op}'")))?;
+            stages[i] = stage.parse().map_err(|_| Error::constraint("a stage number", format!("'{stage}'")))?;
+        }
+        Plan::from_stages(&format!("{}+{spec}", self.name), stages)
+    }
+}
+
+// ---------------------------------------------------------------- the model
+
+/// Every op of the forward pass prepared for one (B, T).
+struct Prepared {
+    encoder: encoder::Prepared,
+    layernorm: layernorm::Prepared,
+    qkv: linear::Prepared,
+    proj: linear::Prepared,
+    fc: linear::Prepared,
+    fcproj: linear::Prepared,
+    lm_head: linear::Prepared,
+    attention: prefill::Prepared,
+    gelu: pointwise::Prepared,
+    residual: pointwise::Prepared,
+    acts: Activations,
+}
+
+/// The activations of one (B, T) forward pass.
+struct Activations {
+    x: CudaSlice<f32>,
+    ln: CudaSlice<f32>,
+    mean: CudaSlice<f32>,
+    rstd: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    att_lse: CudaSlice<f32>,
+    proj: CudaSlice<f32>,
+    fc: CudaSlice<f32>,
+    gelu: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+}
+
+/// GPT-2 on the device with a plan.
+pub struct Model {
+    pub cfg: Config,
+    pub plan: Plan,
+    params: Params<CudaSlice<f32>>,
+    prepared: HashMap<(usize, usize), Prepared>,
+}
+
+impl Model {
+    /// Uploads `weights` (checked against `cfg`'s shapes) for `plan`.
+    pub fn new(gpu: &Gpu, cfg: Config, weights: &Weights, plan: Plan) -> Result<Model> {
+        require(cfg.heads >= 1 && cfg.c.is_multiple_of(cfg.heads), "C % heads == 0", || {
+            format!("C = {}, heads = {}", cfg.c, cfg.heads)
+        })?;
+        let want = Weights::random(&Config { layers: 0, ..cfg }, 0);
+        for (name, got, n) in [
+            ("wte", weights.wte.len(), want.wte.len()),
+            ("wpe", weights.wpe.len(), want.wpe.len()),
+            ("blocks", weights.blocks.len(), cfg.layers),
+        ] {
+            require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
+        }
+        Ok(Model { cfg, plan, params: weights.map(|w| gpu.upload(w))?, prepared: HashMap::new() })
+    }
+
+    fn prepare(&mut self, gpu: &Gpu, b: usize, t: usize) -> Result<()> {
+        if self.prepared.contains_key(&(b, t)) {
+            return Ok(());
+        }
+        let (cfg, p) = (self.cfg, &self.plan);
+        let (c, m) = (cfg.c, b * t);
+        require(t >= 1 && t <= cfg.max_t, &format!("1 <= T <= context {}", cfg.max_t), || format!("T = {t}"))?;
+        let lin = |n: usize, k: usize, bias: bool| linear::prepare(gpu, &p.linear, LinearDims { m, n, k, bias });
+        let ed = EncoderDims { b, t, c, vocab: cfg.vocab, max_t: cfg.max_t };
+        let ad = AttnDims { b, t, c, nh: cfg.heads };
+        let prepared = Prepared {
+            encoder: encoder::prepare(gpu, &p.encoder, ed)?,
+            layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: m, c })?,
+            qkv: lin(3 * c, c, true)?,
+            proj: lin(c, c, true)?,
+            fc: lin(4 * c, c, true)?,
+            fcproj: lin(c, 4 * c, true)?,
+            lm_head: lin(cfg.vocab, c, false)?,
+            attention: prefill::prepare(gpu, &p.attention, PrefillDims { dims: ad, window: t })?,
+            gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, m * 4 * c)?,
+            residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, m * c)?,
+            acts: Activations {
+                x: gpu.zeros(m * c)?,
+                ln: gpu.zeros(m * c)?,
+                mean: gpu.zeros(m)?,
+                rstd: gpu.zeros(m)?,
+                qkv: gpu.zeros(m * 3 * c)?,
+                att: gpu.zeros(m * c)?,
+                att_lse: gpu.zeros(b * cfg.heads * t)?,
+                proj: gpu.zeros(m * c)?,
+                fc: gpu.zeros(m * 4 * c)?,
+                gelu: gpu.zeros(m * 4 * c)?,
+                logits: gpu.zeros(m * cfg.vocab)?,
+            },
+        };
+        self.prepared.insert((b, t), prepared);
+        Ok(())
+    }
+
+    /// The logits `[B, T, V]` of `tokens` (`B` rows of `T` ids each).
+    pub fn forward(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
+        let b = tokens.len();
+        let t = tokens.first().map_or(0, |r| r.len());
+        require(b >= 1 && tokens.iter().all(|r| r.len() == t), "B >= 1 prompts of one length T", || {
+            format!("lengths {:?}", tokens.iter().map(|r| r.len()).collect::<Vec<_>>())
+        })?;
+        self.prepare(gpu, b, t)?;
+        let ids = TokenIds::upload(gpu, &tokens.concat(), self.cfg.vocab)?;
+        let stream = gpu.stream().clone();
+        self.enqueue_forward(&stream, b, t, &ids)?;
+        gpu.download(&self.prepared[&(b, t)].acts.logits)
+    }
+
+    /// The forward pass, op by op, on `stream`.
+    fn enqueue_forward(&mut self, s: &CudaStream, b: usize, t: usize, ids: &TokenIds) -> Result<()> {
+        let w = &self.params;
+        let op = self.prepared.get_mut(&(b, t)).expect("prepared above");
+        let a = &mut op.acts;
+        op.encoder.enqueue(s, EncoderArgs { out: &mut a.x, tokens: ids, wte: &w.wte, wpe: &w.wpe })?;
+        for l in &w.blocks {
+            layernorm(s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
+            op.qkv.enqueue(s, LinearArgs { out: &mut a.qkv, inp: &a.ln, weight: &l.qkv_w, bias: Some(&l.qkv_b) })?;
+            op.attention.enqueue(s, PrefillArgs { out: &mut a.att, lse: Some(&mut a.att_lse), qkv: &a.qkv })?;
+            op.proj
+                .enqueue(s, LinearArgs { out: &mut a.proj, inp: &a.att, weight: &l.proj_w, bias: Some(&l.proj_b) })?;
+            op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+            layernorm(s, &op.layernorm, a, &l.ln2_w, &l.ln2_b)?;
+            op.fc.enqueue(s, LinearArgs { out: &mut a.fc, inp: &a.ln, weight: &l.fc_w, bias: Some(&l.fc_b) })?;
+            op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)?;
+            op.fcproj.enqueue(
+                s,
+                LinearArgs { out: &mut a.proj, inp: &a.gelu, weight: &l.fcproj_w, bias: Some(&l.fcproj_b) },
+            )?;
+            op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+        }
+        layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
+        op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: &w.wte, bias: None })
+    }
+}
+
+/// `ln = LayerNorm(x)` with the given gain and bias.
+fn layernorm(
+    s: &CudaStream,
+    p: &layernorm::Prepared,
+    a: &mut Activations,
+    w: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+) -> Result<()> {
+    let args = LayerNormArgs {
+        out: &mut a.ln,
+        mean: &mut a.mean,
+        rstd: &mut a.rstd,
+        inp: &a.x,
+        weight: w,
+        bias: b,
+        eps: LN_EPS,
+    };
+    p.enqueue(s, args)
+}
+
+// ---------------------------------------------------------------- the f64 reference
+
+/// The forward pass in f64 on the CPU: logits `[B, T, V]`.
+pub fn reference_forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
+    let (c, nh, hs) = (cfg.c, cfg.heads, cfg.head_size());
+    let mut logits = Vec::new();
+    for row in tokens {
+        let t = row.len();
+        let mut x: Vec<f64> = (0..t * c)
+            .map(|i| w.wte[row[i / c] as usize * c + i % c] as f64 + w.wpe[(i / c) * c + i % c] as f64)
+            .collect();
+        let ln = |x: &[f64], g: &[f32], bias: &[f32]| -> Vec<f64> {
+            x.chunks(c)
+                .flat_map(|r| {
+                    let mean = r.iter().sum::<f64>() / c as f64;
+                    let var = r.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / c as f64;
+                    let rstd = 1.0 / (var + LN_EPS as f64).sqrt();
+                    r.iter()
+                        .enumerate()
+                        .map(move |(i, v)| (v - mean) * rstd * g[i] as f64 + bias[i] as f64)
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        // out[t, n] = inp[t, :] . W[n, :] + bias[n]
+        let lin = |inp: &[f64], wt: &[f32], bias: Option<&[f32]>, k: usize, n: usize| -> Vec<f64> {
+            inp.chunks(k)
+                .flat_map(|r| {
+                    (0..n).map(move |o| {
+                        r.iter().zip(&wt[o * k..(o + 1) * k]).map(|(a, b)| a * *b as f64).sum::<f64>()
+                            + bias.map_or(0.0, |bb| bb[o] as f64)
+                    })
+                })
+                .collect()
+        };
+        for l in &w.blocks {
+            let h = ln(&x, &l.ln1_w, &l.ln1_b);
+            let qkv = lin(&h, &l.qkv_w, Some(&l.qkv_b), c, 3 * c);
+            let mut att = vec![0f64; t * c];
+            for head in 0..nh {
+                for i in 0..t {
+                    let q = &qkv[i * 3 * c + head * hs..][..hs];
+                    let s: Vec<f64> = (0..=i)
+                        .map(|j| {
+                            let k = &qkv[j * 3 * c + c + head * hs..][..hs];
+                            q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hs as f64).sqrt()
+                        })
+                        .collect();
+                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for (j, p) in e.iter().enumerate() {
+                        let v = &qkv[j * 3 * c + 2 * c + head * hs..][..hs];
+                        for d in 0..hs {
+                            att[i * c + head * hs + d] += p / z * v[d];
+                        }
+                    }
+                }
+            }
+            let proj = lin(&att, &l.proj_w, Some(&l.proj_b), c, c);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+            let h = ln(&x, &l.ln2_w, &l.ln2_b);
+            let fc: Vec<f64> = lin(&h, &l.fc_w, Some(&l.fc_b), c, 4 * c).into_iter().map(pointwise::gelu).collect();
+            let proj = lin(&fc, &l.fcproj_w, Some(&l.fcproj_b), 4 * c, c);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+        }
+        let h = ln(&x, &w.lnf_w, &w.lnf_b);
+        logits.extend(lin(&h, &w.wte, None, c, cfg.vocab));
+    }
+    logits
+}
