@@ -45,7 +45,8 @@ def main():
     torch.manual_seed(a.seed)
     cfg = GPT2Config(**CONFIGS[a.model], vocab_size=50257, n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0,
                      attn_pdrop=0.0)
-    model = GPT2LMHeadModel(cfg, attn_implementation="eager").eval()
+    cfg._attn_implementation = "eager"  # the plain softmax(QK^T)V path, not a fused kernel
+    model = GPT2LMHeadModel(cfg).eval()
     os.makedirs(a.out, exist_ok=True)
     model.save_pretrained(a.out, safe_serialization=True)
     model = model.to(dev)
