@@ -64,6 +64,34 @@ enum Command {
     },
     /// Families, ops and stages with what each stage changes.
     List { family: Option<String> },
+    /// Generate text with GPT-2 (random weights unless --weights is given).
+    Generate {
+        /// A prompt; repeat for a batch of prompts (of any lengths).
+        #[arg(long, required = true)]
+        prompt: Vec<String>,
+        /// Hugging Face's model.safetensors for the chosen model.
+        #[arg(long)]
+        weights: Option<PathBuf>,
+        #[arg(long, default_value = "gpt2")]
+        model: String,
+        /// A named plan, optionally with op=stage overrides after a colon (`fp32:linear=90`).
+        #[arg(long, default_value = "fp32")]
+        plan: String,
+        /// Run the prompts this many times over (a larger batch).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        #[arg(long, default_value_t = 32)]
+        max_new_tokens: usize,
+        /// 0 = greedy.
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f32,
+        #[arg(long)]
+        top_k: Option<usize>,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// The GPT-2 model.
     Gpt2 {
         #[command(subcommand)]
@@ -188,6 +216,41 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     }
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Generate { prompt, weights, model, plan, batch, max_new_tokens, temperature, top_k, top_p, seed } => {
+            use gpt2::generate::{generate, Sampling, Tokenizer};
+            use gpt2::model::{Config, Model, Plan, Weights};
+            let sampling = Sampling { temperature, top_k, top_p, seed };
+            sampling.check()?;
+            let cfg = Config::by_name(&model)?;
+            let (name, overrides) = plan.split_once(':').unwrap_or((&plan, ""));
+            let plan = Plan::named(name)?.with_overrides(overrides)?;
+            let tok = Tokenizer::new()?;
+            let one: Vec<Vec<i32>> = prompt.iter().map(|p| tok.encode(p)).collect();
+            let prompts: Vec<Vec<i32>> = (0..batch.max(1)).flat_map(|_| one.iter().cloned()).collect();
+            let w = match &weights {
+                Some(f) => Weights::load(f, &cfg)?,
+                None => Weights::random(&cfg, seed),
+            };
+            let gpu = Gpu::open()?;
+            let mut m = Model::new(&gpu, cfg, &w, plan)?;
+            eprintln!("generating {max_new_tokens} tokens after {} prompt(s), plan {}", prompts.len(), m.plan.name);
+            let g = generate(&gpu, &mut m, &prompts, max_new_tokens, sampling, true)?;
+            for (p, new) in prompts.iter().zip(&g.tokens) {
+                println!("{}{}", tok.decode(p)?, tok.decode(new)?);
+                println!("---");
+            }
+            let prompt_tokens: usize = prompts.iter().map(|p| p.len()).sum();
+            println!(
+                "prefill: {} tokens in {:.2} ms; decode: {} tokens in {:.2} ms ({:.1} tok/s, no KV cache{})",
+                prompt_tokens,
+                g.prefill_ms,
+                g.decode_tokens,
+                g.decode_ms,
+                g.decode_tokens as f64 / (g.decode_ms * 1e-3),
+                if weights.is_none() { ", random weights" } else { "" }
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Gpt2 { command: Gpt2Command::Check { reference, plan } } => {

@@ -6,6 +6,7 @@ use common::{Family, Op, Sources};
 
 pub mod check;
 pub mod encoder;
+pub mod generate;
 pub mod model;
 pub mod pointwise;
 

@@ -291,7 +291,8 @@ impl Plan {
                 .ok_or_else(|| Error::constraint(format!("op in {PLAN_OPS:?}"), format!("'{op}'")))?;
             stages[i] = stage.parse().map_err(|_| Error::constraint("a stage number", format!("'{stage}'")))?;
         }
-        Plan::from_stages(&format!("{}+{spec}", self.name), stages)
+        let name = if spec.is_empty() { self.name.clone() } else { format!("{}+{spec}", self.name) };
+        Plan::from_stages(&name, stages)
     }
 }
 
@@ -356,6 +357,11 @@ impl Model {
         if self.prepared.contains_key(&(b, t)) {
             return Ok(());
         }
+        // Each (B, T) holds its activations (the logits alone are B·T·V floats): keep a few, so
+        // generation without a cache, one T per step, does not pile them up.
+        if self.prepared.len() >= 4 {
+            self.prepared.clear();
+        }
         let (cfg, p) = (self.cfg, &self.plan);
         let (c, m) = (cfg.c, b * t);
         require(t >= 1 && t <= cfg.max_t, &format!("1 <= T <= context {}", cfg.max_t), || format!("T = {t}"))?;
@@ -393,6 +399,29 @@ impl Model {
 
     /// The logits `[B, T, V]` of `tokens` (`B` rows of `T` ids each).
     pub fn forward(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
+        let key = self.run(gpu, tokens)?;
+        gpu.download(&self.prepared[&key].acts.logits)
+    }
+
+    /// The logits of each row's last position only, `[B, V]` (what generation samples from): the
+    /// same pass, but only B rows of logits cross to the host.
+    pub fn forward_last(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
+        let (b, t) = self.run(gpu, tokens)?;
+        let v = self.cfg.vocab;
+        let logits = &self.prepared[&(b, t)].acts.logits;
+        let mut out = vec![0f32; b * v];
+        for (i, row) in out.chunks_mut(v).enumerate() {
+            let off = (i * t + t - 1) * v;
+            gpu.stream()
+                .memcpy_dtoh(&logits.slice(off..off + v), row)
+                .map_err(|e| Error::Driver { context: "copy logits to host".into(), source: e })?;
+        }
+        gpu.synchronize()?;
+        Ok(out)
+    }
+
+    /// Checks `tokens`, prepares (B, T) and enqueues the forward pass on the harness stream.
+    fn run(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<(usize, usize)> {
         let b = tokens.len();
         let t = tokens.first().map_or(0, |r| r.len());
         require(b >= 1 && tokens.iter().all(|r| r.len() == t), "B >= 1 prompts of one length T", || {
@@ -402,7 +431,7 @@ impl Model {
         let ids = TokenIds::upload(gpu, &tokens.concat(), self.cfg.vocab)?;
         let stream = gpu.stream().clone();
         self.enqueue_forward(&stream, b, t, &ids)?;
-        gpu.download(&self.prepared[&(b, t)].acts.logits)
+        Ok((b, t))
     }
 
     /// The forward pass, op by op, on `stream`.

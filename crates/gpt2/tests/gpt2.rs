@@ -157,3 +157,52 @@ mod model {
         }
     }
 }
+
+mod generation {
+    use gpt2::generate::{Sampler, Sampling, Tokenizer, END_OF_TEXT};
+
+    #[test]
+    fn tokenizer_round_trips_and_knows_end_of_text() {
+        let t = Tokenizer::new().unwrap();
+        assert_eq!(t.encode("Hello world"), vec![15496, 995]);
+        let text = "The quick brown fox, naïve café 1234 <|endoftext|>next";
+        let ids = t.encode(text);
+        assert!(ids.contains(&END_OF_TEXT));
+        assert_eq!(t.decode(&ids).unwrap(), text);
+        assert!(t.decode(&[50257]).is_err());
+    }
+
+    #[test]
+    fn sampling_rules() {
+        let logits = [0.0f32, 3.0, 1.0, 2.0];
+        let mut greedy = Sampler::new(Sampling::GREEDY).unwrap();
+        assert_eq!(greedy.sample(&logits), 1);
+        let hot = Sampling { temperature: 5.0, top_k: Some(1), top_p: 1.0, seed: 9 };
+        assert!((0..50).all(|_| Sampler::new(hot).unwrap().sample(&logits) == 1), "top-k 1 is argmax");
+        let narrow = Sampling { temperature: 1.0, top_k: None, top_p: 1e-6, seed: 9 };
+        assert_eq!(Sampler::new(narrow).unwrap().sample(&logits), 1, "a tiny top-p keeps the argmax");
+        // Two tokens with probabilities 1/4 and 3/4 at temperature 1.
+        let two = [0.0f32, 3f32.ln()];
+        let mut s = Sampler::new(Sampling { temperature: 1.0, top_k: None, top_p: 1.0, seed: 1 }).unwrap();
+        let ones = (0..20_000).filter(|_| s.sample(&two) == 1).count() as f64 / 20_000.0;
+        assert!((ones - 0.75).abs() < 0.02, "{ones}");
+        // Seeded: the same draws.
+        let draw = |seed| {
+            let mut s = Sampler::new(Sampling { temperature: 1.0, top_k: None, top_p: 0.9, seed }).unwrap();
+            (0..32).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(5), draw(5));
+    }
+
+    #[test]
+    fn bad_sampling_parameters_are_refused() {
+        for bad in [
+            Sampling { top_p: 0.0, ..Sampling::GREEDY },
+            Sampling { top_p: 1.5, ..Sampling::GREEDY },
+            Sampling { temperature: -1.0, ..Sampling::GREEDY },
+            Sampling { top_k: Some(0), ..Sampling::GREEDY },
+        ] {
+            assert!(Sampler::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}

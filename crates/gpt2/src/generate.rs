@@ -1,0 +1,181 @@
+//! Text in, text out: GPT-2's BPE tokenizer (`tiktoken-rs`'s `r50k_base`, GPT-2's ranks, shipped in
+//! the crate), sampling (greedy, temperature, top-k, top-p, seeded), and generation.
+//!
+//! Generation here recomputes the whole prefix for every new token (the report's "without a KV
+//! cache" row): sequences of equal length share one forward pass.
+
+use std::time::Instant;
+
+use common::{require, Error, Gpu, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::model::Model;
+
+/// `<|endoftext|>`.
+pub const END_OF_TEXT: i32 = 50256;
+
+/// GPT-2's tokenizer.
+pub struct Tokenizer {
+    bpe: tiktoken_rs::CoreBPE,
+}
+
+impl Tokenizer {
+    pub fn new() -> Result<Tokenizer> {
+        let bpe = tiktoken_rs::r50k_base().map_err(|e| Error::constraint("the r50k_base ranks", e.to_string()))?;
+        Ok(Tokenizer { bpe })
+    }
+
+    /// Token ids of `text`; `<|endoftext|>` written in the text is the special token.
+    pub fn encode(&self, text: &str) -> Vec<i32> {
+        self.bpe.encode_with_special_tokens(text).into_iter().map(|t| t as i32).collect()
+    }
+
+    pub fn decode(&self, ids: &[i32]) -> Result<String> {
+        require(ids.iter().all(|&t| (0..=END_OF_TEXT).contains(&t)), "token ids in [0, 50256]", || format!("{ids:?}"))?;
+        self.bpe
+            .decode(ids.iter().map(|&t| t as u32).collect())
+            .map_err(|e| Error::constraint("token ids that decode to UTF-8", e.to_string()))
+    }
+}
+
+/// How the next token is drawn from a row of logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// 0 = greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (None: all).
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of most likely tokens whose probability reaches p, in (0, 1].
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl Sampling {
+    pub const GREEDY: Sampling = Sampling { temperature: 0.0, top_k: None, top_p: 1.0, seed: 0 };
+
+    pub fn check(&self) -> Result<()> {
+        require(self.temperature >= 0.0 && self.temperature.is_finite(), "temperature >= 0", || {
+            format!("temperature = {}", self.temperature)
+        })?;
+        require(self.top_p > 0.0 && self.top_p <= 1.0, "top-p in (0, 1]", || format!("top-p = {}", self.top_p))?;
+        require(self.top_k != Some(0), "top-k >= 1", || "top-k = 0".to_string())
+    }
+}
+
+/// Draws tokens from rows of logits.
+pub struct Sampler {
+    s: Sampling,
+    rng: StdRng,
+}
+
+impl Sampler {
+    pub fn new(s: Sampling) -> Result<Sampler> {
+        s.check()?;
+        Ok(Sampler { s, rng: StdRng::seed_from_u64(s.seed) })
+    }
+
+    /// The next token from one row of logits.
+    pub fn sample(&mut self, logits: &[f32]) -> i32 {
+        let argmax =
+            || logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0;
+        if self.s.temperature == 0.0 {
+            return argmax() as i32;
+        }
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        order.truncate(self.s.top_k.unwrap_or(order.len()).min(order.len()));
+        let m = logits[order[0]];
+        let mut p: Vec<f64> = order.iter().map(|&i| (((logits[i] - m) / self.s.temperature) as f64).exp()).collect();
+        let z: f64 = p.iter().sum();
+        p.iter_mut().for_each(|x| *x /= z);
+        // Top-p: the shortest prefix of the sorted tokens whose mass reaches p.
+        let mut mass = 0.0;
+        let keep = p.iter().position(|&x| {
+            mass += x;
+            mass >= self.s.top_p as f64
+        });
+        let keep = keep.map_or(p.len(), |i| i + 1);
+        let total: f64 = p[..keep].iter().sum();
+        let mut u = self.rng.random::<f64>() * total;
+        for (j, &x) in p[..keep].iter().enumerate() {
+            u -= x;
+            if u <= 0.0 {
+                return order[j] as i32;
+            }
+        }
+        order[keep - 1] as i32
+    }
+}
+
+/// What one generation produced and how long it took.
+#[derive(Debug)]
+pub struct Generation {
+    /// The new tokens of each prompt (up to `<|endoftext|>`, which is included, or the limit).
+    pub tokens: Vec<Vec<i32>>,
+    /// The first forward pass over the prompts.
+    pub prefill_ms: f64,
+    /// Every later step.
+    pub decode_ms: f64,
+    /// Tokens produced after the first (the decode steps' work).
+    pub decode_tokens: usize,
+}
+
+/// Generates up to `max_new` tokens after each prompt, stopping a sequence at `<|endoftext|>` when
+/// `stop_at_end`. Recomputes each prefix in full (no KV cache).
+pub fn generate(
+    gpu: &Gpu,
+    model: &mut Model,
+    prompts: &[Vec<i32>],
+    max_new: usize,
+    sampling: Sampling,
+    stop_at_end: bool,
+) -> Result<Generation> {
+    require(!prompts.is_empty() && prompts.iter().all(|p| !p.is_empty()), "at least one non-empty prompt", || {
+        format!("{} prompts", prompts.len())
+    })?;
+    let ctx = model.cfg.max_t;
+    if let Some((i, p)) = prompts.iter().enumerate().find(|(_, p)| p.len() + max_new > ctx) {
+        return Err(Error::constraint(
+            format!("prompt + new tokens <= context {ctx}"),
+            format!("prompt {i}: {} + {max_new}", p.len()),
+        ));
+    }
+    let mut sampler = Sampler::new(sampling)?;
+    let mut seqs: Vec<Vec<i32>> = prompts.to_vec();
+    let mut out = vec![Vec::new(); prompts.len()];
+    let mut done = vec![max_new == 0; prompts.len()];
+    let (mut prefill_ms, mut decode_ms, mut decode_tokens) = (0.0, 0.0, 0);
+    for step in 0..max_new {
+        let start = Instant::now();
+        // Sequences of one length share a pass.
+        let mut lengths: Vec<usize> = (0..seqs.len()).filter(|&i| !done[i]).map(|i| seqs[i].len()).collect();
+        lengths.sort_unstable();
+        lengths.dedup();
+        for len in lengths {
+            let group: Vec<usize> = (0..seqs.len()).filter(|&i| !done[i] && seqs[i].len() == len).collect();
+            let batch: Vec<Vec<i32>> = group.iter().map(|&i| seqs[i].clone()).collect();
+            let logits = model.forward_last(gpu, &batch)?;
+            let v = model.cfg.vocab;
+            for (j, &i) in group.iter().enumerate() {
+                let tok = sampler.sample(&logits[j * v..][..v]);
+                seqs[i].push(tok);
+                out[i].push(tok);
+                done[i] = out[i].len() == max_new || (stop_at_end && tok == END_OF_TEXT);
+                if step > 0 {
+                    decode_tokens += 1;
+                }
+            }
+        }
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        if step == 0 {
+            prefill_ms = ms;
+        } else {
+            decode_ms += ms;
+        }
+        if done.iter().all(|&d| d) {
+            break;
+        }
+    }
+    Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens })
+}
