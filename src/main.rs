@@ -91,6 +91,9 @@ enum Command {
         top_p: f32,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Recompute the whole prefix for every token (the report's ablation).
+        #[arg(long)]
+        no_kv_cache: bool,
     },
     /// The GPT-2 model.
     Gpt2 {
@@ -144,6 +147,9 @@ enum Gpt2Command {
         /// (`fp32:linear=0`).
         #[arg(long, value_delimiter = ' ', num_args = 1.., default_values_t = ["naive".to_string(), "fp32".to_string()])]
         plan: Vec<String>,
+        /// Also check each plan's greedy steps through the KV cache.
+        #[arg(long)]
+        kv_cache: bool,
     },
 }
 
@@ -218,7 +224,19 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Generate { prompt, weights, model, plan, batch, max_new_tokens, temperature, top_k, top_p, seed } => {
+        Command::Generate {
+            prompt,
+            weights,
+            model,
+            plan,
+            batch,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            no_kv_cache,
+        } => {
             use gpt2::generate::{generate, Sampling, Tokenizer};
             use gpt2::model::{Config, Model, Plan, Weights};
             let sampling = Sampling { temperature, top_k, top_p, seed };
@@ -236,46 +254,49 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let gpu = Gpu::open()?;
             let mut m = Model::new(&gpu, cfg, &w, plan)?;
             eprintln!("generating {max_new_tokens} tokens after {} prompt(s), plan {}", prompts.len(), m.plan.name);
-            let g = generate(&gpu, &mut m, &prompts, max_new_tokens, sampling, true)?;
+            let g = generate(&gpu, &mut m, &prompts, max_new_tokens, sampling, true, !no_kv_cache)?;
             for (p, new) in prompts.iter().zip(&g.tokens) {
                 println!("{}{}", tok.decode(p)?, tok.decode(new)?);
                 println!("---");
             }
             let prompt_tokens: usize = prompts.iter().map(|p| p.len()).sum();
             println!(
-                "prefill: {} tokens in {:.2} ms; decode: {} tokens in {:.2} ms ({:.1} tok/s, no KV cache{})",
+                "prefill: {} tokens in {:.2} ms; decode: {} tokens in {:.2} ms ({:.1} tok/s, {}{})",
                 prompt_tokens,
                 g.prefill_ms,
                 g.decode_tokens,
                 g.decode_ms,
                 g.decode_tokens as f64 / (g.decode_ms * 1e-3),
+                if no_kv_cache { "no KV cache" } else { "KV cache" },
                 if weights.is_none() { ", random weights" } else { "" }
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Gpt2 { command: Gpt2Command::Check { reference, plan } } => {
+        Command::Gpt2 { command: Gpt2Command::Check { reference, plan, kv_cache } } => {
             let gpu = Gpu::open()?;
             let mut ok = true;
             for spec in plan {
                 let (name, overrides) = spec.split_once(':').unwrap_or((&spec, ""));
                 let plan = gpt2::model::Plan::named(name)?.with_overrides(overrides)?;
-                let r = gpt2::check::check(&gpu, &reference, plan)?;
-                let agree = r.tokens.iter().zip(&r.reference_tokens).all(|(a, b)| a == b);
-                println!(
-                    "plan {:<24} prefill logits rel L2 {:.2e}  greedy-step logits rel L2 (worst) {:.2e}  \
+                for cached in if kv_cache { vec![false, true] } else { vec![false] } {
+                    let r = gpt2::check::check(&gpu, &reference, plan.clone(), cached)?;
+                    let agree = r.tokens.iter().zip(&r.reference_tokens).all(|(a, b)| a == b);
+                    println!(
+                        "plan {:<24} prefill logits rel L2 {:.2e}  greedy-step logits rel L2 (worst) {:.2e}  \
                      tol {:.0e}  greedy tokens {}  {}",
-                    r.plan,
-                    r.prefill_rel_l2,
-                    r.decode_rel_l2,
-                    r.tolerance,
-                    if agree {
-                        "all equal".to_string()
-                    } else {
-                        format!("{:?} vs HF {:?}", r.tokens, r.reference_tokens)
-                    },
-                    if r.passed() { "ok" } else { "FAILED" }
-                );
-                ok &= r.passed();
+                        r.plan,
+                        r.prefill_rel_l2,
+                        r.decode_rel_l2,
+                        r.tolerance,
+                        if agree {
+                            "all equal".to_string()
+                        } else {
+                            format!("{:?} vs HF {:?}", r.tokens, r.reference_tokens)
+                        },
+                        if r.passed() { "ok" } else { "FAILED" }
+                    );
+                    ok &= r.passed();
+                }
             }
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }

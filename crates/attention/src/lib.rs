@@ -10,6 +10,7 @@
 use common::{Family, Op, Sources};
 
 pub mod decode;
+pub mod kv_append;
 pub mod offload;
 pub mod prefill;
 pub mod reference;
@@ -38,6 +39,6 @@ impl Family for Attention {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&prefill::Prefill, &decode::Decode, &offload::DecodeOffload]
+        vec![&prefill::Prefill, &decode::Decode, &offload::DecodeOffload, &kv_append::KvAppend]
     }
 }

@@ -240,6 +240,16 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("offload_bad_input_is_refused", offload_bad_input)
+        .gpu("kv_append_default_and_ragged", |gpu| {
+            use attention::kv_append::KvAppend;
+            for s in KvAppend.default_shapes() {
+                assert_stages_pass(gpu, &KvAppend, &s, &KvAppend.variants());
+            }
+            proptest(12, (1i64..=6, 1i64..=70, 1i64..=300), |(b, tmax, c)| {
+                let s = Shape::new(&[("R", (b * tmax + 1) / 2), ("B", b), ("Tmax", tmax), ("C", c)]);
+                assert_stages_pass(gpu, &KvAppend, &s, &KvAppend.variants());
+            })
+        })
         .gpu("stages_pass_ragged", |gpu| {
             // Ragged shapes: T not a multiple of 16 or 32, every head size, B and NH up to GPT-2's, any window.
             let hs = prop::sample::select(prefill::HEAD_SIZES.to_vec());

@@ -76,8 +76,10 @@ fn argmax(row: &[f32]) -> i32 {
     row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as i32
 }
 
-/// Loads the reference directory's weights into the model of `plan` and compares.
-pub fn check(gpu: &Gpu, dir: &Path, plan: Plan) -> Result<Report> {
+/// Loads the reference directory's weights into the model of `plan` and compares. With `kv_cache`
+/// the greedy steps run through the KV cache (bf16, the decode ladder's), held to 2e-2 and the
+/// first token; without it each step recomputes the prefix at the plan's own tolerance.
+pub fn check(gpu: &Gpu, dir: &Path, plan: Plan, kv_cache: bool) -> Result<Report> {
     let meta: Meta = serde_json::from_slice(
         &std::fs::read(dir.join("meta.json"))
             .map_err(|e| Error::Io { context: format!("read {}/meta.json", dir.display()), source: e })?,
@@ -85,8 +87,8 @@ pub fn check(gpu: &Gpu, dir: &Path, plan: Plan) -> Result<Report> {
     .map_err(|e| Error::constraint("meta.json as scripts/gpt2_reference.py writes it", e.to_string()))?;
     let cfg = Config::by_name(&meta.model)?;
     let weights = Weights::load(&dir.join("model.safetensors"), &cfg)?;
-    let (tolerance, must_agree) = tolerance(&plan);
-    let name = plan.name.clone();
+    let (tolerance, must_agree) = if kv_cache { (2e-2, 1) } else { tolerance(&plan) };
+    let name = format!("{}{}", plan.name, if kv_cache { " (KV cache)" } else { "" });
     let mut model = Model::new(gpu, cfg, &weights, plan)?;
     let (b, t, v) = (meta.tokens.len(), meta.tokens[0].len(), cfg.vocab);
     let steps = meta.greedy.first().map_or(0, |g| g.len());
@@ -98,10 +100,22 @@ pub fn check(gpu: &Gpu, dir: &Path, plan: Plan) -> Result<Report> {
     let prefill_rel_l2 = rel_l2(&logits, &prefill_ref);
     let mut decode_rel_l2: f64 = 0.0;
     let mut tokens = vec![Vec::new(); b];
+    let mut cache = if kv_cache { Some(model.new_cache(gpu, b)?) } else { None };
     for step in 0..steps {
-        let logits = if step == 0 { logits.clone() } else { model.forward(gpu, &seqs)? };
         let tt = seqs[0].len();
-        let last: Vec<f32> = (0..b).flat_map(|i| logits[((i * tt) + tt - 1) * v..][..v].to_vec()).collect();
+        let last: Vec<f32> = match cache.as_mut() {
+            Some(c) if step == 0 => {
+                (0..b).map(|i| model.prefill_into(gpu, c, i, &seqs[i])).collect::<Result<Vec<_>>>()?.concat()
+            }
+            Some(c) => {
+                let fed: Vec<i32> = (0..b).map(|i| meta.greedy[i][step - 1]).collect();
+                model.decode_step(gpu, c, &fed)?
+            }
+            None => {
+                let logits = if step == 0 { logits.clone() } else { model.forward(gpu, &seqs)? };
+                (0..b).flat_map(|i| logits[((i * tt) + tt - 1) * v..][..v].to_vec()).collect()
+            }
+        };
         decode_rel_l2 = decode_rel_l2.max(rel_l2(&last, &decode_ref[step * b * v..][..b * v]));
         // Feed Hugging Face's token, so one flipped argmax does not change every later step's input.
         for i in 0..b {

@@ -62,6 +62,21 @@ impl TokenIds {
     }
 }
 
+/// Each row's position, checked on the host to lie below the rows of `wpe` when uploaded.
+pub struct Positions {
+    pos: CudaSlice<i32>,
+    max_t: usize,
+}
+
+impl Positions {
+    pub fn upload(gpu: &Gpu, pos: &[usize], max_t: usize) -> Result<Positions> {
+        if let Some((i, &p)) = pos.iter().enumerate().find(|(_, &p)| p >= max_t) {
+            return Err(Error::constraint(format!("position < context {max_t}"), format!("positions[{i}] = {p}")));
+        }
+        Ok(Positions { pos: gpu.upload(&pos.iter().map(|&p| p as i32).collect::<Vec<i32>>())?, max_t })
+    }
+}
+
 /// Shape constraints: what the stage header's `Limits:` line documents, and `T <= max_T`.
 pub fn check_shape(d: EncoderDims) -> Result<()> {
     for (k, v) in [("B", d.b), ("T", d.t), ("C", d.c), ("V", d.vocab)] {
@@ -72,9 +87,10 @@ pub fn check_shape(d: EncoderDims) -> Result<()> {
     require(d.t <= d.max_t, "T <= max_T (rows of wpe)", || format!("T = {}, max_T = {}", d.t, d.max_t))
 }
 
-/// An encoder stage prepared for one size.
+/// An encoder stage prepared for one size: `B x T` rows by position, or `B` rows at given positions.
 pub struct Prepared {
     launch: Launch,
+    at: Launch,
     d: EncoderDims,
 }
 
@@ -88,9 +104,13 @@ pub struct EncoderArgs<'a> {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: EncoderDims) -> Result<Prepared> {
     check_shape(d)?;
     let n = (d.b * d.t * d.c) as u32;
-    let launch =
-        gpu.prepare_launch(&SOURCES, v, "encoder_forward", LaunchShape::linear(n.div_ceil(THREADS), THREADS))?;
-    Ok(Prepared { launch, d })
+    let shape = LaunchShape::linear(n.div_ceil(THREADS), THREADS);
+    let at = LaunchShape::linear(((d.b * d.c) as u32).div_ceil(THREADS), THREADS);
+    Ok(Prepared {
+        launch: gpu.prepare_launch(&SOURCES, v, "encoder_forward", shape)?,
+        at: gpu.prepare_launch(&SOURCES, v, "encoder_at", at)?,
+        d,
+    })
 }
 
 impl Prepared {
@@ -120,6 +140,39 @@ impl Prepared {
         // SAFETY: arguments match the kernel signature; lengths checked above, B*T*C < 2^31, and
         // every token id was checked against V when its TokenIds was made.
         unsafe { self.launch.enqueue(stream, &args) }
+    }
+}
+
+impl Prepared {
+    /// One row per sequence (`B` rows, `T` ignored), row b at `positions[b]`.
+    pub fn enqueue_at(&self, stream: &CudaStream, a: EncoderArgs, positions: &Positions) -> Result<()> {
+        let d = self.d;
+        require(
+            a.tokens.vocab == d.vocab && positions.max_t == d.max_t,
+            "ids and positions checked for this V and context",
+            || format!("V {}, context {}", a.tokens.vocab, positions.max_t),
+        )?;
+        for (name, len, want) in [
+            ("out", a.out.len(), d.b * d.c),
+            ("tokens", a.tokens.len(), d.b),
+            ("positions", positions.pos.len(), d.b),
+            ("wte", a.wte.len(), d.vocab * d.c),
+            ("wpe", a.wpe.len(), d.max_t * d.c),
+        ] {
+            require_len(name, len, want)?;
+        }
+        let args = [
+            Arg::buf(a.out),
+            Arg::buf(&a.tokens.ids),
+            Arg::buf(&positions.pos),
+            Arg::buf(a.wte),
+            Arg::buf(a.wpe),
+            Arg::int(d.b),
+            Arg::int(d.c),
+        ];
+        // SAFETY: arguments match encoder_at; lengths checked above; ids and positions were checked
+        // against V and the context when uploaded.
+        unsafe { self.at.enqueue(stream, &args) }
     }
 }
 

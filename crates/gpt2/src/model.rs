@@ -15,12 +15,16 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::uniform;
 use common::{require, Error, Gpu, Op, Result, Variant};
 
+use attention::decode::{
+    self as attn_decode, Decode, DecodeArgs, DecodeDims, Dtype, Heads, KvCache as CacheRef, SeqLens,
+};
+use attention::kv_append::{self, Cells, KvAppend, KvAppendArgs, KvAppendDims};
 use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
 use attention::reference::Dims as AttnDims;
 use matmul::linear::{self, Linear, LinearArgs, LinearDims};
 use norm::layernorm::{self, LayerNorm, LayerNormArgs, LayerNormDims};
 
-use crate::encoder::{self, Encoder, EncoderArgs, EncoderDims, TokenIds};
+use crate::encoder::{self, Encoder, EncoderArgs, EncoderDims, Positions, TokenIds};
 use crate::pointwise::{self, Gelu, Kind, Residual};
 
 /// LayerNorm's epsilon in GPT-2.
@@ -241,10 +245,15 @@ pub struct Plan {
     pub attention: Variant,
     pub gelu: Variant,
     pub residual: Variant,
+    /// Decode attention over the KV cache (bf16: the decode ladder's cache types).
+    pub decode: Variant,
+    /// Moving q, k and v between the QKV GEMM and the bf16 cache.
+    pub kv_append: Variant,
 }
 
-/// The op names a plan assigns, in forward order.
-pub const PLAN_OPS: [&str; 6] = ["encoder", "layernorm", "linear", "attention", "gelu", "residual"];
+/// The op names a plan assigns, in forward order (`decode` and `kv-append` run with the KV cache).
+pub const PLAN_OPS: [&str; 8] =
+    ["encoder", "layernorm", "linear", "attention", "gelu", "residual", "decode", "kv-append"];
 
 fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
     op.variants().into_iter().find(|v| v.stage == stage).ok_or_else(|| {
@@ -257,15 +266,15 @@ impl Plan {
     /// `naive` (stage 0 of every op) or `fp32` (the fastest fp32 stage of every op, no tensor cores:
     /// the plan that must match Hugging Face to 1e-4).
     pub fn named(name: &str) -> Result<Plan> {
-        let stages: [u32; 6] = match name {
-            "naive" => [0, 0, 0, 0, 0, 0],
-            "fp32" => [0, 6, 2, 5, 1, 1],
+        let stages: [u32; 8] = match name {
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0],
             _ => return Err(Error::constraint("plan in {naive, fp32}", format!("'{name}'"))),
         };
         Plan::from_stages(name, stages)
     }
 
-    fn from_stages(name: &str, s: [u32; 6]) -> Result<Plan> {
+    fn from_stages(name: &str, s: [u32; 8]) -> Result<Plan> {
         Ok(Plan {
             name: name.to_string(),
             encoder: stage_of(&Encoder, s[0])?,
@@ -274,13 +283,24 @@ impl Plan {
             attention: stage_of(&Prefill, s[3])?,
             gelu: stage_of(&Gelu, s[4])?,
             residual: stage_of(&Residual, s[5])?,
+            decode: stage_of(&Decode, s[6])?,
+            kv_append: stage_of(&KvAppend, s[7])?,
         })
     }
 
     /// This plan with single ops set to other stages: `op=stage,...` (ops as in [`PLAN_OPS`]).
     pub fn with_overrides(self, spec: &str) -> Result<Plan> {
-        let mut stages = [&self.encoder, &self.layernorm, &self.linear, &self.attention, &self.gelu, &self.residual]
-            .map(|v| v.stage);
+        let mut stages = [
+            &self.encoder,
+            &self.layernorm,
+            &self.linear,
+            &self.attention,
+            &self.gelu,
+            &self.residual,
+            &self.decode,
+            &self.kv_append,
+        ]
+        .map(|v| v.stage);
         for item in spec.split(',').filter(|s| !s.is_empty()) {
             let (op, stage) = item
                 .split_once('=')
@@ -334,6 +354,8 @@ pub struct Model {
     pub plan: Plan,
     params: Params<CudaSlice<f32>>,
     prepared: HashMap<(usize, usize), Prepared>,
+    /// The decode step, prepared for one batch size.
+    decode: Option<(usize, DecodeStep)>,
 }
 
 impl Model {
@@ -350,7 +372,7 @@ impl Model {
         ] {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
-        Ok(Model { cfg, plan, params: weights.map(|w| gpu.upload(w))?, prepared: HashMap::new() })
+        Ok(Model { cfg, plan, params: weights.map(|w| gpu.upload(w))?, prepared: HashMap::new(), decode: None })
     }
 
     fn prepare(&mut self, gpu: &Gpu, b: usize, t: usize) -> Result<()> {
@@ -430,19 +452,31 @@ impl Model {
         self.prepare(gpu, b, t)?;
         let ids = TokenIds::upload(gpu, &tokens.concat(), self.cfg.vocab)?;
         let stream = gpu.stream().clone();
-        self.enqueue_forward(&stream, b, t, &ids)?;
+        self.enqueue_forward(&stream, b, t, &ids, None)?;
         Ok((b, t))
     }
 
     /// The forward pass, op by op, on `stream`.
-    fn enqueue_forward(&mut self, s: &CudaStream, b: usize, t: usize, ids: &TokenIds) -> Result<()> {
+    /// With `fill`, each layer's k and v also go into the KV cache.
+    fn enqueue_forward(
+        &mut self,
+        s: &CudaStream,
+        b: usize,
+        t: usize,
+        ids: &TokenIds,
+        mut fill: Option<Fill>,
+    ) -> Result<()> {
         let w = &self.params;
         let op = self.prepared.get_mut(&(b, t)).expect("prepared above");
         let a = &mut op.acts;
         op.encoder.enqueue(s, EncoderArgs { out: &mut a.x, tokens: ids, wte: &w.wte, wpe: &w.wpe })?;
-        for l in &w.blocks {
+        for (i, l) in w.blocks.iter().enumerate() {
             layernorm(s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
             op.qkv.enqueue(s, LinearArgs { out: &mut a.qkv, inp: &a.ln, weight: &l.qkv_w, bias: Some(&l.qkv_b) })?;
+            if let Some(f) = fill.as_mut() {
+                let (k_cache, v_cache) = (&mut f.cache.k[i], &mut f.cache.v[i]);
+                f.kv.enqueue(s, KvAppendArgs { q_out: f.q16, k_cache, v_cache, qkv: &a.qkv, cells: f.cells })?;
+            }
             op.attention.enqueue(s, PrefillArgs { out: &mut a.att, lse: Some(&mut a.att_lse), qkv: &a.qkv })?;
             op.proj
                 .enqueue(s, LinearArgs { out: &mut a.proj, inp: &a.att, weight: &l.proj_w, bias: Some(&l.proj_b) })?;
@@ -458,6 +492,184 @@ impl Model {
         }
         layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
         op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: &w.wte, bias: None })
+    }
+}
+
+/// Where a prefill writes its keys and values.
+struct Fill<'a> {
+    cache: &'a mut KvCache,
+    cells: &'a Cells,
+    kv: &'a kv_append::Prepared,
+    q16: &'a mut CudaSlice<u16>,
+}
+
+/// The KV cache of `b` sequences over the model's context: per layer K and V `[b, context, C]`
+/// (bf16 bit patterns) and each sequence's length.
+pub struct KvCache {
+    k: Vec<CudaSlice<u16>>,
+    v: Vec<CudaSlice<u16>>,
+    lens: Vec<usize>,
+}
+
+impl KvCache {
+    pub fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+}
+
+/// Every op of one decode step prepared for a batch of `b` sequences.
+struct DecodeStep {
+    encoder: encoder::Prepared,
+    layernorm: layernorm::Prepared,
+    qkv: linear::Prepared,
+    proj: linear::Prepared,
+    fc: linear::Prepared,
+    fcproj: linear::Prepared,
+    lm_head: linear::Prepared,
+    kv: kv_append::Prepared,
+    attention: attn_decode::Prepared,
+    gelu: pointwise::Prepared,
+    residual: pointwise::Prepared,
+    acts: Activations,
+    q16: CudaSlice<u16>,
+    att16: CudaSlice<u16>,
+}
+
+impl Model {
+    /// An empty KV cache for `b` sequences (bf16, the model's context long).
+    pub fn new_cache(&self, gpu: &Gpu, b: usize) -> Result<KvCache> {
+        let n = b * self.cfg.max_t * self.cfg.c;
+        let layer = || gpu.zeros::<u16>(n);
+        Ok(KvCache {
+            k: (0..self.cfg.layers).map(|_| layer()).collect::<Result<_>>()?,
+            v: (0..self.cfg.layers).map(|_| layer()).collect::<Result<_>>()?,
+            lens: vec![0; b],
+        })
+    }
+
+    /// Runs the prompt of sequence `slot` (its cache must be empty) through the whole-sequence pass,
+    /// writing every layer's keys and values into the cache; returns the last position's logits.
+    pub fn prefill_into(&mut self, gpu: &Gpu, cache: &mut KvCache, slot: usize, prompt: &[i32]) -> Result<Vec<f32>> {
+        let (t, c, tmax) = (prompt.len(), self.cfg.c, self.cfg.max_t);
+        let b = cache.lens.len();
+        require(slot < b && cache.lens[slot] == 0, "an empty cache slot", || format!("slot {slot} of {b}"))?;
+        self.prepare(gpu, 1, t)?;
+        let ids = TokenIds::upload(gpu, prompt, self.cfg.vocab)?;
+        let cells = Cells::upload(gpu, &(0..t).map(|p| (slot, p)).collect::<Vec<_>>(), b, tmax)?;
+        let kv = kv_append::prepare(gpu, &self.plan.kv_append, KvAppendDims { rows: t, b, tmax, c })?;
+        let mut q16 = gpu.zeros::<u16>(t * c)?;
+        let stream = gpu.stream().clone();
+        let fill = Fill { cache, cells: &cells, kv: &kv, q16: &mut q16 };
+        self.enqueue_forward(&stream, 1, t, &ids, Some(fill))?;
+        cache.lens[slot] = t;
+        let v = self.cfg.vocab;
+        let logits = &self.prepared[&(1, t)].acts.logits;
+        let mut out = vec![0f32; v];
+        gpu.stream()
+            .memcpy_dtoh(&logits.slice((t - 1) * v..t * v), &mut out)
+            .map_err(|e| Error::Driver { context: "copy logits to host".into(), source: e })?;
+        gpu.synchronize()?;
+        Ok(out)
+    }
+
+    fn prepare_decode(&mut self, gpu: &Gpu, b: usize) -> Result<()> {
+        if self.decode.as_ref().is_some_and(|(n, _)| *n == b) {
+            return Ok(());
+        }
+        let (cfg, p) = (self.cfg, &self.plan);
+        let c = cfg.c;
+        let lin = |n: usize, k: usize, bias: bool| linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias });
+        let heads = Heads { hq: cfg.heads, hkv: cfg.heads, d: cfg.head_size() };
+        let dd = DecodeDims { b, heads, tmax: cfg.max_t, dtype: Dtype::Bf16, block_size: 16, splits: 0 };
+        let step = DecodeStep {
+            encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
+            layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: b, c })?,
+            qkv: lin(3 * c, c, true)?,
+            proj: lin(c, c, true)?,
+            fc: lin(4 * c, c, true)?,
+            fcproj: lin(c, 4 * c, true)?,
+            lm_head: lin(cfg.vocab, c, false)?,
+            kv: kv_append::prepare(gpu, &p.kv_append, KvAppendDims { rows: b, b, tmax: cfg.max_t, c })?,
+            attention: attn_decode::prepare(gpu, &p.decode, dd)?,
+            gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
+            residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, b * c)?,
+            acts: Activations {
+                x: gpu.zeros(b * c)?,
+                ln: gpu.zeros(b * c)?,
+                mean: gpu.zeros(b)?,
+                rstd: gpu.zeros(b)?,
+                qkv: gpu.zeros(b * 3 * c)?,
+                att: gpu.zeros(b * c)?,
+                att_lse: gpu.zeros(b * cfg.heads)?,
+                proj: gpu.zeros(b * c)?,
+                fc: gpu.zeros(b * 4 * c)?,
+                gelu: gpu.zeros(b * 4 * c)?,
+                logits: gpu.zeros(b * cfg.vocab)?,
+            },
+            q16: gpu.zeros(b * c)?,
+            att16: gpu.zeros(b * c)?,
+        };
+        self.decode = Some((b, step));
+        Ok(())
+    }
+
+    /// One token for every sequence of `cache`: `tokens[i]` goes in at position `lens[i]`; returns
+    /// the logits `[B, V]` and appends to the cache.
+    pub fn decode_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<f32>> {
+        let (b, tmax) = (cache.lens.len(), self.cfg.max_t);
+        require(tokens.len() == b, "one token per cached sequence", || {
+            format!("{} tokens, {b} sequences", tokens.len())
+        })?;
+        if let Some((i, _)) = cache.lens.iter().enumerate().find(|(_, &l)| l == 0 || l >= tmax) {
+            return Err(Error::constraint(
+                format!("every sequence prefilled and below the context {tmax}"),
+                format!("sequence {i} holds {}", cache.lens[i]),
+            ));
+        }
+        self.prepare_decode(gpu, b)?;
+        let ids = TokenIds::upload(gpu, tokens, self.cfg.vocab)?;
+        let pos = Positions::upload(gpu, &cache.lens, tmax)?;
+        let cells =
+            Cells::upload(gpu, &cache.lens.iter().enumerate().map(|(i, &l)| (i, l)).collect::<Vec<_>>(), b, tmax)?;
+        let lens = SeqLens::new(gpu, &cache.lens.iter().map(|l| l + 1).collect::<Vec<_>>(), tmax)?;
+        let s = gpu.stream().clone();
+        let w = &self.params;
+        let (_, op) = self.decode.as_mut().expect("prepared above");
+        let a = &mut op.acts;
+        op.encoder.enqueue_at(&s, EncoderArgs { out: &mut a.x, tokens: &ids, wte: &w.wte, wpe: &w.wpe }, &pos)?;
+        for (i, l) in w.blocks.iter().enumerate() {
+            layernorm(&s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
+            op.qkv.enqueue(&s, LinearArgs { out: &mut a.qkv, inp: &a.ln, weight: &l.qkv_w, bias: Some(&l.qkv_b) })?;
+            let (k_cache, v_cache) = (&mut cache.k[i], &mut cache.v[i]);
+            op.kv.enqueue(&s, KvAppendArgs { q_out: &mut op.q16, k_cache, v_cache, qkv: &a.qkv, cells: &cells })?;
+            let kv = CacheRef::Contiguous { k: &cache.k[i], v: &cache.v[i] };
+            let args = DecodeArgs {
+                out: &mut op.att16,
+                lse: &mut a.att_lse,
+                q: &op.q16,
+                cache: kv,
+                seq_lens: &lens,
+                alibi: None,
+            };
+            op.attention.enqueue(&s, args)?;
+            op.kv.enqueue_widen(&s, &mut a.att, &op.att16)?;
+            op.proj
+                .enqueue(&s, LinearArgs { out: &mut a.proj, inp: &a.att, weight: &l.proj_w, bias: Some(&l.proj_b) })?;
+            op.residual.enqueue_in_place(&s, &mut a.x, &a.proj)?;
+            layernorm(&s, &op.layernorm, a, &l.ln2_w, &l.ln2_b)?;
+            op.fc.enqueue(&s, LinearArgs { out: &mut a.fc, inp: &a.ln, weight: &l.fc_w, bias: Some(&l.fc_b) })?;
+            op.gelu.enqueue(&s, &mut a.gelu, &a.fc, None)?;
+            op.fcproj.enqueue(
+                &s,
+                LinearArgs { out: &mut a.proj, inp: &a.gelu, weight: &l.fcproj_w, bias: Some(&l.fcproj_b) },
+            )?;
+            op.residual.enqueue_in_place(&s, &mut a.x, &a.proj)?;
+        }
+        layernorm(&s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
+        op.lm_head.enqueue(&s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: &w.wte, bias: None })?;
+        let logits = gpu.download(&a.logits)?;
+        cache.lens.iter_mut().for_each(|l| *l += 1);
+        Ok(logits)
     }
 }
 

@@ -70,6 +70,40 @@ fn main() -> std::process::ExitCode {
                 }
             }
         })
+        .gpu("kv_cache_decode_matches_the_f64_reference", |gpu| {
+            // Head size 64 (the decode op's), ragged prompts, six steps through the bf16 cache.
+            let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
+            let w = Weights::random(&cfg, 7);
+            let mut seqs: Vec<Vec<i32>> =
+                [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
+            for plan in ["naive", "fp32"] {
+                let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
+                let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
+                let mut s = seqs.clone();
+                for step in 0..7 {
+                    let last: Vec<f32> = if step == 0 {
+                        (0..s.len()).flat_map(|i| m.prefill_into(gpu, &mut cache, i, &s[i]).unwrap()).collect()
+                    } else {
+                        let fed: Vec<i32> = (0..s.len()).map(|i| ((step * 17 + i * 5) % 101) as i32).collect();
+                        s.iter_mut().zip(&fed).for_each(|(q, &t)| q.push(t));
+                        m.decode_step(gpu, &mut cache, &fed).unwrap()
+                    };
+                    let want: Vec<f64> = s
+                        .iter()
+                        .flat_map(|q| {
+                            let all = reference_forward(&cfg, &w, std::slice::from_ref(q));
+                            all[(q.len() - 1) * cfg.vocab..].to_vec()
+                        })
+                        .collect();
+                    let err = rel_l2(&last, &want);
+                    assert!(err <= 2e-2, "plan {plan}, step {step}: logits rel L2 {err:e}");
+                }
+                assert_eq!(cache.lens(), &[11, 17, 23]);
+                assert!(m.decode_step(gpu, &mut cache, &[1, 2]).is_err(), "one token per sequence");
+                let mut empty = m.new_cache(gpu, 2).unwrap();
+                assert!(m.decode_step(gpu, &mut empty, &[1, 2]).is_err(), "an unprefilled cache");
+            }
+        })
         .gpu("model_refuses_bad_input", |gpu| {
             let cfg = Config { layers: 1, heads: 2, c: 64, vocab: 101, max_t: 8 };
             let mut m = Model::new(gpu, cfg, &Weights::random(&cfg, 1), Plan::named("fp32").unwrap()).unwrap();

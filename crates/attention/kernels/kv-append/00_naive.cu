@@ -1,0 +1,31 @@
+// KV append, stage 0: naive (one thread per element).
+// What it does: the step between a model's fused QKV projection (fp32 rows [q | k | v] of C each,
+//   llm.c's layout) and decode attention (a bf16 cache): row r's q goes to q_out[r] as bf16, and
+//   its k and v to cache cell (seq[r], pos[r]) of the contiguous [B, Tmax, H, D] caches as bf16.
+//   One thread per (row, channel); seq and pos are device arrays, so a captured decode step can
+//   change them without re-capture. kv_out_f32 widens decode attention's bf16 output back to fp32.
+// Why it is the baseline: scalar 4-byte reads and 2-byte writes; the floor is 12 bytes read and 6
+//   written per (row, channel).
+// Launch: kv_append_bf16: grid ceil(R*C/256), block 256; kv_out_f32: grid ceil(N/256), block 256.
+// Constraints: rows' (seq, pos) checked on the host to lie in [0, B) x [0, Tmax); C = H*D;
+//   B * Tmax * C < 2^31. Tolerance: bf16 (1e-2; each value rounded once).
+// Limits: B * Tmax * C < 2^31; R * 3C < 2^31
+#include "ladder.cuh"
+#include "ladder_convert.cuh"
+
+extern "C" __global__ void kv_append_bf16(__nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                                          const float* qkv, const int* seq, const int* pos, int R, int C, int Tmax) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= R * C) return;
+    const int r = idx / C, c = idx % C;
+    const float* row = qkv + (size_t)r * 3 * C;
+    q_out[idx] = __float2bfloat16_rn(row[c]);
+    const size_t cell = ((size_t)seq[r] * Tmax + pos[r]) * C + c;
+    k_cache[cell] = __float2bfloat16_rn(row[C + c]);
+    v_cache[cell] = __float2bfloat16_rn(row[2 * C + c]);
+}
+
+extern "C" __global__ void kv_out_f32(float* out, const __nv_bfloat16* in, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __bfloat162float(in[i]);
+}
