@@ -74,7 +74,7 @@ fn main() -> std::process::ExitCode {
             // Head size 64 (the decode op's), ragged prompts, six steps through the bf16 cache.
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 7);
-            let mut seqs: Vec<Vec<i32>> =
+            let seqs: Vec<Vec<i32>> =
                 [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
             for plan in ["naive", "fp32"] {
                 let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
