@@ -32,11 +32,13 @@ impl Tokenizer {
         self.bpe.encode_with_special_tokens(text).into_iter().map(|t| t as i32).collect()
     }
 
+    /// The text of `ids`. Bytes that are not UTF-8 on their own (a character split across a
+    /// sequence's end, or a random model's output) become U+FFFD rather than an error.
     pub fn decode(&self, ids: &[i32]) -> Result<String> {
         require(ids.iter().all(|&t| (0..=END_OF_TEXT).contains(&t)), "token ids in [0, 50256]", || format!("{ids:?}"))?;
-        self.bpe
-            .decode(ids.iter().map(|&t| t as u32).collect())
-            .map_err(|e| Error::constraint("token ids that decode to UTF-8", e.to_string()))
+        let ranks: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+        let bytes: Vec<u8> = self.bpe._decode_native_and_split(ranks).flatten().collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 }
 
