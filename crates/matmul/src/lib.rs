@@ -2,12 +2,14 @@
 //! layout) as the reference report's ladder — naive, shared-memory tiling, register tiling, WMMA
 //! with one warp per block (milestone 2), WMMA with many warps per block (milestone 3) — beside
 //! cuBLAS at fp32, TF32 and fp16; and the same GEMM with its bias+GELU / bias+residual epilogue
-//! unfused, fused after the GEMM, fused into the GEMM, and through cuBLASLt's epilogues.
+//! unfused, fused after the GEMM, fused into the GEMM, and through cuBLASLt's epilogues; and the decode
+//! GEMV (M = 1..64) on bf16 weights.
 
 use common::{Family, Op, Sources};
 
 pub mod epilogue;
 pub mod gemm;
+pub mod gemv;
 pub mod linear;
 mod lt;
 pub mod reference;
@@ -34,6 +36,6 @@ impl Family for Matmul {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&linear::Linear, &epilogue::LinearEpilogue]
+        vec![&linear::Linear, &epilogue::LinearEpilogue, &gemv::Gemv]
     }
 }

@@ -106,6 +106,18 @@ fn main() -> std::process::ExitCode {
                 pass(gpu, &LinearEpilogue, &epi(m, n, k, e))
             })
         })
+        .gpu("gemv_gpt2_shapes_and_ragged", |gpu| {
+            use matmul::gemv::{self, Gemv};
+            for s in Gemv.default_shapes() {
+                assert_stages_pass(gpu, &Gemv, &s, &Gemv.variants());
+            }
+            // M up to 64 (several passes of 8), N not a multiple of 4 or 16, K a multiple of 8 or not
+            // (the 16-byte stages refuse the latter with a typed error).
+            proptest(16, (1i64..=64, 1i64..=300, 1i64..=130, 0i64..=1, 0i64..=1), |(m, n, k8, ragged, bias)| {
+                let k = 8 * k8 - ragged * 3;
+                assert_stages_pass(gpu, &Gemv, &gemv::shape(m, n, k, bias), &Gemv.variants());
+            })
+        })
         .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &matmul::Matmul))
         .gpu("graph_replay_every_stage", |gpu| {

@@ -1,0 +1,39 @@
+// Decode GEMV, stage 1: warp-row (a warp per output row of W, 16-byte loads).
+// Changed from stage 0: warp n reads row n of W as 16-byte chunks (8 bf16), lane l taking chunks l,
+//   l+32, ...: each warp instruction reads 512 contiguous bytes. Each chunk is dotted with MT rows
+//   of inp (two float4 loads each, from L1/L2: inp is small), the MT partial sums reduced across
+//   the warp with shuffles. M > MT runs in passes of MT rows (W re-read per pass, from L2).
+// Why it should be faster: coalesced 16-byte loads of W, the only large operand: predicted near the
+//   copy rate once N/4 blocks of 4 warps keep enough rows in flight (all GPT-2 shapes have N >= 768).
+// Launch: gemv_m{1,2,4,8} (MT rows per pass): grid ceil(N/4), block 128 (4 warps, one row each).
+// Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte rows); N*K < 2^31. Tolerance: 1e-2 preset.
+// Limits: M <= 64; N * K < 2^31; K % 8 == 0
+#include "matmul_gemv.cuh"
+
+template <int MT>
+__device__ __forceinline__ void gemv_warp_row(float* out, const float* inp, const __nv_bfloat16* w,
+                                              const float* bias, int M, int N, int K) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (n >= N) return;  // warp-uniform
+    const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
+    const int chunks = K / 8;
+    for (int m0 = 0; m0 < M; m0 += MT) {
+        float acc[MT];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
+        for (int c = lane; c < chunks; c += 32) {
+            const uint4 wc = row[c];
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+                if (m0 + i < M) acc[i] += dot8(wc, inp + (size_t)(m0 + i) * K + 8 * c);
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            const float s = warp_sum(acc[i]);
+            if (lane == 0 && m0 + i < M) out[(size_t)(m0 + i) * N + n] = s + (bias != nullptr ? bias[n] : 0.0f);
+        }
+    }
+}
+
+GEMV_ENTRIES(gemv_warp_row)

@@ -1,0 +1,246 @@
+//! The decode GEMV: `out[M, N] = inp[M, K] · W[N, K]ᵀ (+ bias[N])` for the small M of a decode step
+//! (1..64 sequences), fp32 activations and bf16 weights (converted once, never per call), fp32
+//! accumulation. At M = 1 every weight is used once, so the floor is reading W: 2 bytes a weight.
+//!
+//! Shape keys: `M`, `N`, `K`, `bias` (0/1).
+
+use common::check::Verification;
+use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::data::{rotation_copies, uniform, Rotated};
+use common::{
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+};
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::{FAMILY, SOURCES};
+
+const OP: &str = "gemv";
+pub const MAX_M: usize = 64;
+const ROWS_M: &str = "M <= 64";
+const ELEMS: &str = "N * K < 2^31";
+const K_ALIGN: &str = "K % 8 == 0";
+
+/// How a stage maps rows of W to threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// One thread per output.
+    Thread,
+    /// One warp per row of W, `rows_per_warp` rows each.
+    Warp { rows_per_warp: u32 },
+}
+
+fn stages() -> Vec<Variant> {
+    let k = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary).with_plan(plan)
+    };
+    vec![
+        k(0, "naive", "gemv/00_naive.cu", Plan::Thread, "one thread per output, scalar loads of inp and bf16 W"),
+        k(
+            1,
+            "warp-row",
+            "gemv/01_warp_row.cu",
+            Plan::Warp { rows_per_warp: 1 },
+            "a warp per row of W, 16-byte loads (8 bf16), shuffle reduction",
+        ),
+        k(
+            2,
+            "multi-row",
+            "gemv/02_multi_row.cu",
+            Plan::Warp { rows_per_warp: 4 },
+            "a warp per 4 rows of W, their loads issued together, inp loaded once per 4 rows",
+        ),
+    ]
+}
+
+/// The sizes of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvDims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub bias: bool,
+}
+
+pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
+    for (key, x) in [("M", d.m), ("N", d.n), ("K", d.k)] {
+        require(x >= 1, &format!("{key} >= 1"), || format!("{key} = {x}"))?;
+    }
+    require(d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
+    require(d.n.checked_mul(d.k).is_some_and(|x| x < 1 << 31), ELEMS, || format!("N = {}, K = {}", d.n, d.k))?;
+    if matches!(v.plan::<Plan>()?, Plan::Warp { .. }) {
+        require(d.k.is_multiple_of(8), K_ALIGN, || format!("K = {}", d.k))?;
+    }
+    Ok(())
+}
+
+/// A GEMV stage prepared for one size.
+pub struct Prepared {
+    launch: Launch,
+    d: GemvDims,
+}
+
+pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
+    check_shape(v, d)?;
+    let mt = d.m.next_power_of_two().min(8);
+    let shape = match v.plan::<Plan>()? {
+        Plan::Thread => LaunchShape::linear(((d.m * d.n) as u32).div_ceil(256), 256),
+        Plan::Warp { rows_per_warp } => LaunchShape::linear((d.n as u32).div_ceil(4 * rows_per_warp), 128),
+    };
+    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("gemv_m{mt}"), shape)?, d })
+}
+
+/// The buffers of one call: `out` M·N, `inp` M·K (fp32), `weight` N·K bf16 bit patterns, `bias` N.
+pub struct GemvArgs<'a> {
+    pub out: &'a mut CudaSlice<f32>,
+    pub inp: &'a CudaSlice<f32>,
+    pub weight: &'a CudaSlice<u16>,
+    pub bias: Option<&'a CudaSlice<f32>>,
+}
+
+impl Prepared {
+    pub fn enqueue(&self, stream: &CudaStream, a: GemvArgs) -> Result<()> {
+        let d = self.d;
+        require_len("out", a.out.len(), d.m * d.n)?;
+        require_len("inp", a.inp.len(), d.m * d.k)?;
+        require_len("weight", a.weight.len(), d.n * d.k)?;
+        require(a.bias.is_some() == d.bias, "bias given exactly when prepared with one", || {
+            format!("bias given: {}", a.bias.is_some())
+        })?;
+        if let Some(b) = a.bias {
+            require_len("bias", b.len(), d.n)?;
+        }
+        let bias = Arg::Ptr(a.bias.map_or(0, common::device_ptr));
+        let args =
+            [Arg::buf(a.out), Arg::buf(a.inp), Arg::buf(a.weight), bias, Arg::int(d.m), Arg::int(d.n), Arg::int(d.k)];
+        // SAFETY: the arguments follow gemv_m*'s signature; lengths checked above; K % 8 == 0 for the
+        // 16-byte stages (prepare), so every row of W and inp starts 16-byte aligned.
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+}
+
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.launch.resources().clone()]
+    }
+}
+
+pub fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
+}
+
+fn dims(s: &Shape) -> Result<GemvDims> {
+    let big = i32::MAX as i64;
+    let bias = s.get("bias").unwrap_or(1);
+    require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
+    Ok(GemvDims { m: s.dim("M", big)?, n: s.dim("N", big)?, k: s.dim("K", big)?, bias: bias == 1 })
+}
+
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias (fp32 activations, bf16 weights, M <= 64)",
+    sources: &SOURCES,
+    shape_keys: &["M", "N", "K", "bias"],
+    stages,
+};
+
+pub struct Gemv;
+
+impl Op for Gemv {
+    fn info(&self) -> &'static OpInfo {
+        &INFO
+    }
+    fn default_shapes(&self) -> Vec<Shape> {
+        // GPT-2 124M's linears at one sequence: QKV, attention projection, MLP up, MLP down, LM head
+        // (no bias); and the MLP up at a batch of 8.
+        vec![
+            shape(1, 2304, 768, 1),
+            shape(1, 768, 768, 1),
+            shape(1, 3072, 768, 1),
+            shape(1, 768, 3072, 1),
+            shape(1, 50257, 768, 0),
+            shape(8, 3072, 768, 1),
+        ]
+    }
+    fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
+        check_shape(v, dims(s)?)
+    }
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut l = vec![
+            Limit { constraint: ROWS_M, past: shape(65, 64, 64, 1), inside: Some(shape(64, 64, 64, 1)) },
+            Limit { constraint: ELEMS, past: shape(1, 1 << 16, 1 << 15, 1), inside: None },
+        ];
+        if matches!(v.plan::<Plan>(), Ok(Plan::Warp { .. })) {
+            l.push(Limit { constraint: K_ALIGN, past: shape(3, 40, 36, 1), inside: Some(shape(3, 40, 40, 1)) });
+        }
+        l
+    }
+    fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
+        let d = dims(s)?;
+        require(d.m >= 1 && d.n >= 1 && d.k >= 1 && d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
+        let inp = uniform(d.m * d.k, -1.0, 1.0, seed ^ 1);
+        let w: Vec<u16> =
+            uniform(d.n * d.k, -1.0, 1.0, seed ^ 2).into_iter().map(|x| bf16::from_f32(x).to_bits()).collect();
+        let bias = uniform(d.n, -1.0, 1.0, seed ^ 3);
+        let mut reference = vec![0f64; d.m * d.n];
+        reference.par_chunks_mut(d.n).enumerate().for_each(|(m, row)| {
+            let x = &inp[m * d.k..(m + 1) * d.k];
+            for (n, o) in row.iter_mut().enumerate() {
+                let wr = &w[n * d.k..(n + 1) * d.k];
+                let dot: f64 = x.iter().zip(wr).map(|(a, b)| *a as f64 * bf16::from_bits(*b).to_f64()).sum();
+                *o = dot + if d.bias { bias[n] as f64 } else { 0.0 };
+            }
+        });
+        // W rotates (it is what a decode step streams from memory); inp and out are small.
+        let copies = rotation_copies(gpu, (2 * d.n * d.k) as u64);
+        Ok(Box::new(GemvProblem {
+            d,
+            inp: gpu.upload(&inp)?,
+            w: Rotated::upload(gpu, &w, copies)?,
+            bias: gpu.upload(&bias)?,
+            out: Rotated::outputs(gpu, d.m * d.n, copies)?,
+            reference,
+            copies,
+            prepared: Current::default(),
+        }))
+    }
+}
+
+struct GemvProblem {
+    d: GemvDims,
+    inp: CudaSlice<f32>,
+    w: Rotated<u16>,
+    bias: CudaSlice<f32>,
+    out: Rotated<f32>,
+    reference: Vec<f64>,
+    copies: usize,
+    prepared: Current<Prepared>,
+}
+
+impl Problem for GemvProblem {
+    fn workload(&self) -> Workload {
+        let GemvDims { m, n, k, bias } = self.d;
+        let bytes = 2 * n * k + 4 * m * k + 4 * m * n + if bias { 4 * n } else { 0 };
+        Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Memory }
+    }
+    fn copies(&self) -> usize {
+        self.copies
+    }
+    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+        self.out.poison(gpu)
+    }
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
+    }
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        let bias = self.d.bias.then_some(&self.bias);
+        p.enqueue(stream, GemvArgs { out: self.out.get_mut(copy), inp: &self.inp, weight: self.w.get(copy), bias })
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
+        Ok(Verification::new(v.tolerance()).add("out", &gpu.download(self.out.get(copy))?, &self.reference))
+    }
+}
