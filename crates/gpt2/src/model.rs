@@ -21,6 +21,7 @@ use attention::decode::{
 use attention::kv_append::{self, Cells, KvAppend, KvAppendArgs, KvAppendDims};
 use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
 use attention::reference::Dims as AttnDims;
+use matmul::gemv::{self, Gemv, GemvArgs, GemvDims};
 use matmul::linear::{self, Linear, LinearArgs, LinearDims};
 use norm::layernorm::{self, LayerNorm, LayerNormArgs, LayerNormDims};
 
@@ -249,11 +250,18 @@ pub struct Plan {
     pub decode: Variant,
     /// Moving q, k and v between the QKV GEMM and the bf16 cache.
     pub kv_append: Variant,
+    /// The decode step's linears as `matmul/gemv` on bf16 copies of the weights (made once at load);
+    /// `None`: the plan's `linear` on the fp32 weights.
+    pub gemv: Option<Variant>,
 }
 
-/// The op names a plan assigns, in forward order (`decode` and `kv-append` run with the KV cache).
-pub const PLAN_OPS: [&str; 8] =
-    ["encoder", "layernorm", "linear", "attention", "gelu", "residual", "decode", "kv-append"];
+/// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
+/// cache; `gemv=off` gives the decode step the plan's `linear`).
+pub const PLAN_OPS: [&str; 9] =
+    ["encoder", "layernorm", "linear", "attention", "gelu", "residual", "decode", "kv-append", "gemv"];
+
+/// No stage: an optional op (`gemv`) is off.
+const OFF: u32 = u32::MAX;
 
 fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
     op.variants().into_iter().find(|v| v.stage == stage).ok_or_else(|| {
@@ -263,18 +271,24 @@ fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
 }
 
 impl Plan {
-    /// `naive` (stage 0 of every op) or `fp32` (the fastest fp32 stage of every op, no tensor cores:
-    /// the plan that must match Hugging Face to 1e-4).
+    /// - `naive`: stage 0 of every op;
+    /// - `fp32`: our fastest fp32 stage of every op, no tensor cores in the prefill (the plan that
+    ///   must match Hugging Face to 1e-4);
+    /// - `cublas`: `fp32` with cuBLAS fp32 for every linear;
+    /// - `cublas-gemv`: cuBLAS TF32 for the prefill's linears, and the decode step's linears as
+    ///   our GEMV on bf16 weights.
     pub fn named(name: &str) -> Result<Plan> {
-        let stages: [u32; 8] = match name {
-            "naive" => [0, 0, 0, 0, 0, 0, 0, 0],
-            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0],
-            _ => return Err(Error::constraint("plan in {naive, fp32}", format!("'{name}'"))),
+        let stages: [u32; 9] = match name {
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF],
+            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF],
+            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1],
+            _ => return Err(Error::constraint("plan in {naive, fp32, cublas, cublas-gemv}", format!("'{name}'"))),
         };
         Plan::from_stages(name, stages)
     }
 
-    fn from_stages(name: &str, s: [u32; 8]) -> Result<Plan> {
+    fn from_stages(name: &str, s: [u32; 9]) -> Result<Plan> {
         Ok(Plan {
             name: name.to_string(),
             encoder: stage_of(&Encoder, s[0])?,
@@ -285,6 +299,7 @@ impl Plan {
             residual: stage_of(&Residual, s[5])?,
             decode: stage_of(&Decode, s[6])?,
             kv_append: stage_of(&KvAppend, s[7])?,
+            gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
         })
     }
 
@@ -300,7 +315,10 @@ impl Plan {
             &self.decode,
             &self.kv_append,
         ]
-        .map(|v| v.stage);
+        .map(|v| v.stage)
+        .into_iter()
+        .chain([self.gemv.as_ref().map_or(OFF, |v| v.stage)])
+        .collect::<Vec<u32>>();
         for item in spec.split(',').filter(|s| !s.is_empty()) {
             let (op, stage) = item
                 .split_once('=')
@@ -309,9 +327,15 @@ impl Plan {
                 .iter()
                 .position(|&o| o == op)
                 .ok_or_else(|| Error::constraint(format!("op in {PLAN_OPS:?}"), format!("'{op}'")))?;
-            stages[i] = stage.parse().map_err(|_| Error::constraint("a stage number", format!("'{stage}'")))?;
+            stages[i] = match stage {
+                "off" if op == "gemv" => OFF,
+                _ => stage
+                    .parse()
+                    .map_err(|_| Error::constraint("a stage number (gemv: or off)", format!("'{stage}'")))?,
+            };
         }
         let name = if spec.is_empty() { self.name.clone() } else { format!("{}+{spec}", self.name) };
+        let stages: [u32; 9] = stages.try_into().expect("one stage per op");
         Plan::from_stages(&name, stages)
     }
 }
@@ -356,6 +380,8 @@ pub struct Model {
     prepared: HashMap<(usize, usize), Prepared>,
     /// The decode step, prepared for one batch size.
     decode: Option<(usize, DecodeStep)>,
+    /// bf16 copies of the linear weights, when the plan's decode step runs the GEMV.
+    bf16: Option<Bf16Weights>,
 }
 
 impl Model {
@@ -372,7 +398,8 @@ impl Model {
         ] {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
-        Ok(Model { cfg, plan, params: weights.map(|w| gpu.upload(w))?, prepared: HashMap::new(), decode: None })
+        let bf16 = if plan.gemv.is_some() { Some(Bf16Weights::new(gpu, weights)?) } else { None };
+        Ok(Model { cfg, plan, params: weights.map(|w| gpu.upload(w))?, prepared: HashMap::new(), decode: None, bf16 })
     }
 
     fn prepare(&mut self, gpu: &Gpu, b: usize, t: usize) -> Result<()> {
@@ -517,15 +544,62 @@ impl KvCache {
     }
 }
 
+/// A decode step's linear: the plan's GEMM on the fp32 weights, or the GEMV on their bf16 copies.
+enum DecodeLinear {
+    Gemm(Box<linear::Prepared>),
+    Gemv(gemv::Prepared),
+}
+
+impl DecodeLinear {
+    fn enqueue(
+        &self,
+        s: &CudaStream,
+        out: &mut CudaSlice<f32>,
+        inp: &CudaSlice<f32>,
+        (w, w16): (&CudaSlice<f32>, Option<&CudaSlice<u16>>),
+        bias: Option<&CudaSlice<f32>>,
+    ) -> Result<()> {
+        match self {
+            DecodeLinear::Gemm(p) => p.enqueue(s, LinearArgs { out, inp, weight: w, bias }),
+            DecodeLinear::Gemv(p) => {
+                let weight = w16.ok_or_else(|| Error::constraint("bf16 weights for a GEMV plan", "none made"))?;
+                p.enqueue(s, GemvArgs { out, inp, weight, bias })
+            }
+        }
+    }
+}
+
+/// bf16 copies of the linear weights (QKV, projection, MLP up, MLP down per layer; the tied LM
+/// head), made once at load for a plan whose decode step runs the GEMV.
+struct Bf16Weights {
+    blocks: Vec<[CudaSlice<u16>; 4]>,
+    wte: CudaSlice<u16>,
+}
+
+impl Bf16Weights {
+    fn new(gpu: &Gpu, w: &Weights) -> Result<Bf16Weights> {
+        let conv =
+            |x: &Vec<f32>| gpu.upload(&x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect::<Vec<u16>>());
+        Ok(Bf16Weights {
+            blocks: w
+                .blocks
+                .iter()
+                .map(|b| Ok([conv(&b.qkv_w)?, conv(&b.proj_w)?, conv(&b.fc_w)?, conv(&b.fcproj_w)?]))
+                .collect::<Result<_>>()?,
+            wte: conv(&w.wte)?,
+        })
+    }
+}
+
 /// Every op of one decode step prepared for a batch of `b` sequences.
 struct DecodeStep {
     encoder: encoder::Prepared,
     layernorm: layernorm::Prepared,
-    qkv: linear::Prepared,
-    proj: linear::Prepared,
-    fc: linear::Prepared,
-    fcproj: linear::Prepared,
-    lm_head: linear::Prepared,
+    qkv: DecodeLinear,
+    proj: DecodeLinear,
+    fc: DecodeLinear,
+    fcproj: DecodeLinear,
+    lm_head: DecodeLinear,
     kv: kv_append::Prepared,
     attention: attn_decode::Prepared,
     gelu: pointwise::Prepared,
@@ -578,7 +652,12 @@ impl Model {
         }
         let (cfg, p) = (self.cfg, &self.plan);
         let c = cfg.c;
-        let lin = |n: usize, k: usize, bias: bool| linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias });
+        let lin = |n: usize, k: usize, bias: bool| -> Result<DecodeLinear> {
+            Ok(match &p.gemv {
+                Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias })?),
+                None => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
+            })
+        };
         let heads = Heads { hq: cfg.heads, hkv: cfg.heads, d: cfg.head_size() };
         let dd = DecodeDims { b, heads, tmax: cfg.max_t, dtype: Dtype::Bf16, block_size: 16, splits: 0 };
         let step = DecodeStep {
@@ -634,12 +713,14 @@ impl Model {
         let lens = SeqLens::new(gpu, &cache.lens.iter().map(|l| l + 1).collect::<Vec<_>>(), tmax)?;
         let s = gpu.stream().clone();
         let w = &self.params;
+        let w16 = self.bf16.as_ref();
         let (_, op) = self.decode.as_mut().expect("prepared above");
         let a = &mut op.acts;
         op.encoder.enqueue_at(&s, EncoderArgs { out: &mut a.x, tokens: &ids, wte: &w.wte, wpe: &w.wpe }, &pos)?;
         for (i, l) in w.blocks.iter().enumerate() {
+            let b16 = |j: usize| w16.map(|x| &x.blocks[i][j]);
             layernorm(&s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
-            op.qkv.enqueue(&s, LinearArgs { out: &mut a.qkv, inp: &a.ln, weight: &l.qkv_w, bias: Some(&l.qkv_b) })?;
+            op.qkv.enqueue(&s, &mut a.qkv, &a.ln, (&l.qkv_w, b16(0)), Some(&l.qkv_b))?;
             let (k_cache, v_cache) = (&mut cache.k[i], &mut cache.v[i]);
             op.kv.enqueue(&s, KvAppendArgs { q_out: &mut op.q16, k_cache, v_cache, qkv: &a.qkv, cells: &cells })?;
             let kv = CacheRef::Contiguous { k: &cache.k[i], v: &cache.v[i] };
@@ -653,20 +734,16 @@ impl Model {
             };
             op.attention.enqueue(&s, args)?;
             op.kv.enqueue_widen(&s, &mut a.att, &op.att16)?;
-            op.proj
-                .enqueue(&s, LinearArgs { out: &mut a.proj, inp: &a.att, weight: &l.proj_w, bias: Some(&l.proj_b) })?;
+            op.proj.enqueue(&s, &mut a.proj, &a.att, (&l.proj_w, b16(1)), Some(&l.proj_b))?;
             op.residual.enqueue_in_place(&s, &mut a.x, &a.proj)?;
             layernorm(&s, &op.layernorm, a, &l.ln2_w, &l.ln2_b)?;
-            op.fc.enqueue(&s, LinearArgs { out: &mut a.fc, inp: &a.ln, weight: &l.fc_w, bias: Some(&l.fc_b) })?;
+            op.fc.enqueue(&s, &mut a.fc, &a.ln, (&l.fc_w, b16(2)), Some(&l.fc_b))?;
             op.gelu.enqueue(&s, &mut a.gelu, &a.fc, None)?;
-            op.fcproj.enqueue(
-                &s,
-                LinearArgs { out: &mut a.proj, inp: &a.gelu, weight: &l.fcproj_w, bias: Some(&l.fcproj_b) },
-            )?;
+            op.fcproj.enqueue(&s, &mut a.proj, &a.gelu, (&l.fcproj_w, b16(3)), Some(&l.fcproj_b))?;
             op.residual.enqueue_in_place(&s, &mut a.x, &a.proj)?;
         }
         layernorm(&s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
-        op.lm_head.enqueue(&s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: &w.wte, bias: None })?;
+        op.lm_head.enqueue(&s, &mut a.logits, &a.ln, (&w.wte, w16.map(|x| &x.wte)), None)?;
         let logits = gpu.download(&a.logits)?;
         cache.lens.iter_mut().for_each(|l| *l += 1);
         Ok(logits)

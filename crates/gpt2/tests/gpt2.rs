@@ -136,6 +136,10 @@ mod model {
         assert!(p.clone().with_overrides("attention=9").is_err());
         assert!(p.clone().with_overrides("softmax=1").is_err());
         assert!(p.clone().with_overrides("linear").is_err());
+        assert!(p.clone().with_overrides("gemv=maybe").is_err());
+        assert!(p.clone().with_overrides("linear=off").is_err());
+        assert_eq!(p.clone().with_overrides("gemv=1").unwrap().gemv.map(|v| v.stage), Some(1));
+        assert!(Plan::named("cublas-gemv").unwrap().with_overrides("gemv=off").unwrap().gemv.is_none());
         assert_eq!(p.with_overrides("linear=0,gelu=0").unwrap().linear.stage, 0);
     }
 

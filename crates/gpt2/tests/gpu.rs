@@ -62,7 +62,7 @@ fn main() -> std::process::ExitCode {
                     .map(|b| (0..17).map(|t| ((b * 31 + t * 7 + seed as usize) % 101) as i32).collect())
                     .collect();
                 let want = reference_forward(&cfg, &w, &tokens);
-                for plan in ["naive", "fp32"] {
+                for plan in ["naive", "fp32", "cublas"] {
                     let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
                     let got = m.forward(gpu, &tokens).unwrap();
                     let err = rel_l2(&got, &want);
@@ -76,7 +76,8 @@ fn main() -> std::process::ExitCode {
             let w = Weights::random(&cfg, 7);
             let seqs: Vec<Vec<i32>> =
                 [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
-            for plan in ["naive", "fp32"] {
+            // cublas-gemv: the decode step's linears on bf16 weights.
+            for plan in ["naive", "fp32", "cublas-gemv"] {
                 let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
                 let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
                 let mut s = seqs.clone();
