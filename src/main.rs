@@ -94,6 +94,9 @@ enum Command {
         /// Recompute the whole prefix for every token (the report's ablation).
         #[arg(long)]
         no_kv_cache: bool,
+        /// Replay each decode step from a CUDA graph (with the KV cache).
+        #[arg(long)]
+        graph: bool,
     },
     /// The GPT-2 model.
     Gpt2 {
@@ -150,6 +153,9 @@ enum Gpt2Command {
         /// Also check each plan's greedy steps through the KV cache.
         #[arg(long)]
         kv_cache: bool,
+        /// With --kv-cache, also replay the decode steps from a captured CUDA graph.
+        #[arg(long)]
+        graph: bool,
     },
 }
 
@@ -236,6 +242,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             top_p,
             seed,
             no_kv_cache,
+            graph,
         } => {
             use gpt2::generate::{generate, Sampling, Tokenizer};
             use gpt2::model::{Config, Model, Plan, Weights};
@@ -253,6 +260,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             };
             let gpu = Gpu::open()?;
             let mut m = Model::new(&gpu, cfg, &w, plan)?;
+            m.set_graph(graph);
             eprintln!("generating {max_new_tokens} tokens after {} prompt(s), plan {}", prompts.len(), m.plan.name);
             let g = generate(&gpu, &mut m, &prompts, max_new_tokens, sampling, true, !no_kv_cache)?;
             for (p, new) in prompts.iter().zip(&g.tokens) {
@@ -267,19 +275,28 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 g.decode_tokens,
                 g.decode_ms,
                 g.decode_tokens as f64 / (g.decode_ms * 1e-3),
-                if no_kv_cache { "no KV cache" } else { "KV cache" },
+                match (no_kv_cache, graph) {
+                    (true, _) => "no KV cache",
+                    (false, true) => "KV cache, CUDA graph",
+                    (false, false) => "KV cache",
+                },
                 if weights.is_none() { ", random weights" } else { "" }
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Gpt2 { command: Gpt2Command::Check { reference, plan, kv_cache } } => {
+        Command::Gpt2 { command: Gpt2Command::Check { reference, plan, kv_cache, graph } } => {
             let gpu = Gpu::open()?;
             let mut ok = true;
             for spec in plan {
                 let (name, overrides) = spec.split_once(':').unwrap_or((&spec, ""));
                 let plan = gpt2::model::Plan::named(name)?.with_overrides(overrides)?;
-                for cached in if kv_cache { vec![false, true] } else { vec![false] } {
-                    let r = gpt2::check::check(&gpu, &reference, plan.clone(), cached)?;
+                let modes: &[(bool, bool)] = match (kv_cache, graph) {
+                    (true, true) => &[(false, false), (true, false), (true, true)],
+                    (true, false) => &[(false, false), (true, false)],
+                    _ => &[(false, false)],
+                };
+                for &(cached, graphed) in modes {
+                    let r = gpt2::check::check(&gpu, &reference, plan.clone(), cached, graphed)?;
                     let agree = r.tokens.iter().zip(&r.reference_tokens).all(|(a, b)| a == b);
                     println!(
                         "plan {:<24} prefill logits rel L2 {:.2e}  greedy-step logits rel L2 (worst) {:.2e}  \

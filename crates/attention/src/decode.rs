@@ -61,6 +61,7 @@ const SCORES_PAGED: &str = "max_blocks * block_size <= 32768";
 pub struct SeqLens {
     host: Vec<usize>,
     dev: CudaSlice<i32>,
+    tmax: usize,
 }
 
 /// Every length in `1..=tmax`, one per sequence.
@@ -78,7 +79,19 @@ impl SeqLens {
         check_seq_lens(lens, lens.len(), tmax)?;
         require(tmax < i32::MAX as usize, "Tmax < 2^31", || format!("Tmax = {tmax}"))?;
         let dev = gpu.upload(&lens.iter().map(|&l| l as i32).collect::<Vec<i32>>())?;
-        Ok(SeqLens { host: lens.to_vec(), dev })
+        Ok(SeqLens { host: lens.to_vec(), dev, tmax })
+    }
+
+    /// New lengths for the same sequences, checked as in [`SeqLens::new`] and copied into the same
+    /// device buffer on the harness stream (so a captured graph that reads it sees them).
+    pub fn set(&mut self, gpu: &Gpu, lens: &[usize]) -> Result<()> {
+        check_seq_lens(lens, self.host.len(), self.tmax)?;
+        let v: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        gpu.stream()
+            .memcpy_htod(&v, &mut self.dev)
+            .map_err(|e| Error::Driver { context: "copy lengths".into(), source: e })?;
+        self.host.copy_from_slice(lens);
+        Ok(())
     }
 
     pub fn host(&self) -> &[usize] {

@@ -73,6 +73,17 @@ impl Cells {
         let pos: Vec<i32> = cells.iter().map(|c| c.1 as i32).collect();
         Ok(Cells { seq: gpu.upload(&seq)?, pos: gpu.upload(&pos)?, b, tmax })
     }
+
+    /// New cells for as many rows, checked as in [`Cells::upload`], copied into the same buffers.
+    pub fn set(&mut self, gpu: &Gpu, cells: &[(usize, usize)]) -> Result<()> {
+        let fresh = Cells::upload(gpu, cells, self.b, self.tmax)?;
+        require_len("cells", cells.len(), self.seq.len())?;
+        let copy = |dst: &mut CudaSlice<i32>, src: &CudaSlice<i32>| {
+            gpu.stream().memcpy_dtod(src, dst).map_err(|e| Error::Driver { context: "copy cells".into(), source: e })
+        };
+        copy(&mut self.seq, &fresh.seq)?;
+        copy(&mut self.pos, &fresh.pos)
+    }
 }
 
 pub struct Prepared {

@@ -79,7 +79,8 @@ fn argmax(row: &[f32]) -> i32 {
 /// Loads the reference directory's weights into the model of `plan` and compares. With `kv_cache`
 /// the greedy steps run through the KV cache (bf16, the decode ladder's), held to 2e-2 and the
 /// first token; without it each step recomputes the prefix at the plan's own tolerance.
-pub fn check(gpu: &Gpu, dir: &Path, plan: Plan, kv_cache: bool) -> Result<Report> {
+/// With `graph` (and `kv_cache`) the decode steps replay a captured CUDA graph.
+pub fn check(gpu: &Gpu, dir: &Path, plan: Plan, kv_cache: bool, graph: bool) -> Result<Report> {
     let meta: Meta = serde_json::from_slice(
         &std::fs::read(dir.join("meta.json"))
             .map_err(|e| Error::Io { context: format!("read {}/meta.json", dir.display()), source: e })?,
@@ -88,8 +89,17 @@ pub fn check(gpu: &Gpu, dir: &Path, plan: Plan, kv_cache: bool) -> Result<Report
     let cfg = Config::by_name(&meta.model)?;
     let weights = Weights::load(&dir.join("model.safetensors"), &cfg)?;
     let (tolerance, must_agree) = if kv_cache { (2e-2, 1) } else { tolerance(&plan) };
-    let name = format!("{}{}", plan.name, if kv_cache { " (KV cache)" } else { "" });
+    let name = format!(
+        "{}{}",
+        plan.name,
+        match (kv_cache, graph) {
+            (true, true) => " (KV cache, graph)",
+            (true, false) => " (KV cache)",
+            _ => "",
+        }
+    );
     let mut model = Model::new(gpu, cfg, &weights, plan)?;
+    model.set_graph(graph);
     let (b, t, v) = (meta.tokens.len(), meta.tokens[0].len(), cfg.vocab);
     let steps = meta.greedy.first().map_or(0, |g| g.len());
     let prefill_ref = read_f32(&dir.join("prefill_logits.f32"), b * t * v)?;

@@ -57,6 +57,15 @@ impl TokenIds {
         self.ids.len()
     }
 
+    /// New ids for as many rows, checked as in [`TokenIds::upload`], copied into place.
+    pub fn set(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<()> {
+        require_len("tokens", ids.len(), self.ids.len())?;
+        let fresh = TokenIds::upload(gpu, ids, self.vocab)?;
+        gpu.stream()
+            .memcpy_dtod(&fresh.ids, &mut self.ids)
+            .map_err(|e| Error::Driver { context: "copy token ids".into(), source: e })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
@@ -74,6 +83,15 @@ impl Positions {
             return Err(Error::constraint(format!("position < context {max_t}"), format!("positions[{i}] = {p}")));
         }
         Ok(Positions { pos: gpu.upload(&pos.iter().map(|&p| p as i32).collect::<Vec<i32>>())?, max_t })
+    }
+
+    /// New positions for as many rows, checked as in [`Positions::upload`], copied into place.
+    pub fn set(&mut self, gpu: &Gpu, pos: &[usize]) -> Result<()> {
+        require_len("positions", pos.len(), self.pos.len())?;
+        let fresh = Positions::upload(gpu, pos, self.max_t)?;
+        gpu.stream()
+            .memcpy_dtod(&fresh.pos, &mut self.pos)
+            .map_err(|e| Error::Driver { context: "copy positions".into(), source: e })
     }
 }
 

@@ -382,6 +382,8 @@ pub struct Model {
     decode: Option<(usize, DecodeStep)>,
     /// bf16 copies of the linear weights, when the plan's decode step runs the GEMV.
     bf16: Option<Bf16Weights>,
+    /// Replay the decode step from a CUDA graph captured once per batch size and cache.
+    graph: bool,
 }
 
 impl Model {
@@ -399,7 +401,15 @@ impl Model {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
         let bf16 = if plan.gemv.is_some() { Some(Bf16Weights::new(gpu, weights)?) } else { None };
-        Ok(Model { cfg, plan, params: weights.map(|w| gpu.upload(w))?, prepared: HashMap::new(), decode: None, bf16 })
+        Ok(Model {
+            cfg,
+            plan,
+            params: weights.map(|w| gpu.upload(w))?,
+            prepared: HashMap::new(),
+            decode: None,
+            bf16,
+            graph: false,
+        })
     }
 
     fn prepare(&mut self, gpu: &Gpu, b: usize, t: usize) -> Result<()> {
@@ -607,9 +617,23 @@ struct DecodeStep {
     acts: Activations,
     q16: CudaSlice<u16>,
     att16: CudaSlice<u16>,
+    /// The step's inputs, in device memory a captured graph reads: the new tokens, their positions,
+    /// their cache cells and the lengths after the append.
+    ids: TokenIds,
+    pos: Positions,
+    cells: Cells,
+    lens: SeqLens,
+    /// The captured step and the cache it was captured for (its first K buffer's address).
+    graph: Option<(u64, common::cudarc::driver::CudaGraph)>,
 }
 
 impl Model {
+    /// Whether the decode step replays a CUDA graph (captured at the first step of a batch size and
+    /// cache) instead of launching its kernels one by one.
+    pub fn set_graph(&mut self, on: bool) {
+        self.graph = on;
+    }
+
     /// An empty KV cache for `b` sequences (bf16, the model's context long).
     pub fn new_cache(&self, gpu: &Gpu, b: usize) -> Result<KvCache> {
         let n = b * self.cfg.max_t * self.cfg.c;
@@ -687,6 +711,11 @@ impl Model {
             },
             q16: gpu.zeros(b * c)?,
             att16: gpu.zeros(b * c)?,
+            ids: TokenIds::upload(gpu, &vec![0; b], cfg.vocab)?,
+            pos: Positions::upload(gpu, &vec![0; b], cfg.max_t)?,
+            cells: Cells::upload(gpu, &(0..b).map(|i| (i, 0)).collect::<Vec<_>>(), b, cfg.max_t)?,
+            lens: SeqLens::new(gpu, &vec![1; b], cfg.max_t)?,
+            graph: None,
         };
         self.decode = Some((b, step));
         Ok(())
@@ -706,48 +735,71 @@ impl Model {
             ));
         }
         self.prepare_decode(gpu, b)?;
-        let ids = TokenIds::upload(gpu, tokens, self.cfg.vocab)?;
-        let pos = Positions::upload(gpu, &cache.lens, tmax)?;
-        let cells =
-            Cells::upload(gpu, &cache.lens.iter().enumerate().map(|(i, &l)| (i, l)).collect::<Vec<_>>(), b, tmax)?;
-        let lens = SeqLens::new(gpu, &cache.lens.iter().map(|l| l + 1).collect::<Vec<_>>(), tmax)?;
-        let s = gpu.stream().clone();
-        let w = &self.params;
-        let w16 = self.bf16.as_ref();
         let (_, op) = self.decode.as_mut().expect("prepared above");
-        let a = &mut op.acts;
-        op.encoder.enqueue_at(&s, EncoderArgs { out: &mut a.x, tokens: &ids, wte: &w.wte, wpe: &w.wpe }, &pos)?;
-        for (i, l) in w.blocks.iter().enumerate() {
-            let b16 = |j: usize| w16.map(|x| &x.blocks[i][j]);
-            layernorm(&s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
-            op.qkv.enqueue(&s, &mut a.qkv, &a.ln, (&l.qkv_w, b16(0)), Some(&l.qkv_b))?;
-            let (k_cache, v_cache) = (&mut cache.k[i], &mut cache.v[i]);
-            op.kv.enqueue(&s, KvAppendArgs { q_out: &mut op.q16, k_cache, v_cache, qkv: &a.qkv, cells: &cells })?;
-            let kv = CacheRef::Contiguous { k: &cache.k[i], v: &cache.v[i] };
-            let args = DecodeArgs {
-                out: &mut op.att16,
-                lse: &mut a.att_lse,
-                q: &op.q16,
-                cache: kv,
-                seq_lens: &lens,
-                alibi: None,
-            };
-            op.attention.enqueue(&s, args)?;
-            op.kv.enqueue_widen(&s, &mut a.att, &op.att16)?;
-            op.proj.enqueue(&s, &mut a.proj, &a.att, (&l.proj_w, b16(1)), Some(&l.proj_b))?;
-            op.residual.enqueue_in_place(&s, &mut a.x, &a.proj)?;
-            layernorm(&s, &op.layernorm, a, &l.ln2_w, &l.ln2_b)?;
-            op.fc.enqueue(&s, &mut a.fc, &a.ln, (&l.fc_w, b16(2)), Some(&l.fc_b))?;
-            op.gelu.enqueue(&s, &mut a.gelu, &a.fc, None)?;
-            op.fcproj.enqueue(&s, &mut a.proj, &a.gelu, (&l.fcproj_w, b16(3)), Some(&l.fcproj_b))?;
-            op.residual.enqueue_in_place(&s, &mut a.x, &a.proj)?;
+        // The step's inputs go into the step's own device buffers: a captured graph reads them there.
+        op.ids.set(gpu, tokens)?;
+        op.pos.set(gpu, &cache.lens)?;
+        op.cells.set(gpu, &cache.lens.iter().enumerate().map(|(i, &l)| (i, l)).collect::<Vec<_>>())?;
+        op.lens.set(gpu, &cache.lens.iter().map(|l| l + 1).collect::<Vec<_>>())?;
+        let s = gpu.stream().clone();
+        let (w, w16) = (&self.params, self.bf16.as_ref());
+        if self.graph {
+            // One graph per cache (its K/V buffers are baked into the kernels' arguments).
+            let key = common::device_ptr(&cache.k[0]);
+            if op.graph.as_ref().map(|(k, _)| *k) != Some(key) {
+                op.graph = None;
+                let g = common::timing::capture(&s, |st| enqueue_decode(st, w, w16, op, cache))?;
+                op.graph = Some((key, g));
+            }
+            let (_, g) = op.graph.as_ref().expect("captured above");
+            g.launch().map_err(|e| Error::Driver { context: "launch the decode graph".into(), source: e })?;
+        } else {
+            enqueue_decode(&s, w, w16, op, cache)?;
         }
-        layernorm(&s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
-        op.lm_head.enqueue(&s, &mut a.logits, &a.ln, (&w.wte, w16.map(|x| &x.wte)), None)?;
-        let logits = gpu.download(&a.logits)?;
+        let logits = gpu.download(&op.acts.logits)?;
         cache.lens.iter_mut().for_each(|l| *l += 1);
         Ok(logits)
     }
+}
+
+/// One decode step's kernels, op by op, on `s`, reading the step's inputs from `op`'s buffers.
+fn enqueue_decode(
+    s: &CudaStream,
+    w: &Params<CudaSlice<f32>>,
+    w16: Option<&Bf16Weights>,
+    op: &mut DecodeStep,
+    cache: &mut KvCache,
+) -> Result<()> {
+    let a = &mut op.acts;
+    op.encoder.enqueue_at(s, EncoderArgs { out: &mut a.x, tokens: &op.ids, wte: &w.wte, wpe: &w.wpe }, &op.pos)?;
+    for (i, l) in w.blocks.iter().enumerate() {
+        let b16 = |j: usize| w16.map(|x| &x.blocks[i][j]);
+        layernorm(s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
+        op.qkv.enqueue(s, &mut a.qkv, &a.ln, (&l.qkv_w, b16(0)), Some(&l.qkv_b))?;
+        let (k_cache, v_cache) = (&mut cache.k[i], &mut cache.v[i]);
+        op.kv.enqueue(s, KvAppendArgs { q_out: &mut op.q16, k_cache, v_cache, qkv: &a.qkv, cells: &op.cells })?;
+        let kv = CacheRef::Contiguous { k: &cache.k[i], v: &cache.v[i] };
+        let args = DecodeArgs {
+            out: &mut op.att16,
+            lse: &mut a.att_lse,
+            q: &op.q16,
+            cache: kv,
+            seq_lens: &op.lens,
+            alibi: None,
+        };
+        op.attention.enqueue(s, args)?;
+        op.kv.enqueue_widen(s, &mut a.att, &op.att16)?;
+        op.proj.enqueue(s, &mut a.proj, &a.att, (&l.proj_w, b16(1)), Some(&l.proj_b))?;
+        op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+        layernorm(s, &op.layernorm, a, &l.ln2_w, &l.ln2_b)?;
+        op.fc.enqueue(s, &mut a.fc, &a.ln, (&l.fc_w, b16(2)), Some(&l.fc_b))?;
+        op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)?;
+        op.fcproj.enqueue(s, &mut a.proj, &a.gelu, (&l.fcproj_w, b16(3)), Some(&l.fcproj_b))?;
+        op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+    }
+    layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
+    op.lm_head.enqueue(s, &mut a.logits, &a.ln, (&w.wte, w16.map(|x| &x.wte)), None)?;
+    Ok(())
 }
 
 /// `ln = LayerNorm(x)` with the given gain and bias.

@@ -77,8 +77,10 @@ fn main() -> std::process::ExitCode {
             let seqs: Vec<Vec<i32>> =
                 [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
             // cublas-gemv: the decode step's linears on bf16 weights.
-            for plan in ["naive", "fp32", "cublas-gemv"] {
+            // The graph rows replay a captured decode step, with the step's inputs in device memory.
+            for (plan, graph) in [("naive", false), ("fp32", false), ("fp32", true), ("cublas-gemv", true)] {
                 let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
+                m.set_graph(graph);
                 let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
                 let mut s = seqs.clone();
                 for step in 0..7 {
@@ -97,7 +99,7 @@ fn main() -> std::process::ExitCode {
                         })
                         .collect();
                     let err = rel_l2(&last, &want);
-                    assert!(err <= 2e-2, "plan {plan}, step {step}: logits rel L2 {err:e}");
+                    assert!(err <= 2e-2, "plan {plan}, graph {graph}, step {step}: logits rel L2 {err:e}");
                 }
                 assert_eq!(cache.lens(), &[11, 17, 23]);
                 assert!(m.decode_step(gpu, &mut cache, &[1, 2]).is_err(), "one token per sequence");
