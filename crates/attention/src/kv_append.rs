@@ -63,30 +63,26 @@ pub struct Cells {
 
 impl Cells {
     pub fn upload(gpu: &Gpu, cells: &[(usize, usize)], b: usize, tmax: usize) -> Result<Cells> {
-        let (seq, pos) = Cells::checked(cells, b, tmax)?;
-        Ok(Cells { seq: gpu.upload(&seq)?, pos: gpu.upload(&pos)?, b, tmax })
-    }
-
-    /// The (seq, pos) columns of `cells` after checking every cell lies in `[0, b) x [0, tmax)`.
-    fn checked(cells: &[(usize, usize)], b: usize, tmax: usize) -> Result<(Vec<i32>, Vec<i32>)> {
         if let Some((i, c)) = cells.iter().enumerate().find(|(_, &(s, p))| s >= b || p >= tmax) {
             return Err(Error::constraint(
                 format!("cell (seq, pos) in [0, {b}) x [0, {tmax})"),
                 format!("row {i}: {c:?}"),
             ));
         }
-        Ok((cells.iter().map(|c| c.0 as i32).collect(), cells.iter().map(|c| c.1 as i32).collect()))
+        let seq: Vec<i32> = cells.iter().map(|c| c.0 as i32).collect();
+        let pos: Vec<i32> = cells.iter().map(|c| c.1 as i32).collect();
+        Ok(Cells { seq: gpu.upload(&seq)?, pos: gpu.upload(&pos)?, b, tmax })
     }
 
     /// New cells for as many rows, checked as in [`Cells::upload`], copied into the same buffers.
     pub fn set(&mut self, gpu: &Gpu, cells: &[(usize, usize)]) -> Result<()> {
+        let fresh = Cells::upload(gpu, cells, self.b, self.tmax)?;
         require_len("cells", cells.len(), self.seq.len())?;
-        let (seq, pos) = Cells::checked(cells, self.b, self.tmax)?;
-        let copy = |host: &Vec<i32>, dst: &mut CudaSlice<i32>| {
-            gpu.stream().memcpy_htod(host, dst).map_err(|e| Error::Driver { context: "copy cells".into(), source: e })
+        let copy = |dst: &mut CudaSlice<i32>, src: &CudaSlice<i32>| {
+            gpu.stream().memcpy_dtod(src, dst).map_err(|e| Error::Driver { context: "copy cells".into(), source: e })
         };
-        copy(&seq, &mut self.seq)?;
-        copy(&pos, &mut self.pos)
+        copy(&mut self.seq, &fresh.seq)?;
+        copy(&mut self.pos, &fresh.pos)
     }
 }
 

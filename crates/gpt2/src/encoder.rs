@@ -47,17 +47,10 @@ pub struct TokenIds {
 
 impl TokenIds {
     pub fn upload(gpu: &Gpu, ids: &[i32], vocab: usize) -> Result<TokenIds> {
-        TokenIds::check(ids, vocab)?;
-        Ok(TokenIds { ids: gpu.upload(ids)?, vocab })
-    }
-
-    fn check(ids: &[i32], vocab: usize) -> Result<()> {
-        match ids.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= vocab) {
-            Some((i, &id)) => {
-                Err(Error::constraint(format!("0 <= token < V = {vocab}"), format!("tokens[{i}] = {id}")))
-            }
-            None => Ok(()),
+        if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= vocab) {
+            return Err(Error::constraint(format!("0 <= token < V = {vocab}"), format!("tokens[{i}] = {id}")));
         }
+        Ok(TokenIds { ids: gpu.upload(ids)?, vocab })
     }
 
     pub fn len(&self) -> usize {
@@ -67,9 +60,9 @@ impl TokenIds {
     /// New ids for as many rows, checked as in [`TokenIds::upload`], copied into place.
     pub fn set(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<()> {
         require_len("tokens", ids.len(), self.ids.len())?;
-        TokenIds::check(ids, self.vocab)?;
+        let fresh = TokenIds::upload(gpu, ids, self.vocab)?;
         gpu.stream()
-            .memcpy_htod(ids, &mut self.ids)
+            .memcpy_dtod(&fresh.ids, &mut self.ids)
             .map_err(|e| Error::Driver { context: "copy token ids".into(), source: e })
     }
 
@@ -86,22 +79,18 @@ pub struct Positions {
 
 impl Positions {
     pub fn upload(gpu: &Gpu, pos: &[usize], max_t: usize) -> Result<Positions> {
-        Ok(Positions { pos: gpu.upload(&Positions::checked(pos, max_t)?)?, max_t })
-    }
-
-    fn checked(pos: &[usize], max_t: usize) -> Result<Vec<i32>> {
         if let Some((i, &p)) = pos.iter().enumerate().find(|(_, &p)| p >= max_t) {
             return Err(Error::constraint(format!("position < context {max_t}"), format!("positions[{i}] = {p}")));
         }
-        Ok(pos.iter().map(|&p| p as i32).collect())
+        Ok(Positions { pos: gpu.upload(&pos.iter().map(|&p| p as i32).collect::<Vec<i32>>())?, max_t })
     }
 
     /// New positions for as many rows, checked as in [`Positions::upload`], copied into place.
     pub fn set(&mut self, gpu: &Gpu, pos: &[usize]) -> Result<()> {
         require_len("positions", pos.len(), self.pos.len())?;
-        let host = Positions::checked(pos, self.max_t)?;
+        let fresh = Positions::upload(gpu, pos, self.max_t)?;
         gpu.stream()
-            .memcpy_htod(&host, &mut self.pos)
+            .memcpy_dtod(&fresh.pos, &mut self.pos)
             .map_err(|e| Error::Driver { context: "copy positions".into(), source: e })
     }
 }
