@@ -21,7 +21,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::{bf16, f16};
@@ -87,9 +87,7 @@ impl SeqLens {
     pub fn set(&mut self, gpu: &Gpu, lens: &[usize]) -> Result<()> {
         check_seq_lens(lens, self.host.len(), self.tmax)?;
         let v: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
-        gpu.stream()
-            .memcpy_htod(&v, &mut self.dev)
-            .map_err(|e| Error::Driver { context: "copy lengths".into(), source: e })?;
+        gpu.stream().memcpy_htod(&v, &mut self.dev).ctx("copy lengths")?;
         self.host.copy_from_slice(lens);
         Ok(())
     }
@@ -1013,6 +1011,49 @@ pub fn paged_from_contiguous(
     (kp, vp, tables)
 }
 
+/// A decode problem's inputs over a contiguous cache `[B, Tmax, HKV, D]`, drawn from `seed`: q, K and
+/// V (NaN past each length), the ALiBi slopes when asked for, the checked sequences and the f64
+/// reference for them.
+pub struct ContiguousInputs {
+    pub q: Vec<u16>,
+    pub k: Vec<u16>,
+    pub v: Vec<u16>,
+    pub slopes: Option<Vec<f64>>,
+    pub checked: Vec<usize>,
+    pub reference: (Vec<f64>, Vec<f64>),
+}
+
+impl ContiguousInputs {
+    pub fn new(d: &DecodeDims, lens: &[usize], alibi: bool, seed: u64) -> ContiguousInputs {
+        let Heads { hq, hkv, d: dim } = d.heads;
+        let q: Vec<u16> = uniform(d.b * hq * dim, -2.0, 2.0, seed ^ 1).into_iter().map(|x| d.dtype.bits(x)).collect();
+        let k = contiguous_cache(d, lens, seed ^ 2);
+        let v = contiguous_cache(d, lens, seed ^ 3);
+        let slopes = alibi.then(|| alibi_slopes(hq));
+        let checked = checked_seqs(d.b);
+        let qf: Vec<f32> = q.iter().map(|&x| d.dtype.value(x)).collect();
+        let row = |c: &[u16], b: usize, t: usize, kvh: usize, out: &mut [f64]| {
+            let i = ((b * d.tmax + t) * hkv + kvh) * dim;
+            out.iter_mut().zip(&c[i..i + dim]).for_each(|(o, &x)| *o = d.dtype.value(x) as f64);
+        };
+        let reference = reference(
+            d.heads,
+            &qf,
+            lens,
+            &checked,
+            slopes.as_deref(),
+            |b, t, h, o| row(&k, b, t, h, o),
+            |b, t, h, o| row(&v, b, t, h, o),
+        );
+        ContiguousInputs { q, k, v, slopes, checked, reference }
+    }
+}
+
+/// The ALiBi slopes as the kernels take them (`[HQ]` f32), or none.
+pub fn upload_slopes(gpu: &Gpu, slopes: Option<&[f64]>) -> Result<Option<CudaSlice<f32>>> {
+    slopes.map(|sl| gpu.upload(&sl.iter().map(|&x| x as f32).collect::<Vec<f32>>())).transpose()
+}
+
 struct DecodeProblem {
     s: DecodeShape,
     lens: SeqLens,
@@ -1041,35 +1082,14 @@ impl DecodeProblem {
             format!("B = {}, Tmax = {}", d.b, d.tmax)
         })?;
         let lens = lengths(d.b, d.tmax, s.ragged, seed ^ 0x5EED);
-        let q: Vec<u16> = uniform(d.b * hq * dim, -2.0, 2.0, seed ^ 1).into_iter().map(|x| d.dtype.bits(x)).collect();
-        let k = contiguous_cache(&d, &lens, seed ^ 2);
-        let v = contiguous_cache(&d, &lens, seed ^ 3);
-        let slopes = s.alibi.then(|| alibi_slopes(hq));
-        let checked = checked_seqs(d.b);
-        let qf: Vec<f32> = q.iter().map(|&x| d.dtype.value(x)).collect();
-        let row = |c: &[u16], b: usize, t: usize, kvh: usize, out: &mut [f64]| {
-            let i = ((b * d.tmax + t) * hkv + kvh) * dim;
-            out.iter_mut().zip(&c[i..i + dim]).for_each(|(o, &x)| *o = d.dtype.value(x) as f64);
-        };
-        let reference = reference(
-            d.heads,
-            &qf,
-            &lens,
-            &checked,
-            slopes.as_deref(),
-            |b, t, h, o| row(&k, b, t, h, o),
-            |b, t, h, o| row(&v, b, t, h, o),
-        );
+        let ContiguousInputs { q, k, v, slopes, checked, reference } = ContiguousInputs::new(&d, &lens, s.alibi, seed);
         let (kp, vp, tables) = paged_from_contiguous(&d, &k, &v, &lens, 3 + d.b / 4, seed ^ 4);
         let per_copy = 2 * 2 * (k.len() + kp.len()) + 2 * 2 * q.len();
         let copies = rotation_copies(gpu, per_copy as u64);
         let paged = (0..copies)
             .map(|_| PagedCache::new(gpu, &kp, &vp, &tables, d.b, d.block_size, d.heads))
             .collect::<Result<_>>()?;
-        let alibi = match &slopes {
-            Some(sl) => Some(gpu.upload(&sl.iter().map(|&x| x as f32).collect::<Vec<f32>>())?),
-            None => None,
-        };
+        let alibi = upload_slopes(gpu, slopes.as_deref())?;
         Ok(DecodeProblem {
             s,
             lens: SeqLens::new(gpu, &lens, d.tmax)?,

@@ -9,7 +9,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, uniform};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
@@ -78,9 +78,8 @@ impl Cells {
     pub fn set(&mut self, gpu: &Gpu, cells: &[(usize, usize)]) -> Result<()> {
         let fresh = Cells::upload(gpu, cells, self.b, self.tmax)?;
         require_len("cells", cells.len(), self.seq.len())?;
-        let copy = |dst: &mut CudaSlice<i32>, src: &CudaSlice<i32>| {
-            gpu.stream().memcpy_dtod(src, dst).map_err(|e| Error::Driver { context: "copy cells".into(), source: e })
-        };
+        let copy =
+            |dst: &mut CudaSlice<i32>, src: &CudaSlice<i32>| gpu.stream().memcpy_dtod(src, dst).ctx("copy cells");
         copy(&mut self.seq, &fresh.seq)?;
         copy(&mut self.pos, &fresh.pos)
     }

@@ -22,15 +22,14 @@ use std::sync::Arc;
 
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
-use common::data::uniform;
 use common::timing::{self, TimingConfig};
 use common::{
-    copy_htod_2d, require, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    copy_htod_2d, require, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::decode::{
-    self, alibi_slopes, contiguous_cache, reference, DecodeArgs, DecodeDims, Dtype, Heads, HostCache, KvCache, SeqLens,
+    self, upload_slopes, ContiguousInputs, DecodeArgs, DecodeDims, Dtype, Heads, HostCache, KvCache, SeqLens,
 };
 use crate::{FAMILY, SOURCES};
 
@@ -276,7 +275,7 @@ impl Prepared {
             Stage::Whole { k, v, lens, decode, pinned } => {
                 if copies {
                     let (sk, sv) = if *pinned {
-                        (pk.as_ptr().map_err(drv)?, pv.as_ptr().map_err(drv)?)
+                        (pk.as_ptr().ctx("host cache")?, pv.as_ptr().ctx("host cache")?)
                     } else {
                         (a.cache.k.as_ptr(), a.cache.v.as_ptr())
                     };
@@ -305,15 +304,16 @@ impl Prepared {
                 }
             }
             Stage::Chunked { chunks, merge } => {
-                let (sk, sv) = (pk.as_ptr().map_err(drv)? as *const u8, pv.as_ptr().map_err(drv)? as *const u8);
+                let (sk, sv) =
+                    (pk.as_ptr().ctx("host cache")? as *const u8, pv.as_ptr().ctx("host cache")? as *const u8);
                 // All copies first, each chunk's after the previous chunk's: copies on several
                 // streams at once would share the link and all finish together, so no chunk could
                 // start computing early. The decodes are enqueued after, so each join below waits
                 // for the previous chunk's copies only.
                 for i in 0..chunks.len() {
-                    chunks[i].stream.join(stream).map_err(drv)?;
+                    chunks[i].stream.join(stream).ctx("host cache")?;
                     if i > 0 && copies {
-                        chunks[i].stream.join(&chunks[i - 1].stream).map_err(drv)?;
+                        chunks[i].stream.join(&chunks[i - 1].stream).ctx("host cache")?;
                     }
                     let c = &chunks[i];
                     if copies {
@@ -341,7 +341,7 @@ impl Prepared {
                         };
                         c.decode.enqueue(&c.stream, args)?;
                     }
-                    stream.join(&c.stream).map_err(drv)?;
+                    stream.join(&c.stream).ctx("host cache")?;
                 }
                 if kernels {
                     // The chunks' addresses by value, as the kernel's OffloadChunks struct.
@@ -385,10 +385,6 @@ impl MergeChunks {
         }
         m
     }
-}
-
-fn drv(e: common::cudarc::driver::DriverError) -> Error {
-    Error::Driver { context: "host cache".into(), source: e }
 }
 
 impl PreparedStage for Prepared {
@@ -511,31 +507,10 @@ impl OffloadProblem {
         require(n.is_some_and(|n| n < 1 << 32), "B * seq * HKV * D < 2^32 (the problem's host memory)", || {
             format!("B = {}, seq = {}", d.b, d.seq)
         })?;
-        let dd = d.decode(d.seq);
         let lens = vec![d.seq; d.b];
-        let q: Vec<u16> = uniform(d.b * hq * dim, -2.0, 2.0, seed ^ 1).into_iter().map(|x| dd.dtype.bits(x)).collect();
-        let k = contiguous_cache(&dd, &lens, seed ^ 2);
-        let v = contiguous_cache(&dd, &lens, seed ^ 3);
-        let slopes = s.alibi.then(|| alibi_slopes(hq));
-        let checked = decode::checked_seqs(d.b);
-        let qf: Vec<f32> = q.iter().map(|&x| dd.dtype.value(x)).collect();
-        let row = |c: &[u16], b: usize, t: usize, kvh: usize, out: &mut [f64]| {
-            let i = ((b * d.seq + t) * hkv + kvh) * dim;
-            out.iter_mut().zip(&c[i..i + dim]).for_each(|(o, &x)| *o = dd.dtype.value(x) as f64);
-        };
-        let reference = reference(
-            d.heads,
-            &qf,
-            &lens,
-            &checked,
-            slopes.as_deref(),
-            |b, t, h, o| row(&k, b, t, h, o),
-            |b, t, h, o| row(&v, b, t, h, o),
-        );
-        let alibi = match &slopes {
-            Some(sl) => Some(gpu.upload(&sl.iter().map(|&x| x as f32).collect::<Vec<f32>>())?),
-            None => None,
-        };
+        let ContiguousInputs { q, k, v, slopes, checked, reference } =
+            ContiguousInputs::new(&d.decode(d.seq), &lens, s.alibi, seed);
+        let alibi = upload_slopes(gpu, slopes.as_deref())?;
         let pinned = HostCache::new(gpu, &k, &v)?;
         Ok(OffloadProblem {
             s,

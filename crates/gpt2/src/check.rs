@@ -11,6 +11,7 @@ use std::path::Path;
 use common::{Error, Gpu, Result};
 use serde::Deserialize;
 
+use crate::generate::argmax;
 use crate::model::{Config, Model, Plan, Weights};
 
 #[derive(Deserialize)]
@@ -63,17 +64,15 @@ fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
     Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
+/// Relative L2 error of `got` against `want` (common's comparison); NaN if any value is not finite.
 fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    if got.iter().any(|x| !x.is_finite()) {
-        return f64::NAN;
+    let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
+    let e = common::check::compare("logits", got, &want);
+    if e.non_finite > 0 {
+        f64::NAN
+    } else {
+        e.rel_l2
     }
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
-
-fn argmax(row: &[f32]) -> i32 {
-    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as i32
 }
 
 /// Loads the reference directory's weights into the model of `plan` and compares. With `kv_cache`

@@ -4,7 +4,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use rand::Rng;
@@ -61,9 +61,7 @@ impl TokenIds {
     pub fn set(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<()> {
         require_len("tokens", ids.len(), self.ids.len())?;
         let fresh = TokenIds::upload(gpu, ids, self.vocab)?;
-        gpu.stream()
-            .memcpy_dtod(&fresh.ids, &mut self.ids)
-            .map_err(|e| Error::Driver { context: "copy token ids".into(), source: e })
+        gpu.stream().memcpy_dtod(&fresh.ids, &mut self.ids).ctx("copy token ids")
     }
 
     pub fn is_empty(&self) -> bool {
@@ -89,9 +87,7 @@ impl Positions {
     pub fn set(&mut self, gpu: &Gpu, pos: &[usize]) -> Result<()> {
         require_len("positions", pos.len(), self.pos.len())?;
         let fresh = Positions::upload(gpu, pos, self.max_t)?;
-        gpu.stream()
-            .memcpy_dtod(&fresh.pos, &mut self.pos)
-            .map_err(|e| Error::Driver { context: "copy positions".into(), source: e })
+        gpu.stream().memcpy_dtod(&fresh.pos, &mut self.pos).ctx("copy positions")
     }
 }
 

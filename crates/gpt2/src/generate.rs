@@ -42,6 +42,11 @@ impl Tokenizer {
     }
 }
 
+/// The index of the largest logit (the first one on a tie): the greedy token.
+pub fn argmax(row: &[f32]) -> i32 {
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as i32
+}
+
 /// How the next token is drawn from a row of logits.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampling {
@@ -80,10 +85,8 @@ impl Sampler {
 
     /// The next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> i32 {
-        let argmax =
-            || logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0;
         if self.s.temperature == 0.0 {
-            return argmax() as i32;
+            return argmax(logits);
         }
         let mut order: Vec<usize> = (0..logits.len()).collect();
         order.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));

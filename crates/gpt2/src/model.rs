@@ -13,7 +13,7 @@ use std::path::Path;
 
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::uniform;
-use common::{require, Error, Gpu, Op, Result, Variant};
+use common::{require, DriverContext, Error, Gpu, Op, Result, Variant};
 
 use attention::decode::{
     self as attn_decode, Decode, DecodeArgs, DecodeDims, Dtype, Heads, KvCache as CacheRef, SeqLens,
@@ -372,6 +372,26 @@ struct Activations {
     logits: CudaSlice<f32>,
 }
 
+impl Activations {
+    /// For `rows` token positions (B·T in the prefill, B in a decode step).
+    fn new(gpu: &Gpu, cfg: &Config, rows: usize) -> Result<Activations> {
+        let c = cfg.c;
+        Ok(Activations {
+            x: gpu.zeros(rows * c)?,
+            ln: gpu.zeros(rows * c)?,
+            mean: gpu.zeros(rows)?,
+            rstd: gpu.zeros(rows)?,
+            qkv: gpu.zeros(rows * 3 * c)?,
+            att: gpu.zeros(rows * c)?,
+            att_lse: gpu.zeros(rows * cfg.heads)?,
+            proj: gpu.zeros(rows * c)?,
+            fc: gpu.zeros(rows * 4 * c)?,
+            gelu: gpu.zeros(rows * 4 * c)?,
+            logits: gpu.zeros(rows * cfg.vocab)?,
+        })
+    }
+}
+
 /// GPT-2 on the device with a plan.
 pub struct Model {
     pub cfg: Config,
@@ -438,19 +458,7 @@ impl Model {
             attention: prefill::prepare(gpu, &p.attention, PrefillDims { dims: ad, window: t })?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, m * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, m * c)?,
-            acts: Activations {
-                x: gpu.zeros(m * c)?,
-                ln: gpu.zeros(m * c)?,
-                mean: gpu.zeros(m)?,
-                rstd: gpu.zeros(m)?,
-                qkv: gpu.zeros(m * 3 * c)?,
-                att: gpu.zeros(m * c)?,
-                att_lse: gpu.zeros(b * cfg.heads * t)?,
-                proj: gpu.zeros(m * c)?,
-                fc: gpu.zeros(m * 4 * c)?,
-                gelu: gpu.zeros(m * 4 * c)?,
-                logits: gpu.zeros(m * cfg.vocab)?,
-            },
+            acts: Activations::new(gpu, &cfg, m)?,
         };
         self.prepared.insert((b, t), prepared);
         Ok(())
@@ -471,9 +479,7 @@ impl Model {
         let mut out = vec![0f32; b * v];
         for (i, row) in out.chunks_mut(v).enumerate() {
             let off = (i * t + t - 1) * v;
-            gpu.stream()
-                .memcpy_dtoh(&logits.slice(off..off + v), row)
-                .map_err(|e| Error::Driver { context: "copy logits to host".into(), source: e })?;
+            gpu.stream().memcpy_dtoh(&logits.slice(off..off + v), row).ctx("copy logits to host")?;
         }
         gpu.synchronize()?;
         Ok(out)
@@ -663,9 +669,7 @@ impl Model {
         let v = self.cfg.vocab;
         let logits = &self.prepared[&(1, t)].acts.logits;
         let mut out = vec![0f32; v];
-        gpu.stream()
-            .memcpy_dtoh(&logits.slice((t - 1) * v..t * v), &mut out)
-            .map_err(|e| Error::Driver { context: "copy logits to host".into(), source: e })?;
+        gpu.stream().memcpy_dtoh(&logits.slice((t - 1) * v..t * v), &mut out).ctx("copy logits to host")?;
         gpu.synchronize()?;
         Ok(out)
     }
@@ -696,19 +700,7 @@ impl Model {
             attention: attn_decode::prepare(gpu, &p.decode, dd)?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, b * c)?,
-            acts: Activations {
-                x: gpu.zeros(b * c)?,
-                ln: gpu.zeros(b * c)?,
-                mean: gpu.zeros(b)?,
-                rstd: gpu.zeros(b)?,
-                qkv: gpu.zeros(b * 3 * c)?,
-                att: gpu.zeros(b * c)?,
-                att_lse: gpu.zeros(b * cfg.heads)?,
-                proj: gpu.zeros(b * c)?,
-                fc: gpu.zeros(b * 4 * c)?,
-                gelu: gpu.zeros(b * 4 * c)?,
-                logits: gpu.zeros(b * cfg.vocab)?,
-            },
+            acts: Activations::new(gpu, &cfg, b)?,
             q16: gpu.zeros(b * c)?,
             att16: gpu.zeros(b * c)?,
             ids: TokenIds::upload(gpu, &vec![0; b], cfg.vocab)?,
@@ -752,7 +744,7 @@ impl Model {
                 op.graph = Some((key, g));
             }
             let (_, g) = op.graph.as_ref().expect("captured above");
-            g.launch().map_err(|e| Error::Driver { context: "launch the decode graph".into(), source: e })?;
+            g.launch().ctx("launch the decode graph")?;
         } else {
             enqueue_decode(&s, w, w16, op, cache)?;
         }

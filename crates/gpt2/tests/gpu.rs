@@ -10,13 +10,12 @@ use gpt2::pointwise::{Gelu, Residual};
 
 /// Relative L2 error of `got` against `want`; NaN if any value is not finite.
 fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    if got.iter().any(|x| !x.is_finite()) {
-        return f64::NAN;
+    let e = common::check::compare("logits", got, want);
+    if e.non_finite > 0 {
+        f64::NAN
+    } else {
+        e.rel_l2
     }
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    (num / den).sqrt()
 }
 
 fn main() -> std::process::ExitCode {
