@@ -70,7 +70,8 @@ for s in "$@"; do
         fam=${arg%%:*}
         extra=""
         [ "$fam" != "$arg" ] && extra=${arg#*:}
-        step "tables-$fam" 300 "$(tables "$fam" $extra)"
+        # The extra arguments name the log, so several tables steps of one family keep their logs.
+        step "tables-$fam$(printf '%s' "${extra:+-$extra}" | tr -c 'A-Za-z0-9=.-' '_')" 300 "$(tables "$fam" $extra)"
         ;;
     loo:*) step "tables-$arg-loo" 300 "$(tables "$arg" --leave-one-out)" ;;
     benches*)

@@ -112,6 +112,9 @@ enum Command {
         /// key=value,... overriding the op's first default shape (e.g. rows=4096,C=768).
         #[arg(long)]
         shape: Option<String>,
+        /// key=value,... applied to every default shape (e.g. `alibi=1`: the whole table with ALiBi).
+        #[arg(long, conflicts_with = "shape")]
+        each: Option<String>,
         /// Stage range `a..b` (inclusive) or one stage `a`.
         #[arg(long, value_parser = parse_stages)]
         stages: Option<(u32, u32)>,
@@ -397,7 +400,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { family, op, shape, stages, leave_one_out, format, out, anchors, graph, quick, seed } => {
+        Command::Run { family, op, shape, each, stages, leave_one_out, format, out, anchors, graph, quick, seed } => {
             let format = Format::from(format);
             let families =
                 if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
@@ -410,6 +413,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 }
             }
             let overrides = shape.as_deref().map(Shape::parse).transpose()?;
+            let each = each.as_deref().map(Shape::parse).transpose()?;
             let anchors: Vec<Anchor> = match anchors {
                 Some(path) => read_anchors(&path)?,
                 None => Vec::new(),
@@ -423,9 +427,12 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             // that no selected stage can take is an error naming each stage's constraint.
             let mut plan = Vec::new();
             for op in &ops {
-                let shapes = match &overrides {
-                    Some(o) => vec![op.default_shapes()[0].overlay(o, op.shape_keys())?],
-                    None => op.default_shapes(),
+                let shapes = match (&overrides, &each) {
+                    (Some(o), _) => vec![op.default_shapes()[0].overlay(o, op.shape_keys())?],
+                    (None, Some(o)) => {
+                        op.default_shapes().iter().map(|s| s.overlay(o, op.shape_keys())).collect::<Result<_, _>>()?
+                    }
+                    (None, None) => op.default_shapes(),
                 };
                 let variants = common::runner::select_variants(*op, &opts)?;
                 for s in &shapes {
