@@ -2,7 +2,7 @@
 """Times the PyTorch equivalents of kernel-ladder's ops at the families' default shapes and writes
 JSON that `ladder run --anchors FILE` shows as extra rows. Needs only torch with CUDA.
 
-    python3 scripts/anchors.py --out anchors.json [--family norm,attention,attention-decode,quant-int4]
+    python3 scripts/anchors.py --out anchors.json [--family norm,attention,attention-decode,quant-int4,gpt2]
 
 Timing mirrors the harness: CUDA events around each call after warm-up, the median (with min and
 max) of many calls, rotating through enough copies of the inputs that they do not sit in L2.
@@ -140,16 +140,107 @@ def quant_int4():
     return out
 
 
+def gpt2():
+    """Hugging Face's GPT-2 124M (seeded random init, no download) at the model table's shapes:
+    the prefill of B=4 x 1024 tokens (fp16 and fp32), and one decode step at batch 1, 8 and 32 from
+    a 1000-token cache, timed on the host clock around the step with the last position's logits
+    copied to the host (as `ladder run gpt2 --op model` times its own): eager with the dynamic
+    cache in fp32 and bf16, and a static cache with `torch.compile(mode="reduce-overhead")` (CUDA
+    graphs) in bf16. Shapes are `prefill B=4,T=1024` and `decode b=N`."""
+    import time
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    out = []
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
+    base = GPT2LMHeadModel(cfg).eval().cuda()
+
+    def entry(shape, name, samples):
+        samples = sorted(samples)
+        n = len(samples)
+        med = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
+        print(f"gpt2/model {shape} {name}: {med:.3f} ms")
+        return dict(family="gpt2", op="model", shape=shape, name=name, median_ms=med, min_ms=samples[0], max_ms=samples[-1])
+
+    for dtype, label in [(torch.float16, "fp16"), (torch.float32, "fp32")]:
+        m = base.to(dtype)
+        ids = [torch.randint(0, 50257, (4, 1024), device="cuda") for _ in range(3)]
+        with torch.no_grad():
+            med, lo, hi = time_fn([lambda x=x: m(x, use_cache=False) for x in ids], target_ms=500.0, min_reps=5)
+        out.append(dict(family="gpt2", op="model", shape="prefill B=4,T=1024", name=f"HF eager {label}",
+                        median_ms=med, min_ms=lo, max_ms=hi))
+        print(f"gpt2/model prefill HF eager {label}: {med:.2f} ms")
+
+    start, steps, warm = 1000, 20, 3
+
+    def decode(m, b, step_fn, prefill_fn):
+        tok = torch.randint(0, 50257, (b, 1), device="cuda")
+        state = prefill_fn(torch.randint(0, 50257, (b, start), device="cuda"))
+        samples = []
+        for i in range(warm + steps):
+            t0 = time.perf_counter()
+            logits, state = step_fn(tok, start + i, state)
+            logits[:, -1, :].float().cpu()
+            if i >= warm:
+                samples.append((time.perf_counter() - t0) * 1e3)
+        return samples
+
+    for dtype, label in [(torch.float32, "fp32"), (torch.bfloat16, "bf16")]:
+        m = base.to(dtype)
+        for b in [1, 8, 32]:
+            def prefill(x):
+                with torch.no_grad():
+                    return m(x, use_cache=True).past_key_values
+
+            def step(tok, pos, past):
+                with torch.no_grad():
+                    o = m(tok, past_key_values=past, use_cache=True)
+                return o.logits, o.past_key_values
+            out.append(entry(f"decode b={b}", f"HF eager {label}", decode(m, b, step, prefill)))
+
+    # Static cache + torch.compile(mode="reduce-overhead"): the decode step replayed as CUDA graphs.
+    m = base.to(torch.bfloat16)
+    try:
+        from transformers import StaticCache
+        for b in [1, 8, 32]:
+            try:
+                cache = StaticCache(config=cfg, max_batch_size=b, max_cache_len=1024, device="cuda", dtype=torch.bfloat16)
+            except TypeError:
+                cache = StaticCache(config=cfg, max_cache_len=1024)
+
+            def fwd(tok, pos):
+                return m(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+            compiled = torch.compile(fwd, mode="reduce-overhead")
+
+            def prefill(x):
+                with torch.no_grad():
+                    m(x, past_key_values=cache, cache_position=torch.arange(start, device="cuda"), use_cache=True)
+                return None
+
+            def step(tok, pos, state):
+                with torch.no_grad():
+                    logits = compiled(tok, torch.tensor([pos], device="cuda"))
+                return logits.clone(), state
+            t0 = time.perf_counter()
+            samples = decode(m, b, step, prefill)
+            print(f"  (static+compile b={b}: {time.perf_counter() - t0:.1f} s with compilation)")
+            out.append(entry(f"decode b={b}", "HF static cache + torch.compile reduce-overhead bf16", samples))
+    except Exception as e:  # noqa: BLE001 - report and keep the other anchors
+        print(f"HF static cache + torch.compile: not available ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--family", default="norm,attention,attention-decode,quant-int4")
+    p.add_argument("--family", default="norm,attention,attention-decode,quant-int4,gpt2")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     anchors = []
     for fam in args.family.split(","):
         anchors += {"norm": norm, "attention": attention, "attention-decode": attention_decode,
-                    "quant-int4": quant_int4}[fam]()
+                    "quant-int4": quant_int4, "gpt2": gpt2}[fam]()
     dev = torch.cuda.get_device_name(0)
     with open(args.out, "w") as f:
         json.dump({"device": dev, "torch": torch.__version__, "anchors": anchors}, f, indent=1)

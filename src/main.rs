@@ -10,6 +10,7 @@ use common::report::{render, Format};
 use common::runner::{run_op, Anchor, Progress, RunOptions, Status, Table};
 use common::timing::TimingConfig;
 use common::{Error, Gpu, Op, Shape, Source};
+use gpt2::table::TableOptions;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// `--format`: how tables are printed.
@@ -138,6 +139,10 @@ enum Command {
         /// Fixed input seed (default: fresh).
         #[arg(long)]
         seed: Option<u64>,
+        /// gpt2's model table (`--op model`, or the family without --op): these plans, each
+        /// optionally with op=stage overrides after a colon (default: every named plan).
+        #[arg(long, num_args = 1..)]
+        plan: Vec<String>,
     },
 }
 
@@ -252,8 +257,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let sampling = Sampling { temperature, top_k, top_p, seed };
             sampling.check()?;
             let cfg = Config::by_name(&model)?;
-            let (name, overrides) = plan.split_once(':').unwrap_or((&plan, ""));
-            let plan = Plan::named(name)?.with_overrides(overrides)?;
+            Plan::check_spec(&plan)?;
             let tok = Tokenizer::new()?;
             let one: Vec<Vec<i32>> = prompt.iter().map(|p| tok.encode(p)).collect();
             let prompts: Vec<Vec<i32>> = (0..batch.max(1)).flat_map(|_| one.iter().cloned()).collect();
@@ -262,6 +266,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 None => Weights::random(&cfg, seed),
             };
             let gpu = Gpu::open()?;
+            let plan = Plan::resolve(&gpu, &cfg, &plan, &mut |op| eprintln!("choosing the fastest stages: {op}"))?;
             let mut m = Model::new(&gpu, cfg, &w, plan)?;
             m.set_graph(graph);
             eprintln!("generating {max_new_tokens} tokens after {} prompt(s), plan {}", prompts.len(), m.plan.name);
@@ -288,18 +293,17 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Gpt2 { command: Gpt2Command::Check { reference, plan, kv_cache, graph } } => {
+            plan.iter().try_for_each(|p| gpt2::model::Plan::check_spec(p))?;
             let gpu = Gpu::open()?;
             let mut ok = true;
             for spec in plan {
-                let (name, overrides) = spec.split_once(':').unwrap_or((&spec, ""));
-                let plan = gpt2::model::Plan::named(name)?.with_overrides(overrides)?;
                 let modes: &[(bool, bool)] = match (kv_cache, graph) {
                     (true, true) => &[(false, false), (true, false), (true, true)],
                     (true, false) => &[(false, false), (true, false)],
                     _ => &[(false, false)],
                 };
                 for &(cached, graphed) in modes {
-                    let r = gpt2::check::check(&gpu, &reference, plan.clone(), cached, graphed)?;
+                    let r = gpt2::check::check(&gpu, &reference, &spec, cached, graphed)?;
                     let agree = r.tokens.iter().zip(&r.reference_tokens).all(|(a, b)| a == b);
                     println!(
                         "plan {:<24} prefill logits rel L2 {:.2e}  greedy-step logits rel L2 (worst) {:.2e}  \
@@ -346,9 +350,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             if remeasure {
                 std::env::set_var("LADDER_REMEASURE", "1");
             }
-            let spinner = spinner("measuring ceilings (first run on this device)");
+            let measuring = spinner("measuring ceilings (first run on this device)");
             let ceilings = Ceilings::get(&gpu);
-            spinner.finish_and_clear();
+            measuring.finish_and_clear();
             let ceilings = ceilings?;
             let info = gpu.info();
             if format == Format::Json {
@@ -400,12 +404,30 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { family, op, shape, each, stages, leave_one_out, format, out, anchors, graph, quick, seed } => {
+        Command::Run {
+            family,
+            op,
+            shape,
+            each,
+            stages,
+            leave_one_out,
+            format,
+            out,
+            anchors,
+            graph,
+            quick,
+            seed,
+            plan: plans,
+        } => {
             let format = Format::from(format);
             let families =
                 if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
             let mut ops: Vec<&'static dyn Op> = families.iter().flat_map(|f| f.ops()).collect();
-            if let Some(name) = &op {
+            // gpt2's model-level table: `--op model`, or after gpt2's op ladders when no op is named.
+            let model_table = family == gpt2::FAMILY && op.as_deref().is_none_or(|o| o == "model");
+            if op.as_deref() == Some("model") && model_table {
+                ops.clear();
+            } else if let Some(name) = &op {
                 let known: Vec<&str> = ops.iter().map(|o| o.name()).collect();
                 ops.retain(|o| o.name() == name);
                 if ops.is_empty() {
@@ -444,10 +466,11 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 plan.push((*op, shapes));
             }
 
+            plans.iter().try_for_each(|p| gpt2::model::Plan::check_spec(p))?;
             let gpu = Gpu::open()?;
-            let spinner = spinner("measuring ceilings (first run on this device)");
+            let measuring = spinner("measuring ceilings (first run on this device)");
             let ceilings = Ceilings::get(&gpu);
-            spinner.finish_and_clear();
+            measuring.finish_and_clear();
             let ceilings = ceilings?;
             let total: usize = plan
                 .iter()
@@ -492,6 +515,38 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 }
             }
             bar.finish_and_clear();
+            if model_table {
+                let opts = TableOptions {
+                    plans: if plans.is_empty() { TableOptions::default().plans } else { plans },
+                    leave_one_out: true,
+                    quick,
+                    ..TableOptions::default()
+                };
+                let bar = spinner("gpt2/model");
+                let mut table = gpt2::table::model_table(&gpu, gpt2::model::Config::GPT2, &opts, &mut |m| {
+                    bar.set_message(format!("gpt2/model: {m}"))
+                })?;
+                bar.finish_and_clear();
+                table.anchors =
+                    anchors.iter().filter(|a| a.family == gpt2::FAMILY && a.op == "model").cloned().collect();
+                failed += table.failures();
+                let md = table.markdown();
+                println!(
+                    "{}",
+                    if format == Format::Json {
+                        serde_json::to_string_pretty(&table).unwrap_or_default()
+                    } else {
+                        md.clone()
+                    }
+                );
+                if let Some(dir) = &out {
+                    let io = |source| Error::Io { context: format!("writing into {}", dir.display()), source };
+                    std::fs::create_dir_all(dir).map_err(io)?;
+                    std::fs::write(dir.join("gpt2-model.md"), &md).map_err(io)?;
+                    let json = serde_json::to_vec_pretty(&table).unwrap_or_default();
+                    std::fs::write(dir.join("gpt2-model.json"), json).map_err(io)?;
+                }
+            }
             if failed > 0 {
                 eprintln!("{failed} stage(s) FAILED verification or launch");
                 return Ok(ExitCode::FAILURE);

@@ -285,6 +285,11 @@ impl Plan {
     }
 }
 
+/// Which cache layout stage `v` of this op reads (a plan that holds one layout picks by this).
+pub fn layout_of(v: &Variant) -> Result<Layout> {
+    Ok(v.plan::<Plan>()?.layout())
+}
+
 fn stages() -> Vec<Variant> {
     let k = |stage, name, file, plan: Plan, summary| {
         Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)

@@ -63,7 +63,8 @@ impl Ceilings {
 
     pub fn measure(gpu: &Gpu) -> Result<Ceilings> {
         let info = gpu.info();
-        let cfg = TimingConfig { target_ms: 200.0, min_reps: 10, max_reps: 100, warmup_ms: 20.0, graph: false };
+        let cfg =
+            TimingConfig { target_ms: 200.0, min_reps: 10, max_reps: 100, warmup_ms: 20.0, ..TimingConfig::default() };
 
         // Copy: 1 GiB (or an eighth of memory) each way, far beyond L2.
         let copy_bytes = (1u64 << 30).min(info.total_memory_bytes / 8) & !255;

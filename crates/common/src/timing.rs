@@ -19,19 +19,29 @@ pub struct TimingConfig {
     pub max_reps: usize,
     /// Warm-up runs are added until this much time has passed (at least one).
     pub warmup_ms: f64,
+    /// A first warm-up run longer than this is the measurement itself (one sample): a run of
+    /// seconds (the naive stages at model size) is not worth repeating to rank it.
+    pub once_above_ms: f64,
     pub graph: bool,
 }
 
 impl Default for TimingConfig {
     fn default() -> Self {
-        TimingConfig { target_ms: 300.0, min_reps: 10, max_reps: 500, warmup_ms: 30.0, graph: false }
+        TimingConfig {
+            target_ms: 300.0,
+            min_reps: 10,
+            max_reps: 500,
+            warmup_ms: 30.0,
+            once_above_ms: f64::INFINITY,
+            graph: false,
+        }
     }
 }
 
 impl TimingConfig {
     /// Fewer, shorter repetitions: for smoke runs and tests of the harness itself.
     pub fn quick() -> Self {
-        TimingConfig { target_ms: 20.0, min_reps: 3, max_reps: 20, warmup_ms: 2.0, graph: false }
+        TimingConfig { target_ms: 20.0, min_reps: 3, max_reps: 20, warmup_ms: 2.0, ..TimingConfig::default() }
     }
 }
 
@@ -104,6 +114,9 @@ fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(u
         warm_ms += estimate.max(1e-3);
         warm_runs += 1;
         copy += 1;
+        if warm_runs == 1 && estimate > cfg.once_above_ms {
+            return Ok(Timing { last_copy: (copy - 1) % copies, ..Timing::from_samples(&mut [estimate]) });
+        }
         if warm_runs >= 1000 {
             break;
         }

@@ -78,8 +78,9 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
 /// Loads the reference directory's weights into the model of `plan` and compares. With `kv_cache`
 /// the greedy steps run through the KV cache (bf16, the decode ladder's), held to 2e-2 and the
 /// first token; without it each step recomputes the prefix at the plan's own tolerance.
-/// With `graph` (and `kv_cache`) the decode steps replay a captured CUDA graph.
-pub fn check(gpu: &Gpu, dir: &Path, plan: Plan, kv_cache: bool, graph: bool) -> Result<Report> {
+/// With `graph` (and `kv_cache`) the decode steps replay a captured CUDA graph. `plan` is a spec for
+/// [`Plan::resolve`] (`fastest` is chosen for the reference's config).
+pub fn check(gpu: &Gpu, dir: &Path, plan: &str, kv_cache: bool, graph: bool) -> Result<Report> {
     let meta: Meta = serde_json::from_slice(
         &std::fs::read(dir.join("meta.json"))
             .map_err(|e| Error::Io { context: format!("read {}/meta.json", dir.display()), source: e })?,
@@ -87,6 +88,7 @@ pub fn check(gpu: &Gpu, dir: &Path, plan: Plan, kv_cache: bool, graph: bool) -> 
     .map_err(|e| Error::constraint("meta.json as scripts/gpt2_reference.py writes it", e.to_string()))?;
     let cfg = Config::by_name(&meta.model)?;
     let weights = Weights::load(&dir.join("model.safetensors"), &cfg)?;
+    let plan = Plan::resolve(gpu, &cfg, plan, &mut |op| eprintln!("choosing the fastest stages: {op}"))?;
     let (tolerance, must_agree) = if kv_cache { (2e-2, 1) } else { tolerance(&plan) };
     let name = format!(
         "{}{}",

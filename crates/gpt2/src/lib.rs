@@ -6,9 +6,11 @@ use common::{Family, Op, Sources};
 
 pub mod check;
 pub mod encoder;
+pub mod fastest;
 pub mod generate;
 pub mod model;
 pub mod pointwise;
+pub mod table;
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));

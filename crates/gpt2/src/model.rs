@@ -13,10 +13,11 @@ use std::path::Path;
 
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::uniform;
+use common::timing::{Timing, TimingConfig};
 use common::{require, DriverContext, Error, Gpu, Op, Result, Variant};
 
 use attention::decode::{
-    self as attn_decode, Decode, DecodeArgs, DecodeDims, Dtype, Heads, KvCache as CacheRef, SeqLens,
+    self as attn_decode, Decode, DecodeArgs, DecodeDims, Dtype, Heads, KvCache as CacheRef, Layout, SeqLens,
 };
 use attention::kv_append::{self, Cells, KvAppend, KvAppendArgs, KvAppendDims};
 use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
@@ -61,6 +62,11 @@ impl Config {
 
     pub fn head_size(&self) -> usize {
         self.c / self.heads
+    }
+
+    /// Every dimension in one word (`L12-H12-C768-V50257-T1024`), for file names and tables.
+    pub fn key(&self) -> String {
+        format!("L{}-H{}-C{}-V{}-T{}", self.layers, self.heads, self.c, self.vocab, self.max_t)
     }
 }
 
@@ -270,25 +276,90 @@ fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
     })
 }
 
+/// The named plans, in the model table's order. `fastest` and `fastest-bf16` are chosen on the
+/// device ([`Plan::resolve`]); the others are fixed.
+pub const PLAN_NAMES: [&str; 7] = ["naive", "report", "fp32", "cublas", "cublas-gemv", "fastest", "fastest-bf16"];
+
 impl Plan {
     /// - `naive`: stage 0 of every op;
+    /// - `report`: the stages the report's model ended with, where a ladder has them: its
+    ///   block-reduction LayerNorm, cuBLAS fp32 GEMMs, its tuned FlashAttention-2, elementwise GELU
+    ///   and residual kernels (it fused them into its bias kernel; the model does not fuse yet), and
+    ///   its attention kernels run on the one query of a decode step (decode stage 0);
     /// - `fp32`: our fastest fp32 stage of every op, no tensor cores in the prefill (the plan that
     ///   must match Hugging Face to 1e-4);
     /// - `cublas`: `fp32` with cuBLAS fp32 for every linear;
     /// - `cublas-gemv`: cuBLAS TF32 for the prefill's linears, and the decode step's linears as
     ///   our GEMV on bf16 weights.
+    ///
+    /// `fastest` and `fastest-bf16` need the device: see [`Plan::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
         let stages: [u32; 9] = match name {
             "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF],
+            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF],
             "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF],
             "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF],
             "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1],
-            _ => return Err(Error::constraint("plan in {naive, fp32, cublas, cublas-gemv}", format!("'{name}'"))),
+            "fastest" | "fastest-bf16" => {
+                return Err(Error::constraint(
+                    "a device to choose the fastest stages on (Plan::resolve)",
+                    format!("'{name}' without one"),
+                ))
+            }
+            _ => return Err(Error::constraint(format!("plan in {PLAN_NAMES:?}"), format!("'{name}'"))),
         };
         Plan::from_stages(name, stages)
     }
 
+    /// `NAME[:op=stage,...]`: a named plan with overrides. `fastest` is, for each op, the stage that
+    /// ran fastest at this model's shapes on this device (the ladders run once, then the choice is
+    /// cached; `crate::fastest`), with the decode step's linears on the plan's `linear`;
+    /// `fastest-bf16` adds the fastest GEMV on bf16 weights for them.
+    pub fn resolve(gpu: &Gpu, cfg: &Config, spec: &str, progress: &mut dyn FnMut(&str)) -> Result<Plan> {
+        let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+        let plan = match name {
+            "fastest" | "fastest-bf16" => {
+                let mut stages = crate::fastest::selection(gpu, cfg, false, progress)?.stages();
+                if name == "fastest" {
+                    stages[8] = OFF;
+                }
+                Plan::from_stages(name, stages)?
+            }
+            _ => Plan::named(name)?,
+        };
+        plan.with_overrides(overrides)
+    }
+
+    /// Checks `NAME[:op=stage,...]` without a device: a known name, overrides that name ops and
+    /// stages (for `fastest`, checked against stage 0's plan; the chosen stages come later).
+    pub fn check_spec(spec: &str) -> Result<()> {
+        let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+        let base = if name.starts_with("fastest") && PLAN_NAMES.contains(&name) { "naive" } else { name };
+        Plan::named(base)?.with_overrides(overrides).map(|_| ())
+    }
+
+    /// The stage of each op of [`PLAN_OPS`] (`u32::MAX`: off).
+    pub fn stages(&self) -> [u32; 9] {
+        [
+            self.encoder.stage,
+            self.layernorm.stage,
+            self.linear.stage,
+            self.attention.stage,
+            self.gelu.stage,
+            self.residual.stage,
+            self.decode.stage,
+            self.kv_append.stage,
+            self.gemv.as_ref().map_or(OFF, |v| v.stage),
+        ]
+    }
+
     fn from_stages(name: &str, s: [u32; 9]) -> Result<Plan> {
+        let decode = stage_of(&Decode, s[6])?;
+        require(
+            attn_decode::layout_of(&decode)? == Layout::Contiguous,
+            "a decode stage on the contiguous cache",
+            || format!("stage {} ({}) reads the paged layout", decode.stage, decode.name),
+        )?;
         Ok(Plan {
             name: name.to_string(),
             encoder: stage_of(&Encoder, s[0])?,
@@ -297,7 +368,7 @@ impl Plan {
             attention: stage_of(&Prefill, s[3])?,
             gelu: stage_of(&Gelu, s[4])?,
             residual: stage_of(&Residual, s[5])?,
-            decode: stage_of(&Decode, s[6])?,
+            decode,
             kv_append: stage_of(&KvAppend, s[7])?,
             gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
         })
@@ -305,20 +376,7 @@ impl Plan {
 
     /// This plan with single ops set to other stages: `op=stage,...` (ops as in [`PLAN_OPS`]).
     pub fn with_overrides(self, spec: &str) -> Result<Plan> {
-        let mut stages = [
-            &self.encoder,
-            &self.layernorm,
-            &self.linear,
-            &self.attention,
-            &self.gelu,
-            &self.residual,
-            &self.decode,
-            &self.kv_append,
-        ]
-        .map(|v| v.stage)
-        .into_iter()
-        .chain([self.gemv.as_ref().map_or(OFF, |v| v.stage)])
-        .collect::<Vec<u32>>();
+        let mut stages = self.stages();
         for item in spec.split(',').filter(|s| !s.is_empty()) {
             let (op, stage) = item
                 .split_once('=')
@@ -335,7 +393,6 @@ impl Plan {
             };
         }
         let name = if spec.is_empty() { self.name.clone() } else { format!("{}+{spec}", self.name) };
-        let stages: [u32; 9] = stages.try_into().expect("one stage per op");
         Plan::from_stages(&name, stages)
     }
 }
@@ -511,31 +568,51 @@ impl Model {
     ) -> Result<()> {
         let w = &self.params;
         let op = self.prepared.get_mut(&(b, t)).expect("prepared above");
-        let a = &mut op.acts;
-        op.encoder.enqueue(s, EncoderArgs { out: &mut a.x, tokens: ids, wte: &w.wte, wpe: &w.wpe })?;
+        op.encoder.enqueue(s, EncoderArgs { out: &mut op.acts.x, tokens: ids, wte: &w.wte, wpe: &w.wpe })?;
         for (i, l) in w.blocks.iter().enumerate() {
-            layernorm(s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
-            op.qkv.enqueue(s, LinearArgs { out: &mut a.qkv, inp: &a.ln, weight: &l.qkv_w, bias: Some(&l.qkv_b) })?;
-            if let Some(f) = fill.as_mut() {
-                let (k_cache, v_cache) = (&mut f.cache.k[i], &mut f.cache.v[i]);
-                f.kv.enqueue(s, KvAppendArgs { q_out: f.q16, k_cache, v_cache, qkv: &a.qkv, cells: f.cells })?;
-            }
-            op.attention.enqueue(s, PrefillArgs { out: &mut a.att, lse: Some(&mut a.att_lse), qkv: &a.qkv })?;
-            op.proj
-                .enqueue(s, LinearArgs { out: &mut a.proj, inp: &a.att, weight: &l.proj_w, bias: Some(&l.proj_b) })?;
-            op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
-            layernorm(s, &op.layernorm, a, &l.ln2_w, &l.ln2_b)?;
-            op.fc.enqueue(s, LinearArgs { out: &mut a.fc, inp: &a.ln, weight: &l.fc_w, bias: Some(&l.fc_b) })?;
-            op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)?;
-            op.fcproj.enqueue(
-                s,
-                LinearArgs { out: &mut a.proj, inp: &a.gelu, weight: &l.fcproj_w, bias: Some(&l.fcproj_b) },
-            )?;
-            op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+            enqueue_block(s, op, l, fill.as_mut().map(|f| (f, i)))?;
         }
+        let a = &mut op.acts;
         layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
         op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: &w.wte, bias: None })
     }
+
+    /// Enqueues transformer block `layer` alone, prepared for (B, T), on `s`, over whatever the
+    /// activations hold: the unit the cross-family benches time.
+    pub fn enqueue_one_block(&mut self, gpu: &Gpu, s: &CudaStream, b: usize, t: usize, layer: usize) -> Result<()> {
+        self.prepare(gpu, b, t)?;
+        let l =
+            self.params.blocks.get(layer).ok_or_else(|| {
+                Error::constraint(format!("a layer below {}", self.cfg.layers), format!("layer {layer}"))
+            })?;
+        enqueue_block(s, self.prepared.get_mut(&(b, t)).expect("prepared above"), l, None)
+    }
+}
+
+/// One transformer block of the whole-sequence pass; with `fill`, its keys and values also go into
+/// layer `i` of the KV cache.
+fn enqueue_block(
+    s: &CudaStream,
+    op: &mut Prepared,
+    l: &Block<CudaSlice<f32>>,
+    fill: Option<(&mut Fill, usize)>,
+) -> Result<()> {
+    let a = &mut op.acts;
+    layernorm(s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
+    op.qkv.enqueue(s, LinearArgs { out: &mut a.qkv, inp: &a.ln, weight: &l.qkv_w, bias: Some(&l.qkv_b) })?;
+    if let Some((f, i)) = fill {
+        let (k_cache, v_cache) = (&mut f.cache.k[i], &mut f.cache.v[i]);
+        f.kv.enqueue(s, KvAppendArgs { q_out: f.q16, k_cache, v_cache, qkv: &a.qkv, cells: f.cells })?;
+    }
+    op.attention.enqueue(s, PrefillArgs { out: &mut a.att, lse: Some(&mut a.att_lse), qkv: &a.qkv })?;
+    op.proj.enqueue(s, LinearArgs { out: &mut a.proj, inp: &a.att, weight: &l.proj_w, bias: Some(&l.proj_b) })?;
+    op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+    layernorm(s, &op.layernorm, a, &l.ln2_w, &l.ln2_b)?;
+    op.fc.enqueue(s, LinearArgs { out: &mut a.fc, inp: &a.ln, weight: &l.fc_w, bias: Some(&l.fc_b) })?;
+    op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)?;
+    op.fcproj
+        .enqueue(s, LinearArgs { out: &mut a.proj, inp: &a.gelu, weight: &l.fcproj_w, bias: Some(&l.fcproj_b) })?;
+    op.residual.enqueue_in_place(s, &mut a.x, &a.proj)
 }
 
 /// Where a prefill writes its keys and values.
@@ -716,6 +793,93 @@ impl Model {
     /// One token for every sequence of `cache`: `tokens[i]` goes in at position `lens[i]`; returns
     /// the logits `[B, V]` and appends to the cache.
     pub fn decode_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<f32>> {
+        self.begin_step(gpu, cache, tokens)?;
+        let (_, op) = self.decode.as_mut().expect("prepared by begin_step");
+        let s = gpu.stream().clone();
+        let (w, w16) = (&self.params, self.bf16.as_ref());
+        if self.graph {
+            // One graph per cache (its K/V buffers are baked into the kernels' arguments).
+            let key = common::device_ptr(&cache.k[0]);
+            if op.graph.as_ref().map(|(k, _)| *k) != Some(key) {
+                op.graph = None;
+                let g = common::timing::capture(&s, |st| enqueue_decode(st, w, w16, op, cache, &mut |_| Ok(())))?;
+                op.graph = Some((key, g));
+            }
+            let (_, g) = op.graph.as_ref().expect("captured above");
+            g.launch().ctx("launch the decode graph")?;
+        } else {
+            enqueue_decode(&s, w, w16, op, cache, &mut |_| Ok(()))?;
+        }
+        let logits = gpu.download(&op.acts.logits)?;
+        cache.lens.iter_mut().for_each(|l| *l += 1);
+        Ok(logits)
+    }
+
+    /// One decode step with an event after every op, captured as a graph together with its events
+    /// and replayed, so the gaps between the host's launches are not counted: each op's device
+    /// time in enqueue order, `(name, ms)` (ops of one name recur once per layer). The logits stay
+    /// on the device.
+    pub fn decode_step_profiled(
+        &mut self,
+        gpu: &Gpu,
+        cache: &mut KvCache,
+        tokens: &[i32],
+    ) -> Result<Vec<(&'static str, f64)>> {
+        self.begin_step(gpu, cache, tokens)?;
+        let (_, op) = self.decode.as_mut().expect("prepared by begin_step");
+        let s = gpu.stream().clone();
+        let timed = Some(common::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let event = || gpu.context().new_event(timed).ctx("event");
+        let start = event()?;
+        let mut marks = Vec::new();
+        let (w, w16) = (&self.params, self.bf16.as_ref());
+        let graph = common::timing::capture(&s, |st| {
+            start.record(st).ctx("record")?;
+            enqueue_decode(st, w, w16, op, cache, &mut |name| {
+                let e = event()?;
+                e.record(st).ctx("record")?;
+                marks.push((name, e));
+                Ok(())
+            })
+        })?;
+        graph.launch().ctx("launch the profiled decode graph")?;
+        gpu.synchronize()?;
+        let mut out = Vec::with_capacity(marks.len());
+        let mut prev = &start;
+        for (name, e) in &marks {
+            out.push((*name, prev.elapsed_ms(e).ctx("elapsed")? as f64));
+            prev = e;
+        }
+        cache.lens.iter_mut().for_each(|l| *l += 1);
+        Ok(out)
+    }
+
+    /// Kernels in the captured decode graph (every launch of one step), once a graph step ran.
+    pub fn decode_graph_kernels(&self) -> Result<Option<usize>> {
+        use common::cudarc::driver::sys;
+        let Some((_, step)) = &self.decode else { return Ok(None) };
+        let Some((_, g)) = &step.graph else { return Ok(None) };
+        let mut n = 0usize;
+        // SAFETY: a null node array asks only for the count, which the driver writes into `n`.
+        unsafe { sys::cuGraphGetNodes(g.cu_graph(), std::ptr::null_mut(), &mut n) }
+            .result()
+            .ctx("count graph nodes")?;
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        // SAFETY: `nodes` holds `n` entries, the count the driver gave for this graph.
+        unsafe { sys::cuGraphGetNodes(g.cu_graph(), nodes.as_mut_ptr(), &mut n) }.result().ctx("list graph nodes")?;
+        let mut kernels = 0;
+        for node in nodes {
+            let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: `node` belongs to the live graph listed above.
+            unsafe { sys::cuGraphNodeGetType(node, &mut ty) }.result().ctx("graph node type")?;
+            kernels += usize::from(ty == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL);
+        }
+        Ok(Some(kernels))
+    }
+
+    /// Checks a step's tokens against `cache`, prepares the step for its batch size and writes the
+    /// step's inputs into the step's own device buffers (where a captured graph reads them).
+    fn begin_step(&mut self, gpu: &Gpu, cache: &KvCache, tokens: &[i32]) -> Result<()> {
         let (b, tmax) = (cache.lens.len(), self.cfg.max_t);
         require(tokens.len() == b, "one token per cached sequence", || {
             format!("{} tokens, {b} sequences", tokens.len())
@@ -728,48 +892,54 @@ impl Model {
         }
         self.prepare_decode(gpu, b)?;
         let (_, op) = self.decode.as_mut().expect("prepared above");
-        // The step's inputs go into the step's own device buffers: a captured graph reads them there.
         op.ids.set(gpu, tokens)?;
         op.pos.set(gpu, &cache.lens)?;
         op.cells.set(gpu, &cache.lens.iter().enumerate().map(|(i, &l)| (i, l)).collect::<Vec<_>>())?;
-        op.lens.set(gpu, &cache.lens.iter().map(|l| l + 1).collect::<Vec<_>>())?;
-        let s = gpu.stream().clone();
-        let (w, w16) = (&self.params, self.bf16.as_ref());
-        if self.graph {
-            // One graph per cache (its K/V buffers are baked into the kernels' arguments).
-            let key = common::device_ptr(&cache.k[0]);
-            if op.graph.as_ref().map(|(k, _)| *k) != Some(key) {
-                op.graph = None;
-                let g = common::timing::capture(&s, |st| enqueue_decode(st, w, w16, op, cache))?;
-                op.graph = Some((key, g));
-            }
-            let (_, g) = op.graph.as_ref().expect("captured above");
-            g.launch().ctx("launch the decode graph")?;
-        } else {
-            enqueue_decode(&s, w, w16, op, cache)?;
-        }
-        let logits = gpu.download(&op.acts.logits)?;
-        cache.lens.iter_mut().for_each(|l| *l += 1);
-        Ok(logits)
+        op.lens.set(gpu, &cache.lens.iter().map(|l| l + 1).collect::<Vec<_>>())
+    }
+
+    /// A cache of `b` sequences that claim `len` positions each, for timing decode steps at that
+    /// length without a prefill. Its keys and values are zeros: no stage's time depends on them.
+    pub fn timing_cache(&self, gpu: &Gpu, b: usize, len: usize) -> Result<KvCache> {
+        require(len >= 1 && len < self.cfg.max_t, &format!("1 <= len < context {}", self.cfg.max_t), || {
+            format!("len = {len}")
+        })?;
+        let mut cache = self.new_cache(gpu, b)?;
+        cache.lens.iter_mut().for_each(|l| *l = len);
+        Ok(cache)
+    }
+
+    /// Times the whole-sequence forward pass of `b` rows of `t` random tokens (CUDA events).
+    pub fn time_forward(&mut self, gpu: &Gpu, b: usize, t: usize, cfg: &TimingConfig) -> Result<Timing> {
+        self.prepare(gpu, b, t)?;
+        let tokens: Vec<i32> = uniform(b * t, 0.0, (self.cfg.vocab - 1) as f32, 7).iter().map(|&x| x as i32).collect();
+        let ids = TokenIds::upload(gpu, &tokens, self.cfg.vocab)?;
+        common::timing::time(gpu, 1, cfg, |s, _| self.enqueue_forward(s, b, t, &ids, None))
     }
 }
 
 /// One decode step's kernels, op by op, on `s`, reading the step's inputs from `op`'s buffers.
+/// `mark(name)` is called after each op is enqueued (the per-op breakdown records an event there).
 fn enqueue_decode(
     s: &CudaStream,
     w: &Params<CudaSlice<f32>>,
     w16: Option<&Bf16Weights>,
     op: &mut DecodeStep,
     cache: &mut KvCache,
+    mark: &mut dyn FnMut(&'static str) -> Result<()>,
 ) -> Result<()> {
     let a = &mut op.acts;
     op.encoder.enqueue_at(s, EncoderArgs { out: &mut a.x, tokens: &op.ids, wte: &w.wte, wpe: &w.wpe }, &op.pos)?;
+    mark("encoder")?;
     for (i, l) in w.blocks.iter().enumerate() {
         let b16 = |j: usize| w16.map(|x| &x.blocks[i][j]);
         layernorm(s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
+        mark("layernorm")?;
         op.qkv.enqueue(s, &mut a.qkv, &a.ln, (&l.qkv_w, b16(0)), Some(&l.qkv_b))?;
+        mark("linear qkv")?;
         let (k_cache, v_cache) = (&mut cache.k[i], &mut cache.v[i]);
         op.kv.enqueue(s, KvAppendArgs { q_out: &mut op.q16, k_cache, v_cache, qkv: &a.qkv, cells: &op.cells })?;
+        mark("kv-append")?;
         let kv = CacheRef::Contiguous { k: &cache.k[i], v: &cache.v[i] };
         let args = DecodeArgs {
             out: &mut op.att16,
@@ -780,18 +950,28 @@ fn enqueue_decode(
             alibi: None,
         };
         op.attention.enqueue(s, args)?;
+        mark("decode attention")?;
         op.kv.enqueue_widen(s, &mut a.att, &op.att16)?;
+        mark("kv-append")?;
         op.proj.enqueue(s, &mut a.proj, &a.att, (&l.proj_w, b16(1)), Some(&l.proj_b))?;
+        mark("linear proj")?;
         op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+        mark("residual")?;
         layernorm(s, &op.layernorm, a, &l.ln2_w, &l.ln2_b)?;
+        mark("layernorm")?;
         op.fc.enqueue(s, &mut a.fc, &a.ln, (&l.fc_w, b16(2)), Some(&l.fc_b))?;
+        mark("linear fc")?;
         op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)?;
+        mark("gelu")?;
         op.fcproj.enqueue(s, &mut a.proj, &a.gelu, (&l.fcproj_w, b16(3)), Some(&l.fcproj_b))?;
+        mark("linear fcproj")?;
         op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+        mark("residual")?;
     }
     layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
+    mark("layernorm")?;
     op.lm_head.enqueue(s, &mut a.logits, &a.ln, (&w.wte, w16.map(|x| &x.wte)), None)?;
-    Ok(())
+    mark("linear lm-head")
 }
 
 /// `ln = LayerNorm(x)` with the given gain and bias.

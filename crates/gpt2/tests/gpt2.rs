@@ -140,7 +140,24 @@ mod model {
         assert!(p.clone().with_overrides("linear=off").is_err());
         assert_eq!(p.clone().with_overrides("gemv=1").unwrap().gemv.map(|v| v.stage), Some(1));
         assert!(Plan::named("cublas-gemv").unwrap().with_overrides("gemv=off").unwrap().gemv.is_none());
-        assert_eq!(p.with_overrides("linear=0,gelu=0").unwrap().linear.stage, 0);
+        assert_eq!(p.clone().with_overrides("linear=0,gelu=0").unwrap().linear.stage, 0);
+        // The model's cache is contiguous: the paged decode stages (vLLM v1 and v2) are refused.
+        assert!(p.clone().with_overrides("decode=3").is_err());
+        assert!(p.with_overrides("decode=4").is_err());
+    }
+
+    #[test]
+    fn every_named_plan_is_known_and_fastest_needs_a_device() {
+        for name in gpt2::model::PLAN_NAMES {
+            assert!(Plan::check_spec(name).is_ok(), "{name}");
+            let fixed = Plan::named(name);
+            assert_eq!(fixed.is_err(), name.starts_with("fastest"), "{name}");
+        }
+        let report = Plan::named("report").unwrap();
+        assert_eq!((report.layernorm.stage, report.linear.stage, report.attention.stage), (4, 90, 5));
+        assert!(Plan::check_spec("fastest:linear=0").is_ok());
+        assert!(Plan::check_spec("fastest:softmax=0").is_err());
+        assert!(Plan::check_spec("fastest-ever").is_err());
     }
 
     #[test]

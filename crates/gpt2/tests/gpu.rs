@@ -106,6 +106,33 @@ fn main() -> std::process::ExitCode {
                 assert!(m.decode_step(gpu, &mut empty, &[1, 2]).is_err(), "an unprefilled cache");
             }
         })
+        .gpu("profiled_decode_step_appends_like_a_plain_step", |gpu| {
+            // The model table's per-op breakdown runs a captured step with an event after every op:
+            // it must leave the cache as a plain step does, and name every op of every layer.
+            let cfg = Config { layers: 2, heads: 2, c: 64, vocab: 101, max_t: 40 };
+            let w = Weights::random(&cfg, 3);
+            let prompts: [Vec<i32>; 2] = [(0..9).collect(), (0..14).map(|t| (t * 7) % 101).collect()];
+            let mut m = Model::new(gpu, cfg, &w, Plan::named("cublas-gemv").unwrap()).unwrap();
+            let mut caches = [m.new_cache(gpu, 2).unwrap(), m.new_cache(gpu, 2).unwrap()];
+            for c in caches.iter_mut() {
+                for (i, p) in prompts.iter().enumerate() {
+                    m.prefill_into(gpu, c, i, p).unwrap();
+                }
+            }
+            let ops = m.decode_step_profiled(gpu, &mut caches[0], &[4, 5]).unwrap();
+            m.decode_step(gpu, &mut caches[1], &[4, 5]).unwrap();
+            assert_eq!(ops.len(), 1 + cfg.layers * 12 + 2, "{ops:?}");
+            assert!(ops.iter().all(|(_, ms)| ms.is_finite() && *ms >= 0.0), "{ops:?}");
+            let after: Vec<Vec<f32>> = caches.iter_mut().map(|c| m.decode_step(gpu, c, &[6, 7]).unwrap()).collect();
+            assert_eq!(after[0], after[1], "the profiled step appended different keys or values");
+            assert_eq!(m.decode_graph_kernels().unwrap(), None, "no graph step ran yet");
+            m.set_graph(true);
+            m.decode_step(gpu, &mut caches[0], &[1, 2]).unwrap();
+            let kernels = m.decode_graph_kernels().unwrap().expect("a graph step ran");
+            assert!(kernels > cfg.layers * 10, "{kernels} kernels in a step of {} layers", cfg.layers);
+            let t = m.time_forward(gpu, 2, 16, &common::timing::TimingConfig::quick()).unwrap();
+            assert!(t.median_ms > 0.0 && t.min_ms <= t.median_ms && t.median_ms <= t.max_ms, "{t:?}");
+        })
         .gpu("model_refuses_bad_input", |gpu| {
             let cfg = Config { layers: 1, heads: 2, c: 64, vocab: 101, max_t: 8 };
             let mut m = Model::new(gpu, cfg, &Weights::random(&cfg, 1), Plan::named("fp32").unwrap()).unwrap();

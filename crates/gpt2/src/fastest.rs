@@ -1,0 +1,219 @@
+//! The `fastest` plan: for each op, the stage that verified and ran fastest at this model's own
+//! shapes on this device. The ladders are run once (verify, then a short timing) and the choice is
+//! cached per device and model config in the kernel cache directory, with the times that decided it.
+//!
+//! An op with several shapes (the five linears, three decode batch sizes) is scored by the sum over
+//! its shapes of each stage's time over the best time at that shape: the stage that is never far
+//! behind wins, and a stage that fails or cannot run at any shape is out. Decode stages that read the
+//! paged layout are out too: the model's cache is contiguous.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use attention::decode::{Decode, Layout};
+use attention::kv_append::KvAppend;
+use attention::prefill::Prefill;
+use common::ceilings::Ceilings;
+use common::runner::{self, RunOptions, Status};
+use common::timing::TimingConfig;
+use common::{Error, Gpu, Op, Result, Shape};
+use matmul::gemv::Gemv;
+use matmul::linear::Linear;
+use norm::layernorm::LayerNorm;
+
+use crate::encoder::Encoder;
+use crate::model::{Config, PLAN_OPS};
+use crate::pointwise::{Gelu, Residual};
+
+/// The prefill shape the choice is made at (and the model table's): B = 4 sequences of the context.
+pub const PREFILL_B: usize = 4;
+/// The decode batch sizes the choice is made at (and the model table's).
+pub const DECODE_BATCHES: [usize; 3] = [1, 8, 32];
+
+/// Bump when the selection changes, so old cache files are not trusted.
+const CACHE_VERSION: u32 = 1;
+
+/// One op's evidence: every stage's median at each shape (`None`: failed, or not applicable).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OpChoice {
+    pub op: String,
+    pub shapes: Vec<String>,
+    pub stages: Vec<StageTimes>,
+    pub chosen: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StageTimes {
+    pub stage: u32,
+    pub name: String,
+    pub median_ms: Vec<Option<f64>>,
+    /// Why the stage is out, if it is.
+    pub excluded: Option<String>,
+}
+
+/// The choice for every op of [`PLAN_OPS`], in that order.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Selection {
+    pub device: String,
+    pub config: String,
+    /// Every op's stage list at the time of the choice: a new or removed stage invalidates the cache.
+    pub stage_lists: Vec<Vec<String>>,
+    pub ops: Vec<OpChoice>,
+}
+
+impl Selection {
+    /// The chosen stage of each op of [`PLAN_OPS`].
+    pub fn stages(&self) -> [u32; 9] {
+        std::array::from_fn(|i| self.ops[i].chosen)
+    }
+}
+
+/// A shape as `(key, value)` pairs, overlaid on the op's first default shape.
+type Dims = Vec<(&'static str, i64)>;
+
+/// The ops of the plan, each with the shapes the model runs it at.
+fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
+    let (c, t, nh, hs) = (cfg.c as i64, cfg.max_t as i64, cfg.heads as i64, cfg.head_size() as i64);
+    let rows = PREFILL_B as i64 * t;
+    let linears = [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c), (cfg.vocab as i64, c)];
+    let decode = |b: usize| vec![("B", b as i64), ("HQ", nh), ("HKV", nh), ("D", hs), ("seq", t), ("ragged", 0)];
+    let ops: Vec<(&'static dyn Op, Vec<Dims>)> = vec![
+        (&Encoder, vec![vec![("B", PREFILL_B as i64), ("T", t), ("C", c), ("V", cfg.vocab as i64)]]),
+        (&LayerNorm, vec![vec![("rows", rows), ("C", c)]]),
+        (&Linear, linears.iter().map(|&(n, k)| vec![("M", rows), ("N", n), ("K", k), ("bias", 1)]).collect()),
+        (&Prefill, vec![vec![("B", PREFILL_B as i64), ("T", t), ("NH", nh), ("HS", hs), ("W", t)]]),
+        (&Gelu, vec![vec![("N", rows * 4 * c)]]),
+        (&Residual, vec![vec![("N", rows * c)]]),
+        (&Decode, DECODE_BATCHES.iter().map(|&b| decode(b)).collect()),
+        (
+            &KvAppend,
+            DECODE_BATCHES.iter().map(|&b| vec![("R", b as i64), ("B", b as i64), ("Tmax", t), ("C", c)]).collect(),
+        ),
+        (&Gemv, linears.iter().map(|&(n, k)| vec![("M", 1), ("N", n), ("K", k), ("bias", 1)]).collect()),
+    ];
+    ops.into_iter()
+        .map(|(op, shapes)| {
+            let base = &op.default_shapes()[0];
+            let shapes = shapes.iter().map(|kv| base.overlay(&Shape::new(kv), op.shape_keys()).expect("known keys"));
+            (op, shapes.collect())
+        })
+        .collect()
+}
+
+fn stage_lists(cfg: &Config) -> Vec<Vec<String>> {
+    model_ops(cfg).iter().map(|(op, _)| op.variants().iter().map(|v| v.id()).collect()).collect()
+}
+
+fn cache_file(gpu: &Gpu, cfg: &Config) -> Option<PathBuf> {
+    let name = format!("fastest-v{CACHE_VERSION}-{}-{}.json", gpu.info().uuid, cfg.key());
+    common::nvrtc::cache_dir().map(|d| d.join(name))
+}
+
+/// The cached selection for this device and config, or a new one (which runs the ladders, about a
+/// minute, and reports each op on `progress`). `fresh` ignores the cache.
+pub fn selection(gpu: &Gpu, cfg: &Config, fresh: bool, progress: &mut dyn FnMut(&str)) -> Result<Selection> {
+    let file = cache_file(gpu, cfg);
+    if !fresh {
+        let cached: Option<Selection> =
+            file.as_ref().and_then(|f| std::fs::read(f).ok()).and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(s) = cached.filter(|s| s.stage_lists == stage_lists(cfg)) {
+            return Ok(s);
+        }
+    }
+    let s = select(gpu, cfg, progress)?;
+    if let Some(f) = file {
+        // A cache that cannot be written only costs the next run the same minute.
+        let _ = std::fs::write(f, serde_json::to_vec_pretty(&s).unwrap_or_default());
+    }
+    Ok(s)
+}
+
+fn select(gpu: &Gpu, cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Selection> {
+    let ceilings = Ceilings::get(gpu)?;
+    // Short timings; a stage that takes over half a second (the report's first attention kernels take
+    // seconds at B = 4, T = 1024) is ranked by its one warm-up run.
+    let timing =
+        TimingConfig { target_ms: 50.0, min_reps: 3, max_reps: 20, warmup_ms: 0.0, once_above_ms: 500.0, graph: false };
+    let opts = RunOptions { timing, ..RunOptions::default() };
+    let mut ops = Vec::new();
+    for ((op, shapes), plan_op) in model_ops(cfg).into_iter().zip(PLAN_OPS) {
+        progress(&format!("{}/{}", op.family(), op.name()));
+        let variants = op.variants();
+        let mut stages: Vec<StageTimes> = variants
+            .iter()
+            .map(|v| StageTimes {
+                stage: v.stage,
+                name: v.name.to_string(),
+                median_ms: Vec::new(),
+                excluded: match op.name() {
+                    "decode" => match attention::decode::layout_of(v) {
+                        Ok(Layout::Paged) => Some("reads the paged layout; the model's cache is contiguous".into()),
+                        Ok(Layout::Contiguous) => None,
+                        Err(e) => Some(e.to_string()),
+                    },
+                    _ => None,
+                },
+            })
+            .collect();
+        for shape in &shapes {
+            let table = runner::run_op(gpu, &ceilings, op, shape, &opts, &mut |_| {})?;
+            for (st, row) in stages.iter_mut().zip(&table.rows) {
+                let ms = (row.status == Status::Passed).then(|| row.timing.map(|t| t.median_ms)).flatten();
+                if ms.is_none() && st.excluded.is_none() {
+                    st.excluded = Some(match &row.status {
+                        Status::Failed(why) | Status::Skipped(why) => format!("at {shape}: {why}"),
+                        Status::Passed => format!("at {shape}: not timed"),
+                    });
+                }
+                st.median_ms.push(ms);
+            }
+        }
+        let chosen = choose(&stages).ok_or_else(|| {
+            Error::constraint(format!("a stage of {plan_op} that runs at every model shape"), "none passed")
+        })?;
+        ops.push(OpChoice {
+            op: plan_op.to_string(),
+            shapes: shapes.iter().map(|s| s.to_string()).collect(),
+            stages,
+            chosen,
+        });
+    }
+    Ok(Selection { device: gpu.info().name.clone(), config: cfg.key(), stage_lists: stage_lists(cfg), ops })
+}
+
+/// The stage with the smallest sum over shapes of its time over the shape's best time.
+fn choose(stages: &[StageTimes]) -> Option<u32> {
+    let eligible: Vec<(&StageTimes, Vec<f64>)> = stages
+        .iter()
+        .filter(|s| s.excluded.is_none())
+        .filter_map(|s| s.median_ms.iter().copied().collect::<Option<Vec<f64>>>().map(|t| (s, t)))
+        .collect();
+    let shapes = eligible.first()?.1.len();
+    let best: Vec<f64> =
+        (0..shapes).map(|i| eligible.iter().map(|(_, t)| t[i]).fold(f64::INFINITY, f64::min)).collect();
+    let score = |t: &[f64]| t.iter().zip(&best).map(|(a, b)| a / b).sum::<f64>();
+    eligible.iter().min_by(|a, b| score(&a.1).total_cmp(&score(&b.1))).map(|(s, _)| s.stage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(stage: u32, ms: &[Option<f64>]) -> StageTimes {
+        StageTimes { stage, name: format!("s{stage}"), median_ms: ms.to_vec(), excluded: None }
+    }
+
+    #[test]
+    fn the_stage_never_far_behind_wins_and_failures_are_out() {
+        // Stage 1 is best at one shape by far but 3x behind at the other; stage 2 is close at both.
+        let stages = [st(0, &[Some(10.0), Some(10.0)]), st(1, &[Some(1.0), Some(6.0)]), st(2, &[Some(1.5), Some(2.0)])];
+        assert_eq!(choose(&stages), Some(2));
+        let failed = [st(0, &[Some(10.0), Some(10.0)]), st(1, &[Some(1.0), None])];
+        assert_eq!(choose(&failed), Some(0));
+        let mut paged = st(1, &[Some(1.0), Some(1.0)]);
+        paged.excluded = Some("paged".into());
+        assert_eq!(choose(&[st(0, &[Some(9.0), Some(9.0)]), paged]), Some(0));
+        assert_eq!(choose(&[st(0, &[None])]), None);
+    }
+}

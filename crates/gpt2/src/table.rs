@@ -1,0 +1,474 @@
+//! The model-level ablation (`ladder run gpt2 --op model`): for every named plan, the prefill of
+//! B = 4 sequences of the whole context, and decode tokens per second at batch 1, 8 and 32 near the
+//! end of a 1024-token context with the KV cache (eager and CUDA graph) and without it (the prefix
+//! recomputed for every token); "leave one op out" rows (the `fastest` plan with one op back at its
+//! stage 0); and where one decode step's time goes, op by op.
+//!
+//! Decode steps are timed on the host clock around the whole step as generation runs it (inputs
+//! written, kernels or graph launched, the logits downloaded), so tok/s is what a caller gets. The
+//! prefill is timed with CUDA events. Decode caches are synthetic (lengths set, contents zero: no
+//! stage's time depends on the values); correctness is `ladder gpt2 check`'s and the tests' job.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use common::runner::Anchor;
+use common::timing::{Timing, TimingConfig};
+use common::{Gpu, Result};
+
+use crate::fastest::{Selection, DECODE_BATCHES, PREFILL_B};
+use crate::model::{Config, Model, Plan, Weights, PLAN_OPS};
+
+#[derive(Clone, Debug)]
+pub struct TableOptions {
+    /// Plan specs (`NAME[:op=stage,...]`), in row order.
+    pub plans: Vec<String>,
+    /// Add the leave-one-op-out rows of the first `fastest*` plan (or `fastest`).
+    pub leave_one_out: bool,
+    /// Fewer decode steps and repetitions (a smoke run).
+    pub quick: bool,
+    /// A no-cache token predicted (from the plan's prefill) to take longer than this is not run.
+    pub no_cache_limit_ms: f64,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        TableOptions {
+            plans: crate::model::PLAN_NAMES.iter().map(|s| s.to_string()).collect(),
+            leave_one_out: true,
+            quick: false,
+            no_cache_limit_ms: 3000.0,
+        }
+    }
+}
+
+/// One measurement, or why there is none.
+#[derive(Clone, Debug, Serialize)]
+pub enum Cell {
+    Timed(Timing),
+    Skipped(String),
+    Failed(String),
+}
+
+impl Cell {
+    fn from(r: Result<Timing>) -> Cell {
+        r.map_or_else(|e| Cell::Failed(e.to_string().lines().next().unwrap_or_default().to_string()), Cell::Timed)
+    }
+
+    pub fn ms(&self) -> Option<f64> {
+        match self {
+            Cell::Timed(t) => Some(t.median_ms),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanRow {
+    pub plan: String,
+    /// `op=stage` for every op of the plan.
+    pub stages: String,
+    /// B = 4 sequences of the context, one forward pass.
+    pub prefill: Cell,
+    /// Per batch size of [`DECODE_BATCHES`]: one step's time (B tokens).
+    pub decode_eager: Vec<Cell>,
+    pub decode_graph: Vec<Cell>,
+    /// Per batch size: one token per sequence with no cache (the forward pass over the prefix).
+    pub no_cache: Vec<Cell>,
+    /// Kernels in one captured decode step (at the largest batch).
+    pub step_kernels: Option<usize>,
+}
+
+/// Where one graph-replayed decode step's device time goes.
+#[derive(Clone, Debug, Serialize)]
+pub struct Breakdown {
+    pub plan: String,
+    pub batch: usize,
+    /// Median over steps of each op's device time summed over the layers, in first-seen order.
+    pub ops: Vec<(String, f64)>,
+    pub kernels: Option<usize>,
+    /// The step on the host clock, replayed from a graph (inputs, replay, logits download).
+    pub step_graph_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelTable {
+    pub device: String,
+    pub config: String,
+    pub context: usize,
+    pub prefill_b: usize,
+    pub batches: Vec<usize>,
+    /// The cache length of the timed decode steps (they end at the context).
+    pub decode_from: usize,
+    pub copy_gbps: f64,
+    /// Bytes of weights one decode step reads: fp32 (GEMM plans) and bf16 (GEMV plans), the tied
+    /// embedding counted once as the LM head.
+    pub weight_bytes_fp32: u64,
+    pub weight_bytes_bf16: u64,
+    pub rows: Vec<PlanRow>,
+    pub leave_one_out_base: Option<String>,
+    pub leave_one_out: Vec<PlanRow>,
+    pub breakdown: Vec<Breakdown>,
+    pub selection: Option<Selection>,
+    /// Outside timings from `scripts/anchors.py` (family gpt2, op model): Hugging Face at the same
+    /// shapes; the caller fills them in.
+    pub anchors: Vec<Anchor>,
+}
+
+/// Linear-layer parameters (what a decode step streams), plus the LM head.
+fn weight_elements(cfg: &Config) -> u64 {
+    let c = cfg.c as u64;
+    cfg.layers as u64 * (12 * c * c + 13 * c) + cfg.vocab as u64 * c + 2 * c
+}
+
+/// Builds the table, telling `progress` what runs.
+pub fn model_table(gpu: &Gpu, cfg: Config, opts: &TableOptions, progress: &mut dyn FnMut(&str)) -> Result<ModelTable> {
+    let ceilings = common::ceilings::Ceilings::get(gpu)?;
+    let weights = Weights::random(&cfg, 1);
+    let steps = if opts.quick { 5 } else { 20 };
+    let warm = 3;
+    let decode_from = cfg.max_t - 1 - steps - warm;
+    let resolve = |spec: &str, progress: &mut dyn FnMut(&str)| {
+        Plan::resolve(gpu, &cfg, spec, &mut |op| progress(&format!("choosing fastest: {op}")))
+    };
+    let mut rows = Vec::new();
+    let mut breakdown = Vec::new();
+    for spec in &opts.plans {
+        let plan = resolve(spec, progress)?;
+        progress(&format!("plan {}", plan.name));
+        rows.push(plan_row(gpu, cfg, &weights, plan, opts, steps, decode_from, true, progress)?);
+    }
+    let base_spec = opts.plans.iter().find(|p| p.starts_with("fastest")).cloned().unwrap_or("fastest".into());
+    let mut loo = Vec::new();
+    if opts.leave_one_out {
+        let base = resolve(&base_spec, progress)?;
+        for (op, stage) in PLAN_OPS.iter().zip(base.stages()) {
+            // An op at stage 0 already, or off, has nothing to leave out.
+            if stage == 0 || stage == u32::MAX {
+                continue;
+            }
+            let spec = if *op == "gemv" { "gemv=off".to_string() } else { format!("{op}=0") };
+            let plan = base.clone().with_overrides(&spec)?;
+            progress(&format!("leave one out: {}", plan.name));
+            loo.push(plan_row(gpu, cfg, &weights, plan, opts, steps, decode_from, false, progress)?);
+        }
+        for b in [1, 8] {
+            progress(&format!("breakdown of {} at batch {b}", base.name));
+            breakdown.push(step_breakdown(gpu, cfg, &weights, base.clone(), b, steps, decode_from)?);
+        }
+    }
+    let selection = if opts.plans.iter().chain([&base_spec]).any(|p| p.starts_with("fastest")) {
+        Some(crate::fastest::selection(gpu, &cfg, false, &mut |_| {})?)
+    } else {
+        None
+    };
+    let n = weight_elements(&cfg);
+    Ok(ModelTable {
+        device: gpu.info().name.clone(),
+        config: cfg.key(),
+        context: cfg.max_t,
+        prefill_b: PREFILL_B,
+        batches: DECODE_BATCHES.to_vec(),
+        decode_from,
+        copy_gbps: ceilings.copy_gbps,
+        weight_bytes_fp32: 4 * n,
+        weight_bytes_bf16: 2 * n,
+        rows,
+        leave_one_out_base: opts.leave_one_out.then_some(base_spec),
+        leave_one_out: loo,
+        breakdown,
+        selection,
+        anchors: Vec::new(),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_row(
+    gpu: &Gpu,
+    cfg: Config,
+    weights: &Weights,
+    plan: Plan,
+    opts: &TableOptions,
+    steps: usize,
+    decode_from: usize,
+    no_cache: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PlanRow> {
+    let stages = PLAN_OPS
+        .iter()
+        .zip(plan.stages())
+        .map(|(op, s)| if s == u32::MAX { format!("{op}=off") } else { format!("{op}={s}") })
+        .collect::<Vec<_>>()
+        .join(",");
+    let name = plan.name.clone();
+    let mut model = Model::new(gpu, cfg, weights, plan)?;
+    let prefill_cfg = TimingConfig {
+        target_ms: if opts.quick { 50.0 } else { 500.0 },
+        min_reps: 3,
+        max_reps: 50,
+        warmup_ms: 10.0,
+        once_above_ms: 1000.0,
+        graph: false,
+    };
+    progress(&format!("plan {name}: prefill"));
+    let prefill = Cell::from(model.time_forward(gpu, PREFILL_B, cfg.max_t, &prefill_cfg));
+    let mut row = PlanRow {
+        plan: name.clone(),
+        stages,
+        prefill,
+        decode_eager: Vec::new(),
+        decode_graph: Vec::new(),
+        no_cache: Vec::new(),
+        step_kernels: None,
+    };
+    for graph in [false, true] {
+        model.set_graph(graph);
+        for &b in &DECODE_BATCHES {
+            progress(&format!("plan {name}: decode at batch {b}{}", if graph { ", graph" } else { "" }));
+            let cell = Cell::from(time_steps(gpu, &mut model, b, steps, decode_from));
+            if graph { &mut row.decode_graph } else { &mut row.decode_eager }.push(cell);
+        }
+    }
+    row.step_kernels = model.decode_graph_kernels()?;
+    for &b in &DECODE_BATCHES {
+        let t = cfg.max_t - 1;
+        let predicted = row.prefill.ms().map(|ms| ms * (b * t) as f64 / (PREFILL_B * cfg.max_t) as f64);
+        let cell = match predicted {
+            _ if !no_cache => Cell::Skipped("not run for leave-one-out rows".into()),
+            None => Cell::Skipped("no prefill time to predict from".into()),
+            Some(p) if p > opts.no_cache_limit_ms => {
+                Cell::Skipped(format!("predicted {:.1} s a token from the prefill", p / 1e3))
+            }
+            Some(_) => {
+                progress(&format!("plan {name}: no cache at batch {b}"));
+                Cell::from(time_no_cache(gpu, &mut model, b, t, if opts.quick { 2 } else { 5 }))
+            }
+        };
+        row.no_cache.push(cell);
+    }
+    Ok(row)
+}
+
+/// Host-clock times of `steps` decode steps at batch `b` from cache length `from` (after 3 warm-up
+/// steps, which also capture the graph when it is on).
+fn time_steps(gpu: &Gpu, model: &mut Model, b: usize, steps: usize, from: usize) -> Result<Timing> {
+    let mut cache = model.timing_cache(gpu, b, from)?;
+    let tokens: Vec<i32> = (0..b as i32).map(|i| (i * 7919) % 50000).collect();
+    let mut samples = Vec::with_capacity(steps);
+    for i in 0..3 + steps {
+        let t0 = Instant::now();
+        model.decode_step(gpu, &mut cache, &tokens)?;
+        if i >= 3 {
+            samples.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(Timing::from_samples(&mut samples))
+}
+
+/// Host-clock times of one token for each of `b` sequences of `t` tokens without a cache: the
+/// forward pass over the prefix, the last position's logits downloaded (one warm-up run first).
+fn time_no_cache(gpu: &Gpu, model: &mut Model, b: usize, t: usize, reps: usize) -> Result<Timing> {
+    let rows: Vec<Vec<i32>> = (0..b).map(|i| (0..t).map(|j| ((i * 31 + j * 7) % 50000) as i32).collect()).collect();
+    model.forward_last(gpu, &rows)?;
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        model.forward_last(gpu, &rows)?;
+        samples.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Timing::from_samples(&mut samples))
+}
+
+fn step_breakdown(
+    gpu: &Gpu,
+    cfg: Config,
+    weights: &Weights,
+    plan: Plan,
+    b: usize,
+    steps: usize,
+    from: usize,
+) -> Result<Breakdown> {
+    let name = plan.name.clone();
+    let mut model = Model::new(gpu, cfg, weights, plan)?;
+    let tokens: Vec<i32> = (0..b as i32).collect();
+    let mut cache = model.timing_cache(gpu, b, from)?;
+    let mut per_op: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for i in 0..2 + steps {
+        let ops = model.decode_step_profiled(gpu, &mut cache, &tokens)?;
+        let mut sums: BTreeMap<&str, f64> = BTreeMap::new();
+        for (op, ms) in ops {
+            if !order.contains(&op) {
+                order.push(op);
+            }
+            *sums.entry(op).or_default() += ms;
+        }
+        if i >= 2 {
+            sums.into_iter().for_each(|(op, ms)| per_op.entry(op).or_default().push(ms));
+        }
+    }
+    let ops =
+        order.iter().map(|op| (op.to_string(), Timing::from_samples(&mut per_op[op].clone()).median_ms)).collect();
+    model.set_graph(true);
+    let step = time_steps(gpu, &mut model, b, steps, from)?;
+    Ok(Breakdown {
+        plan: name,
+        batch: b,
+        ops,
+        kernels: model.decode_graph_kernels()?,
+        step_graph_ms: Some(step.median_ms),
+    })
+}
+
+// ---------------------------------------------------------------- rendering
+
+fn fmt_ms(ms: f64) -> String {
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1e3)
+    } else if ms >= 1.0 {
+        format!("{ms:.2} ms")
+    } else {
+        format!("{:.1} µs", ms * 1e3)
+    }
+}
+
+/// Tokens per second of a step that makes `b` tokens.
+fn tok_s(cell: &Cell, b: usize) -> String {
+    match cell {
+        Cell::Timed(t) => format!("{:.0}", b as f64 / (t.median_ms * 1e-3)),
+        Cell::Skipped(why) => format!("— ({why})"),
+        Cell::Failed(why) => format!("FAILED: {why}"),
+    }
+}
+
+impl ModelTable {
+    /// Cells that failed (a plan that did not run, a step that errored).
+    pub fn failures(&self) -> usize {
+        let failed = |c: &Cell| matches!(c, Cell::Failed(_));
+        self.rows
+            .iter()
+            .chain(&self.leave_one_out)
+            .map(|r| {
+                [&r.prefill]
+                    .into_iter()
+                    .chain(&r.decode_eager)
+                    .chain(&r.decode_graph)
+                    .chain(&r.no_cache)
+                    .filter(|c| failed(c))
+                    .count()
+            })
+            .sum()
+    }
+
+    /// The table as Markdown.
+    pub fn markdown(&self) -> String {
+        let mut md = format!(
+            "gpt2/model  {} on {}: prefill B={} T={}; decode tok/s at batch {:?}, steps from a {}-token cache to the \
+             context; weights per step {:.0} MB fp32 / {:.0} MB bf16; copy {:.0} GB/s\n\n",
+            self.config,
+            self.device,
+            self.prefill_b,
+            self.context,
+            self.batches,
+            self.decode_from,
+            self.weight_bytes_fp32 as f64 / 1e6,
+            self.weight_bytes_bf16 as f64 / 1e6,
+            self.copy_gbps
+        );
+        let b = &self.batches;
+        let head = |md: &mut String, first: &str| {
+            md.push_str(&format!("| {first} | prefill |"));
+            for x in b {
+                md.push_str(&format!(" b{x} eager | b{x} graph |"));
+            }
+            for x in b {
+                md.push_str(&format!(" b{x} no cache |"));
+            }
+            md.push_str(" kernels/step | stages |\n|");
+            md.push_str(&"---|".repeat(3 + 3 * b.len() + 1));
+            md.push('\n');
+        };
+        let row = |md: &mut String, r: &PlanRow| {
+            let prefill = match &r.prefill {
+                Cell::Timed(t) => fmt_ms(t.median_ms),
+                Cell::Skipped(w) => format!("— ({w})"),
+                Cell::Failed(w) => format!("FAILED: {w}"),
+            };
+            md.push_str(&format!("| {} | {prefill} |", r.plan));
+            for (i, &x) in b.iter().enumerate() {
+                md.push_str(&format!(" {} | {} |", tok_s(&r.decode_eager[i], x), tok_s(&r.decode_graph[i], x)));
+            }
+            for (i, &x) in b.iter().enumerate() {
+                md.push_str(&format!(" {} |", tok_s(&r.no_cache[i], x)));
+            }
+            md.push_str(&format!(" {} | {} |\n", r.step_kernels.map_or("-".into(), |k| k.to_string()), r.stages));
+        };
+        head(&mut md, "plan");
+        self.rows.iter().for_each(|r| row(&mut md, r));
+        if let Some(base) = &self.leave_one_out_base {
+            md.push_str(&format!("\nLeave one op out of `{base}` (that op back at stage 0; gemv: off):\n\n"));
+            head(&mut md, "plan");
+            self.leave_one_out.iter().for_each(|r| row(&mut md, r));
+        }
+        md.push_str("\nBest decode step against the weights' bytes (graph, % of copy bandwidth):\n\n");
+        for r in &self.rows {
+            let bytes = if r.stages.contains("gemv=off") { self.weight_bytes_fp32 } else { self.weight_bytes_bf16 };
+            if let Some(ms) = r.decode_graph.first().and_then(Cell::ms) {
+                let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+                md.push_str(&format!(
+                    "- {}: batch-1 step {} = {:.0} GB/s of weights, {:.1}% of copy\n",
+                    r.plan,
+                    fmt_ms(ms),
+                    gbps,
+                    100.0 * gbps / self.copy_gbps
+                ));
+            }
+        }
+        if !self.anchors.is_empty() {
+            md.push_str("\nAnchors (scripts/anchors.py, same device; decode shapes give one step's time):\n\n");
+            md.push_str("| anchor | shape | median | tok/s |\n|---|---|---|---|\n");
+            for a in &self.anchors {
+                // A decode anchor's shape starts with `decode b=N`: N tokens per step.
+                let b = a.shape.strip_prefix("decode b=").and_then(|r| r.split(',').next()?.parse::<f64>().ok());
+                let rate = b.map_or("-".into(), |b| format!("{:.0}", b / (a.median_ms * 1e-3)));
+                md.push_str(&format!("| {} | {} | {} | {rate} |\n", a.name, a.shape, fmt_ms(a.median_ms)));
+            }
+        }
+        for bd in &self.breakdown {
+            let sum: f64 = bd.ops.iter().map(|(_, ms)| ms).sum();
+            md.push_str(&format!(
+                "\nOne decode step of `{}` at batch {} (graph replay, device time per op summed over layers): \
+                 sum {} over {} kernels; the step on the host clock {}\n\n| op | time | share |\n|---|---|---|\n",
+                bd.plan,
+                bd.batch,
+                fmt_ms(sum),
+                bd.kernels.map_or("?".into(), |k| k.to_string()),
+                bd.step_graph_ms.map_or("-".into(), fmt_ms)
+            ));
+            for (op, ms) in &bd.ops {
+                md.push_str(&format!("| {op} | {} | {:.1}% |\n", fmt_ms(*ms), 100.0 * ms / sum));
+            }
+        }
+        if let Some(sel) = &self.selection {
+            md.push_str("\nThe `fastest` choice (sum over the model's shapes of time / best time; lower wins):\n\n");
+            for op in &sel.ops {
+                let cands: Vec<String> = op
+                    .stages
+                    .iter()
+                    .map(|s| match &s.excluded {
+                        Some(_) => format!("{:02} out", s.stage),
+                        None => format!(
+                            "{:02} {}",
+                            s.stage,
+                            s.median_ms.iter().map(|m| m.map_or("-".into(), fmt_ms)).collect::<Vec<_>>().join("/")
+                        ),
+                    })
+                    .collect();
+                md.push_str(&format!("- {} → {:02}: {}\n", op.op, op.chosen, cands.join("; ")));
+            }
+        }
+        md
+    }
+}
