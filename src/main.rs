@@ -1,6 +1,6 @@
 //! `ladder`: device facts and ceilings, the stage lists, and the ablation tables.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -523,7 +523,12 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     ..TableOptions::default()
                 };
                 let bar = spinner("gpt2/model");
+                // In a log (no terminal) each step is a line, so a run cut off still says how far it got.
+                let logged = !std::io::stderr().is_terminal();
                 let mut table = gpt2::table::model_table(&gpu, gpt2::model::Config::GPT2, &opts, &mut |m| {
+                    if logged {
+                        eprintln!("gpt2/model: {m}");
+                    }
                     bar.set_message(format!("gpt2/model: {m}"))
                 })?;
                 bar.finish_and_clear();
