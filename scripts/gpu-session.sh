@@ -113,7 +113,7 @@ for s in "$@"; do
         ;;
     gpt2-generate)
         # Text from the reference weights and from random ones, batch 1 and a ragged batch, each plan.
-        step gpt2-generate 200 "for p in report cublas-gemv fastest fastest-bf16; do for g in '' --graph; do \
+        step gpt2-generate 200 "[ -f /tmp/gpt2-ref/model.safetensors ] || python3 scripts/gpt2_reference.py --out /tmp/gpt2-ref; for p in report cublas-gemv fastest fastest-bf16; do for g in '' --graph; do \
             $bundle/run.sh ladder generate --prompt 'The meaning of life is' --weights /tmp/gpt2-ref/model.safetensors \
             --temperature 0 --max-new-tokens 128 --plan \$p \$g; done; done; \
             $bundle/run.sh ladder generate --prompt Hello --prompt 'A much longer prompt about the city' --batch 2 \

@@ -27,6 +27,11 @@ pub fn noop() -> Variant {
     Variant::kernel("common", "harness", 0, "noop", "harness/00_noop.cu", Precision::Fp32, "the empty kernel")
 }
 
+/// The gate kernel ([`crate::timing::Gate`]), as a stage.
+pub fn gate() -> Variant {
+    Variant::kernel("common", "harness", 1, "gate", "harness/01_gate.cu", Precision::Fp32, "spin until the host opens")
+}
+
 /// Host microseconds per launch: median, min and max over the batches.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct PerLaunch {

@@ -93,6 +93,63 @@ pub fn capture(stream: &Arc<CudaStream>, run: impl FnOnce(&Arc<CudaStream>) -> R
     graph.ok_or_else(|| Error::Capture("the capture recorded no work".into()))
 }
 
+/// Holds the harness stream at a spinning kernel (`harness/01_gate.cu`) until [`Gate::open`]
+/// writes its flag in mapped page-locked memory: the work enqueued behind the gate starts only once
+/// all of it is enqueued, so events recorded between launches time the device and not the host's
+/// launch rate. Keep what goes behind a gate to a few hundred launches: a full launch queue would
+/// block the host on a stream that cannot move.
+pub struct Gate {
+    flag: cudarc::driver::PinnedHostSlice<u32>,
+    host: *mut u32,
+    stream: Arc<CudaStream>,
+    open: bool,
+}
+
+impl Gate {
+    /// Closes a gate on the harness stream.
+    pub fn close(gpu: &Gpu) -> Result<Gate> {
+        let variant = crate::overhead::gate();
+        let sources = &crate::overhead::SOURCES;
+        let launch = gpu.prepare_launch(sources, &variant, "ladder_gate", crate::launch::LaunchShape::linear(1, 1))?;
+        let mut flag = gpu.pinned(&[0u32])?;
+        let host = flag.as_mut_ptr().ctx("the gate's flag")?;
+        let mut gate = Gate { flag, host, stream: gpu.stream().clone(), open: false };
+        let dev = gpu.mapped_ptr(&gate.flag)?;
+        // SAFETY: ladder_gate only reads the one mapped u32, which lives as long as the gate, and
+        // the gate opens (Drop) before the flag is freed.
+        if let Err(e) = unsafe { launch.enqueue(gpu.stream(), &[crate::launch::Arg::Ptr(dev)]) } {
+            gate.open = true;
+            return Err(e);
+        }
+        Ok(gate)
+    }
+
+    /// Lets the held stream run, and waits for it (the flag must outlive the kernel that reads it).
+    pub fn open(mut self) -> Result<()> {
+        self.release();
+        self.stream.synchronize().ctx("the work behind the gate")
+    }
+
+    fn release(&mut self) {
+        if !self.open {
+            // SAFETY: `host` points at the live one-element page-locked allocation `flag`.
+            unsafe { std::ptr::write_volatile(self.host, 1) };
+            // Flush the write-combining buffer so the spinning kernel sees the flag.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            self.open = true;
+        }
+    }
+}
+
+impl Drop for Gate {
+    /// A gate dropped on an error path still opens, so the stream never waits forever.
+    fn drop(&mut self) {
+        self.release();
+        // The kernel reads the flag until it sees it: keep the memory until the stream is past it.
+        let _ = self.stream.synchronize();
+    }
+}
+
 fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(usize) -> Result<()>) -> Result<Timing> {
     let ctx = gpu.context();
     let stream = gpu.stream();

@@ -815,10 +815,10 @@ impl Model {
         Ok(logits)
     }
 
-    /// One decode step with an event after every op, captured as a graph together with its events
-    /// and replayed, so the gaps between the host's launches are not counted: each op's device
-    /// time in enqueue order, `(name, ms)` (ops of one name recur once per layer). The logits stay
-    /// on the device.
+    /// One eager decode step with an event after every op, enqueued behind a closed
+    /// [`Gate`](common::timing::Gate) so the gaps of the host's launches are not counted: each op's
+    /// device time in enqueue order, `(name, ms)` (ops of one name recur once per layer). The
+    /// logits stay on the device.
     pub fn decode_step_profiled(
         &mut self,
         gpu: &Gpu,
@@ -830,19 +830,17 @@ impl Model {
         let s = gpu.stream().clone();
         let timed = Some(common::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let event = || gpu.context().new_event(timed).ctx("event");
+        let gate = common::timing::Gate::close(gpu)?;
         let start = event()?;
+        start.record(&s).ctx("record")?;
         let mut marks = Vec::new();
-        let (w, w16) = (&self.params, self.bf16.as_ref());
-        let graph = common::timing::capture(&s, |st| {
-            start.record(st).ctx("record")?;
-            enqueue_decode(st, w, w16, op, cache, &mut |name| {
-                let e = event()?;
-                e.record(st).ctx("record")?;
-                marks.push((name, e));
-                Ok(())
-            })
+        enqueue_decode(&s, &self.params, self.bf16.as_ref(), op, cache, &mut |name| {
+            let e = event()?;
+            e.record(&s).ctx("record")?;
+            marks.push((name, e));
+            Ok(())
         })?;
-        graph.launch().ctx("launch the profiled decode graph")?;
+        gate.open()?;
         gpu.synchronize()?;
         let mut out = Vec::with_capacity(marks.len());
         let mut prev = &start;

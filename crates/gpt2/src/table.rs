@@ -81,7 +81,8 @@ pub struct PlanRow {
     pub step_kernels: Option<usize>,
 }
 
-/// Where one graph-replayed decode step's device time goes.
+/// Where one decode step's device time goes (each op's time between events, the launches queued
+/// behind a gate so host gaps are not counted).
 #[derive(Clone, Debug, Serialize)]
 pub struct Breakdown {
     pub plan: String,
@@ -214,6 +215,7 @@ fn plan_row(
     };
     progress(&format!("plan {name}: prefill"));
     let prefill = Cell::from(model.time_forward(gpu, PREFILL_B, cfg.max_t, &prefill_cfg));
+    progress(&format!("plan {name}: prefill {prefill:?}"));
     let mut row = PlanRow {
         plan: name.clone(),
         stages,
@@ -228,6 +230,7 @@ fn plan_row(
         for &b in &DECODE_BATCHES {
             progress(&format!("plan {name}: decode at batch {b}{}", if graph { ", graph" } else { "" }));
             let cell = Cell::from(time_steps(gpu, &mut model, b, steps, decode_from));
+            progress(&format!("plan {name}: decode at batch {b}: {cell:?}"));
             if graph { &mut row.decode_graph } else { &mut row.decode_eager }.push(cell);
         }
     }
@@ -439,8 +442,8 @@ impl ModelTable {
         for bd in &self.breakdown {
             let sum: f64 = bd.ops.iter().map(|(_, ms)| ms).sum();
             md.push_str(&format!(
-                "\nOne decode step of `{}` at batch {} (graph replay, device time per op summed over layers): \
-                 sum {} over {} kernels; the step on the host clock {}\n\n| op | time | share |\n|---|---|---|\n",
+                "\nOne decode step of `{}` at batch {} (device time per op between events, summed over layers): \
+                 sum {} over {} kernels; the graph-replayed step on the host clock {}\n\n| op | time | share |\n|---|---|---|\n",
                 bd.plan,
                 bd.batch,
                 fmt_ms(sum),

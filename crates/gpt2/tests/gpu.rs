@@ -109,7 +109,7 @@ fn main() -> std::process::ExitCode {
         .gpu("profiled_decode_step_appends_like_a_plain_step", |gpu| {
             // The model table's per-op breakdown runs a captured step with an event after every op:
             // it must leave the cache as a plain step does, and name every op of every layer.
-            let cfg = Config { layers: 2, heads: 2, c: 64, vocab: 101, max_t: 40 };
+            let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 3);
             let prompts: [Vec<i32>; 2] = [(0..9).collect(), (0..14).map(|t| (t * 7) % 101).collect()];
             let mut m = Model::new(gpu, cfg, &w, Plan::named("cublas-gemv").unwrap()).unwrap();
