@@ -9,7 +9,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::reference::{causal_attention, Dims};
@@ -47,11 +47,14 @@ enum Plan {
     /// FlashAttention-2 with `FA_BR` x `FA_BC` tiles of `FA_BR * FA_BC` threads; `tuned` also writes
     /// the logsumexp.
     Flash { tuned: bool },
+    /// FlashAttention-2 on `mma.sync` (bf16): `TC_BR` query rows per block of `TC_BR / 16` warps,
+    /// key tiles of `TC_BC`; writes the logsumexp.
+    TensorCore,
 }
 
 impl Plan {
     fn writes_lse(self) -> bool {
-        matches!(self, Plan::Flash { tuned: true })
+        matches!(self, Plan::Flash { tuned: true } | Plan::TensorCore)
     }
 }
 
@@ -106,6 +109,18 @@ fn stages() -> Vec<Variant> {
             "one dynamic shared buffer (padded tiles), warp-shuffle row max/sum, O/m/l in registers, fused 1/l store, lse",
         )
         .with_tunables(&flash),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            6,
+            "tensor-core",
+            "prefill/06_tensor_core.cu",
+            Precision::Bf16,
+            "FlashAttention-2 on mma.sync m16n8k16 (bf16 operands, fp32 softmax): 4 warps x 16 query rows, key tiles of 64, P kept in registers",
+        )
+        .with_plan(Plan::TensorCore)
+        .with_tunables(&[("TC_BR", 64), ("TC_BC", 64)])
+        .with_requirements(Requirements::SM80),
     ]
 }
 
@@ -177,7 +192,7 @@ pub fn check_shape(v: &Variant, d: PrefillDims) -> Result<()> {
                 require(b * nh <= GRID_YZ, REDUCTION_GRID, || format!("B*NH = {}", b * nh))?;
             }
         }
-        Plan::Local | Plan::Flash { .. } => {
+        Plan::Local | Plan::Flash { .. } | Plan::TensorCore => {
             require(nh <= GRID_YZ && b <= GRID_YZ, GRID, || format!("NH = {nh}, B = {b}"))?;
         }
     }
@@ -273,6 +288,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: PrefillDims) -> Result<Prepared> {
             } else {
                 Stage::Flash { launch: launch(&format!("attention_flash_v2_hs{hs}"), shape)?, lse: false }
             }
+        }
+        Plan::TensorCore => {
+            let (br, bc) = (v.tunable("TC_BR")?, v.tunable("TC_BC")?);
+            // bf16 tiles of Q, K and V, each row padded by 8 elements.
+            let bytes = 2 * (br + 2 * bc) * (hsu + 8);
+            let shape = LaunchShape::new((tu.div_ceil(br), nhu, bu), (br / 16 * 32, 1, 1)).with_shared(bytes);
+            Stage::Flash { launch: launch(&format!("attention_flash_tc_hs{hs}"), shape)?, lse: true }
         }
     };
     Ok(Prepared { stage, d })
