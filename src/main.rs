@@ -270,7 +270,16 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let mut m = Model::new(&gpu, cfg, &w, plan)?;
             m.set_graph(graph);
             eprintln!("generating {max_new_tokens} tokens after {} prompt(s), plan {}", prompts.len(), m.plan.name);
-            let g = generate(&gpu, &mut m, &prompts, max_new_tokens, sampling, true, !no_kv_cache)?;
+            // A bar on stderr (drawn only on a terminal): new tokens of the longest sequence.
+            let bar = ProgressBar::new(max_new_tokens as u64);
+            bar.set_style(
+                ProgressStyle::with_template("{bar:30} {pos}/{len} tokens {per_sec}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            let g = generate(&gpu, &mut m, &prompts, max_new_tokens, sampling, true, !no_kv_cache, &mut |n| {
+                bar.set_position(n as u64)
+            })?;
+            bar.finish_and_clear();
             for (p, new) in prompts.iter().zip(&g.tokens) {
                 println!("{}{}", tok.decode(p)?, tok.decode(new)?);
                 println!("---");

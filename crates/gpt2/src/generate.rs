@@ -128,7 +128,9 @@ pub struct Generation {
 }
 
 /// Generates up to `max_new` tokens after each prompt, stopping a sequence at `<|endoftext|>` when
-/// `stop_at_end`, with or without the KV cache.
+/// `stop_at_end`, with or without the KV cache. `on_step(n)` is told after each step how many
+/// tokens the longest-running sequence has (a progress bar's position).
+#[allow(clippy::too_many_arguments)]
 pub fn generate(
     gpu: &Gpu,
     model: &mut Model,
@@ -137,6 +139,7 @@ pub fn generate(
     sampling: Sampling,
     stop_at_end: bool,
     kv_cache: bool,
+    on_step: &mut dyn FnMut(usize),
 ) -> Result<Generation> {
     require(!prompts.is_empty() && prompts.iter().all(|p| !p.is_empty()), "at least one non-empty prompt", || {
         format!("{} prompts", prompts.len())
@@ -150,7 +153,7 @@ pub fn generate(
     }
     let mut sampler = Sampler::new(sampling)?;
     if kv_cache {
-        return generate_cached(gpu, model, prompts, max_new, &mut sampler, stop_at_end);
+        return generate_cached(gpu, model, prompts, max_new, &mut sampler, stop_at_end, on_step);
     }
     let mut seqs: Vec<Vec<i32>> = prompts.to_vec();
     let mut out = vec![Vec::new(); prompts.len()];
@@ -178,6 +181,7 @@ pub fn generate(
             }
         }
         let ms = start.elapsed().as_secs_f64() * 1e3;
+        on_step(step + 1);
         if step == 0 {
             prefill_ms = ms;
         } else {
@@ -197,6 +201,7 @@ fn generate_cached(
     max_new: usize,
     sampler: &mut Sampler,
     stop_at_end: bool,
+    on_step: &mut dyn FnMut(usize),
 ) -> Result<Generation> {
     let b = prompts.len();
     let mut out = vec![Vec::new(); b];
@@ -212,6 +217,7 @@ fn generate_cached(
         out[i].push(last[i]);
     }
     let prefill_ms = start.elapsed().as_secs_f64() * 1e3;
+    on_step(1);
     let finished = |o: &Vec<i32>| o.len() == max_new || (stop_at_end && o.last() == Some(&END_OF_TEXT));
     let start = Instant::now();
     let mut decode_tokens = 0;
@@ -224,6 +230,7 @@ fn generate_cached(
                 decode_tokens += 1;
             }
         }
+        on_step(out.iter().map(|o| o.len()).max().unwrap_or(0));
     }
     Ok(Generation { tokens: out, prefill_ms, decode_ms: start.elapsed().as_secs_f64() * 1e3, decode_tokens })
 }

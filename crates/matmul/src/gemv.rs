@@ -29,6 +29,8 @@ enum Plan {
     Thread,
     /// One warp per row of W, `rows_per_warp` rows each.
     Warp { rows_per_warp: u32 },
+    /// One block of `GEMV_SPLIT` warps per row of W, K split across them.
+    SplitK,
 }
 
 fn stages() -> Vec<Variant> {
@@ -51,6 +53,14 @@ fn stages() -> Vec<Variant> {
             Plan::Warp { rows_per_warp: 4 },
             "a warp per 4 rows of W, their loads issued together, inp loaded once per 4 rows",
         ),
+        k(
+            3,
+            "split-k",
+            "gemv/03_split_k.cu",
+            Plan::SplitK,
+            "a block of 4 warps per row of W, K split across the warps, partial sums met in shared memory",
+        )
+        .with_tunables(&[("GEMV_SPLIT", 4)]),
     ]
 }
 
@@ -69,7 +79,7 @@ pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
     }
     require(d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
     require(d.n.checked_mul(d.k).is_some_and(|x| x < 1 << 31), ELEMS, || format!("N = {}, K = {}", d.n, d.k))?;
-    if matches!(v.plan::<Plan>()?, Plan::Warp { .. }) {
+    if matches!(v.plan::<Plan>()?, Plan::Warp { .. } | Plan::SplitK) {
         require(d.k.is_multiple_of(8), K_ALIGN, || format!("K = {}", d.k))?;
     }
     Ok(())
@@ -87,6 +97,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
     let shape = match v.plan::<Plan>()? {
         Plan::Thread => LaunchShape::linear(((d.m * d.n) as u32).div_ceil(256), 256),
         Plan::Warp { rows_per_warp } => LaunchShape::linear((d.n as u32).div_ceil(4 * rows_per_warp), 128),
+        Plan::SplitK => LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?),
     };
     Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("gemv_m{mt}"), shape)?, d })
 }
@@ -172,7 +183,7 @@ impl Op for Gemv {
             Limit { constraint: ROWS_M, past: shape(65, 64, 64, 1), inside: Some(shape(64, 64, 64, 1)) },
             Limit { constraint: ELEMS, past: shape(1, 1 << 16, 1 << 15, 1), inside: None },
         ];
-        if matches!(v.plan::<Plan>(), Ok(Plan::Warp { .. })) {
+        if matches!(v.plan::<Plan>(), Ok(Plan::Warp { .. } | Plan::SplitK)) {
             l.push(Limit { constraint: K_ALIGN, past: shape(3, 40, 36, 1), inside: Some(shape(3, 40, 40, 1)) });
         }
         l

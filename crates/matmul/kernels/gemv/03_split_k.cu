@@ -1,0 +1,55 @@
+// Decode GEMV, stage 3: split-K (a block of GEMV_SPLIT warps per row of W, K split across them).
+// Changed from stage 1: block n takes row n of W; its warps read interleaved 512-byte pieces of the
+//   row (warp w, lane l: chunks 32w + l, 32w + l + 32*GEMV_SPLIT, ...), so a block's warps together
+//   read 2 KiB contiguous per step; the warps' partial sums meet in shared memory (no atomics, the
+//   sum order fixed: deterministic).
+// Why it should be faster: at M = 1 a row of the MLP down projection (K = 3072) is 12 sequential
+//   512-byte steps for stage 1's single warp, and N = 768 rows give only 768 warps; with the row split
+//   four ways each warp has 3 steps and 4x the warps keep 4x the bytes in flight, so the long-K
+//   shapes, latency-bound at stage 1, should approach the launch floor (predicted ~2x at K = 3072,
+//   ~1.3x at K = 768, unchanged at the LM head, which already has 50257 warps).
+// Launch: gemv_m{1,2,4,8} (MT rows per pass): grid N, block 32 * GEMV_SPLIT.
+// Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte rows); N*K < 2^31; N <= 2^31 - 1 blocks.
+// Tolerance: 1e-2 preset.
+// Limits: M <= 64; N * K < 2^31; K % 8 == 0
+#include "matmul_gemv.cuh"
+
+#ifndef GEMV_SPLIT
+#define GEMV_SPLIT 4
+#endif
+
+template <int MT>
+__device__ __forceinline__ void gemv_split_k(float* out, const float* inp, const __nv_bfloat16* w,
+                                             const float* bias, int M, int N, int K) {
+    __shared__ float part[GEMV_SPLIT][MT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = blockIdx.x;
+    const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
+    const int chunks = K / 8;
+    for (int m0 = 0; m0 < M; m0 += MT) {
+        float acc[MT];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
+        for (int c = warp * 32 + lane; c < chunks; c += 32 * GEMV_SPLIT) {
+            const uint4 wc = row[c];
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+                if (m0 + i < M) acc[i] += dot8(wc, inp + (size_t)(m0 + i) * K + 8 * c);
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            const float s = warp_sum(acc[i]);
+            if (lane == 0) part[warp][i] = s;
+        }
+        __syncthreads();
+        if (threadIdx.x < MT && m0 + (int)threadIdx.x < M) {
+            float s = 0.0f;
+#pragma unroll
+            for (int p = 0; p < GEMV_SPLIT; ++p) s += part[p][threadIdx.x];
+            out[(size_t)(m0 + threadIdx.x) * N + n] = s + (bias != nullptr ? bias[n] : 0.0f);
+        }
+        __syncthreads();  // part is rewritten by the next pass
+    }
+}
+
+GEMV_ENTRIES(gemv_split_k)
