@@ -22,6 +22,7 @@ use matmul::gemv::Gemv;
 use matmul::linear::Linear;
 use norm::layernorm::LayerNorm;
 
+use crate::argmax::Argmax;
 use crate::encoder::Encoder;
 use crate::model::{Config, PLAN_OPS};
 use crate::pointwise::{Gelu, Residual};
@@ -64,7 +65,7 @@ pub struct Selection {
 
 impl Selection {
     /// The chosen stage of each op of [`PLAN_OPS`].
-    pub fn stages(&self) -> [u32; 9] {
+    pub fn stages(&self) -> [u32; 10] {
         std::array::from_fn(|i| self.ops[i].chosen)
     }
 }
@@ -91,6 +92,7 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
             DECODE_BATCHES.iter().map(|&b| vec![("R", b as i64), ("B", b as i64), ("Tmax", t), ("C", c)]).collect(),
         ),
         (&Gemv, linears.iter().map(|&(n, k)| vec![("M", 1), ("N", n), ("K", k), ("bias", 1)]).collect()),
+        (&Argmax, DECODE_BATCHES.iter().map(|&b| vec![("B", b as i64), ("V", cfg.vocab as i64)]).collect()),
     ];
     ops.into_iter()
         .map(|(op, shapes)| {

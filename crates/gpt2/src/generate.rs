@@ -83,6 +83,11 @@ impl Sampler {
         Ok(Sampler { s, rng: StdRng::seed_from_u64(s.seed) })
     }
 
+    /// Greedy: the token is the argmax, which the device can pick without the logits crossing.
+    pub fn is_greedy(&self) -> bool {
+        self.s.temperature == 0.0
+    }
+
     /// The next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> i32 {
         if self.s.temperature == 0.0 {
@@ -222,10 +227,15 @@ fn generate_cached(
     let start = Instant::now();
     let mut decode_tokens = 0;
     while !out.iter().all(finished) {
-        let logits = model.decode_step(gpu, &mut cache, &last)?;
+        // Greedy steps pick the tokens on the device and download B ids instead of B x V logits.
+        let (ids, logits) = if sampler.is_greedy() {
+            (model.decode_step_greedy(gpu, &mut cache, &last)?, Vec::new())
+        } else {
+            (Vec::new(), model.decode_step(gpu, &mut cache, &last)?)
+        };
         for i in 0..b {
             if !finished(&out[i]) {
-                last[i] = sampler.sample(&logits[i * v..][..v]);
+                last[i] = if ids.is_empty() { sampler.sample(&logits[i * v..][..v]) } else { ids[i] };
                 out[i].push(last[i]);
                 decode_tokens += 1;
             }

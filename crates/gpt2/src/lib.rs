@@ -4,6 +4,7 @@
 
 use common::{Family, Op, Sources};
 
+pub mod argmax;
 pub mod check;
 pub mod encoder;
 pub mod fastest;
@@ -28,12 +29,12 @@ impl Family for Gpt2 {
         FAMILY
     }
     fn description(&self) -> &'static str {
-        "GPT-2's own kernels (encoder, GELU, residual add) and the composed model"
+        "GPT-2's own kernels (encoder, GELU, residual add, greedy sampling) and the composed model"
     }
     fn sources(&self) -> &'static Sources {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&encoder::Encoder, &pointwise::Gelu, &pointwise::Residual]
+        vec![&encoder::Encoder, &pointwise::Gelu, &pointwise::Residual, &argmax::Argmax]
     }
 }

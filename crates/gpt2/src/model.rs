@@ -26,6 +26,7 @@ use matmul::gemv::{self, Gemv, GemvArgs, GemvDims};
 use matmul::linear::{self, Linear, LinearArgs, LinearDims};
 use norm::layernorm::{self, LayerNorm, LayerNormArgs, LayerNormDims};
 
+use crate::argmax::{self, Argmax};
 use crate::encoder::{self, Encoder, EncoderArgs, EncoderDims, Positions, TokenIds};
 use crate::pointwise::{self, Gelu, Kind, Residual};
 
@@ -259,12 +260,14 @@ pub struct Plan {
     /// The decode step's linears as `matmul/gemv` on bf16 copies of the weights (made once at load);
     /// `None`: the plan's `linear` on the fp32 weights.
     pub gemv: Option<Variant>,
+    /// Greedy sampling on the device (a greedy decode step downloads ids, not logits).
+    pub argmax: Variant,
 }
 
 /// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
-/// cache; `gemv=off` gives the decode step the plan's `linear`).
-pub const PLAN_OPS: [&str; 9] =
-    ["encoder", "layernorm", "linear", "attention", "gelu", "residual", "decode", "kv-append", "gemv"];
+/// cache; `gemv=off` gives the decode step the plan's `linear`; `argmax` ends a greedy decode step).
+pub const PLAN_OPS: [&str; 10] =
+    ["encoder", "layernorm", "linear", "attention", "gelu", "residual", "decode", "kv-append", "gemv", "argmax"];
 
 /// No stage: an optional op (`gemv`) is off.
 const OFF: u32 = u32::MAX;
@@ -294,12 +297,12 @@ impl Plan {
     ///
     /// `fastest` and `fastest-bf16` need the device: see [`Plan::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
-        let stages: [u32; 9] = match name {
-            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF],
-            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF],
-            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF],
-            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF],
-            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1],
+        let stages: [u32; 10] = match name {
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0],
+            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0],
+            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0],
+            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (Plan::resolve)",
@@ -339,7 +342,7 @@ impl Plan {
     }
 
     /// The stage of each op of [`PLAN_OPS`] (`u32::MAX`: off).
-    pub fn stages(&self) -> [u32; 9] {
+    pub fn stages(&self) -> [u32; 10] {
         [
             self.encoder.stage,
             self.layernorm.stage,
@@ -350,10 +353,11 @@ impl Plan {
             self.decode.stage,
             self.kv_append.stage,
             self.gemv.as_ref().map_or(OFF, |v| v.stage),
+            self.argmax.stage,
         ]
     }
 
-    fn from_stages(name: &str, s: [u32; 9]) -> Result<Plan> {
+    fn from_stages(name: &str, s: [u32; 10]) -> Result<Plan> {
         let decode = stage_of(&Decode, s[6])?;
         require(
             attn_decode::layout_of(&decode)? == Layout::Contiguous,
@@ -371,6 +375,7 @@ impl Plan {
             decode,
             kv_append: stage_of(&KvAppend, s[7])?,
             gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
+            argmax: stage_of(&Argmax, s[9])?,
         })
     }
 
@@ -706,8 +711,12 @@ struct DecodeStep {
     pos: Positions,
     cells: Cells,
     lens: SeqLens,
-    /// The captured step and the cache it was captured for (its first K buffer's address).
-    graph: Option<(u64, common::cudarc::driver::CudaGraph)>,
+    /// Greedy sampling on the device into `next` (a greedy step downloads these B ids).
+    argmax: argmax::Prepared,
+    next: CudaSlice<i32>,
+    /// The captured step, and the cache (its first K buffer's address) and greedy mode it was
+    /// captured for.
+    graph: Option<((u64, bool), common::cudarc::driver::CudaGraph)>,
 }
 
 impl Model {
@@ -784,6 +793,8 @@ impl Model {
             pos: Positions::upload(gpu, &vec![0; b], cfg.max_t)?,
             cells: Cells::upload(gpu, &(0..b).map(|i| (i, 0)).collect::<Vec<_>>(), b, cfg.max_t)?,
             lens: SeqLens::new(gpu, &vec![1; b], cfg.max_t)?,
+            argmax: argmax::prepare(gpu, &p.argmax, b, cfg.vocab)?,
+            next: gpu.zeros(b)?,
             graph: None,
         };
         self.decode = Some((b, step));
@@ -793,26 +804,42 @@ impl Model {
     /// One token for every sequence of `cache`: `tokens[i]` goes in at position `lens[i]`; returns
     /// the logits `[B, V]` and appends to the cache.
     pub fn decode_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<f32>> {
+        self.run_step(gpu, cache, tokens, false)?;
+        let (_, op) = self.decode.as_ref().expect("prepared by run_step");
+        gpu.download(&op.acts.logits)
+    }
+
+    /// A greedy decode step: as [`Model::decode_step`], with the plan's `argmax` picking each
+    /// sequence's next token on the device; returns those B ids (the logits stay on the device).
+    pub fn decode_step_greedy(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<i32>> {
+        self.run_step(gpu, cache, tokens, true)?;
+        let (_, op) = self.decode.as_ref().expect("prepared by run_step");
+        gpu.download(&op.next)
+    }
+
+    /// Writes the step's inputs, enqueues the step (replaying its graph when graphs are on) and
+    /// advances the cache's lengths.
+    fn run_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32], greedy: bool) -> Result<()> {
         self.begin_step(gpu, cache, tokens)?;
         let (_, op) = self.decode.as_mut().expect("prepared by begin_step");
         let s = gpu.stream().clone();
         let (w, w16) = (&self.params, self.bf16.as_ref());
         if self.graph {
-            // One graph per cache (its K/V buffers are baked into the kernels' arguments).
-            let key = common::device_ptr(&cache.k[0]);
+            // One graph per cache (its K/V buffers are baked into the kernels' arguments) and mode.
+            let key = (common::device_ptr(&cache.k[0]), greedy);
             if op.graph.as_ref().map(|(k, _)| *k) != Some(key) {
                 op.graph = None;
-                let g = common::timing::capture(&s, |st| enqueue_decode(st, w, w16, op, cache, &mut |_| Ok(())))?;
+                let g =
+                    common::timing::capture(&s, |st| enqueue_decode(st, w, w16, op, cache, greedy, &mut |_| Ok(())))?;
                 op.graph = Some((key, g));
             }
             let (_, g) = op.graph.as_ref().expect("captured above");
             g.launch().ctx("launch the decode graph")?;
         } else {
-            enqueue_decode(&s, w, w16, op, cache, &mut |_| Ok(()))?;
+            enqueue_decode(&s, w, w16, op, cache, greedy, &mut |_| Ok(()))?;
         }
-        let logits = gpu.download(&op.acts.logits)?;
         cache.lens.iter_mut().for_each(|l| *l += 1);
-        Ok(logits)
+        Ok(())
     }
 
     /// One eager decode step with an event after every op, enqueued behind a closed
@@ -834,7 +861,7 @@ impl Model {
         let start = event()?;
         start.record(&s).ctx("record")?;
         let mut marks = Vec::new();
-        enqueue_decode(&s, &self.params, self.bf16.as_ref(), op, cache, &mut |name| {
+        enqueue_decode(&s, &self.params, self.bf16.as_ref(), op, cache, false, &mut |name| {
             let e = event()?;
             e.record(&s).ctx("record")?;
             marks.push((name, e));
@@ -917,13 +944,15 @@ impl Model {
 }
 
 /// One decode step's kernels, op by op, on `s`, reading the step's inputs from `op`'s buffers.
-/// `mark(name)` is called after each op is enqueued (the per-op breakdown records an event there).
+/// With `greedy`, the plan's argmax picks each sequence's next token into `op.next`. `mark(name)`
+/// is called after each op is enqueued (the per-op breakdown records an event there).
 fn enqueue_decode(
     s: &CudaStream,
     w: &Params<CudaSlice<f32>>,
     w16: Option<&Bf16Weights>,
     op: &mut DecodeStep,
     cache: &mut KvCache,
+    greedy: bool,
     mark: &mut dyn FnMut(&'static str) -> Result<()>,
 ) -> Result<()> {
     let a = &mut op.acts;
@@ -969,7 +998,12 @@ fn enqueue_decode(
     layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
     mark("layernorm")?;
     op.lm_head.enqueue(s, &mut a.logits, &a.ln, (&w.wte, w16.map(|x| &x.wte)), None)?;
-    mark("linear lm-head")
+    mark("linear lm-head")?;
+    if greedy {
+        op.argmax.enqueue(s, &mut op.next, &a.logits)?;
+        mark("argmax")?;
+    }
+    Ok(())
 }
 
 /// `ln = LayerNorm(x)` with the given gain and bias.

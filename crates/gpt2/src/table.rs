@@ -1,7 +1,7 @@
 //! The model-level ablation (`ladder run gpt2 --op model`): for every named plan, the prefill of
 //! B = 4 sequences of the whole context, and decode tokens per second at batch 1, 8 and 32 near the
-//! end of a 1024-token context with the KV cache (eager and CUDA graph) and without it (the prefix
-//! recomputed for every token); "leave one op out" rows (the `fastest` plan with one op back at its
+//! end of a 1024-token context with the KV cache (eager, CUDA graph, and graph with greedy sampling
+//! on the device) and without it (the prefix recomputed for every token); "leave one op out" rows (the `fastest` plan with one op back at its
 //! stage 0); and where one decode step's time goes, op by op.
 //!
 //! Decode steps are timed on the host clock around the whole step as generation runs it (inputs
@@ -75,6 +75,8 @@ pub struct PlanRow {
     /// Per batch size of [`DECODE_BATCHES`]: one step's time (B tokens).
     pub decode_eager: Vec<Cell>,
     pub decode_graph: Vec<Cell>,
+    /// Graph-replayed greedy steps: the plan's argmax on the device, B ids downloaded.
+    pub decode_greedy: Vec<Cell>,
     /// Per batch size: one token per sequence with no cache (the forward pass over the prefix).
     pub no_cache: Vec<Cell>,
     /// Kernels in one captured decode step (at the largest batch).
@@ -222,16 +224,26 @@ fn plan_row(
         prefill,
         decode_eager: Vec::new(),
         decode_graph: Vec::new(),
+        decode_greedy: Vec::new(),
         no_cache: Vec::new(),
         step_kernels: None,
     };
-    for graph in [false, true] {
+    for (graph, greedy) in [(false, false), (true, false), (true, true)] {
         model.set_graph(graph);
         for &b in &DECODE_BATCHES {
-            progress(&format!("plan {name}: decode at batch {b}{}", if graph { ", graph" } else { "" }));
-            let cell = Cell::from(time_steps(gpu, &mut model, b, steps, decode_from));
-            progress(&format!("plan {name}: decode at batch {b}: {cell:?}"));
-            if graph { &mut row.decode_graph } else { &mut row.decode_eager }.push(cell);
+            let mode = match (graph, greedy) {
+                (false, _) => "eager",
+                (true, false) => "graph",
+                (true, true) => "graph, argmax on the device",
+            };
+            let cell = Cell::from(time_steps(gpu, &mut model, b, steps, decode_from, greedy));
+            progress(&format!("plan {name}: decode at batch {b} ({mode}): {cell:?}"));
+            match (graph, greedy) {
+                (false, _) => &mut row.decode_eager,
+                (true, false) => &mut row.decode_graph,
+                (true, true) => &mut row.decode_greedy,
+            }
+            .push(cell);
         }
     }
     row.step_kernels = model.decode_graph_kernels()?;
@@ -255,14 +267,19 @@ fn plan_row(
 }
 
 /// Host-clock times of `steps` decode steps at batch `b` from cache length `from` (after 3 warm-up
-/// steps, which also capture the graph when it is on).
-fn time_steps(gpu: &Gpu, model: &mut Model, b: usize, steps: usize, from: usize) -> Result<Timing> {
+/// steps, which also capture the graph when it is on); `greedy` steps pick the tokens on the
+/// device and download ids, the others download the logits.
+fn time_steps(gpu: &Gpu, model: &mut Model, b: usize, steps: usize, from: usize, greedy: bool) -> Result<Timing> {
     let mut cache = model.timing_cache(gpu, b, from)?;
     let tokens: Vec<i32> = (0..b as i32).map(|i| (i * 7919) % 50000).collect();
     let mut samples = Vec::with_capacity(steps);
     for i in 0..3 + steps {
         let t0 = Instant::now();
-        model.decode_step(gpu, &mut cache, &tokens)?;
+        if greedy {
+            model.decode_step_greedy(gpu, &mut cache, &tokens)?;
+        } else {
+            model.decode_step(gpu, &mut cache, &tokens)?;
+        }
         if i >= 3 {
             samples.push(t0.elapsed().as_secs_f64() * 1e3);
         }
@@ -315,7 +332,7 @@ fn step_breakdown(
     let ops =
         order.iter().map(|op| (op.to_string(), Timing::from_samples(&mut per_op[op].clone()).median_ms)).collect();
     model.set_graph(true);
-    let step = time_steps(gpu, &mut model, b, steps, from)?;
+    let step = time_steps(gpu, &mut model, b, steps, from, false)?;
     Ok(Breakdown {
         plan: name,
         batch: b,
@@ -384,13 +401,13 @@ impl ModelTable {
         let head = |md: &mut String, first: &str| {
             md.push_str(&format!("| {first} | prefill |"));
             for x in b {
-                md.push_str(&format!(" b{x} eager | b{x} graph |"));
+                md.push_str(&format!(" b{x} eager | b{x} graph | b{x} graph+argmax |"));
             }
             for x in b {
                 md.push_str(&format!(" b{x} no cache |"));
             }
             md.push_str(" kernels/step | stages |\n|");
-            md.push_str(&"---|".repeat(3 + 3 * b.len() + 1));
+            md.push_str(&"---|".repeat(3 + 4 * b.len() + 1));
             md.push('\n');
         };
         let row = |md: &mut String, r: &PlanRow| {
@@ -401,7 +418,12 @@ impl ModelTable {
             };
             md.push_str(&format!("| {} | {prefill} |", r.plan));
             for (i, &x) in b.iter().enumerate() {
-                md.push_str(&format!(" {} | {} |", tok_s(&r.decode_eager[i], x), tok_s(&r.decode_graph[i], x)));
+                md.push_str(&format!(
+                    " {} | {} | {} |",
+                    tok_s(&r.decode_eager[i], x),
+                    tok_s(&r.decode_graph[i], x),
+                    tok_s(&r.decode_greedy[i], x)
+                ));
             }
             for (i, &x) in b.iter().enumerate() {
                 md.push_str(&format!(" {} |", tok_s(&r.no_cache[i], x)));

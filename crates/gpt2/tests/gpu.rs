@@ -52,6 +52,16 @@ fn main() -> std::process::ExitCode {
                 }
             })
         })
+        .gpu("argmax_default_and_ragged", |gpu| {
+            let op = &gpt2::argmax::Argmax;
+            for s in op.default_shapes() {
+                assert_stages_pass(gpu, op, &s, &op.variants());
+            }
+            // Rows shorter than the block, and vocabularies that are not multiples of anything.
+            proptest(16, (1i64..=40, 1i64..=70_001), |(b, v)| {
+                assert_stages_pass(gpu, op, &Shape::new(&[("B", b), ("V", v)]), &op.variants());
+            })
+        })
         .gpu("model_matches_the_f64_reference", |gpu| {
             // Two layers, head size 32, a vocabulary and lengths that are not multiples of anything.
             let cfg = Config { layers: 2, heads: 2, c: 64, vocab: 101, max_t: 40 };
@@ -125,6 +135,22 @@ fn main() -> std::process::ExitCode {
             assert!(ops.iter().all(|(_, ms)| ms.is_finite() && *ms >= 0.0), "{ops:?}");
             let after: Vec<Vec<f32>> = caches.iter_mut().map(|c| m.decode_step(gpu, c, &[6, 7]).unwrap()).collect();
             assert_eq!(after[0], after[1], "the profiled step appended different keys or values");
+            // Greedy on the device picks what the host's argmax picks from the same step's logits.
+            for graph in [false, true] {
+                m.set_graph(graph);
+                let logits = m.decode_step(gpu, &mut caches[1], &[8, 9]).unwrap();
+                let ids = m.decode_step_greedy(gpu, &mut caches[0], &[8, 9]).unwrap();
+                let want: Vec<i32> = logits.chunks(cfg.vocab).map(gpt2::generate::argmax).collect();
+                assert_eq!(ids, want, "graph {graph}");
+            }
+            m.set_graph(false);
+            let mut m = Model::new(gpu, cfg, &w, Plan::named("cublas-gemv").unwrap()).unwrap();
+            let mut caches = [m.new_cache(gpu, 2).unwrap(), m.new_cache(gpu, 2).unwrap()];
+            for c in caches.iter_mut() {
+                for (i, p) in prompts.iter().enumerate() {
+                    m.prefill_into(gpu, c, i, p).unwrap();
+                }
+            }
             assert_eq!(m.decode_graph_kernels().unwrap(), None, "no graph step ran yet");
             m.set_graph(true);
             m.decode_step(gpu, &mut caches[0], &[1, 2]).unwrap();
@@ -156,6 +182,10 @@ fn main() -> std::process::ExitCode {
                 for v in op.variants() {
                     assert_graph_replay_passes(gpu, op, &Shape::new(&[("N", 1001)]), &v);
                 }
+            }
+            let argmax = &gpt2::argmax::Argmax;
+            for v in argmax.variants() {
+                assert_graph_replay_passes(gpu, argmax, &Shape::new(&[("B", 3), ("V", 50257)]), &v);
             }
         })
         .main()
