@@ -17,44 +17,108 @@ use crate::{FAMILY, SOURCES};
 const OP: &str = "argmax";
 const THREADS: u32 = 256;
 const ELEMS: &str = "B * V < 2^31";
+const GRID_Y: &str = "B <= 65535";
 
-fn stages() -> Vec<Variant> {
-    vec![Variant::kernel(
-        FAMILY,
-        OP,
-        0,
-        "block-row",
-        "argmax/00_block_row.cu",
-        Precision::Fp32,
-        "a block of 256 threads per row: strided scan, warp-shuffle and shared-memory merges of (max, index)",
-    )
-    .with_tolerance(0.0, "token ids are exact")]
+/// How a stage covers a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// One block per row.
+    BlockRow,
+    /// `ARGMAX_SPLITS` blocks per row and a workspace; the row's last block merges.
+    SplitRow,
 }
 
-pub fn check_shape(b: usize, v: usize) -> Result<()> {
-    require(b >= 1 && v >= 1, "B, V >= 1", || format!("B = {b}, V = {v}"))?;
-    require(b.checked_mul(v).is_some_and(|n| n < 1 << 31), ELEMS, || format!("B = {b}, V = {v}"))
+fn stages() -> Vec<Variant> {
+    let k = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary)
+            .with_plan(plan)
+            .with_tolerance(0.0, "token ids are exact")
+    };
+    vec![
+        k(
+            0,
+            "block-row",
+            "argmax/00_block_row.cu",
+            Plan::BlockRow,
+            "a block of 256 threads per row: strided scan, warp-shuffle and shared-memory merges of (max, index)",
+        ),
+        k(
+            1,
+            "split-row",
+            "argmax/01_split_row.cu",
+            Plan::SplitRow,
+            "a row over 32 blocks in one launch: pieces to a workspace, the last block (ticket) merges them",
+        )
+        .with_tunables(&[("ARGMAX_SPLITS", 32)]),
+    ]
+}
+
+pub fn check_shape(v: &Variant, b: usize, n: usize) -> Result<()> {
+    require(b >= 1 && n >= 1, "B, V >= 1", || format!("B = {b}, V = {n}"))?;
+    require(b.checked_mul(n).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, V = {n}"))?;
+    if v.plan::<Plan>()? == Plan::SplitRow {
+        require(b <= 65535, GRID_Y, || format!("B = {b}"))?;
+    }
+    Ok(())
+}
+
+/// The split stage's workspace: each (row, piece)'s max and index, and a ticket per row (zero
+/// between launches: the last block resets it).
+struct Workspace {
+    part_v: CudaSlice<f32>,
+    part_i: CudaSlice<i32>,
+    tickets: CudaSlice<u32>,
 }
 
 /// The argmax prepared for B rows of V logits.
 pub struct Prepared {
     launch: Launch,
+    workspace: Option<Workspace>,
     b: usize,
     v: usize,
 }
 
 pub fn prepare(gpu: &Gpu, variant: &Variant, b: usize, v: usize) -> Result<Prepared> {
-    check_shape(b, v)?;
-    let launch = gpu.prepare_launch(&SOURCES, variant, "argmax_rows", LaunchShape::linear(b as u32, THREADS))?;
-    Ok(Prepared { launch, b, v })
+    check_shape(variant, b, v)?;
+    let (shape, workspace) = match variant.plan::<Plan>()? {
+        Plan::BlockRow => (LaunchShape::linear(b as u32, THREADS), None),
+        Plan::SplitRow => {
+            let splits = variant.tunable("ARGMAX_SPLITS")?;
+            let ws = Workspace {
+                part_v: gpu.zeros(b * splits as usize)?,
+                part_i: gpu.zeros(b * splits as usize)?,
+                tickets: gpu.zeros(b)?,
+            };
+            (LaunchShape::new((splits, b as u32, 1), (THREADS, 1, 1)), Some(ws))
+        }
+    };
+    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, variant, "argmax_rows", shape)?, workspace, b, v })
 }
 
 impl Prepared {
     pub fn enqueue(&self, stream: &CudaStream, ids: &mut CudaSlice<i32>, logits: &CudaSlice<f32>) -> Result<()> {
         require_len("ids", ids.len(), self.b)?;
         require_len("logits", logits.len(), self.b * self.v)?;
-        // SAFETY: argmax_rows(ids, logits, B, V) reads B·V logits and writes B ids (lengths checked).
-        unsafe { self.launch.enqueue(stream, &[Arg::buf(ids), Arg::buf(logits), Arg::int(self.b), Arg::int(self.v)]) }
+        let (b, v) = (Arg::int(self.b), Arg::int(self.v));
+        // SAFETY: each entry's arguments follow its signature; it reads B·V logits and writes B ids
+        // (lengths checked); the workspace was sized for B rows of ARGMAX_SPLITS pieces at prepare.
+        unsafe {
+            match &self.workspace {
+                None => self.launch.enqueue(stream, &[Arg::buf(ids), Arg::buf(logits), b, v]),
+                Some(w) => self.launch.enqueue(
+                    stream,
+                    &[
+                        Arg::buf(ids),
+                        Arg::buf(&w.part_v),
+                        Arg::buf(&w.part_i),
+                        Arg::buf(&w.tickets),
+                        Arg::buf(logits),
+                        b,
+                        v,
+                    ],
+                ),
+            }
+        }
     }
 }
 
@@ -91,16 +155,21 @@ impl Op for Argmax {
         // GPT-2's vocabulary at the decode batch sizes of the model table.
         vec![shape(1, 50257), shape(8, 50257), shape(32, 50257)]
     }
-    fn validate(&self, _v: &Variant, s: &Shape) -> Result<()> {
+    fn validate(&self, variant: &Variant, s: &Shape) -> Result<()> {
         let (b, v) = dims(s)?;
-        check_shape(b, v)
+        check_shape(variant, b, v)
     }
-    fn limits(&self, _v: &Variant) -> Vec<Limit> {
-        vec![Limit { constraint: ELEMS, past: shape(1 << 16, 1 << 15), inside: Some(shape(3, 1001)) }]
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut l = vec![Limit { constraint: ELEMS, past: shape(1 << 16, 1 << 15), inside: Some(shape(3, 1001)) }];
+        if v.plan::<Plan>().is_ok_and(|p| p == Plan::SplitRow) {
+            l.push(Limit { constraint: GRID_Y, past: shape(65536, 2), inside: Some(shape(65535, 2)) });
+        }
+        l
     }
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let (b, v) = dims(s)?;
-        check_shape(b, v)?;
+        require(b >= 1 && v >= 1, "B, V >= 1", || format!("B = {b}, V = {v}"))?;
+        require(b.checked_mul(v).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, V = {v}"))?;
         let logits = uniform(b * v, -8.0, 8.0, seed);
         let reference: Vec<f64> = logits.chunks(v).map(|r| crate::generate::argmax(r) as f64).collect();
         let copies = rotation_copies(gpu, (4 * b * v) as u64);
