@@ -1,8 +1,8 @@
 //! Greedy sampling on the device, a small ladder: `ids[b] = argmax(logits[b, ..V])`, the lowest index
-//! among equal maxima (the host sampler's rule). A greedy decode step then downloads B ints instead
-//! of B·V floats.
+//! among equal maxima (the host sampler's rule), rows `ld >= V` apart (the model pads its logits to
+//! a multiple of 64 columns). A greedy decode step then downloads B ints instead of B·V floats.
 //!
-//! Shape keys: `B`, `V`.
+//! Shape keys: `B`, `V`, `ld` (the row stride; 0 or absent: V).
 
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
@@ -16,7 +16,8 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "argmax";
 const THREADS: u32 = 256;
-const ELEMS: &str = "B * V < 2^31";
+const ELEMS: &str = "B * ld < 2^31";
+const STRIDE: &str = "ld >= V";
 const GRID_Y: &str = "B <= 65535";
 
 /// How a stage covers a row.
@@ -53,9 +54,19 @@ fn stages() -> Vec<Variant> {
     ]
 }
 
-pub fn check_shape(v: &Variant, b: usize, n: usize) -> Result<()> {
+/// The sizes of one call: B rows of V logits, `ld` apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArgmaxDims {
+    pub b: usize,
+    pub v: usize,
+    pub ld: usize,
+}
+
+pub fn check_shape(v: &Variant, d: ArgmaxDims) -> Result<()> {
+    let ArgmaxDims { b, v: n, ld } = d;
     require(b >= 1 && n >= 1, "B, V >= 1", || format!("B = {b}, V = {n}"))?;
-    require(b.checked_mul(n).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, V = {n}"))?;
+    require(ld >= n, STRIDE, || format!("ld = {ld}, V = {n}"))?;
+    require(b.checked_mul(ld).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, ld = {ld}"))?;
     if v.plan::<Plan>()? == Plan::SplitRow {
         require(b <= 65535, GRID_Y, || format!("B = {b}"))?;
     }
@@ -74,12 +85,12 @@ struct Workspace {
 pub struct Prepared {
     launch: Launch,
     workspace: Option<Workspace>,
-    b: usize,
-    v: usize,
+    d: ArgmaxDims,
 }
 
-pub fn prepare(gpu: &Gpu, variant: &Variant, b: usize, v: usize) -> Result<Prepared> {
-    check_shape(variant, b, v)?;
+pub fn prepare(gpu: &Gpu, variant: &Variant, d: ArgmaxDims) -> Result<Prepared> {
+    check_shape(variant, d)?;
+    let b = d.b;
     let (shape, workspace) = match variant.plan::<Plan>()? {
         Plan::BlockRow => (LaunchShape::linear(b as u32, THREADS), None),
         Plan::SplitRow => {
@@ -92,19 +103,20 @@ pub fn prepare(gpu: &Gpu, variant: &Variant, b: usize, v: usize) -> Result<Prepa
             (LaunchShape::new((splits, b as u32, 1), (THREADS, 1, 1)), Some(ws))
         }
     };
-    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, variant, "argmax_rows", shape)?, workspace, b, v })
+    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, variant, "argmax_rows", shape)?, workspace, d })
 }
 
 impl Prepared {
     pub fn enqueue(&self, stream: &CudaStream, ids: &mut CudaSlice<i32>, logits: &CudaSlice<f32>) -> Result<()> {
-        require_len("ids", ids.len(), self.b)?;
-        require_len("logits", logits.len(), self.b * self.v)?;
-        let (b, v) = (Arg::int(self.b), Arg::int(self.v));
-        // SAFETY: each entry's arguments follow its signature; it reads B·V logits and writes B ids
-        // (lengths checked); the workspace was sized for B rows of ARGMAX_SPLITS pieces at prepare.
+        let ArgmaxDims { b, v, ld } = self.d;
+        require_len("ids", ids.len(), b)?;
+        require_len("logits", logits.len(), b * ld)?;
+        let (b, v, ld) = (Arg::int(b), Arg::int(v), Arg::int(ld));
+        // SAFETY: each entry's arguments follow its signature; it reads V of each row of ld logits and
+        // writes B ids (lengths checked, ld >= V at prepare); the workspace was sized for B rows of ARGMAX_SPLITS pieces at prepare.
         unsafe {
             match &self.workspace {
-                None => self.launch.enqueue(stream, &[Arg::buf(ids), Arg::buf(logits), b, v]),
+                None => self.launch.enqueue(stream, &[Arg::buf(ids), Arg::buf(logits), b, v, ld]),
                 Some(w) => self.launch.enqueue(
                     stream,
                     &[
@@ -115,6 +127,7 @@ impl Prepared {
                         Arg::buf(logits),
                         b,
                         v,
+                        ld,
                     ],
                 ),
             }
@@ -128,12 +141,17 @@ impl PreparedStage for Prepared {
     }
 }
 
-fn shape(b: i64, v: i64) -> Shape {
-    Shape::new(&[("B", b), ("V", v)])
+fn shape(b: i64, v: i64, ld: i64) -> Shape {
+    Shape::new(&[("B", b), ("V", v), ("ld", ld)])
 }
 
-fn dims(s: &Shape) -> Result<(usize, usize)> {
-    Ok((s.dim("B", i32::MAX as i64)?, s.dim("V", i32::MAX as i64)?))
+fn dims(s: &Shape) -> Result<ArgmaxDims> {
+    let (b, v) = (s.dim("B", i32::MAX as i64)?, s.dim("V", i32::MAX as i64)?);
+    let ld = match s.get("ld") {
+        Some(0) | None => v,
+        Some(_) => s.dim("ld", i32::MAX as i64)?,
+    };
+    Ok(ArgmaxDims { b, v, ld })
 }
 
 static INFO: OpInfo = OpInfo {
@@ -141,7 +159,7 @@ static INFO: OpInfo = OpInfo {
     name: OP,
     description: "greedy sampling: ids[b] = argmax over V of logits[b, :] (lowest index among equals)",
     sources: &SOURCES,
-    shape_keys: &["B", "V"],
+    shape_keys: &["B", "V", "ld"],
     stages,
 };
 
@@ -152,30 +170,35 @@ impl Op for Argmax {
         &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
-        // GPT-2's vocabulary at the decode batch sizes of the model table.
-        vec![shape(1, 50257), shape(8, 50257), shape(32, 50257)]
+        // GPT-2's vocabulary, in rows padded to 50304 as the model's logits are, at the decode batch
+        // sizes of the model table.
+        vec![shape(1, 50257, 50304), shape(8, 50257, 50304), shape(32, 50257, 50304)]
     }
     fn validate(&self, variant: &Variant, s: &Shape) -> Result<()> {
-        let (b, v) = dims(s)?;
-        check_shape(variant, b, v)
+        check_shape(variant, dims(s)?)
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
-        let mut l = vec![Limit { constraint: ELEMS, past: shape(1 << 16, 1 << 15), inside: Some(shape(3, 1001)) }];
+        let mut l = vec![
+            Limit { constraint: ELEMS, past: shape(1 << 16, 1 << 15, 0), inside: Some(shape(3, 1001, 1024)) },
+            Limit { constraint: STRIDE, past: shape(2, 100, 99), inside: Some(shape(2, 100, 100)) },
+        ];
         if v.plan::<Plan>().is_ok_and(|p| p == Plan::SplitRow) {
-            l.push(Limit { constraint: GRID_Y, past: shape(65536, 2), inside: Some(shape(65535, 2)) });
+            l.push(Limit { constraint: GRID_Y, past: shape(65536, 2, 0), inside: Some(shape(65535, 2, 0)) });
         }
         l
     }
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
-        let (b, v) = dims(s)?;
-        require(b >= 1 && v >= 1, "B, V >= 1", || format!("B = {b}, V = {v}"))?;
-        require(b.checked_mul(v).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, V = {v}"))?;
-        let logits = uniform(b * v, -8.0, 8.0, seed);
-        let reference: Vec<f64> = logits.chunks(v).map(|r| crate::generate::argmax(r) as f64).collect();
-        let copies = rotation_copies(gpu, (4 * b * v) as u64);
+        let d = dims(s)?;
+        let ArgmaxDims { b, v, ld } = d;
+        require(b >= 1 && v >= 1 && ld >= v, "B, V >= 1 and ld >= V", || format!("B = {b}, V = {v}, ld = {ld}"))?;
+        require(b.checked_mul(ld).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, ld = {ld}"))?;
+        // The padding columns hold larger values than any logit: a stage that reads them fails.
+        let mut logits = uniform(b * ld, -8.0, 8.0, seed);
+        logits.chunks_mut(ld).for_each(|r| r[v..].fill(100.0));
+        let reference: Vec<f64> = logits.chunks(ld).map(|r| crate::generate::argmax(&r[..v]) as f64).collect();
+        let copies = rotation_copies(gpu, (4 * b * ld) as u64);
         Ok(Box::new(ArgmaxProblem {
-            b,
-            v,
+            d,
             logits: Rotated::upload(gpu, &logits, copies)?,
             ids: Rotated::outputs(gpu, b, copies)?,
             reference,
@@ -186,8 +209,7 @@ impl Op for Argmax {
 }
 
 struct ArgmaxProblem {
-    b: usize,
-    v: usize,
+    d: ArgmaxDims,
     logits: Rotated<f32>,
     ids: Rotated<i32>,
     reference: Vec<f64>,
@@ -197,7 +219,7 @@ struct ArgmaxProblem {
 
 impl Problem for ArgmaxProblem {
     fn workload(&self) -> Workload {
-        let (b, v) = (self.b as u64, self.v as u64);
+        let (b, v) = (self.d.b as u64, self.d.v as u64);
         Workload { bytes: 4 * b * v + 4 * b, flops: b * v, bound: Bound::Memory }
     }
     fn copies(&self) -> usize {
@@ -207,7 +229,7 @@ impl Problem for ArgmaxProblem {
         self.ids.poison(gpu)
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.b, self.v)?))
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;

@@ -77,10 +77,12 @@ type Dims = Vec<(&'static str, i64)>;
 fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
     let (c, t, nh, hs) = (cfg.c as i64, cfg.max_t as i64, cfg.heads as i64, cfg.head_size() as i64);
     let rows = PREFILL_B as i64 * t;
-    let linears = [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c), (cfg.vocab as i64, c)];
+    let (v, vp) = (cfg.vocab as i64, cfg.padded_vocab() as i64);
+    // The LM head at the padded vocabulary, as the model runs it.
+    let linears = [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c), (cfg.padded_vocab() as i64, c)];
     let decode = |b: usize| vec![("B", b as i64), ("HQ", nh), ("HKV", nh), ("D", hs), ("seq", t), ("ragged", 0)];
     let ops: Vec<(&'static dyn Op, Vec<Dims>)> = vec![
-        (&Encoder, vec![vec![("B", PREFILL_B as i64), ("T", t), ("C", c), ("V", cfg.vocab as i64)]]),
+        (&Encoder, vec![vec![("B", PREFILL_B as i64), ("T", t), ("C", c), ("V", v)]]),
         (&LayerNorm, vec![vec![("rows", rows), ("C", c)]]),
         (&Linear, linears.iter().map(|&(n, k)| vec![("M", rows), ("N", n), ("K", k), ("bias", 1)]).collect()),
         (&Prefill, vec![vec![("B", PREFILL_B as i64), ("T", t), ("NH", nh), ("HS", hs), ("W", t)]]),
@@ -92,7 +94,7 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
             DECODE_BATCHES.iter().map(|&b| vec![("R", b as i64), ("B", b as i64), ("Tmax", t), ("C", c)]).collect(),
         ),
         (&Gemv, linears.iter().map(|&(n, k)| vec![("M", 1), ("N", n), ("K", k), ("bias", 1)]).collect()),
-        (&Argmax, DECODE_BATCHES.iter().map(|&b| vec![("B", b as i64), ("V", cfg.vocab as i64)]).collect()),
+        (&Argmax, DECODE_BATCHES.iter().map(|&b| vec![("B", b as i64), ("V", v), ("ld", vp)]).collect()),
     ];
     ops.into_iter()
         .map(|(op, shapes)| {

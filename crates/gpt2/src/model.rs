@@ -26,7 +26,7 @@ use matmul::gemv::{self, Gemv, GemvArgs, GemvDims};
 use matmul::linear::{self, Linear, LinearArgs, LinearDims};
 use norm::layernorm::{self, LayerNorm, LayerNormArgs, LayerNormDims};
 
-use crate::argmax::{self, Argmax};
+use crate::argmax::{self, Argmax, ArgmaxDims};
 use crate::encoder::{self, Encoder, EncoderArgs, EncoderDims, Positions, TokenIds};
 use crate::pointwise::{self, Gelu, Kind, Residual};
 
@@ -63,6 +63,13 @@ impl Config {
 
     pub fn head_size(&self) -> usize {
         self.c / self.heads
+    }
+
+    /// The vocabulary padded to a multiple of 64 (50304 for GPT-2): the LM head's N, so every
+    /// leading dimension of its GEMM is aligned (cuBLAS then takes its fast tensor-core path). The
+    /// padding rows are zeros and never sampled: logits leave the model with V columns.
+    pub fn padded_vocab(&self) -> usize {
+        self.vocab.next_multiple_of(64)
     }
 
     /// Every dimension in one word (`L12-H12-C768-V50257-T1024`), for file names and tables.
@@ -449,7 +456,7 @@ impl Activations {
             proj: gpu.zeros(rows * c)?,
             fc: gpu.zeros(rows * 4 * c)?,
             gelu: gpu.zeros(rows * 4 * c)?,
-            logits: gpu.zeros(rows * cfg.vocab)?,
+            logits: gpu.zeros(rows * cfg.padded_vocab())?,
         })
     }
 }
@@ -458,12 +465,10 @@ impl Activations {
 pub struct Model {
     pub cfg: Config,
     pub plan: Plan,
-    params: Params<CudaSlice<f32>>,
+    weights: DeviceWeights,
     prepared: HashMap<(usize, usize), Prepared>,
     /// The decode step, prepared for one batch size.
     decode: Option<(usize, DecodeStep)>,
-    /// bf16 copies of the linear weights, when the plan's decode step runs the GEMV.
-    bf16: Option<Bf16Weights>,
     /// Replay the decode step from a CUDA graph captured once per batch size and cache.
     graph: bool,
 }
@@ -482,16 +487,10 @@ impl Model {
         ] {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
-        let bf16 = if plan.gemv.is_some() { Some(Bf16Weights::new(gpu, weights)?) } else { None };
-        Ok(Model {
-            cfg,
-            plan,
-            params: weights.map(|w| gpu.upload(w))?,
-            prepared: HashMap::new(),
-            decode: None,
-            bf16,
-            graph: false,
-        })
+        let lm_head = padded_head(weights, &cfg);
+        let bf16 = if plan.gemv.is_some() { Some(Bf16Weights::new(gpu, weights, &lm_head)?) } else { None };
+        let weights = DeviceWeights { p: weights.map(|w| gpu.upload(w))?, lm_head: gpu.upload(&lm_head)?, bf16 };
+        Ok(Model { cfg, plan, weights, prepared: HashMap::new(), decode: None, graph: false })
     }
 
     fn prepare(&mut self, gpu: &Gpu, b: usize, t: usize) -> Result<()> {
@@ -516,7 +515,7 @@ impl Model {
             proj: lin(c, c, true)?,
             fc: lin(4 * c, c, true)?,
             fcproj: lin(c, 4 * c, true)?,
-            lm_head: lin(cfg.vocab, c, false)?,
+            lm_head: lin(cfg.padded_vocab(), c, false)?,
             attention: prefill::prepare(gpu, &p.attention, PrefillDims { dims: ad, window: t })?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, m * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, m * c)?,
@@ -529,18 +528,19 @@ impl Model {
     /// The logits `[B, T, V]` of `tokens` (`B` rows of `T` ids each).
     pub fn forward(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
         let key = self.run(gpu, tokens)?;
-        gpu.download(&self.prepared[&key].acts.logits)
+        let logits = gpu.download(&self.prepared[&key].acts.logits)?;
+        Ok(unpad(logits, self.cfg.vocab, self.cfg.padded_vocab()))
     }
 
     /// The logits of each row's last position only, `[B, V]` (what generation samples from): the
     /// same pass, but only B rows of logits cross to the host.
     pub fn forward_last(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
         let (b, t) = self.run(gpu, tokens)?;
-        let v = self.cfg.vocab;
+        let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
         let logits = &self.prepared[&(b, t)].acts.logits;
         let mut out = vec![0f32; b * v];
         for (i, row) in out.chunks_mut(v).enumerate() {
-            let off = (i * t + t - 1) * v;
+            let off = (i * t + t - 1) * vp;
             gpu.stream().memcpy_dtoh(&logits.slice(off..off + v), row).ctx("copy logits to host")?;
         }
         gpu.synchronize()?;
@@ -571,7 +571,7 @@ impl Model {
         ids: &TokenIds,
         mut fill: Option<Fill>,
     ) -> Result<()> {
-        let w = &self.params;
+        let (w, head) = (&self.weights.p, &self.weights.lm_head);
         let op = self.prepared.get_mut(&(b, t)).expect("prepared above");
         op.encoder.enqueue(s, EncoderArgs { out: &mut op.acts.x, tokens: ids, wte: &w.wte, wpe: &w.wpe })?;
         for (i, l) in w.blocks.iter().enumerate() {
@@ -579,7 +579,7 @@ impl Model {
         }
         let a = &mut op.acts;
         layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
-        op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: &w.wte, bias: None })
+        op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: head, bias: None })
     }
 
     /// Enqueues transformer block `layer` alone, prepared for (B, T), on `s`, over whatever the
@@ -587,7 +587,7 @@ impl Model {
     pub fn enqueue_one_block(&mut self, gpu: &Gpu, s: &CudaStream, b: usize, t: usize, layer: usize) -> Result<()> {
         self.prepare(gpu, b, t)?;
         let l =
-            self.params.blocks.get(layer).ok_or_else(|| {
+            self.weights.p.blocks.get(layer).ok_or_else(|| {
                 Error::constraint(format!("a layer below {}", self.cfg.layers), format!("layer {layer}"))
             })?;
         enqueue_block(s, self.prepared.get_mut(&(b, t)).expect("prepared above"), l, None)
@@ -667,15 +667,39 @@ impl DecodeLinear {
     }
 }
 
-/// bf16 copies of the linear weights (QKV, projection, MLP up, MLP down per layer; the tied LM
+/// The token embedding as the LM head: `wte` with zero rows up to [`Config::padded_vocab`].
+fn padded_head(w: &Weights, cfg: &Config) -> Vec<f32> {
+    let mut head = w.wte.clone();
+    head.resize(cfg.padded_vocab() * cfg.c, 0.0);
+    head
+}
+
+/// `rows` rows of `vp` logits, the padding columns dropped: `[rows, vocab]`.
+fn unpad(logits: Vec<f32>, vocab: usize, vp: usize) -> Vec<f32> {
+    if vocab == vp {
+        return logits;
+    }
+    logits.chunks(vp).flat_map(|r| &r[..vocab]).copied().collect()
+}
+
+/// The weights on the device, in the forms the plan's stages take, made once at load.
+struct DeviceWeights {
+    p: Params<CudaSlice<f32>>,
+    /// The tied LM head over the padded vocabulary, `[Vp, C]`.
+    lm_head: CudaSlice<f32>,
+    /// bf16 copies of the linear weights, when the plan's decode step runs the GEMV.
+    bf16: Option<Bf16Weights>,
+}
+
+/// bf16 copies of the linear weights (QKV, projection, MLP up, MLP down per layer; the padded LM
 /// head), made once at load for a plan whose decode step runs the GEMV.
 struct Bf16Weights {
     blocks: Vec<[CudaSlice<u16>; 4]>,
-    wte: CudaSlice<u16>,
+    lm_head: CudaSlice<u16>,
 }
 
 impl Bf16Weights {
-    fn new(gpu: &Gpu, w: &Weights) -> Result<Bf16Weights> {
+    fn new(gpu: &Gpu, w: &Weights, lm_head: &Vec<f32>) -> Result<Bf16Weights> {
         let conv =
             |x: &Vec<f32>| gpu.upload(&x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect::<Vec<u16>>());
         Ok(Bf16Weights {
@@ -684,7 +708,7 @@ impl Bf16Weights {
                 .iter()
                 .map(|b| Ok([conv(&b.qkv_w)?, conv(&b.proj_w)?, conv(&b.fc_w)?, conv(&b.fcproj_w)?]))
                 .collect::<Result<_>>()?,
-            wte: conv(&w.wte)?,
+            lm_head: conv(lm_head)?,
         })
     }
 }
@@ -752,10 +776,11 @@ impl Model {
         let fill = Fill { cache, cells: &cells, kv: &kv, q16: &mut q16 };
         self.enqueue_forward(&stream, 1, t, &ids, Some(fill))?;
         cache.lens[slot] = t;
-        let v = self.cfg.vocab;
+        let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
         let logits = &self.prepared[&(1, t)].acts.logits;
         let mut out = vec![0f32; v];
-        gpu.stream().memcpy_dtoh(&logits.slice((t - 1) * v..t * v), &mut out).ctx("copy logits to host")?;
+        let last = (t - 1) * vp;
+        gpu.stream().memcpy_dtoh(&logits.slice(last..last + v), &mut out).ctx("copy logits to host")?;
         gpu.synchronize()?;
         Ok(out)
     }
@@ -781,7 +806,7 @@ impl Model {
             proj: lin(c, c, true)?,
             fc: lin(4 * c, c, true)?,
             fcproj: lin(c, 4 * c, true)?,
-            lm_head: lin(cfg.vocab, c, false)?,
+            lm_head: lin(cfg.padded_vocab(), c, false)?,
             kv: kv_append::prepare(gpu, &p.kv_append, KvAppendDims { rows: b, b, tmax: cfg.max_t, c })?,
             attention: attn_decode::prepare(gpu, &p.decode, dd)?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
@@ -793,7 +818,7 @@ impl Model {
             pos: Positions::upload(gpu, &vec![0; b], cfg.max_t)?,
             cells: Cells::upload(gpu, &(0..b).map(|i| (i, 0)).collect::<Vec<_>>(), b, cfg.max_t)?,
             lens: SeqLens::new(gpu, &vec![1; b], cfg.max_t)?,
-            argmax: argmax::prepare(gpu, &p.argmax, b, cfg.vocab)?,
+            argmax: argmax::prepare(gpu, &p.argmax, ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() })?,
             next: gpu.zeros(b)?,
             graph: None,
         };
@@ -806,7 +831,7 @@ impl Model {
     pub fn decode_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<f32>> {
         self.run_step(gpu, cache, tokens, false)?;
         let (_, op) = self.decode.as_ref().expect("prepared by run_step");
-        gpu.download(&op.acts.logits)
+        Ok(unpad(gpu.download(&op.acts.logits)?, self.cfg.vocab, self.cfg.padded_vocab()))
     }
 
     /// A greedy decode step: as [`Model::decode_step`], with the plan's `argmax` picking each
@@ -823,20 +848,19 @@ impl Model {
         self.begin_step(gpu, cache, tokens)?;
         let (_, op) = self.decode.as_mut().expect("prepared by begin_step");
         let s = gpu.stream().clone();
-        let (w, w16) = (&self.params, self.bf16.as_ref());
+        let w = &self.weights;
         if self.graph {
             // One graph per cache (its K/V buffers are baked into the kernels' arguments) and mode.
             let key = (common::device_ptr(&cache.k[0]), greedy);
             if op.graph.as_ref().map(|(k, _)| *k) != Some(key) {
                 op.graph = None;
-                let g =
-                    common::timing::capture(&s, |st| enqueue_decode(st, w, w16, op, cache, greedy, &mut |_| Ok(())))?;
+                let g = common::timing::capture(&s, |st| enqueue_decode(st, w, op, cache, greedy, &mut |_| Ok(())))?;
                 op.graph = Some((key, g));
             }
             let (_, g) = op.graph.as_ref().expect("captured above");
             g.launch().ctx("launch the decode graph")?;
         } else {
-            enqueue_decode(&s, w, w16, op, cache, greedy, &mut |_| Ok(()))?;
+            enqueue_decode(&s, w, op, cache, greedy, &mut |_| Ok(()))?;
         }
         cache.lens.iter_mut().for_each(|l| *l += 1);
         Ok(())
@@ -861,7 +885,7 @@ impl Model {
         let start = event()?;
         start.record(&s).ctx("record")?;
         let mut marks = Vec::new();
-        enqueue_decode(&s, &self.params, self.bf16.as_ref(), op, cache, false, &mut |name| {
+        enqueue_decode(&s, &self.weights, op, cache, false, &mut |name| {
             let e = event()?;
             e.record(&s).ctx("record")?;
             marks.push((name, e));
@@ -948,13 +972,13 @@ impl Model {
 /// is called after each op is enqueued (the per-op breakdown records an event there).
 fn enqueue_decode(
     s: &CudaStream,
-    w: &Params<CudaSlice<f32>>,
-    w16: Option<&Bf16Weights>,
+    weights: &DeviceWeights,
     op: &mut DecodeStep,
     cache: &mut KvCache,
     greedy: bool,
     mark: &mut dyn FnMut(&'static str) -> Result<()>,
 ) -> Result<()> {
+    let (w, w16) = (&weights.p, weights.bf16.as_ref());
     let a = &mut op.acts;
     op.encoder.enqueue_at(s, EncoderArgs { out: &mut a.x, tokens: &op.ids, wte: &w.wte, wpe: &w.wpe }, &op.pos)?;
     mark("encoder")?;
@@ -997,7 +1021,7 @@ fn enqueue_decode(
     }
     layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
     mark("layernorm")?;
-    op.lm_head.enqueue(s, &mut a.logits, &a.ln, (&w.wte, w16.map(|x| &x.wte)), None)?;
+    op.lm_head.enqueue(s, &mut a.logits, &a.ln, (&weights.lm_head, w16.map(|x| &x.lm_head)), None)?;
     mark("linear lm-head")?;
     if greedy {
         op.argmax.enqueue(s, &mut op.next, &a.logits)?;

@@ -1,13 +1,14 @@
 // Greedy sampling on the device, stage 0: block-row (a block of 256 threads per row of logits).
-// ids[b] = the index of the largest of logits[b, 0..V), the lowest index among equals (as the host
-//   sampler's argmax); NaN never wins (every comparison with it is false).
+// ids[b] = the index of the largest of logits[b * ld + 0..V), the lowest index among equals (as the
+//   host sampler's argmax); NaN never wins (every comparison with it is false). Rows are ld >= V
+//   apart (the model's logits are padded to a multiple of 64 columns; the padding is never read).
 // Why it is here: a decode step that samples greedily then downloads B ints instead of B x V floats
 //   (6.4 MB at B = 32, V = 50257: a third of a fast step over PCIe) and the graph can keep the token.
 // Each thread scans the row with stride 256 (coalesced), keeping its (max, index); a warp merges its
 //   lanes' pairs by shuffles, then warp 0 merges the 8 warps' pairs from shared memory.
-// Launch: argmax_rows: grid B, block 256. Constraints: B, V >= 1; B * V < 2^31.
+// Launch: argmax_rows: grid B, block 256. Constraints: B, V >= 1; ld >= V; B * ld < 2^31.
 // Tolerance: exact (token ids).
-// Limits: B * V < 2^31
+// Limits: B * ld < 2^31
 #include "ladder.cuh"
 
 // (v, i) beats (w, j) when larger, or equal with the lower index.
@@ -25,10 +26,10 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
     }
 }
 
-extern "C" __global__ void argmax_rows(int* ids, const float* logits, int B, int V) {
+extern "C" __global__ void argmax_rows(int* ids, const float* logits, int B, int V, int ld) {
     __shared__ float best_v[8];
     __shared__ int best_i[8];
-    const float* row = logits + (size_t)blockIdx.x * V;
+    const float* row = logits + (size_t)blockIdx.x * ld;
     float v = -INFINITY;
     int i = 0x7fffffff;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {

@@ -6,9 +6,9 @@
 // Why it should be faster: stage 0 at B = 1 is one block walking 50257 floats, ~200 dependent loads
 //   per thread (37 us measured); here each thread has ~7, predicted ~4-6 us, launch included.
 // Launch: argmax_rows: grid (ARGMAX_SPLITS, B), block 256; workspace 8 bytes per (row, split) and a
-//   zeroed ticket per row. Constraints: B, V >= 1; B * V < 2^31; B <= 65535.
+//   zeroed ticket per row. Constraints: B, V >= 1; ld >= V (row stride); B * ld < 2^31; B <= 65535.
 // Tolerance: exact (token ids).
-// Limits: B * V < 2^31; B <= 65535
+// Limits: B * ld < 2^31; B <= 65535
 #include "ladder.cuh"
 
 #ifndef ARGMAX_SPLITS
@@ -50,12 +50,12 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 }
 
 extern "C" __global__ void argmax_rows(int* ids, float* part_v, int* part_i, unsigned* tickets, const float* logits,
-                                       int B, int V) {
+                                       int B, int V, int ld) {
     __shared__ bool last;
     const int b = blockIdx.y, s = blockIdx.x;
     const int chunk = (V + ARGMAX_SPLITS - 1) / ARGMAX_SPLITS;
     const int lo = s * chunk, hi = min(V, lo + chunk);
-    const float* row = logits + (size_t)b * V;
+    const float* row = logits + (size_t)b * ld;
     float v = -INFINITY;
     int i = 0x7fffffff;
     for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
