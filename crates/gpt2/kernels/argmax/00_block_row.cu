@@ -8,7 +8,7 @@
 //   lanes' pairs by shuffles, then warp 0 merges the 8 warps' pairs from shared memory.
 // Launch: argmax_rows: grid B, block 256. Constraints: B, V >= 1; ld >= V; B * ld < 2^31.
 // Tolerance: exact (token ids).
-// Limits: B * ld < 2^31
+// Limits: B * ld < 2^31; ld >= V
 #include "ladder.cuh"
 
 // (v, i) beats (w, j) when larger, or equal with the lower index.

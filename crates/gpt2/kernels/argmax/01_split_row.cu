@@ -8,7 +8,7 @@
 // Launch: argmax_rows: grid (ARGMAX_SPLITS, B), block 256; workspace 8 bytes per (row, split) and a
 //   zeroed ticket per row. Constraints: B, V >= 1; ld >= V (row stride); B * ld < 2^31; B <= 65535.
 // Tolerance: exact (token ids).
-// Limits: B * ld < 2^31; B <= 65535
+// Limits: B * ld < 2^31; ld >= V; B <= 65535
 #include "ladder.cuh"
 
 #ifndef ARGMAX_SPLITS
