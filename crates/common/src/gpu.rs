@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use cudarc::driver::CudaModule;
 
-use crate::error::{DriverContext, Error, Result};
+use crate::error::{require, DriverContext, Error, Result};
 use crate::nvrtc::{Arch, Toolchain};
 
 /// The oldest driver the default bindings load against (CUDA 13.0 = 13000; 12.x bindings: 12000).
@@ -209,6 +209,48 @@ impl Gpu {
 
     pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
         self.stream.clone_dtoh(dev).ctx("copy to host")
+    }
+
+    /// The first `width` elements of each of `rows` rows that lie `pitch` elements apart in `dev`,
+    /// packed (`[rows, width]`), in one strided copy: padding columns never cross to the host.
+    pub fn download_rows<T: DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        rows: usize,
+        width: usize,
+        pitch: usize,
+    ) -> Result<Vec<T>> {
+        use cudarc::driver::sys::{cuMemcpy2DAsync_v2, CUmemorytype, CUDA_MEMCPY2D};
+        require(width <= pitch, "width <= pitch", || format!("width {width}, pitch {pitch}"))?;
+        if rows == 0 || width == 0 {
+            return Ok(Vec::new());
+        }
+        crate::error::require_len("rows to download", dev.len(), rows * pitch)?;
+        let mut out = vec![T::default(); rows * width];
+        let size = std::mem::size_of::<T>();
+        let p = CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: crate::device_ptr(dev),
+            srcArray: std::ptr::null_mut(),
+            srcPitch: pitch * size,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: CUmemorytype::CU_MEMORYTYPE_HOST,
+            dstHost: out.as_mut_ptr() as *mut _,
+            dstDevice: 0,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: width * size,
+            WidthInBytes: width * size,
+            Height: rows,
+        };
+        // SAFETY: the source holds rows * pitch elements (checked) and `out` rows * width; the host
+        // waits for the copy below before `out` is used or dropped.
+        unsafe { cuMemcpy2DAsync_v2(&p, self.stream.cu_stream()) }.result().ctx("cuMemcpy2DAsync (device to host)")?;
+        self.synchronize()?;
+        Ok(out)
     }
 
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {

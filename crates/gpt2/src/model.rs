@@ -527,9 +527,9 @@ impl Model {
 
     /// The logits `[B, T, V]` of `tokens` (`B` rows of `T` ids each).
     pub fn forward(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
-        let key = self.run(gpu, tokens)?;
-        let logits = gpu.download(&self.prepared[&key].acts.logits)?;
-        Ok(unpad(logits, self.cfg.vocab, self.cfg.padded_vocab()))
+        let (b, t) = self.run(gpu, tokens)?;
+        let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
+        gpu.download_rows(&self.prepared[&(b, t)].acts.logits, b * t, v, vp)
     }
 
     /// The logits of each row's last position only, `[B, V]` (what generation samples from): the
@@ -672,14 +672,6 @@ fn padded_head(w: &Weights, cfg: &Config) -> Vec<f32> {
     let mut head = w.wte.clone();
     head.resize(cfg.padded_vocab() * cfg.c, 0.0);
     head
-}
-
-/// `rows` rows of `vp` logits, the padding columns dropped: `[rows, vocab]`.
-fn unpad(logits: Vec<f32>, vocab: usize, vp: usize) -> Vec<f32> {
-    if vocab == vp {
-        return logits;
-    }
-    logits.chunks(vp).flat_map(|r| &r[..vocab]).copied().collect()
 }
 
 /// The weights on the device, in the forms the plan's stages take, made once at load.
@@ -831,7 +823,7 @@ impl Model {
     pub fn decode_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<f32>> {
         self.run_step(gpu, cache, tokens, false)?;
         let (_, op) = self.decode.as_ref().expect("prepared by run_step");
-        Ok(unpad(gpu.download(&op.acts.logits)?, self.cfg.vocab, self.cfg.padded_vocab()))
+        gpu.download_rows(&op.acts.logits, cache.lens.len(), self.cfg.vocab, self.cfg.padded_vocab())
     }
 
     /// A greedy decode step: as [`Model::decode_step`], with the plan's `argmax` picking each
