@@ -139,7 +139,7 @@ fn shape_checks_are_typed_errors() {
     for name in ["baseline", "unrolled", "reduction"] {
         assert_constraint(check_shape(&variant(name), long, 128), "B * NH * T * T");
     }
-    for name in ["local-window", "flash-v2", "flash-v2-tuned"] {
+    for name in ["local-window", "flash-v2", "flash-v2-tuned", "tensor-core"] {
         check_shape(&variant(name), long, 128).unwrap();
     }
     // Grid z of the reduction kernels.
@@ -180,7 +180,10 @@ fn op_validate_reads_the_shape() {
 fn stage_list() {
     let v = Prefill.variants();
     let names: Vec<&str> = v.iter().map(|v| v.name.as_ref()).collect();
-    assert_eq!(names, ["baseline", "unrolled", "reduction", "local-window", "flash-v2", "flash-v2-tuned"]);
+    assert_eq!(
+        names,
+        ["baseline", "unrolled", "reduction", "local-window", "flash-v2", "flash-v2-tuned", "tensor-core"]
+    );
     assert!(v.iter().enumerate().all(|(i, v)| v.stage == i as u32));
     common::testing::check_stage_files(&attention::Attention).unwrap();
 }
