@@ -99,6 +99,14 @@ enum Command {
         #[arg(long)]
         graph: bool,
     },
+    /// SVG charts of saved tables (the JSON `ladder run --out` writes), each beside its file or in DIR.
+    Chart {
+        /// Table JSON files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// The GPT-2 model.
     Gpt2 {
         #[command(subcommand)]
@@ -332,6 +340,22 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 }
             }
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Chart { files, out } => {
+            for file in files {
+                let io = |source| Error::Io { context: format!("reading {}", file.display()), source };
+                let bytes = std::fs::read(&file).map_err(io)?;
+                let table: Table = serde_json::from_slice(&bytes).map_err(|e| Error::Io {
+                    context: format!("parsing {} as a ladder table", file.display()),
+                    source: std::io::Error::other(e),
+                })?;
+                let dir = out.clone().unwrap_or_else(|| file.parent().map(PathBuf::from).unwrap_or_default());
+                match write_chart(&dir, &table_stem(&table), &table)? {
+                    Some(path) => println!("{}", path.display()),
+                    None => eprintln!("{}: no stage passed, no chart", file.display()),
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::LaunchOverhead { launches, batch } => {
             let gpu = Gpu::open()?;
@@ -591,11 +615,27 @@ fn read_anchors(path: &std::path::Path) -> common::Result<Vec<Anchor>> {
     Ok(file.anchors)
 }
 
+fn table_stem(table: &Table) -> String {
+    format!("{}-{}-{}", table.family, table.op, table.shape.replace([',', '='], "_"))
+}
+
+/// JSON, Markdown and the SVG chart of `table` in `dir`.
 fn write_table(dir: &std::path::Path, table: &Table) -> common::Result<()> {
     let io = |source| Error::Io { context: format!("writing into {}", dir.display()), source };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let stem = format!("{}-{}-{}", table.family, table.op, table.shape.replace([',', '='], "_"));
+    let stem = table_stem(table);
     std::fs::write(dir.join(format!("{stem}.json")), render(table, Format::Json)).map_err(io)?;
     std::fs::write(dir.join(format!("{stem}.md")), render(table, Format::Markdown)).map_err(io)?;
+    write_chart(dir, &stem, table)?;
     Ok(())
+}
+
+/// `dir/stem.svg`, unless no stage passed.
+fn write_chart(dir: &std::path::Path, stem: &str, table: &Table) -> common::Result<Option<PathBuf>> {
+    let Some(svg) = common::chart::svg(table)? else { return Ok(None) };
+    let path = dir.join(format!("{stem}.svg"));
+    let io = |source| Error::Io { context: format!("writing {}", path.display()), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::write(&path, svg).map_err(io)?;
+    Ok(Some(path))
 }

@@ -21,9 +21,12 @@ pub struct Ceilings {
     pub copy_gbps: f64,
     pub copy_bytes: u64,
     /// Host-to-device bytes per second of `cuMemcpyHtoDAsync` of `h2d_bytes`, from pinned and from
-    /// pageable host memory.
+    /// pageable host memory (0 in tables saved before they were measured).
+    #[serde(default)]
     pub h2d_pinned_gbps: f64,
+    #[serde(default)]
     pub h2d_pageable_gbps: f64,
+    #[serde(default)]
     pub h2d_bytes: u64,
     pub gemm_size: usize,
     pub fp32_tflops: f64,

@@ -1,7 +1,7 @@
 //! Verification against f64 CPU references: relative L2 error, max abs error, and NaN/Inf, which
 //! always fail.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// An element type a kernel may write, read back as f64 for comparison.
 pub trait Element: Copy {
@@ -30,7 +30,7 @@ impl Element for half::bf16 {
 }
 
 /// How far one output is from its reference.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ErrorStats {
     /// What was compared (`out`, `mean`, `lse`, ...).
     pub output: String,
@@ -73,7 +73,7 @@ pub fn compare<T: Element>(output: &str, out: &[T], reference: &[f64]) -> ErrorS
 }
 
 /// The outcome of checking every output of one run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Verification {
     pub outputs: Vec<ErrorStats>,
     pub tolerance: f64,

@@ -5,7 +5,7 @@
 //! these, so a new stage is a `.cu` file and an entry in its op's stage list.
 
 use cudarc::driver::CudaStream;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::check::Verification;
 use crate::error::{Error, Result};
@@ -16,7 +16,7 @@ use crate::shape::Shape;
 use crate::variant::{Generator, LeaveOneOut, Precision, Variant};
 
 /// Which ceiling bounds an op: memory bandwidth, or the matrix rate at a precision.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Bound {
     /// Device memory traffic, read against the device-to-device copy bandwidth.
     Memory,
@@ -27,7 +27,7 @@ pub enum Bound {
 
 /// The least work one run must do: each input read once, each output written once, and the
 /// arithmetic the op defines (not what a stage happens to do).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Workload {
     pub bytes: u64,
     pub flops: u64,

@@ -13,6 +13,7 @@ extern crate self as common;
 pub mod bench;
 pub mod blas;
 pub mod ceilings;
+pub mod chart;
 pub mod check;
 pub mod data;
 mod error;

@@ -2,7 +2,7 @@
 //! same inputs, time the ones that pass, check the output again after timing, and build the rows of
 //! the table.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ceilings::Ceilings;
 use crate::check::Verification;
@@ -24,7 +24,7 @@ pub struct RunOptions {
     pub seed: Option<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Status {
     Passed,
     /// Verification failed (before or after timing), or the launch failed: never timed as fine.
@@ -35,7 +35,7 @@ pub enum Status {
 
 /// The resources of a stage's kernels at their launch configurations; with several kernels, the
 /// heaviest value of each column.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Resources {
     pub kernels: usize,
     pub registers: u32,
@@ -61,13 +61,14 @@ impl Resources {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     pub stage: u32,
     pub name: String,
     pub summary: String,
     pub precision: Precision,
     /// For a derived row: the row its `x prev` is measured against.
+    #[serde(default)]
     pub compared_with: Option<String>,
     pub status: Status,
     pub timing: Option<Timing>,
@@ -93,14 +94,15 @@ pub struct Anchor {
     pub max_ms: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Table {
     pub family: String,
     pub op: String,
     pub shape: String,
     pub device: String,
     pub seed: u64,
-    /// Timed as CUDA-graph replays.
+    /// Timed as CUDA-graph replays (absent in tables saved before graph timing: false).
+    #[serde(default)]
     pub graph: bool,
     pub workload: Workload,
     pub ceilings: Ceilings,

@@ -6,7 +6,7 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use std::sync::Arc;
 
 use cudarc::driver::{CudaGraph, CudaStream};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{DriverContext, Error, Result};
 use crate::gpu::Gpu;
@@ -45,7 +45,7 @@ impl TimingConfig {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
     pub median_ms: f64,
     pub min_ms: f64,

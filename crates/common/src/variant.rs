@@ -8,13 +8,13 @@ use std::any::Any;
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
 /// The arithmetic a stage computes in; it picks the tolerance preset and the GEMM ceiling that
 /// bounds a compute-bound stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Precision {
     Fp32,
     Tf32,
