@@ -107,6 +107,9 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Two saved runs of one table side by side: before, after, the change, and whether it moved
+    /// beyond both runs' min-max spread.
+    Compare { before: PathBuf, after: PathBuf },
     /// The GPT-2 model.
     Gpt2 {
         #[command(subcommand)]
@@ -341,14 +344,15 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Command::Compare { before, after } => {
+            let (b, a) = (read_table(&before)?, read_table(&after)?);
+            let changes = common::compare::compare(&b, &a)?;
+            print!("{}", common::compare::markdown(&b, &a, &changes));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Chart { files, out } => {
             for file in files {
-                let io = |source| Error::Io { context: format!("reading {}", file.display()), source };
-                let bytes = std::fs::read(&file).map_err(io)?;
-                let table: Table = serde_json::from_slice(&bytes).map_err(|e| Error::Io {
-                    context: format!("parsing {} as a ladder table", file.display()),
-                    source: std::io::Error::other(e),
-                })?;
+                let table = read_table(&file)?;
                 let dir = out.clone().unwrap_or_else(|| file.parent().map(PathBuf::from).unwrap_or_default());
                 match write_chart(&dir, &table_stem(&table), &table)? {
                     Some(path) => println!("{}", path.display()),
@@ -613,6 +617,16 @@ fn read_anchors(path: &std::path::Path) -> common::Result<Vec<Anchor>> {
         source: std::io::Error::other(e),
     })?;
     Ok(file.anchors)
+}
+
+/// A table `ladder run --out` saved as JSON.
+fn read_table(file: &std::path::Path) -> common::Result<Table> {
+    let io = |source| Error::Io { context: format!("reading {}", file.display()), source };
+    let bytes = std::fs::read(file).map_err(io)?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Io {
+        context: format!("parsing {} as a ladder table", file.display()),
+        source: std::io::Error::other(e),
+    })
 }
 
 fn table_stem(table: &Table) -> String {

@@ -15,6 +15,7 @@ pub mod blas;
 pub mod ceilings;
 pub mod chart;
 pub mod check;
+pub mod compare;
 pub mod data;
 mod error;
 pub mod family;
