@@ -62,11 +62,17 @@ pub struct ArgmaxDims {
     pub ld: usize,
 }
 
-pub fn check_shape(v: &Variant, d: ArgmaxDims) -> Result<()> {
+/// The constraints every stage shares (and the problem's buffers need).
+fn check_dims(d: ArgmaxDims) -> Result<()> {
     let ArgmaxDims { b, v: n, ld } = d;
     require(b >= 1 && n >= 1, "B, V >= 1", || format!("B = {b}, V = {n}"))?;
     require(ld >= n, STRIDE, || format!("ld = {ld}, V = {n}"))?;
-    require(b.checked_mul(ld).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, ld = {ld}"))?;
+    require(b.checked_mul(ld).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, ld = {ld}"))
+}
+
+pub fn check_shape(v: &Variant, d: ArgmaxDims) -> Result<()> {
+    check_dims(d)?;
+    let b = d.b;
     if v.plan::<Plan>()? == Plan::SplitRow {
         require(b <= 65535, GRID_Y, || format!("B = {b}"))?;
     }
@@ -189,9 +195,8 @@ impl Op for Argmax {
     }
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = dims(s)?;
+        check_dims(d)?;
         let ArgmaxDims { b, v, ld } = d;
-        require(b >= 1 && v >= 1 && ld >= v, "B, V >= 1 and ld >= V", || format!("B = {b}, V = {v}, ld = {ld}"))?;
-        require(b.checked_mul(ld).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, ld = {ld}"))?;
         // The padding columns hold larger values than any logit: a stage that reads them fails.
         let mut logits = uniform(b * ld, -8.0, 8.0, seed);
         logits.chunks_mut(ld).for_each(|r| r[v..].fill(100.0));

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use common::report::fmt_time;
 use common::runner::Anchor;
 use common::timing::{Timing, TimingConfig};
 use common::{Gpu, Result};
@@ -344,16 +345,6 @@ fn step_breakdown(
 
 // ---------------------------------------------------------------- rendering
 
-fn fmt_ms(ms: f64) -> String {
-    if ms >= 1000.0 {
-        format!("{:.2} s", ms / 1e3)
-    } else if ms >= 1.0 {
-        format!("{ms:.2} ms")
-    } else {
-        format!("{:.1} µs", ms * 1e3)
-    }
-}
-
 /// Tokens per second of a step that makes `b` tokens.
 fn tok_s(cell: &Cell, b: usize) -> String {
     match cell {
@@ -412,7 +403,7 @@ impl ModelTable {
         };
         let row = |md: &mut String, r: &PlanRow| {
             let prefill = match &r.prefill {
-                Cell::Timed(t) => fmt_ms(t.median_ms),
+                Cell::Timed(t) => fmt_time(t.median_ms),
                 Cell::Skipped(w) => format!("— ({w})"),
                 Cell::Failed(w) => format!("FAILED: {w}"),
             };
@@ -445,7 +436,7 @@ impl ModelTable {
                 md.push_str(&format!(
                     "- {}: batch-1 step {} = {:.0} GB/s of weights, {:.1}% of copy\n",
                     r.plan,
-                    fmt_ms(ms),
+                    fmt_time(ms),
                     gbps,
                     100.0 * gbps / self.copy_gbps
                 ));
@@ -458,7 +449,7 @@ impl ModelTable {
                 // A decode anchor's shape starts with `decode b=N`: N tokens per step.
                 let b = a.shape.strip_prefix("decode b=").and_then(|r| r.split(',').next()?.parse::<f64>().ok());
                 let rate = b.map_or("-".into(), |b| format!("{:.0}", b / (a.median_ms * 1e-3)));
-                md.push_str(&format!("| {} | {} | {} | {rate} |\n", a.name, a.shape, fmt_ms(a.median_ms)));
+                md.push_str(&format!("| {} | {} | {} | {rate} |\n", a.name, a.shape, fmt_time(a.median_ms)));
             }
         }
         for bd in &self.breakdown {
@@ -468,12 +459,12 @@ impl ModelTable {
                  sum {} over {} kernels; the graph-replayed step on the host clock {}\n\n| op | time | share |\n|---|---|---|\n",
                 bd.plan,
                 bd.batch,
-                fmt_ms(sum),
+                fmt_time(sum),
                 bd.kernels.map_or("?".into(), |k| k.to_string()),
-                bd.step_graph_ms.map_or("-".into(), fmt_ms)
+                bd.step_graph_ms.map_or("-".into(), fmt_time)
             ));
             for (op, ms) in &bd.ops {
-                md.push_str(&format!("| {op} | {} | {:.1}% |\n", fmt_ms(*ms), 100.0 * ms / sum));
+                md.push_str(&format!("| {op} | {} | {:.1}% |\n", fmt_time(*ms), 100.0 * ms / sum));
             }
         }
         if let Some(sel) = &self.selection {
@@ -487,7 +478,7 @@ impl ModelTable {
                         None => format!(
                             "{:02} {}",
                             s.stage,
-                            s.median_ms.iter().map(|m| m.map_or("-".into(), fmt_ms)).collect::<Vec<_>>().join("/")
+                            s.median_ms.iter().map(|m| m.map_or("-".into(), fmt_time)).collect::<Vec<_>>().join("/")
                         ),
                     })
                     .collect();
