@@ -9,7 +9,7 @@ use common::ceilings::Ceilings;
 use common::report::{render, Format};
 use common::runner::{run_op, Anchor, Progress, RunOptions, Status, Table};
 use common::timing::TimingConfig;
-use common::{Error, Gpu, Op, Shape, Source};
+use common::{Error, Gpu, Op, Shape, Source, Sweep};
 use gpt2::table::TableOptions;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -133,6 +133,10 @@ enum Command {
         /// Also run all-on-minus-one variants of toggle ladders.
         #[arg(long)]
         leave_one_out: bool,
+        /// NAME=v1,v2,...: extra rows of every selected stage that declares tunable NAME, set to
+        /// each value (repeatable; the launch geometry follows the tunable).
+        #[arg(long, value_parser = parse_sweep)]
+        sweep: Vec<Sweep>,
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
         /// Also write every table as JSON and Markdown into DIR.
@@ -196,6 +200,17 @@ fn main() -> ExitCode {
 }
 
 /// `N` or `A..B` (inclusive; `A..=B` also accepted).
+/// `NAME=v1,v2,...` (each value a u32).
+fn parse_sweep(s: &str) -> Result<Sweep, String> {
+    let bad = || format!("'{s}' is not NAME=v1,v2,... with unsigned values");
+    let (name, values) = s.split_once('=').ok_or_else(bad)?;
+    let values: Vec<u32> = values.split(',').map(|v| v.trim().parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    if name.trim().is_empty() || values.is_empty() {
+        return Err(bad());
+    }
+    Ok(Sweep { tunable: name.trim().to_string(), values })
+}
+
 fn parse_stages(s: &str) -> Result<(u32, u32), String> {
     let bad = || format!("'{s}' is not a stage N or an inclusive range A..B with A <= B");
     let num = |t: &str| t.trim().parse::<u32>().map_err(|_| bad());
@@ -448,6 +463,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             each,
             stages,
             leave_one_out,
+            sweep,
             format,
             out,
             anchors,
@@ -479,7 +495,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             };
             let mut timing = if quick { TimingConfig::quick() } else { TimingConfig::default() };
             timing.graph = graph;
-            let opts = RunOptions { stages, leave_one_out, timing, seed };
+            let opts = RunOptions { stages, leave_one_out, sweeps: sweep, timing, seed };
 
             // Everything that can be checked without a GPU is checked first: unknown shape keys and
             // stage ranges are errors. A stage that cannot take the shape is an `n/a` row, and a shape
@@ -555,7 +571,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             if model_table {
                 let opts = TableOptions {
                     plans: if plans.is_empty() { TableOptions::default().plans } else { plans },
-                    leave_one_out: true,
+                    leave_one_out,
                     quick,
                     ..TableOptions::default()
                 };

@@ -19,6 +19,8 @@ pub struct RunOptions {
     /// Inclusive stage-number range; all stages when `None`.
     pub stages: Option<(u32, u32)>,
     pub leave_one_out: bool,
+    /// Extra rows: each selected stage that declares the sweep's tunable, at each of its values.
+    pub sweeps: Vec<crate::variant::Sweep>,
     pub timing: TimingConfig,
     /// Input seed; a fresh one when `None`.
     pub seed: Option<u64>,
@@ -141,6 +143,17 @@ pub fn select_variants(op: &dyn Op, opts: &RunOptions) -> Result<Vec<Variant>> {
     if opts.leave_one_out {
         variants.extend(op.leave_one_out().into_iter().filter(in_range));
     }
+    let mut points = Vec::new();
+    for sweep in &opts.sweeps {
+        let rows: Vec<Variant> = variants.iter().flat_map(|v| crate::variant::Generator::derive(sweep, v)).collect();
+        if rows.is_empty() {
+            let known: Vec<String> =
+                variants.iter().flat_map(|v| v.tunables.iter().map(|t| t.name.to_string())).collect();
+            return Err(Error::Unknown { what: "tunable", name: sweep.tunable.clone(), known: known.join(", ") });
+        }
+        points.extend(rows);
+    }
+    variants.extend(points);
     Ok(variants)
 }
 

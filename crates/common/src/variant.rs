@@ -324,6 +324,7 @@ impl Generator for LeaveOneOut {
 
 /// One tunable of `base` set to each value in turn (`SM_WARPS=2,4,8`): the grid a configuration
 /// sweep times. Values equal to the declared one are kept (the table marks the default).
+#[derive(Clone, Debug, Default)]
 pub struct Sweep {
     pub tunable: String,
     pub values: Vec<u32>,
