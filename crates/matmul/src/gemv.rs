@@ -31,6 +31,9 @@ enum Plan {
     Warp { rows_per_warp: u32 },
     /// One block of `GEMV_SPLIT` warps per row of W, K split across them.
     SplitK,
+    /// One block of warps per 16 rows of W on the tensor cores, all M rows at once; the warps per
+    /// block chosen per shape ([`mma_split`]).
+    Mma,
 }
 
 fn stages() -> Vec<Variant> {
@@ -61,7 +64,24 @@ fn stages() -> Vec<Variant> {
             "a block of 4 warps per row of W, K split across the warps, partial sums met in shared memory",
         )
         .with_tunables(&[("GEMV_SPLIT", 4)]),
+        k(
+            4,
+            "skinny-mma",
+            "gemv/04_skinny_mma.cu",
+            Plan::Mma,
+            "mma.sync on 16 rows of W x all M rows of inp, fragments straight from global, W read once",
+        )
+        .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)]),
     ]
+}
+
+/// Warps per block of the tensor-core stage for `blocks` blocks of 16 rows and a tile of `mt`
+/// columns: enough for about `target` warps in flight over the grid (a short N needs more warps per
+/// block to keep bytes in flight), at least 8 (fewer lose at the LM head), at most 32, and at most 8
+/// for mt >= 32, where each thread's accumulators take 70-110 registers (measured best there).
+fn mma_split(blocks: u32, mt: u32, target: u32) -> u32 {
+    let cap = if mt >= 32 { 8 } else { 32 };
+    target.div_ceil(blocks).next_power_of_two().clamp(8, cap)
 }
 
 /// The sizes of one call.
@@ -79,7 +99,7 @@ pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
     }
     require(d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
     require(d.n.checked_mul(d.k).is_some_and(|x| x < 1 << 31), ELEMS, || format!("N = {}, K = {}", d.n, d.k))?;
-    if matches!(v.plan::<Plan>()?, Plan::Warp { .. } | Plan::SplitK) {
+    if matches!(v.plan::<Plan>()?, Plan::Warp { .. } | Plan::SplitK | Plan::Mma) {
         require(d.k.is_multiple_of(8), K_ALIGN, || format!("K = {}", d.k))?;
     }
     Ok(())
@@ -93,13 +113,29 @@ pub struct Prepared {
 
 pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
     check_shape(v, d)?;
-    let mt = d.m.next_power_of_two().min(8);
-    let shape = match v.plan::<Plan>()? {
+    let plan = v.plan::<Plan>()?;
+    // Rows of inp per pass: the FMA stages take up to 8 and loop; the tensor-core stage takes all
+    // M at once, in a tile of 8 to 64 columns.
+    let (entry, mt) = match plan {
+        Plan::Mma => ("gemv_mma_m", d.m.next_power_of_two().max(8)),
+        _ => ("gemv_m", d.m.next_power_of_two().min(8)),
+    };
+    if plan == Plan::SplitK {
+        let split = v.tunable("GEMV_SPLIT")?;
+        require((1..=32).contains(&split), "1 <= GEMV_SPLIT <= 32", || format!("GEMV_SPLIT = {split}"))?;
+    }
+    let shape = match plan {
         Plan::Thread => LaunchShape::linear(((d.m * d.n) as u32).div_ceil(256), 256),
         Plan::Warp { rows_per_warp } => LaunchShape::linear((d.n as u32).div_ceil(4 * rows_per_warp), 128),
         Plan::SplitK => LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?),
+        Plan::Mma => {
+            let blocks = (d.n as u32).div_ceil(16);
+            let split = mma_split(blocks, mt as u32, v.tunable("GEMV_WARPS")?);
+            // Each warp's partial 16 x 8 tile in shared memory.
+            LaunchShape::linear(blocks, 32 * split).with_shared(split * 16 * 8 * 4)
+        }
     };
-    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("gemv_m{mt}"), shape)?, d })
+    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?, d })
 }
 
 /// The buffers of one call: `out` M·N, `inp` M·K (fp32), `weight` N·K bf16 bit patterns, `bias` N.
@@ -165,7 +201,7 @@ impl Op for Gemv {
     }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M's linears at one sequence: QKV, attention projection, MLP up, MLP down, LM head
-        // (no bias); and the MLP up at a batch of 8.
+        // (no bias); and the MLP up at batches of 8 and 32.
         vec![
             shape(1, 2304, 768, 1),
             shape(1, 768, 768, 1),
@@ -173,6 +209,7 @@ impl Op for Gemv {
             shape(1, 768, 3072, 1),
             shape(1, 50257, 768, 0),
             shape(8, 3072, 768, 1),
+            shape(32, 3072, 768, 1),
         ]
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
@@ -183,7 +220,7 @@ impl Op for Gemv {
             Limit { constraint: ROWS_M, past: shape(65, 64, 64, 1), inside: Some(shape(64, 64, 64, 1)) },
             Limit { constraint: ELEMS, past: shape(1, 1 << 16, 1 << 15, 1), inside: None },
         ];
-        if matches!(v.plan::<Plan>(), Ok(Plan::Warp { .. } | Plan::SplitK)) {
+        if matches!(v.plan::<Plan>(), Ok(Plan::Warp { .. } | Plan::SplitK | Plan::Mma)) {
             l.push(Limit { constraint: K_ALIGN, past: shape(3, 40, 36, 1), inside: Some(shape(3, 40, 40, 1)) });
         }
         l

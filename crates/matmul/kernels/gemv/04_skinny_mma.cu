@@ -1,0 +1,122 @@
+// Decode GEMV, stage 4: skinny tensor-core GEMM (mma.sync m16n8k16 bf16, W read once for all M rows).
+// Changed from stage 3: the product is computed transposed, out^T[N, M] = W[N, K] . inp^T[K, M], so W
+//   is the 16-row A operand and inp the 8-column B operand of mma.sync.m16n8k16; a block of
+//   `split` warps owns 16 rows of W, its warps take interleaved 32-wide steps of K, and partial
+//   tiles meet in shared memory. The split is chosen per shape on the host (so that about 2048
+//   warps are in flight, 8 to 32 per block, fewer at M > 16 where registers cap the block). Fragments are loaded straight from global memory, with no shared
+//   memory or ldmatrix: a dot product does not care in which order K is summed, so each lane takes
+//   16 contiguous bytes (8 bf16) of rows g and g + 8 of W and hands them to the mma as the k
+//   columns {2t, 2t+1, 2t+8, 2t+9} of two consecutive k16 steps, and takes the same 8 elements of
+//   K from inp (two float4, rounded to bf16) for the matching rows of B. Each of a step's 4 loads
+//   per lane is issued before any mma (the steps unrolled by GEMV_UNROLL), so a warp has up to
+//   GEMV_UNROLL * 1 KiB of W in flight.
+// Why it should be faster: stages 1-3 re-read every 16-byte piece of W once per 8 rows of inp
+//   (their passes of MT <= 8 rows), and do the M multiply-adds per weight on the FMA pipe; here W
+//   is read once for all M <= 64 rows and the multiply-adds go to the tensor cores, so the time
+//   should stay near the M = 1 time up to M = 64 (predicted: MLP up at M = 8, 11.7 us at stage 1,
+//   to about its M = 1 time, ~6-7 us). At M = 1, 7/8 of each mma is padding, which costs nothing
+//   in a kernel bound by reading W: predicted on par with stage 3.
+// Launch: gemv_mma_m{8,16,32,64} (MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
+//   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
+//   tiles are reduced one 8-column tile at a time).
+// Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte pieces of W and inp); N * K < 2^31.
+// Tolerance: 1e-2 preset (inp is rounded to bf16 here, W already is; fp32 accumulation).
+// Limits: M <= 64; N * K < 2^31; K % 8 == 0
+#include "matmul_gemv.cuh"
+#include "ladder_mma.cuh"
+
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 4
+#endif
+
+// Eight consecutive fp32 of inp row m from k (zeros when the row or the piece is out of range), as
+// the two B fragments of the two k16 steps that the matching piece of W feeds.
+__device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const float* inp, int m, int M, int k, bool valid,
+                                              int K) {
+    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+    if (valid && m < M) {
+        const float* p = inp + (size_t)m * K + k;
+        x0 = *reinterpret_cast<const float4*>(p);
+        x1 = *reinterpret_cast<const float4*>(p + 4);
+    }
+    b[0][0] = pack_bf16x2(x0.x, x0.y);
+    b[0][1] = pack_bf16x2(x0.z, x0.w);
+    b[1][0] = pack_bf16x2(x1.x, x1.y);
+    b[1][1] = pack_bf16x2(x1.z, x1.w);
+}
+
+template <int MT>
+__device__ __forceinline__ void gemv_skinny_mma(float* out, const float* inp, const __nv_bfloat16* w,
+                                                const float* bias, int M, int N, int K) {
+    constexpr int TILES = MT / 8;
+    extern __shared__ float part[];  // [split][16][8]
+    const int split = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16;
+    const bool row_a = n0 + g < N, row_b = n0 + g + 8 < N;
+    const __nv_bfloat16* wa_row = w + (size_t)(row_a ? n0 + g : 0) * K;
+    const __nv_bfloat16* wb_row = w + (size_t)(row_b ? n0 + g + 8 : 0) * K;
+    float acc[TILES][4];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+    const int steps = (K + 31) / 32;
+    for (int s0 = warp; s0 < steps; s0 += split * GEMV_UNROLL) {
+        uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
+        // All of this pass's loads of W first: they are what the kernel waits on.
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int k = 32 * (s0 + u * split) + 8 * t;
+            const bool valid = s0 + u * split < steps && k < K;
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            wa[u] = valid && row_a ? *reinterpret_cast<const uint4*>(wa_row + k) : zero;
+            wb[u] = valid && row_b ? *reinterpret_cast<const uint4*>(wb_row + k) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int k = 32 * (s0 + u * split) + 8 * t;
+            const bool valid = s0 + u * split < steps && k < K;
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+                unsigned b[2][2];
+                inp_fragments(b, inp, 8 * i + g, M, k, valid, K);
+                // k16 step 0 takes elements 0-3 of the piece, step 1 elements 4-7.
+                mma_16816<__nv_bfloat16>(acc[i], wa[u].x, wb[u].x, wa[u].y, wb[u].y, b[0][0], b[0][1]);
+                mma_16816<__nv_bfloat16>(acc[i], wa[u].z, wb[u].z, wa[u].w, wb[u].w, b[1][0], b[1][1]);
+            }
+        }
+    }
+    // acc[i] holds out^T rows g and g + 8, columns 8i + 2t and 8i + 2t + 1. One tile at a time
+    // through shared memory (so the split can grow without the buffer growing with M).
+    float* mine = part + warp * 128;
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+        mine[g * 8 + 2 * t] = acc[i][0];
+        mine[g * 8 + 2 * t + 1] = acc[i][1];
+        mine[(g + 8) * 8 + 2 * t] = acc[i][2];
+        mine[(g + 8) * 8 + 2 * t + 1] = acc[i][3];
+        __syncthreads();
+        // Thread (c, r), r fastest: 16 consecutive outputs of a row of out per 16 threads.
+        if (threadIdx.x < 128) {
+            const int c = threadIdx.x / 16, r = threadIdx.x % 16, m = 8 * i + c, n = n0 + r;
+            if (m < M && n < N) {
+                float s = 0.0f;
+#pragma unroll
+                for (int p = 0; p < split; ++p) s += part[p * 128 + r * 8 + c];
+                out[(size_t)m * N + n] = s + (bias != nullptr ? bias[n] : 0.0f);
+            }
+        }
+        __syncthreads();  // part is rewritten by the next tile
+    }
+}
+
+#define GEMV_MMA_ENTRY(MT)                                                                                     \
+    extern "C" __global__ void gemv_mma_m##MT(float* out, const float* inp, const __nv_bfloat16* w,            \
+                                              const float* bias, int M, int N, int K) {                        \
+        gemv_skinny_mma<MT>(out, inp, w, bias, M, N, K);                                                       \
+    }
+GEMV_MMA_ENTRY(8)
+GEMV_MMA_ENTRY(16)
+GEMV_MMA_ENTRY(32)
+GEMV_MMA_ENTRY(64)
