@@ -457,6 +457,7 @@ pub struct PagedCache {
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
     tables: CudaSlice<i32>,
+    tables_host: Vec<i32>,
     b: usize,
     num_blocks: usize,
     block_size: usize,
@@ -471,6 +472,34 @@ impl PagedCache {
         gpu: &Gpu,
         k: &[u16],
         v: &[u16],
+        tables: &[i32],
+        b: usize,
+        block_size: usize,
+        heads: Heads,
+    ) -> Result<PagedCache> {
+        require_len("V pool", v.len(), k.len())?;
+        PagedCache::from_pools(gpu, gpu.upload(k)?, gpu.upload(v)?, tables, b, block_size, heads)
+    }
+
+    /// Zeroed pools of `num_blocks` blocks under the table `[B, max_blocks]` (checked as in
+    /// [`PagedCache::new`]): the cache a model fills as it runs.
+    pub fn zeroed(
+        gpu: &Gpu,
+        num_blocks: usize,
+        tables: &[i32],
+        b: usize,
+        block_size: usize,
+        heads: Heads,
+    ) -> Result<PagedCache> {
+        let n = num_blocks.checked_mul(heads.hkv * heads.d * block_size);
+        let n = n.ok_or_else(|| Error::constraint("num_blocks * HKV * D * block_size fits", "overflow"))?;
+        PagedCache::from_pools(gpu, gpu.zeros(n)?, gpu.zeros(n)?, tables, b, block_size, heads)
+    }
+
+    fn from_pools(
+        gpu: &Gpu,
+        k: CudaSlice<u16>,
+        v: CudaSlice<u16>,
         tables: &[i32],
         b: usize,
         block_size: usize,
@@ -495,9 +524,10 @@ impl PagedCache {
             ));
         }
         Ok(PagedCache {
-            k: gpu.upload(k)?,
-            v: gpu.upload(v)?,
+            k,
+            v,
             tables: gpu.upload(tables)?,
+            tables_host: tables.to_vec(),
             b,
             num_blocks,
             block_size,
@@ -509,6 +539,45 @@ impl PagedCache {
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn max_blocks(&self) -> usize {
+        self.max_blocks
+    }
+
+    pub fn batch(&self) -> usize {
+        self.b
+    }
+
+    pub fn heads(&self) -> Heads {
+        self.heads
+    }
+
+    /// The block table `[B, max_blocks]`, as checked.
+    pub fn tables_host(&self) -> &[i32] {
+        &self.tables_host
+    }
+
+    /// The K and V pools and the block table, for a kernel that writes into the cache.
+    pub(crate) fn buffers(&mut self) -> (&mut CudaSlice<u16>, &mut CudaSlice<u16>, &CudaSlice<i32>) {
+        (&mut self.k, &mut self.v, &self.tables)
+    }
+
+    /// Downloads the K and V pools (for checks).
+    pub fn download_pools(&self, gpu: &Gpu) -> Result<(Vec<u16>, Vec<u16>)> {
+        Ok((gpu.download(&self.k)?, gpu.download(&self.v)?))
+    }
+}
+
+/// Where element `e` of head `h` of the token in slot `slot` of pool block `phys` lives in the
+/// paged K pool and in the V pool (the layouts of the module docs, 16-bit elements).
+pub fn paged_offsets(heads: Heads, block_size: usize, phys: usize, slot: usize, h: usize, e: usize) -> (usize, usize) {
+    let (bs, dim, x) = (block_size, heads.d, 8);
+    let base = (phys * heads.hkv + h) * dim * bs;
+    (base + ((e / x) * bs + slot) * x + e % x, base + e * bs + slot)
 }
 
 /// A contiguous `[B, Tmax, HKV, D]` cache pair in page-locked host memory mapped into the device's
@@ -998,17 +1067,16 @@ pub fn paged_from_contiguous(
     let block = hkv * dim * bs;
     let nan = d.dtype.nan();
     let (mut kp, mut vp) = (vec![nan; num_blocks * block], vec![nan; num_blocks * block]);
-    let x = 8; // 16 bytes of 2-byte elements
     for b in 0..d.b {
         for t in 0..lens[b] {
             let phys = tables[b * max_blocks + t / bs] as usize;
             let slot = t % bs;
             for h in 0..hkv {
                 let src = ((b * d.tmax + t) * hkv + h) * dim;
-                let base = (phys * hkv + h) * dim * bs;
                 for e in 0..dim {
-                    kp[base + ((e / x) * bs + slot) * x + e % x] = k[src + e];
-                    vp[base + e * bs + slot] = v[src + e];
+                    let (ki, vi) = paged_offsets(d.heads, bs, phys, slot, h, e);
+                    kp[ki] = k[src + e];
+                    vp[vi] = v[src + e];
                 }
             }
         }
