@@ -5,7 +5,8 @@
 //! An op with several shapes (the five linears, three decode batch sizes) is scored by the sum over
 //! its shapes of each stage's time over the best time at that shape: the stage that is never far
 //! behind wins, and a stage that fails or cannot run at any shape is out. Decode stages that read the
-//! paged layout are out too: the model's cache is contiguous.
+//! paged layout are out too: the plan's decode stage decides the cache's layout, and the `fastest`
+//! plans keep it contiguous (a paged cache is asked for by naming a paged stage: `decode=4`).
 
 use std::path::PathBuf;
 
@@ -26,6 +27,7 @@ use crate::argmax::Argmax;
 use crate::encoder::Encoder;
 use crate::model::{Config, PLAN_OPS};
 use crate::pointwise::{Gelu, Residual};
+use crate::sample::Sample;
 
 /// The prefill shape the choice is made at (and the model table's): B = 4 sequences of the context.
 pub const PREFILL_B: usize = 4;
@@ -33,7 +35,7 @@ pub const PREFILL_B: usize = 4;
 pub const DECODE_BATCHES: [usize; 3] = [1, 8, 32];
 
 /// Bump when the selection changes, so old cache files are not trusted.
-const CACHE_VERSION: u32 = 1;
+const CACHE_VERSION: u32 = 3;
 
 /// One op's evidence: every stage's median at each shape (`None`: failed, or not applicable).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -65,7 +67,7 @@ pub struct Selection {
 
 impl Selection {
     /// The chosen stage of each op of [`PLAN_OPS`].
-    pub fn stages(&self) -> [u32; 10] {
+    pub fn stages(&self) -> crate::model::Stages {
         std::array::from_fn(|i| self.ops[i].chosen)
     }
 }
@@ -93,8 +95,25 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
             &KvAppend,
             DECODE_BATCHES.iter().map(|&b| vec![("R", b as i64), ("B", b as i64), ("Tmax", t), ("C", c)]).collect(),
         ),
-        (&Gemv, linears.iter().map(|&(n, k)| vec![("M", 1), ("N", n), ("K", k), ("bias", 1)]).collect()),
+        // The decode step's linears at every decode batch size: a stage that only wins at one
+        // sequence (the FMA stages re-read W per 8 rows) must not be chosen for all of them.
+        (
+            &Gemv,
+            DECODE_BATCHES
+                .iter()
+                .flat_map(|&b| {
+                    linears.iter().map(move |&(n, k)| vec![("M", b as i64), ("N", n), ("K", k), ("bias", 1)])
+                })
+                .collect(),
+        ),
         (&Argmax, DECODE_BATCHES.iter().map(|&b| vec![("B", b as i64), ("V", v), ("ld", vp)]).collect()),
+        (
+            &Sample,
+            DECODE_BATCHES
+                .iter()
+                .map(|&b| vec![("B", b as i64), ("V", v), ("ld", vp), ("k", 50), ("p", 900), ("t", 100)])
+                .collect(),
+        ),
     ];
     ops.into_iter()
         .map(|(op, shapes)| {
@@ -152,7 +171,9 @@ fn select(gpu: &Gpu, cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Sel
                 median_ms: Vec::new(),
                 excluded: match op.name() {
                     "decode" => match attention::decode::layout_of(v) {
-                        Ok(Layout::Paged) => Some("reads the paged layout; the model's cache is contiguous".into()),
+                        Ok(Layout::Paged) => {
+                            Some("reads the paged layout; the fastest plans' cache is contiguous".into())
+                        }
                         Ok(Layout::Contiguous) => None,
                         Err(e) => Some(e.to_string()),
                     },

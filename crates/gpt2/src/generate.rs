@@ -90,33 +90,68 @@ impl Sampler {
 
     /// The next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> i32 {
-        if self.s.temperature == 0.0 {
+        if self.is_greedy() {
             return argmax(logits);
         }
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        order.truncate(self.s.top_k.unwrap_or(order.len()).min(order.len()));
-        let m = logits[order[0]];
-        let mut p: Vec<f64> = order.iter().map(|&i| (((logits[i] - m) / self.s.temperature) as f64).exp()).collect();
-        let z: f64 = p.iter().sum();
-        p.iter_mut().for_each(|x| *x /= z);
-        // Top-p: the shortest prefix of the sorted tokens whose mass reaches p.
-        let mut mass = 0.0;
-        let keep = p.iter().position(|&x| {
-            mass += x;
-            mass >= self.s.top_p as f64
-        });
-        let keep = keep.map_or(p.len(), |i| i + 1);
-        let total: f64 = p[..keep].iter().sum();
-        let mut u = self.rng.random::<f64>() * total;
-        for (j, &x) in p[..keep].iter().enumerate() {
-            u -= x;
-            if u <= 0.0 {
-                return order[j] as i32;
-            }
-        }
-        order[keep - 1] as i32
+        draw(logits, &self.s, self.rng.random::<f64>())
     }
+
+    /// One draw in [0, 1) per row, for sampling on the device ([`Model::decode_step_sampled`]); the
+    /// same stream of draws the host's [`Sampler::sample`] uses.
+    pub fn uniforms(&mut self, rows: usize) -> Vec<f32> {
+        // f32 rounding may give 1.0: keep the draw below it.
+        (0..rows).map(|_| (self.rng.random::<f64>() as f32).min(1.0 - f32::EPSILON)).collect()
+    }
+
+    pub fn sampling(&self) -> &Sampling {
+        &self.s
+    }
+}
+
+/// The tokens a non-greedy draw may pick from one row, in index order, with their running mass
+/// normalized to 1: `(token, mass before it, mass through it)`. The weights are
+/// `exp((x - max) / T)`; top-k keeps the tokens whose weight is at least the k-th largest, then top-p
+/// the tokens whose weight is at least that of the token where the running mass (largest first)
+/// reaches p of the kept mass. Ties at either threshold are all kept. The device's sampling stage
+/// keeps the same set.
+pub fn kept_intervals(logits: &[f32], s: &Sampling) -> Vec<(usize, f64, f64)> {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let w: Vec<f64> = logits.iter().map(|&x| ((x as f64 - m) / s.temperature as f64).exp()).collect();
+    let mut sorted = w.clone();
+    sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+    let mut threshold = 0.0;
+    if let Some(k) = s.top_k.filter(|&k| k < sorted.len()) {
+        threshold = sorted[k - 1];
+    }
+    if s.top_p < 1.0 {
+        let kept: Vec<f64> = sorted.iter().copied().filter(|&x| x >= threshold).collect();
+        let goal = s.top_p as f64 * kept.iter().sum::<f64>();
+        let mut mass = 0.0;
+        let reach = kept.iter().position(|&x| {
+            mass += x;
+            mass >= goal
+        });
+        threshold = kept[reach.unwrap_or(kept.len() - 1)];
+    }
+    let total: f64 = w.iter().filter(|&&x| x >= threshold).sum();
+    let mut run = 0.0;
+    w.iter()
+        .enumerate()
+        .filter(|(_, &x)| x >= threshold)
+        .map(|(i, &x)| {
+            let lo = run;
+            run += x / total;
+            (i, lo, run)
+        })
+        .collect()
+}
+
+/// The token a draw `u` in [0, 1) picks (non-greedy): the first kept token, in index order, whose
+/// running mass exceeds u.
+pub fn draw(logits: &[f32], s: &Sampling, u: f64) -> i32 {
+    let kept = kept_intervals(logits, s);
+    let last = kept.last().expect("the largest logit is always kept").0;
+    kept.iter().find(|&&(_, _, hi)| hi > u).map_or(last, |&(i, _, _)| i) as i32
 }
 
 /// What one generation produced and how long it took.
@@ -213,7 +248,6 @@ fn generate_cached(
     if max_new == 0 {
         return Ok(Generation { tokens: out, prefill_ms: 0.0, decode_ms: 0.0, decode_tokens: 0 });
     }
-    let v = model.cfg.vocab;
     let mut cache = model.new_cache(gpu, b)?;
     let start = Instant::now();
     let mut last = vec![0; b];
@@ -227,15 +261,17 @@ fn generate_cached(
     let start = Instant::now();
     let mut decode_tokens = 0;
     while !out.iter().all(finished) {
-        // Greedy steps pick the tokens on the device and download B ids instead of B x V logits.
-        let (ids, logits) = if sampler.is_greedy() {
-            (model.decode_step_greedy(gpu, &mut cache, &last)?, Vec::new())
+        // The device picks the tokens (argmax, or a draw with the host's uniforms) and B ids come
+        // back instead of B x V logits.
+        let ids = if sampler.is_greedy() {
+            model.decode_step_greedy(gpu, &mut cache, &last)?
         } else {
-            (Vec::new(), model.decode_step(gpu, &mut cache, &last)?)
+            let draws = sampler.uniforms(b);
+            model.decode_step_sampled(gpu, &mut cache, &last, sampler.sampling(), &draws)?
         };
         for i in 0..b {
             if !finished(&out[i]) {
-                last[i] = if ids.is_empty() { sampler.sample(&logits[i * v..][..v]) } else { ids[i] };
+                last[i] = ids[i];
                 out[i].push(last[i]);
                 decode_tokens += 1;
             }

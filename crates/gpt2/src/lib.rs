@@ -11,6 +11,7 @@ pub mod fastest;
 pub mod generate;
 pub mod model;
 pub mod pointwise;
+pub mod sample;
 pub mod table;
 
 mod embedded {
@@ -29,12 +30,12 @@ impl Family for Gpt2 {
         FAMILY
     }
     fn description(&self) -> &'static str {
-        "GPT-2's own kernels (encoder, GELU, residual add, greedy sampling) and the composed model"
+        "GPT-2's own kernels (encoder, GELU, residual add, greedy and top-k/top-p sampling) and the composed model"
     }
     fn sources(&self) -> &'static Sources {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&encoder::Encoder, &pointwise::Gelu, &pointwise::Residual, &argmax::Argmax]
+        vec![&encoder::Encoder, &pointwise::Gelu, &pointwise::Residual, &argmax::Argmax, &sample::Sample]
     }
 }

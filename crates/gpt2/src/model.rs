@@ -17,9 +17,9 @@ use common::timing::{Timing, TimingConfig};
 use common::{require, DriverContext, Error, Gpu, Op, Result, Variant};
 
 use attention::decode::{
-    self as attn_decode, Decode, DecodeArgs, DecodeDims, Dtype, Heads, KvCache as CacheRef, Layout, SeqLens,
+    self as attn_decode, Decode, DecodeArgs, DecodeDims, Dtype, Heads, KvCache as CacheRef, Layout, PagedCache, SeqLens,
 };
-use attention::kv_append::{self, Cells, KvAppend, KvAppendArgs, KvAppendDims};
+use attention::kv_append::{self, Cells, KvAppend, KvAppendArgs, KvAppendDims, KvTarget};
 use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
 use attention::reference::Dims as AttnDims;
 use matmul::gemv::{self, Gemv, GemvArgs, GemvDims};
@@ -28,7 +28,9 @@ use norm::layernorm::{self, LayerNorm, LayerNormArgs, LayerNormDims};
 
 use crate::argmax::{self, Argmax, ArgmaxDims};
 use crate::encoder::{self, Encoder, EncoderArgs, EncoderDims, Positions, TokenIds};
+use crate::generate::Sampling;
 use crate::pointwise::{self, Gelu, Kind, Residual};
+use crate::sample::{self, Sample, SampleDims};
 
 /// LayerNorm's epsilon in GPT-2.
 pub const LN_EPS: f32 = 1e-5;
@@ -260,7 +262,8 @@ pub struct Plan {
     pub attention: Variant,
     pub gelu: Variant,
     pub residual: Variant,
-    /// Decode attention over the KV cache (bf16: the decode ladder's cache types).
+    /// Decode attention over the KV cache (bf16: the decode ladder's cache types). Its layout is the
+    /// cache's: a paged stage (3, 4) gives the model a paged cache.
     pub decode: Variant,
     /// Moving q, k and v between the QKV GEMM and the bf16 cache.
     pub kv_append: Variant,
@@ -269,12 +272,29 @@ pub struct Plan {
     pub gemv: Option<Variant>,
     /// Greedy sampling on the device (a greedy decode step downloads ids, not logits).
     pub argmax: Variant,
+    /// Temperature, top-k and top-p sampling on the device (a sampled step downloads ids too).
+    pub sample: Variant,
 }
 
 /// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
-/// cache; `gemv=off` gives the decode step the plan's `linear`; `argmax` ends a greedy decode step).
-pub const PLAN_OPS: [&str; 10] =
-    ["encoder", "layernorm", "linear", "attention", "gelu", "residual", "decode", "kv-append", "gemv", "argmax"];
+/// cache; `gemv=off` gives the decode step the plan's `linear`; `argmax` ends a greedy decode step,
+/// `sample` a sampled one).
+pub const PLAN_OPS: [&str; 11] = [
+    "encoder",
+    "layernorm",
+    "linear",
+    "attention",
+    "gelu",
+    "residual",
+    "decode",
+    "kv-append",
+    "gemv",
+    "argmax",
+    "sample",
+];
+
+/// One stage per op of [`PLAN_OPS`].
+pub type Stages = [u32; PLAN_OPS.len()];
 
 /// No stage: an optional op (`gemv`) is off.
 const OFF: u32 = u32::MAX;
@@ -304,12 +324,12 @@ impl Plan {
     ///
     /// `fastest` and `fastest-bf16` need the device: see [`Plan::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
-        let stages: [u32; 10] = match name {
-            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0],
-            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0],
-            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0],
-            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0],
-            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0],
+        let stages: Stages = match name {
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0],
+            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0],
+            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0],
+            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (Plan::resolve)",
@@ -349,7 +369,7 @@ impl Plan {
     }
 
     /// The stage of each op of [`PLAN_OPS`] (`u32::MAX`: off).
-    pub fn stages(&self) -> [u32; 10] {
+    pub fn stages(&self) -> Stages {
         [
             self.encoder.stage,
             self.layernorm.stage,
@@ -361,16 +381,11 @@ impl Plan {
             self.kv_append.stage,
             self.gemv.as_ref().map_or(OFF, |v| v.stage),
             self.argmax.stage,
+            self.sample.stage,
         ]
     }
 
-    fn from_stages(name: &str, s: [u32; 10]) -> Result<Plan> {
-        let decode = stage_of(&Decode, s[6])?;
-        require(
-            attn_decode::layout_of(&decode)? == Layout::Contiguous,
-            "a decode stage on the contiguous cache",
-            || format!("stage {} ({}) reads the paged layout", decode.stage, decode.name),
-        )?;
+    fn from_stages(name: &str, s: Stages) -> Result<Plan> {
         Ok(Plan {
             name: name.to_string(),
             encoder: stage_of(&Encoder, s[0])?,
@@ -379,10 +394,11 @@ impl Plan {
             attention: stage_of(&Prefill, s[3])?,
             gelu: stage_of(&Gelu, s[4])?,
             residual: stage_of(&Residual, s[5])?,
-            decode,
+            decode: stage_of(&Decode, s[6])?,
             kv_append: stage_of(&KvAppend, s[7])?,
             gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
             argmax: stage_of(&Argmax, s[9])?,
+            sample: stage_of(&Sample, s[10])?,
         })
     }
 
@@ -606,8 +622,8 @@ fn enqueue_block(
     layernorm(s, &op.layernorm, a, &l.ln1_w, &l.ln1_b)?;
     op.qkv.enqueue(s, LinearArgs { out: &mut a.qkv, inp: &a.ln, weight: &l.qkv_w, bias: Some(&l.qkv_b) })?;
     if let Some((f, i)) = fill {
-        let (k_cache, v_cache) = (&mut f.cache.k[i], &mut f.cache.v[i]);
-        f.kv.enqueue(s, KvAppendArgs { q_out: f.q16, k_cache, v_cache, qkv: &a.qkv, cells: f.cells })?;
+        let cache = f.cache.layers[i].target();
+        f.kv.enqueue(s, KvAppendArgs { q_out: f.q16, cache, qkv: &a.qkv, cells: f.cells })?;
     }
     op.attention.enqueue(s, PrefillArgs { out: &mut a.att, lse: Some(&mut a.att_lse), qkv: &a.qkv })?;
     op.proj.enqueue(s, LinearArgs { out: &mut a.proj, inp: &a.att, weight: &l.proj_w, bias: Some(&l.proj_b) })?;
@@ -628,17 +644,51 @@ struct Fill<'a> {
     q16: &'a mut CudaSlice<u16>,
 }
 
-/// The KV cache of `b` sequences over the model's context: per layer K and V `[b, context, C]`
-/// (bf16 bit patterns) and each sequence's length.
+/// The KV cache of `b` sequences over the model's context (bf16), in the layout the plan's decode
+/// stage reads, and each sequence's length.
 pub struct KvCache {
-    k: Vec<CudaSlice<u16>>,
-    v: Vec<CudaSlice<u16>>,
+    layers: Vec<LayerCache>,
     lens: Vec<usize>,
+    /// Distinguishes caches (a captured decode graph has one cache's buffers baked in).
+    id: u64,
+}
+
+/// One layer's keys and values: contiguous `[b, context, C]` each, or a paged cache of
+/// [`PAGED_BLOCK`]-token blocks.
+enum LayerCache {
+    Contiguous { k: CudaSlice<u16>, v: CudaSlice<u16> },
+    Paged(PagedCache),
+}
+
+/// Tokens per block of a paged cache.
+pub const PAGED_BLOCK: usize = 16;
+
+impl LayerCache {
+    /// Where kv-append writes.
+    fn target(&mut self) -> KvTarget<'_> {
+        match self {
+            LayerCache::Contiguous { k, v } => KvTarget::Contiguous { k, v },
+            LayerCache::Paged(p) => KvTarget::Paged(p),
+        }
+    }
+
+    /// What decode attention reads.
+    fn read(&self) -> CacheRef<'_> {
+        match self {
+            LayerCache::Contiguous { k, v } => CacheRef::Contiguous { k, v },
+            LayerCache::Paged(p) => CacheRef::Paged(p),
+        }
+    }
 }
 
 impl KvCache {
     pub fn lens(&self) -> &[usize] {
         &self.lens
+    }
+
+    /// Whether the cache is paged (the plan's decode stage reads the paged layout).
+    pub fn is_paged(&self) -> bool {
+        matches!(self.layers.first(), Some(LayerCache::Paged(_)))
     }
 }
 
@@ -727,12 +777,23 @@ struct DecodeStep {
     pos: Positions,
     cells: Cells,
     lens: SeqLens,
-    /// Greedy sampling on the device into `next` (a greedy step downloads these B ids).
+    /// Greedy or sampled picks on the device into `next` (such a step downloads these B ids); a
+    /// sampled step draws with `uniforms` (one per sequence, written before each step).
     argmax: argmax::Prepared,
+    sample: sample::Prepared,
+    uniforms: CudaSlice<f32>,
     next: CudaSlice<i32>,
-    /// The captured step, and the cache (its first K buffer's address) and greedy mode it was
-    /// captured for.
-    graph: Option<((u64, bool), common::cudarc::driver::CudaGraph)>,
+    /// The captured step, and the cache (its id) and ending it was captured for.
+    graph: Option<((u64, StepEnd), common::cudarc::driver::CudaGraph)>,
+}
+
+/// How a decode step ends: with the logits on the device, or with each sequence's next token picked
+/// there (greedy, or drawn under the sampling settings, which a captured graph bakes in).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum StepEnd {
+    Logits,
+    Greedy,
+    Sample(Sampling),
 }
 
 impl Model {
@@ -742,15 +803,44 @@ impl Model {
         self.graph = on;
     }
 
-    /// An empty KV cache for `b` sequences (bf16, the model's context long).
+    /// An empty KV cache for `b` sequences (bf16, the model's context long), in the layout of the
+    /// plan's decode stage. A paged cache's pool holds every sequence's blocks for the whole
+    /// context, scattered over the pool by a seeded shuffle of the block table, so decode reads
+    /// through the indirection as a serving engine's fragmented pool would (which blocks a server
+    /// allocates when is its policy, not the model's).
     pub fn new_cache(&self, gpu: &Gpu, b: usize) -> Result<KvCache> {
-        let n = b * self.cfg.max_t * self.cfg.c;
-        let layer = || gpu.zeros::<u16>(n);
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let (c, tmax) = (self.cfg.c, self.cfg.max_t);
+        let layer = |i: usize| -> Result<LayerCache> {
+            Ok(match attn_decode::layout_of(&self.plan.decode)? {
+                Layout::Contiguous => {
+                    LayerCache::Contiguous { k: gpu.zeros(b * tmax * c)?, v: gpu.zeros(b * tmax * c)? }
+                }
+                Layout::Paged => {
+                    let blocks = b * tmax.div_ceil(PAGED_BLOCK);
+                    let mut table: Vec<i32> = (0..blocks as i32).collect();
+                    use rand::seq::SliceRandom;
+                    table.shuffle(&mut common::data::rng(0x9A6E + i as u64));
+                    LayerCache::Paged(PagedCache::zeroed(gpu, blocks, &table, b, PAGED_BLOCK, self.heads())?)
+                }
+            })
+        };
         Ok(KvCache {
-            k: (0..self.cfg.layers).map(|_| layer()).collect::<Result<_>>()?,
-            v: (0..self.cfg.layers).map(|_| layer()).collect::<Result<_>>()?,
+            layers: (0..self.cfg.layers).map(layer).collect::<Result<_>>()?,
             lens: vec![0; b],
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
+    }
+
+    fn heads(&self) -> Heads {
+        Heads { hq: self.cfg.heads, hkv: self.cfg.heads, d: self.cfg.head_size() }
+    }
+
+    /// The kv-append sizes for `rows` rows into this model's cache of `b` sequences.
+    fn kv_dims(&self, rows: usize, b: usize) -> Result<KvAppendDims> {
+        let paged = attn_decode::layout_of(&self.plan.decode)? == Layout::Paged;
+        let (tmax, c, head) = (self.cfg.max_t, self.cfg.c, self.cfg.head_size());
+        Ok(KvAppendDims { rows, b, tmax, c, head, block_size: if paged { PAGED_BLOCK } else { 0 } })
     }
 
     /// Runs the prompt of sequence `slot` (its cache must be empty) through the whole-sequence pass,
@@ -762,7 +852,7 @@ impl Model {
         self.prepare(gpu, 1, t)?;
         let ids = TokenIds::upload(gpu, prompt, self.cfg.vocab)?;
         let cells = Cells::upload(gpu, &(0..t).map(|p| (slot, p)).collect::<Vec<_>>(), b, tmax)?;
-        let kv = kv_append::prepare(gpu, &self.plan.kv_append, KvAppendDims { rows: t, b, tmax, c })?;
+        let kv = kv_append::prepare(gpu, &self.plan.kv_append, self.kv_dims(t, b)?)?;
         let mut q16 = gpu.zeros::<u16>(t * c)?;
         let stream = gpu.stream().clone();
         let fill = Fill { cache, cells: &cells, kv: &kv, q16: &mut q16 };
@@ -789,8 +879,15 @@ impl Model {
                 None => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
             })
         };
-        let heads = Heads { hq: cfg.heads, hkv: cfg.heads, d: cfg.head_size() };
-        let dd = DecodeDims { b, heads, tmax: cfg.max_t, dtype: Dtype::Bf16, block_size: 16, splits: 0 };
+        let dd = DecodeDims {
+            b,
+            heads: self.heads(),
+            tmax: cfg.max_t,
+            dtype: Dtype::Bf16,
+            block_size: PAGED_BLOCK,
+            splits: 0,
+        };
+        let kv_dims = self.kv_dims(b, b)?;
         let step = DecodeStep {
             encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
             layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: b, c })?,
@@ -799,7 +896,7 @@ impl Model {
             fc: lin(4 * c, c, true)?,
             fcproj: lin(c, 4 * c, true)?,
             lm_head: lin(cfg.padded_vocab(), c, false)?,
-            kv: kv_append::prepare(gpu, &p.kv_append, KvAppendDims { rows: b, b, tmax: cfg.max_t, c })?,
+            kv: kv_append::prepare(gpu, &p.kv_append, kv_dims)?,
             attention: attn_decode::prepare(gpu, &p.decode, dd)?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, b * c)?,
@@ -811,6 +908,8 @@ impl Model {
             cells: Cells::upload(gpu, &(0..b).map(|i| (i, 0)).collect::<Vec<_>>(), b, cfg.max_t)?,
             lens: SeqLens::new(gpu, &vec![1; b], cfg.max_t)?,
             argmax: argmax::prepare(gpu, &p.argmax, ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() })?,
+            sample: sample::prepare(gpu, &p.sample, SampleDims { b, v: cfg.vocab, ld: cfg.padded_vocab() })?,
+            uniforms: gpu.zeros(b)?,
             next: gpu.zeros(b)?,
             graph: None,
         };
@@ -821,7 +920,7 @@ impl Model {
     /// One token for every sequence of `cache`: `tokens[i]` goes in at position `lens[i]`; returns
     /// the logits `[B, V]` and appends to the cache.
     pub fn decode_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<f32>> {
-        self.run_step(gpu, cache, tokens, false)?;
+        self.run_step(gpu, cache, tokens, StepEnd::Logits)?;
         let (_, op) = self.decode.as_ref().expect("prepared by run_step");
         gpu.download_rows(&op.acts.logits, cache.lens.len(), self.cfg.vocab, self.cfg.padded_vocab())
     }
@@ -829,30 +928,54 @@ impl Model {
     /// A greedy decode step: as [`Model::decode_step`], with the plan's `argmax` picking each
     /// sequence's next token on the device; returns those B ids (the logits stay on the device).
     pub fn decode_step_greedy(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<i32>> {
-        self.run_step(gpu, cache, tokens, true)?;
+        self.run_step(gpu, cache, tokens, StepEnd::Greedy)?;
+        let (_, op) = self.decode.as_ref().expect("prepared by run_step");
+        gpu.download(&op.next)
+    }
+
+    /// A sampled decode step: as [`Model::decode_step`], with the plan's `sample` stage drawing each
+    /// sequence's next token on the device under `s` (not greedy) with `uniforms[i]` in [0, 1);
+    /// returns those B ids (the logits stay on the device).
+    pub fn decode_step_sampled(
+        &mut self,
+        gpu: &Gpu,
+        cache: &mut KvCache,
+        tokens: &[i32],
+        s: &Sampling,
+        uniforms: &[f32],
+    ) -> Result<Vec<i32>> {
+        s.check()?;
+        require(s.temperature > 0.0, "temperature > 0 for a sampled step (0: greedy)", || "0".into())?;
+        require(uniforms.len() == cache.lens.len(), "one draw per sequence", || format!("{} draws", uniforms.len()))?;
+        require(uniforms.iter().all(|u| (0.0..1.0).contains(u)), "draws in [0, 1)", || format!("{uniforms:?}"))?;
+        self.prepare_decode(gpu, cache.lens.len())?;
+        let (_, op) = self.decode.as_mut().expect("prepared above");
+        gpu.stream().memcpy_htod(uniforms, &mut op.uniforms).ctx("copy the draws")?;
+        // The seed does not reach the device: steps differing only in it share a graph.
+        self.run_step(gpu, cache, tokens, StepEnd::Sample(Sampling { seed: 0, ..*s }))?;
         let (_, op) = self.decode.as_ref().expect("prepared by run_step");
         gpu.download(&op.next)
     }
 
     /// Writes the step's inputs, enqueues the step (replaying its graph when graphs are on) and
     /// advances the cache's lengths.
-    fn run_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32], greedy: bool) -> Result<()> {
+    fn run_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32], end: StepEnd) -> Result<()> {
         self.begin_step(gpu, cache, tokens)?;
         let (_, op) = self.decode.as_mut().expect("prepared by begin_step");
         let s = gpu.stream().clone();
         let w = &self.weights;
         if self.graph {
-            // One graph per cache (its K/V buffers are baked into the kernels' arguments) and mode.
-            let key = (common::device_ptr(&cache.k[0]), greedy);
+            // One graph per cache (its K/V buffers are baked into the kernels' arguments) and ending.
+            let key = (cache.id, end);
             if op.graph.as_ref().map(|(k, _)| *k) != Some(key) {
                 op.graph = None;
-                let g = common::timing::capture(&s, |st| enqueue_decode(st, w, op, cache, greedy, &mut |_| Ok(())))?;
+                let g = common::timing::capture(&s, |st| enqueue_decode(st, w, op, cache, end, &mut |_| Ok(())))?;
                 op.graph = Some((key, g));
             }
             let (_, g) = op.graph.as_ref().expect("captured above");
             g.launch().ctx("launch the decode graph")?;
         } else {
-            enqueue_decode(&s, w, op, cache, greedy, &mut |_| Ok(()))?;
+            enqueue_decode(&s, w, op, cache, end, &mut |_| Ok(()))?;
         }
         cache.lens.iter_mut().for_each(|l| *l += 1);
         Ok(())
@@ -877,7 +1000,7 @@ impl Model {
         let start = event()?;
         start.record(&s).ctx("record")?;
         let mut marks = Vec::new();
-        enqueue_decode(&s, &self.weights, op, cache, false, &mut |name| {
+        enqueue_decode(&s, &self.weights, op, cache, StepEnd::Logits, &mut |name| {
             let e = event()?;
             e.record(&s).ctx("record")?;
             marks.push((name, e));
@@ -960,14 +1083,15 @@ impl Model {
 }
 
 /// One decode step's kernels, op by op, on `s`, reading the step's inputs from `op`'s buffers.
-/// With `greedy`, the plan's argmax picks each sequence's next token into `op.next`. `mark(name)`
-/// is called after each op is enqueued (the per-op breakdown records an event there).
+/// Ending `Greedy`, the plan's argmax picks each sequence's next token into `op.next`; ending
+/// `Sample`, the plan's sampling stage draws it there. `mark(name)` is called after each op is
+/// enqueued (the per-op breakdown records an event there).
 fn enqueue_decode(
     s: &CudaStream,
     weights: &DeviceWeights,
     op: &mut DecodeStep,
     cache: &mut KvCache,
-    greedy: bool,
+    end: StepEnd,
     mark: &mut dyn FnMut(&'static str) -> Result<()>,
 ) -> Result<()> {
     let (w, w16) = (&weights.p, weights.bf16.as_ref());
@@ -980,15 +1104,14 @@ fn enqueue_decode(
         mark("layernorm")?;
         op.qkv.enqueue(s, &mut a.qkv, &a.ln, (&l.qkv_w, b16(0)), Some(&l.qkv_b))?;
         mark("linear qkv")?;
-        let (k_cache, v_cache) = (&mut cache.k[i], &mut cache.v[i]);
-        op.kv.enqueue(s, KvAppendArgs { q_out: &mut op.q16, k_cache, v_cache, qkv: &a.qkv, cells: &op.cells })?;
+        let target = cache.layers[i].target();
+        op.kv.enqueue(s, KvAppendArgs { q_out: &mut op.q16, cache: target, qkv: &a.qkv, cells: &op.cells })?;
         mark("kv-append")?;
-        let kv = CacheRef::Contiguous { k: &cache.k[i], v: &cache.v[i] };
         let args = DecodeArgs {
             out: &mut op.att16,
             lse: &mut a.att_lse,
             q: &op.q16,
-            cache: kv,
+            cache: cache.layers[i].read(),
             seq_lens: &op.lens,
             alibi: None,
         };
@@ -1015,9 +1138,16 @@ fn enqueue_decode(
     mark("layernorm")?;
     op.lm_head.enqueue(s, &mut a.logits, &a.ln, (&weights.lm_head, w16.map(|x| &x.lm_head)), None)?;
     mark("linear lm-head")?;
-    if greedy {
-        op.argmax.enqueue(s, &mut op.next, &a.logits)?;
-        mark("argmax")?;
+    match end {
+        StepEnd::Logits => {}
+        StepEnd::Greedy => {
+            op.argmax.enqueue(s, &mut op.next, &a.logits)?;
+            mark("argmax")?;
+        }
+        StepEnd::Sample(sampling) => {
+            op.sample.enqueue(s, &mut op.next, &a.logits, &op.uniforms, &sampling)?;
+            mark("sample")?;
+        }
     }
     Ok(())
 }

@@ -141,9 +141,9 @@ mod model {
         assert_eq!(p.clone().with_overrides("gemv=1").unwrap().gemv.map(|v| v.stage), Some(1));
         assert!(Plan::named("cublas-gemv").unwrap().with_overrides("gemv=off").unwrap().gemv.is_none());
         assert_eq!(p.clone().with_overrides("linear=0,gelu=0").unwrap().linear.stage, 0);
-        // The model's cache is contiguous: the paged decode stages (vLLM v1 and v2) are refused.
-        assert!(p.clone().with_overrides("decode=3").is_err());
-        assert!(p.with_overrides("decode=4").is_err());
+        // A paged decode stage (vLLM v1 and v2) gives the model a paged cache.
+        assert_eq!(p.clone().with_overrides("decode=3").unwrap().decode.stage, 3);
+        assert!(p.with_overrides("decode=9").is_err());
     }
 
     #[test]

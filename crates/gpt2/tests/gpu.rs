@@ -5,6 +5,7 @@
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
 use common::{Op, Shape};
 use gpt2::encoder::{Encoder, TokenIds};
+use gpt2::generate::Sampling;
 use gpt2::model::{reference_forward, Config, Model, Plan, Weights};
 use gpt2::pointwise::{Gelu, Residual};
 
@@ -62,6 +63,18 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, op, &Shape::new(&[("B", b), ("V", v)]), &op.variants());
             })
         })
+        .gpu("sample_default_and_ragged", |gpu| {
+            let op = &gpt2::sample::Sample;
+            for s in op.default_shapes() {
+                assert_stages_pass(gpu, op, &s, &op.variants());
+            }
+            // Vocabularies that are not multiples of anything, top-k past V, top-p near 0 and 1,
+            // temperatures far from 1.
+            proptest(16, (1i64..=9, 1i64..=5000, 0i64..=6000, 1i64..=1000, 5i64..=400), |(b, v, k, p, t)| {
+                let shape = Shape::new(&[("B", b), ("V", v), ("k", k), ("p", p), ("t", t)]);
+                assert_stages_pass(gpu, op, &shape, &op.variants());
+            })
+        })
         .gpu("model_matches_the_f64_reference", |gpu| {
             // Two layers, head size 32, a vocabulary and lengths that are not multiples of anything.
             let cfg = Config { layers: 2, heads: 2, c: 64, vocab: 101, max_t: 40 };
@@ -85,10 +98,22 @@ fn main() -> std::process::ExitCode {
             let w = Weights::random(&cfg, 7);
             let seqs: Vec<Vec<i32>> =
                 [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
-            // cublas-gemv: the decode step's linears on bf16 weights.
+            // cublas-gemv: the decode step's linears on bf16 weights (gemv=4: on the tensor cores).
             // The graph rows replay a captured decode step, with the step's inputs in device memory.
-            for (plan, graph) in [("naive", false), ("fp32", false), ("fp32", true), ("cublas-gemv", true)] {
-                let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
+            // decode=3 and decode=4 read a paged cache, which kv-append fills through its table.
+            let plans = [
+                ("naive", false),
+                ("fp32", false),
+                ("fp32", true),
+                ("cublas-gemv", true),
+                ("cublas-gemv:gemv=4", true),
+                ("fp32:decode=3", false),
+                ("cublas-gemv:decode=4", true),
+            ];
+            for (spec, graph) in plans {
+                let (plan, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+                let plan = Plan::named(plan).unwrap().with_overrides(overrides).unwrap();
+                let mut m = Model::new(gpu, cfg, &w, plan).unwrap();
                 m.set_graph(graph);
                 let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
                 let mut s = seqs.clone();
@@ -108,8 +133,9 @@ fn main() -> std::process::ExitCode {
                         })
                         .collect();
                     let err = rel_l2(&last, &want);
-                    assert!(err <= 2e-2, "plan {plan}, graph {graph}, step {step}: logits rel L2 {err:e}");
+                    assert!(err <= 2e-2, "plan {spec}, graph {graph}, step {step}: logits rel L2 {err:e}");
                 }
+                assert_eq!(cache.is_paged(), spec.contains("decode="), "{spec}");
                 assert_eq!(cache.lens(), &[11, 17, 23]);
                 assert!(m.decode_step(gpu, &mut cache, &[1, 2]).is_err(), "one token per sequence");
                 let mut empty = m.new_cache(gpu, 2).unwrap();
@@ -143,6 +169,23 @@ fn main() -> std::process::ExitCode {
                 let want: Vec<i32> = logits.chunks(cfg.vocab).map(gpt2::generate::argmax).collect();
                 assert_eq!(ids, want, "graph {graph}");
             }
+            // A sampled step on the device picks what the host picks from the same step's logits
+            // and the same draws (graph and eager; a draw at a token boundary aside).
+            let sampling = Sampling { temperature: 0.9, top_k: Some(20), top_p: 0.8, seed: 5 };
+            for graph in [false, true] {
+                m.set_graph(graph);
+                for draws in [[0.1f32, 0.7], [0.45, 0.999]] {
+                    let logits = m.decode_step(gpu, &mut caches[1], &[3, 4]).unwrap();
+                    let ids = m.decode_step_sampled(gpu, &mut caches[0], &[3, 4], &sampling, &draws).unwrap();
+                    let want: Vec<i32> = logits
+                        .chunks(cfg.vocab)
+                        .zip(draws)
+                        .map(|(row, u)| gpt2::generate::draw(row, &sampling, u as f64))
+                        .collect();
+                    assert_eq!(ids, want, "graph {graph}, draws {draws:?}");
+                }
+            }
+            assert!(m.decode_step_sampled(gpu, &mut caches[0], &[3, 4], &sampling, &[0.5, 1.0]).is_err(), "u < 1");
             m.set_graph(false);
             let mut m = Model::new(gpu, cfg, &w, Plan::named("cublas-gemv").unwrap()).unwrap();
             let mut caches = [m.new_cache(gpu, 2).unwrap(), m.new_cache(gpu, 2).unwrap()];
@@ -186,6 +229,10 @@ fn main() -> std::process::ExitCode {
             let argmax = &gpt2::argmax::Argmax;
             for v in argmax.variants() {
                 assert_graph_replay_passes(gpu, argmax, &Shape::new(&[("B", 3), ("V", 50257)]), &v);
+            }
+            let sample = &gpt2::sample::Sample;
+            for v in sample.variants() {
+                assert_graph_replay_passes(gpu, sample, &sample.default_shapes()[3], &v);
             }
         })
         .main()
