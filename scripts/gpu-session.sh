@@ -8,7 +8,8 @@
 #   scripts/gpu-session.sh [STEP ...]     (default: device anchors tests tables benches)
 #   steps: device | anchors[:FAMILIES] | tests[:FILTER] | tables[:FAMILY[:ARGS]] | loo:FAMILY | benches[:NAME]
 #          | bench:NAME:REGEX (one bench, criterion filter) | lmhead-padded | splits-sweep
-#          | gpt2-check (Hugging Face reference, every named plan) | gpt2-generate (text, each plan)
+#          | gpt2-check (Hugging Face reference, every named plan and a paged one) | gpt2-generate (text,
+#            each plan; sampled on the device, contiguous and paged cache)
 #          | overhead (host cost of a launch) | graph (every family, --graph --quick)
 #          | runall (wall time of `ladder run all --quick`, and of the previous commit's ladder in
 #            .gpu-old/ when carried) | cmp:FAMILY[:ARGS] (full tables of FAMILY by both binaries)
@@ -109,7 +110,8 @@ for s in "$@"; do
         # Hugging Face's GPT-2 (seeded, no download) as the reference, then every named plan against it,
         # whole-sequence and through the KV cache, eager and graph-replayed.
         step gpt2-check 300 "python3 scripts/gpt2_reference.py --out /tmp/gpt2-ref && $bundle/run.sh ladder gpt2 check \
-            --reference /tmp/gpt2-ref --plan naive report fp32 cublas cublas-gemv fastest fastest-bf16 --kv-cache --graph"
+            --reference /tmp/gpt2-ref --plan naive report fp32 cublas cublas-gemv fastest fastest-bf16 fastest-bf16:decode=4 \
+            --kv-cache --graph"
         ;;
     gpt2-generate)
         # Text from the reference weights and from random ones, batch 1 and a ragged batch, each plan.
@@ -117,7 +119,9 @@ for s in "$@"; do
             $bundle/run.sh ladder generate --prompt 'The meaning of life is' --weights /tmp/gpt2-ref/model.safetensors \
             --temperature 0 --max-new-tokens 128 --plan \$p \$g; done; done; \
             $bundle/run.sh ladder generate --prompt Hello --prompt 'A much longer prompt about the city' --batch 2 \
-            --max-new-tokens 64 --top-k 40 --top-p 0.9 --temperature 0.8 --seed 3 --plan fastest-bf16 --graph"
+            --max-new-tokens 64 --top-k 40 --top-p 0.9 --temperature 0.8 --seed 3 --plan fastest-bf16 --graph; \
+            $bundle/run.sh ladder generate --prompt Hello --prompt 'A much longer prompt about the city' --batch 2 \
+            --max-new-tokens 64 --top-k 40 --top-p 0.9 --temperature 0.8 --seed 3 --plan fastest-bf16:decode=4 --graph"
         ;;
     overhead) step overhead 60 "$bundle/run.sh ladder launch-overhead" ;;
     graph) step tables-graph 300 "$bundle/run.sh ladder run all --graph --quick --out $logs/tables-graph" ;;
