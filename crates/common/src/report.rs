@@ -37,8 +37,10 @@ pub const COLUMNS: [&str; 14] = [
 pub fn fmt_time(ms: f64) -> String {
     if ms < 1.0 {
         format!("{:.2} us", ms * 1e3)
-    } else {
+    } else if ms < 1e3 {
         format!("{ms:.3} ms")
+    } else {
+        format!("{:.3} s", ms * 1e-3)
     }
 }
 
@@ -377,5 +379,6 @@ mod tests {
     fn times_switch_units() {
         assert_eq!(fmt_time(0.0191), "19.10 us");
         assert_eq!(fmt_time(31.35), "31.350 ms");
+        assert_eq!(fmt_time(50_122.7), "50.123 s");
     }
 }
