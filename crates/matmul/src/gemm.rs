@@ -383,6 +383,9 @@ impl CublasLt {
         let half = match ops {
             LtOperands::Tf32 => None,
             LtOperands::Fp16 => Some(HalfOperands::prepare(gpu, d)?),
+            LtOperands::Bf16 => {
+                return Err(common::Error::constraint("fp32 operands for the fp32 linear ops' cuBLASLt rows", "bf16"))
+            }
         };
         Ok(CublasLt { lt: Lt::prepare(gpu, ops, epi, d)?, half })
     }

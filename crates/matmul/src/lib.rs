@@ -3,7 +3,8 @@
 //! with one warp per block (milestone 2), WMMA with many warps per block (milestone 3) — beside
 //! cuBLAS at fp32, TF32 and fp16; and the same GEMM with its bias+GELU / bias+residual epilogue
 //! unfused, fused after the GEMM, fused into the GEMM, and through cuBLASLt's epilogues; and the decode
-//! GEMV (M = 1..64) on bf16 weights.
+//! GEMV (M = 1..64) on bf16 weights; and the tensor-core ladder past the report on bf16 operands
+//! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16).
 
 use common::{Family, Op, Sources};
 
@@ -11,6 +12,7 @@ pub mod epilogue;
 pub mod gemm;
 pub mod gemv;
 pub mod linear;
+pub mod linear_bf16;
 mod lt;
 pub mod reference;
 
@@ -30,12 +32,12 @@ impl Family for Matmul {
         FAMILY
     }
     fn description(&self) -> &'static str {
-        "linear layer GEMM (fp32 in/out): naive -> tiled -> WMMA fp16 (report M2, M3) beside cuBLAS, plus fused epilogues"
+        "linear layer GEMM: naive -> tiled -> WMMA fp16 (report M2, M3) beside cuBLAS, bf16 mma.sync beside cuBLASLt, fused epilogues, decode GEMV"
     }
     fn sources(&self) -> &'static Sources {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&linear::Linear, &epilogue::LinearEpilogue, &gemv::Gemv]
+        vec![&linear::Linear, &linear_bf16::LinearBf16, &epilogue::LinearEpilogue, &gemv::Gemv]
     }
 }

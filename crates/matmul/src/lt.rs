@@ -19,10 +19,14 @@ pub(crate) enum LtOperands {
     Tf32,
     /// fp16 operands (converted by the caller), `CUBLAS_COMPUTE_32F`.
     Fp16,
+    /// bf16 operands as given (prepared once by the caller), `CUBLAS_COMPUTE_32F`.
+    Bf16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum LtEpilogue {
+    /// The bare GEMM.
+    None,
     Bias,
     GeluBias,
 }
@@ -108,6 +112,7 @@ impl Lt {
                 (sys::cudaDataType_t::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
             }
             LtOperands::Fp16 => (sys::cudaDataType_t::CUDA_R_16F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            LtOperands::Bf16 => (sys::cudaDataType_t::CUDA_R_16BF, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
         };
         let f32t = sys::cudaDataType_t::CUDA_R_32F;
         let null = std::ptr::null_mut();
@@ -121,6 +126,7 @@ impl Lt {
             set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?; // CUBLAS_OP_T
             set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?; // CUBLAS_OP_N
             let e = match epi {
+                LtEpilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
                 LtEpilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
                 LtEpilogue::GeluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
             };
@@ -154,7 +160,7 @@ impl Lt {
     ///
     /// # Safety
     /// `a`, `b` must address M·K and N·K elements of the operand type, `out` (and `residual`
-    /// when non-zero) M·N fp32, `bias` N fp32 (non-zero).
+    /// when non-zero) M·N fp32, `bias` N fp32 (non-zero unless the epilogue is `None`).
     pub(crate) unsafe fn enqueue(
         &self,
         stream: &CudaStream,

@@ -118,10 +118,35 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &Gemv, &gemv::shape(m, n, k, bias), &Gemv.variants());
             })
         })
+        .gpu("linear_bf16_default_shapes", |gpu| {
+            // The GPT-2 shapes at M = 4096 (the LM head at 50257 and 50304), 4096^3 and 8192^3.
+            let op = &matmul::linear_bf16::LinearBf16;
+            for s in op.default_shapes() {
+                assert_stages_pass(gpu, op, &s, &op.variants());
+            }
+        })
+        .gpu("linear_bf16_any_shape", |gpu| {
+            // M, N, K in 1..512, mostly not multiples of 8, 16, 64 or the 128 x 128 x 32 tile; K % 8
+            // != 0 takes the unaligned entry.
+            use matmul::linear_bf16::{shape, LinearBf16};
+            for (m, n, k) in [(1, 1, 1), (129, 127, 130), (300, 7, 1001), (128, 256, 64), (257, 129, 40)] {
+                for b in [0, 1] {
+                    assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, b), &LinearBf16.variants());
+                }
+            }
+            proptest(24, (1i64..512, 1i64..512, 1i64..512, 0i64..2), |(m, n, k, b)| {
+                assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, b), &LinearBf16.variants())
+            })
+        })
         .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &matmul::Matmul))
         .gpu("graph_replay_every_stage", |gpu| {
-            for (op, shape) in [(&Linear as &dyn Op, lin(129, 127, 130, 1)), (&LinearEpilogue, epi(130, 515, 47, 2))] {
+            let bf16 = matmul::linear_bf16::shape(129, 127, 136, 1);
+            for (op, shape) in [
+                (&Linear as &dyn Op, lin(129, 127, 130, 1)),
+                (&LinearEpilogue, epi(130, 515, 47, 2)),
+                (&matmul::linear_bf16::LinearBf16, bf16),
+            ] {
                 for v in all_variants(op) {
                     assert_graph_replay_passes(gpu, op, &shape, &v);
                 }

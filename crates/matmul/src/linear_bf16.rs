@@ -1,0 +1,313 @@
+//! The tensor-core ladder past the report (issue 12): `out[M,N] = inp[M,K] · W[N,K]ᵀ (+ bias[N])`
+//! with bf16 operands in llm.c's layout (both K-major, the weights prepared once by the caller),
+//! fp32 accumulation and fp32 output. Stages continue `linear`'s numbering (its stage 4, WMMA M3, is
+//! where the report stopped); the library row is cuBLASLt on the same bf16 operands, with its BIAS
+//! epilogue when the shape has a bias and the bare GEMM when it does not.
+//!
+//! Shape keys: `M`, `N`, `K`, `bias` (0/1).
+
+use common::check::Verification;
+use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::data::{rotation_copies, Rotated};
+use common::{
+    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+};
+use half::bf16;
+
+use crate::gemm::{check_dims, Dims, ELEMS_MK, ELEMS_MN, ELEMS_NK};
+use crate::linear::{inputs, verify_rows};
+use crate::lt::{Lt, LtEpilogue, LtOperands};
+use crate::reference::{linear_rows, sampled_rows};
+use crate::{FAMILY, SOURCES};
+
+const OP: &str = "linear-bf16";
+/// The block tile of the mma.sync stages (rows of out along M and N, and the K step).
+const TILE_M: usize = 128;
+const TILE_N: u32 = 128;
+const TILE_K: u32 = 32;
+const GRID_M: &str = "M <= 65535 * 128";
+
+/// How a stage computes the GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// `matmul_mma.cuh`: mma.sync on ldmatrix fragments, a cp.async ring of `MMA_STAGES`.
+    Mma,
+    /// cuBLASLt on the bf16 operands.
+    Lt,
+}
+
+fn stages() -> Vec<Variant> {
+    let k = |stage, name, file, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+            .with_plan(Plan::Mma)
+            .with_tunables(&[("MMA_STAGES", 4)])
+            .with_requirements(Requirements::SM80)
+    };
+    vec![
+        k(
+            5,
+            "mma-sync",
+            "linear-bf16/05_mma_sync.cu",
+            "mma.sync m16n8k16 bf16 on ldmatrix fragments, 128x128x32 block tile of 8 warps, cp.async 4-stage ring",
+        ),
+        k(
+            6,
+            "swizzle",
+            "linear-bf16/06_swizzle.cu",
+            "stage 5 with XOR-swizzled shared-memory tiles: ldmatrix and cp.async free of bank conflicts",
+        ),
+        Variant::library(
+            FAMILY,
+            OP,
+            90,
+            "cublaslt-bf16",
+            "cublasLtMatmul bf16 (BIAS epilogue when bias = 1)",
+            Precision::Bf16,
+            "cuBLASLt on the same bf16 operands, no conversion pass; its BIAS epilogue adds the bias",
+        )
+        .with_plan(Plan::Lt),
+    ]
+}
+
+/// The sizes of one call, and whether it adds a bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearBf16Dims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub bias: bool,
+}
+
+impl LinearBf16Dims {
+    fn gemm(self) -> Dims {
+        Dims { m: self.m, n: self.n, k: self.k }
+    }
+}
+
+pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
+    check_dims(d.gemm())?;
+    if v.plan::<Plan>()? == Plan::Mma {
+        require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
+    }
+    Ok(())
+}
+
+enum Stage {
+    Mma(Launch),
+    Lt(Lt),
+}
+
+/// A stage prepared for one size.
+pub struct Prepared {
+    stage: Stage,
+    d: LinearBf16Dims,
+}
+
+pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
+    gpu.supports(v)?;
+    check_shape(v, d)?;
+    let stage = match v.plan::<Plan>()? {
+        Plan::Mma => {
+            // cp.async copies 16-byte pieces: rows of K bf16 are 16-byte aligned only when K % 8 == 0.
+            let entry = if d.k.is_multiple_of(8) { "linear_bf16" } else { "linear_bf16_unaligned" };
+            let stages = v.tunable("MMA_STAGES")?;
+            require(stages >= 2, "MMA_STAGES >= 2", || format!("MMA_STAGES = {stages}"))?;
+            let grid = ((d.n as u32).div_ceil(TILE_N), (d.m as u32).div_ceil(TILE_M as u32), 1);
+            // Each stage holds a 128 x 32 bf16 tile of inp and one of W.
+            let smem = stages * 2 * TILE_N * TILE_K * 2;
+            Stage::Mma(gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (256, 1, 1)).with_shared(smem))?)
+        }
+        Plan::Lt => {
+            let epi = if d.bias { LtEpilogue::Bias } else { LtEpilogue::None };
+            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, epi, d.gemm())?)
+        }
+    };
+    Ok(Prepared { stage, d })
+}
+
+/// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
+/// patterns, `bias` N fp32 (present exactly when prepared with one).
+pub struct LinearBf16Args<'a> {
+    pub out: &'a mut CudaSlice<f32>,
+    pub inp: &'a CudaSlice<u16>,
+    pub weight: &'a CudaSlice<u16>,
+    pub bias: Option<&'a CudaSlice<f32>>,
+}
+
+impl Prepared {
+    pub fn enqueue(&self, stream: &CudaStream, a: LinearBf16Args) -> Result<()> {
+        let d = self.d;
+        require_len("inp", a.inp.len(), d.m * d.k)?;
+        require_len("weight", a.weight.len(), d.n * d.k)?;
+        require_len("out", a.out.len(), d.m * d.n)?;
+        match a.bias {
+            Some(b) if d.bias => require_len("bias", b.len(), d.n)?,
+            None if !d.bias => {}
+            _ => {
+                return Err(Error::constraint(format!("a bias exactly when prepared with bias = {}", d.bias), "other"))
+            }
+        }
+        let bias = a.bias.map_or(0, common::device_ptr);
+        // SAFETY: every buffer's length was checked against the prepared sizes, which satisfy the
+        // stage's limits; the mma entries take (out, inp, w, bias, M, N, K) and read bias only when
+        // it is non-null; cuBLASLt reads the bias only with its BIAS epilogue (prepared with one).
+        unsafe {
+            match &self.stage {
+                Stage::Mma(l) => l.enqueue(
+                    stream,
+                    &[
+                        Arg::buf(a.out),
+                        Arg::buf(a.inp),
+                        Arg::buf(a.weight),
+                        Arg::Ptr(bias),
+                        Arg::int(d.m),
+                        Arg::int(d.n),
+                        Arg::int(d.k),
+                    ],
+                ),
+                Stage::Lt(lt) => {
+                    let (inp, w, out) =
+                        (common::device_ptr(a.inp), common::device_ptr(a.weight), common::device_ptr(a.out));
+                    lt.enqueue(stream, inp, w, bias, 0, out)
+                }
+            }
+        }
+    }
+}
+
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
+        match &self.stage {
+            Stage::Mma(l) => vec![l.resources().clone()],
+            Stage::Lt(_) => Vec::new(),
+        }
+    }
+}
+
+pub fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
+}
+
+fn dims(s: &Shape) -> Result<LinearBf16Dims> {
+    let max = i32::MAX as i64;
+    let b = s.get("bias").unwrap_or(1);
+    require(b == 0 || b == 1, "bias is 0 or 1", || format!("bias = {b}"))?;
+    Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1 })
+}
+
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description:
+        "out[M,N] = inp[M,K] . W[N,K]^T + bias[N], bf16 operands (weights prepared once), fp32 accumulate and out",
+    sources: &SOURCES,
+    shape_keys: &["M", "N", "K", "bias"],
+    stages,
+};
+
+pub struct LinearBf16;
+
+impl Op for LinearBf16 {
+    fn info(&self) -> &'static OpInfo {
+        &INFO
+    }
+    fn default_shapes(&self) -> Vec<Shape> {
+        // GPT-2 124M at B·T = 4096 (QKV, attention projection, MLP up, MLP down, the LM head at
+        // 50257 and padded to 50304, no bias), then 4096³ and 8192³ (bare GEMMs).
+        let mut s: Vec<Shape> =
+            [(2304, 768), (768, 768), (3072, 768), (768, 3072)].iter().map(|&(n, k)| shape(4096, n, k, 1)).collect();
+        s.extend([shape(4096, 50257, 768, 0), shape(4096, 50304, 768, 0), shape(4096, 4096, 4096, 0)]);
+        s.push(shape(8192, 8192, 8192, 0));
+        s
+    }
+    fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
+        check_shape(v, dims(s)?)
+    }
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut l = vec![
+            Limit { constraint: ELEMS_MK, past: shape(1 << 16, 1, 1 << 15, 1), inside: None },
+            Limit { constraint: ELEMS_NK, past: shape(1, 1 << 16, 1 << 15, 1), inside: None },
+            Limit { constraint: ELEMS_MN, past: shape(1 << 16, 1 << 15, 1, 1), inside: None },
+        ];
+        if v.plan::<Plan>().is_ok_and(|p| p == Plan::Mma) {
+            let max = 65535 * TILE_M as i64;
+            l.push(Limit { constraint: GRID_M, past: shape(max + 1, 1, 1, 1), inside: Some(shape(max, 3, 5, 1)) });
+        }
+        l
+    }
+    fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
+        let d = dims(s)?;
+        check_dims(d.gemm())?;
+        // The operands rounded to bf16 once, here (what a caller's weight preparation does); the
+        // reference runs in f64 on exactly those values.
+        let (x, w, b) = inputs(d.gemm(), seed);
+        let round = |v: Vec<f32>| -> (Vec<f32>, Vec<u16>) {
+            let bits: Vec<u16> = v.iter().map(|&f| bf16::from_f32(f).to_bits()).collect();
+            (bits.iter().map(|&u| bf16::from_bits(u).to_f32()).collect(), bits)
+        };
+        let ((x, x16), (w, w16)) = (round(x), round(w));
+        let rows = sampled_rows(d.m, d.n, d.k);
+        let reference = linear_rows(&x, &w, d.bias.then_some(&b[..]), d.n, d.k, &rows);
+        let copies = rotation_copies(gpu, (2 * (d.m * d.k + d.n * d.k) + 4 * d.m * d.n) as u64);
+        Ok(Box::new(LinearBf16Problem {
+            d,
+            inp: Rotated::upload(gpu, &x16, copies)?,
+            w: Rotated::upload(gpu, &w16, copies)?,
+            bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
+            out: Rotated::outputs(gpu, d.m * d.n, copies)?,
+            rows,
+            reference,
+            copies,
+            prepared: Current::default(),
+        }))
+    }
+}
+
+struct LinearBf16Problem {
+    d: LinearBf16Dims,
+    inp: Rotated<u16>,
+    w: Rotated<u16>,
+    bias: Option<CudaSlice<f32>>,
+    out: Rotated<f32>,
+    rows: Vec<usize>,
+    reference: Vec<f64>,
+    copies: usize,
+    prepared: Current<Prepared>,
+}
+
+impl Problem for LinearBf16Problem {
+    fn workload(&self) -> Workload {
+        let (m, n, k) = (self.d.m as u64, self.d.n as u64, self.d.k as u64);
+        let nb = if self.d.bias { n } else { 0 };
+        Workload {
+            bytes: 2 * (m * k + n * k) + 4 * (m * n + nb),
+            flops: 2 * m * n * k + if self.d.bias { m * n } else { 0 },
+            bound: Bound::Compute(Precision::Bf16),
+        }
+    }
+    fn copies(&self) -> usize {
+        self.copies
+    }
+    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+        self.out.poison(gpu)
+    }
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
+    }
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        let args = LinearBf16Args {
+            out: self.out.get_mut(copy),
+            inp: self.inp.get(copy),
+            weight: self.w.get(copy),
+            bias: self.bias.as_ref(),
+        };
+        p.enqueue(stream, args)
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
+        let out = gpu.download(self.out.get(copy))?;
+        Ok(verify_rows(v, &out, &self.reference, &self.rows, self.d.gemm()))
+    }
+}
