@@ -244,6 +244,9 @@ fn run_variant(
     let resources = match problem.prepare(gpu, v) {
         Ok(uses) => Resources::summarize(&uses),
         Err(e) if e.is_not_applicable() => return (Status::Skipped(first_line(&e)), None, None, None),
+        Err(e @ Error::Launch { .. }) if v.sweep_point => {
+            return (Status::Skipped(format!("n/a at this configuration: {}", first_line(&e))), None, None, None)
+        }
         Err(e) => return (Status::Failed(format!("prepare: {}", first_line(&e))), None, None, None),
     };
     let verification = match verify_once(gpu, problem) {

@@ -133,6 +133,9 @@ pub struct Variant {
     /// For a derived row (a leave-one-out variant, a sweep point): the name of the row its `x prev`
     /// is measured against. `None` for a declared stage, which compares with the previous one.
     pub compared_with: Option<String>,
+    /// A configuration-sweep point: a launch the device cannot make at this configuration
+    /// (registers, shared memory, block size) is `n/a`, not a failure of the stage.
+    pub sweep_point: bool,
     #[serde(skip)]
     plan: Option<PlanBox>,
 }
@@ -173,6 +176,7 @@ impl Variant {
             requires: Requirements::ANY,
             tolerance: None,
             compared_with: None,
+            sweep_point: false,
             plan: None,
         }
     }
@@ -340,6 +344,7 @@ impl Generator for Sweep {
                 v.name = Cow::Owned(format!("{}[{}={value}]", base.name, self.tunable));
                 v.summary = Cow::Owned(format!("{} with {}={value}", base.name, self.tunable));
                 v.compared_with = Some(base.name.to_string());
+                v.sweep_point = true;
                 Some(v)
             })
             .collect()
@@ -385,6 +390,7 @@ mod tests {
         let sweep = Sweep { tunable: "WARPS".into(), values: vec![2, 8] }.derive(&base());
         assert_eq!(sweep[1].tunable("WARPS").unwrap(), 8);
         assert_eq!(sweep[1].name, "all[WARPS=8]");
+        assert!(sweep.iter().all(|v| v.sweep_point) && !base().sweep_point);
         assert!(Sweep { tunable: "NOPE".into(), values: vec![1] }.derive(&base()).is_empty());
     }
 }

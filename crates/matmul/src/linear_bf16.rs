@@ -7,10 +7,10 @@
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1).
 
 use common::check::Verification;
-use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::cudarc::driver::{sys, CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
@@ -27,12 +27,20 @@ const TILE_M: usize = 128;
 const TILE_N: u32 = 128;
 const TILE_K: u32 = 32;
 const GRID_M: &str = "M <= 65535 * 128";
+/// The TMA's global row stride (K bf16) must be a multiple of 16 bytes.
+const TMA_K: &str = "K % 8 == 0";
+/// The wgmma stage's K step (the TMA box is 64 bf16 = 128 bytes wide, the swizzle's span).
+const WG_BK: u32 = 64;
 
 /// How a stage computes the GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plan {
     /// `matmul_mma.cuh`: mma.sync on ldmatrix fragments, a cp.async ring of `MMA_STAGES`.
     Mma,
+    /// `07_wgmma_tma.cu`: wgmma on TMA-loaded, 128-byte swizzled tiles, a ring of `WG_STAGES`.
+    Wgmma,
+    /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
+    WarpSpecialized,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -57,6 +65,30 @@ fn stages() -> Vec<Variant> {
             "linear-bf16/06_swizzle.cu",
             "stage 5 with XOR-swizzled shared-memory tiles: ldmatrix and cp.async free of bank conflicts",
         ),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            7,
+            "wgmma-tma",
+            "linear-bf16/07_wgmma_tma.cu",
+            Precision::Bf16,
+            "wgmma.m64n128k16 from 128-byte swizzled tiles the TMA loads (mbarrier ring), 2 warpgroups a 128x128 tile",
+        )
+        .with_plan(Plan::Wgmma)
+        .with_tunables(&[("WG_STAGES", 4)])
+        .with_requirements(Requirements::SM90A),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            8,
+            "warp-specialized",
+            "linear-bf16/08_warp_specialized.cu",
+            Precision::Bf16,
+            "a TMA producer warpgroup and two wgmma.m64n256k16 consumers, full/empty mbarriers, setmaxnreg, 128x256 tile",
+        )
+        .with_plan(Plan::WarpSpecialized)
+        .with_tunables(&[("WG_STAGES", 4)])
+        .with_requirements(Requirements::SM90A),
         Variant::library(
             FAMILY,
             OP,
@@ -87,15 +119,55 @@ impl LinearBf16Dims {
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
-    if v.plan::<Plan>()? == Plan::Mma {
+    let plan = v.plan::<Plan>()?;
+    if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
         require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
+    }
+    if matches!(plan, Plan::Wgmma | Plan::WarpSpecialized) {
+        require(d.k.is_multiple_of(8), TMA_K, || format!("K = {}", d.k))?;
     }
     Ok(())
 }
 
 enum Stage {
     Mma(Launch),
+    /// A TMA stage and the rows of its B boxes (its A boxes are `TILE_M` rows).
+    Tma(Launch, usize),
     Lt(Lt),
+}
+
+/// A 2-D tensor map of a row-major `[rows, K]` bf16 matrix at `ptr`, read in boxes of `box_rows`
+/// rows by 64 columns into the 128-byte swizzled layout wgmma reads; the parts of a box past the
+/// matrix are zero-filled.
+fn tensor_map(ptr: u64, rows: usize, k: usize, box_rows: usize) -> Result<sys::CUtensorMap> {
+    use sys::{CUtensorMapDataType as T, CUtensorMapFloatOOBfill as F, CUtensorMapInterleave as I};
+    use sys::{CUtensorMapL2promotion as L, CUtensorMapSwizzle as S};
+    let dims = [k as u64, rows as u64];
+    let strides = [(2 * k) as u64];
+    let boxes = [WG_BK, box_rows as u32];
+    let elements = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: the arrays hold rank (2) entries, rank - 1 for the strides; `map` is written by the
+    // call; the address is a device allocation of rows * K bf16 (checked by the caller).
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elements.as_ptr(),
+            I::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            S::CU_TENSOR_MAP_SWIZZLE_128B,
+            L::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            F::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+        .ctx("encode a TMA tensor map")?;
+        Ok(map.assume_init())
+    }
 }
 
 /// A stage prepared for one size.
@@ -107,7 +179,8 @@ pub struct Prepared {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
     gpu.supports(v)?;
     check_shape(v, d)?;
-    let stage = match v.plan::<Plan>()? {
+    let plan = v.plan::<Plan>()?;
+    let stage = match plan {
         Plan::Mma => {
             // cp.async copies 16-byte pieces: rows of K bf16 are 16-byte aligned only when K % 8 == 0.
             let entry = if d.k.is_multiple_of(8) { "linear_bf16" } else { "linear_bf16_unaligned" };
@@ -117,6 +190,23 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             // Each stage holds a 128 x 32 bf16 tile of inp and one of W.
             let smem = stages * 2 * TILE_N * TILE_K * 2;
             Stage::Mma(gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (256, 1, 1)).with_shared(smem))?)
+        }
+        Plan::Wgmma | Plan::WarpSpecialized => {
+            let stages = v.tunable("WG_STAGES")?;
+            require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
+            // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
+            // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage.
+            let (entry, tile_n, threads, bars) = match plan {
+                Plan::Wgmma => ("linear_bf16_wgmma", 128u32, 256, 1),
+                _ => ("linear_bf16_ws", 256u32, 384, 2),
+            };
+            let grid = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32), 1);
+            // Per stage a 128 x 64 bf16 tile of inp and a tile_n x 64 one of W; 1 KiB to align the
+            // ring for the 128-byte swizzle; the 8-byte mbarriers.
+            let smem = stages * (TILE_M as u32 + tile_n) * WG_BK * 2 + 1024 + 8 * bars * stages;
+            let launch =
+                gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem))?;
+            Stage::Tma(launch, tile_n as usize)
         }
         Plan::Lt => {
             let epi = if d.bias { LtEpilogue::Bias } else { LtEpilogue::None };
@@ -166,6 +256,22 @@ impl Prepared {
                         Arg::int(d.k),
                     ],
                 ),
+                Stage::Tma(l, b_rows) => {
+                    let map_a = tensor_map(common::device_ptr(a.inp), d.m, d.k, TILE_M)?;
+                    let map_b = tensor_map(common::device_ptr(a.weight), d.n, d.k, *b_rows)?;
+                    l.enqueue(
+                        stream,
+                        &[
+                            Arg::value(&map_a),
+                            Arg::value(&map_b),
+                            Arg::buf(a.out),
+                            Arg::Ptr(bias),
+                            Arg::int(d.m),
+                            Arg::int(d.n),
+                            Arg::int(d.k),
+                        ],
+                    )
+                }
                 Stage::Lt(lt) => {
                     let (inp, w, out) =
                         (common::device_ptr(a.inp), common::device_ptr(a.weight), common::device_ptr(a.out));
@@ -179,7 +285,7 @@ impl Prepared {
 impl PreparedStage for Prepared {
     fn resources(&self) -> Vec<ResourceUse> {
         match &self.stage {
-            Stage::Mma(l) => vec![l.resources().clone()],
+            Stage::Mma(l) | Stage::Tma(l, _) => vec![l.resources().clone()],
             Stage::Lt(_) => Vec::new(),
         }
     }
@@ -230,9 +336,13 @@ impl Op for LinearBf16 {
             Limit { constraint: ELEMS_NK, past: shape(1, 1 << 16, 1 << 15, 1), inside: None },
             Limit { constraint: ELEMS_MN, past: shape(1 << 16, 1 << 15, 1, 1), inside: None },
         ];
-        if v.plan::<Plan>().is_ok_and(|p| p == Plan::Mma) {
+        let plan = v.plan::<Plan>().ok();
+        if matches!(plan, Some(Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized)) {
             let max = 65535 * TILE_M as i64;
-            l.push(Limit { constraint: GRID_M, past: shape(max + 1, 1, 1, 1), inside: Some(shape(max, 3, 5, 1)) });
+            l.push(Limit { constraint: GRID_M, past: shape(max + 1, 1, 1, 1), inside: Some(shape(max, 3, 8, 1)) });
+        }
+        if matches!(plan, Some(Plan::Wgmma | Plan::WarpSpecialized)) {
+            l.push(Limit { constraint: TMA_K, past: shape(3, 5, 12, 1), inside: Some(shape(3, 5, 16, 1)) });
         }
         l
     }
