@@ -41,6 +41,8 @@ enum Plan {
     Wgmma,
     /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
     WarpSpecialized,
+    /// `09_persistent.cu`: stage 8 on one block per SM walking the tiles in grouped order.
+    Persistent,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -89,6 +91,18 @@ fn stages() -> Vec<Variant> {
         .with_plan(Plan::WarpSpecialized)
         .with_tunables(&[("WG_STAGES", 4)])
         .with_requirements(Requirements::SM90A),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            9,
+            "persistent",
+            "linear-bf16/09_persistent.cu",
+            Precision::Bf16,
+            "stage 8 on one block per SM looping over tiles in groups of 8 row panels (L2 reuse), loads running into the next tile",
+        )
+        .with_plan(Plan::Persistent)
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_requirements(Requirements::SM90A),
         Variant::library(
             FAMILY,
             OP,
@@ -123,7 +137,7 @@ pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
         require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
     }
-    if matches!(plan, Plan::Wgmma | Plan::WarpSpecialized) {
+    if matches!(plan, Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent) {
         require(d.k.is_multiple_of(8), TMA_K, || format!("K = {}", d.k))?;
     }
     Ok(())
@@ -191,16 +205,23 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * 2 * TILE_N * TILE_K * 2;
             Stage::Mma(gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (256, 1, 1)).with_shared(smem))?)
         }
-        Plan::Wgmma | Plan::WarpSpecialized => {
+        Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage.
             let (entry, tile_n, threads, bars) = match plan {
                 Plan::Wgmma => ("linear_bf16_wgmma", 128u32, 256, 1),
-                _ => ("linear_bf16_ws", 256u32, 384, 2),
+                Plan::WarpSpecialized => ("linear_bf16_ws", 256u32, 384, 2),
+                _ => ("linear_bf16_persistent", 256u32, 384, 2),
             };
-            let grid = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32), 1);
+            let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32));
+            let grid = if plan == Plan::Persistent {
+                // One block per SM (the ring takes most of an SM's shared memory), at most one per tile.
+                ((tiles_n * tiles_m).min(gpu.info().sm_count), 1, 1)
+            } else {
+                (tiles_n, tiles_m, 1)
+            };
             // Per stage a 128 x 64 bf16 tile of inp and a tile_n x 64 one of W; 1 KiB to align the
             // ring for the 128-byte swizzle; the 8-byte mbarriers.
             let smem = stages * (TILE_M as u32 + tile_n) * WG_BK * 2 + 1024 + 8 * bars * stages;
@@ -341,7 +362,7 @@ impl Op for LinearBf16 {
             let max = 65535 * TILE_M as i64;
             l.push(Limit { constraint: GRID_M, past: shape(max + 1, 1, 1, 1), inside: Some(shape(max, 3, 8, 1)) });
         }
-        if matches!(plan, Some(Plan::Wgmma | Plan::WarpSpecialized)) {
+        if matches!(plan, Some(Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent)) {
             l.push(Limit { constraint: TMA_K, past: shape(3, 5, 12, 1), inside: Some(shape(3, 5, 16, 1)) });
         }
         l
