@@ -4,11 +4,13 @@
 //! where the report stopped); the library row is cuBLASLt on the same bf16 operands, with its BIAS
 //! epilogue when the shape has a bias and the bare GEMM when it does not.
 //!
-//! Shape keys: `M`, `N`, `K`, `bias` (0/1).
+//! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
+//! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias).
+//! Only stage 10 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
 
 use common::check::Verification;
 use common::cudarc::driver::{sys, CudaSlice, CudaStream};
-use common::data::{rotation_copies, Rotated};
+use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
@@ -18,7 +20,7 @@ use half::bf16;
 use crate::gemm::{check_dims, Dims, ELEMS_MK, ELEMS_MN, ELEMS_NK};
 use crate::linear::{inputs, verify_rows};
 use crate::lt::{Lt, LtEpilogue, LtOperands};
-use crate::reference::{linear_rows, sampled_rows};
+use crate::reference::{gelu_tanh, linear_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "linear-bf16";
@@ -43,6 +45,8 @@ enum Plan {
     WarpSpecialized,
     /// `09_persistent.cu`: stage 8 on one block per SM walking the tiles in grouped order.
     Persistent,
+    /// `10_epilogue.cu`: stage 9 with the bias + GELU or bias + residual tail in its store.
+    Epilogue,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -103,26 +107,49 @@ fn stages() -> Vec<Variant> {
         .with_plan(Plan::Persistent)
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
         .with_requirements(Requirements::SM90A),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            10,
+            "epilogue",
+            "linear-bf16/10_epilogue.cu",
+            Precision::Bf16,
+            "stage 9 with bias + GELU or bias + residual applied to the accumulators before the store",
+        )
+        .with_plan(Plan::Epilogue)
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_requirements(Requirements::SM90A),
         Variant::library(
             FAMILY,
             OP,
             90,
             "cublaslt-bf16",
-            "cublasLtMatmul bf16 (BIAS epilogue when bias = 1)",
+            "cublasLtMatmul bf16 (BIAS / GELU_BIAS epilogue, the residual as C with beta = 1)",
             Precision::Bf16,
-            "cuBLASLt on the same bf16 operands, no conversion pass; its BIAS epilogue adds the bias",
+            "cuBLASLt on the same bf16 operands, no conversion pass; its BIAS or GELU_BIAS epilogue, a residual as C",
         )
         .with_plan(Plan::Lt),
     ]
 }
 
-/// The sizes of one call, and whether it adds a bias.
+/// The element-wise tail after the biased product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tail {
+    None,
+    /// GELU (tanh form) of the biased product.
+    Gelu,
+    /// The biased product plus a residual `[M, N]`.
+    Residual,
+}
+
+/// The sizes of one call, whether it adds a bias, and its tail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearBf16Dims {
     pub m: usize,
     pub n: usize,
     pub k: usize,
     pub bias: bool,
+    pub tail: Tail,
 }
 
 impl LinearBf16Dims {
@@ -131,13 +158,19 @@ impl LinearBf16Dims {
     }
 }
 
+const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
+const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stage 10 does)";
+
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
     let plan = v.plan::<Plan>()?;
+    require(d.tail == Tail::None || d.bias, TAIL_BIAS, || format!("{:?} without a bias", d.tail))?;
+    let fuses = matches!(plan, Plan::Epilogue | Plan::Lt);
+    require(d.tail == Tail::None || fuses, TAIL_FUSED, || format!("{:?}", d.tail))?;
     if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
         require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
     }
-    if matches!(plan, Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent) {
+    if matches!(plan, Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue) {
         require(d.k.is_multiple_of(8), TMA_K, || format!("K = {}", d.k))?;
     }
     Ok(())
@@ -145,8 +178,13 @@ pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
 
 enum Stage {
     Mma(Launch),
-    /// A TMA stage and the rows of its B boxes (its A boxes are `TILE_M` rows).
-    Tma(Launch, usize),
+    /// A TMA stage, the rows of its B boxes (its A boxes are `TILE_M` rows), and whether its entry
+    /// takes the tail (a residual and the tail's code).
+    Tma {
+        launch: Launch,
+        b_rows: usize,
+        tail: bool,
+    },
     Lt(Lt),
 }
 
@@ -205,7 +243,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * 2 * TILE_N * TILE_K * 2;
             Stage::Mma(gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (256, 1, 1)).with_shared(smem))?)
         }
-        Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent => {
+        Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
@@ -213,10 +251,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let (entry, tile_n, threads, bars) = match plan {
                 Plan::Wgmma => ("linear_bf16_wgmma", 128u32, 256, 1),
                 Plan::WarpSpecialized => ("linear_bf16_ws", 256u32, 384, 2),
-                _ => ("linear_bf16_persistent", 256u32, 384, 2),
+                Plan::Persistent => ("linear_bf16_persistent", 256u32, 384, 2),
+                _ => ("linear_bf16_epilogue", 256u32, 384, 2),
             };
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32));
-            let grid = if plan == Plan::Persistent {
+            let grid = if matches!(plan, Plan::Persistent | Plan::Epilogue) {
                 // One block per SM (the ring takes most of an SM's shared memory), at most one per tile.
                 ((tiles_n * tiles_m).min(gpu.info().sm_count), 1, 1)
             } else {
@@ -227,10 +266,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * (TILE_M as u32 + tile_n) * WG_BK * 2 + 1024 + 8 * bars * stages;
             let launch =
                 gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem))?;
-            Stage::Tma(launch, tile_n as usize)
+            Stage::Tma { launch, b_rows: tile_n as usize, tail: plan == Plan::Epilogue }
         }
         Plan::Lt => {
-            let epi = if d.bias { LtEpilogue::Bias } else { LtEpilogue::None };
+            let epi = match (d.bias, d.tail) {
+                (false, _) => LtEpilogue::None,
+                (true, Tail::Gelu) => LtEpilogue::GeluBias,
+                (true, _) => LtEpilogue::Bias,
+            };
             Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, epi, d.gemm())?)
         }
     };
@@ -238,12 +281,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 }
 
 /// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
-/// patterns, `bias` N fp32 (present exactly when prepared with one).
+/// patterns, `bias` N fp32 (present exactly when prepared with one), `residual` M·N fp32 (present
+/// exactly with the residual tail).
 pub struct LinearBf16Args<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub inp: &'a CudaSlice<u16>,
     pub weight: &'a CudaSlice<u16>,
     pub bias: Option<&'a CudaSlice<f32>>,
+    pub residual: Option<&'a CudaSlice<f32>>,
 }
 
 impl Prepared {
@@ -259,7 +304,13 @@ impl Prepared {
                 return Err(Error::constraint(format!("a bias exactly when prepared with bias = {}", d.bias), "other"))
             }
         }
+        match a.residual {
+            Some(r) if d.tail == Tail::Residual => require_len("residual", r.len(), d.m * d.n)?,
+            None if d.tail != Tail::Residual => {}
+            _ => return Err(Error::constraint("a residual exactly with the residual tail", format!("{:?}", d.tail))),
+        }
         let bias = a.bias.map_or(0, common::device_ptr);
+        let residual = a.residual.map_or(0, common::device_ptr);
         // SAFETY: every buffer's length was checked against the prepared sizes, which satisfy the
         // stage's limits; the mma entries take (out, inp, w, bias, M, N, K) and read bias only when
         // it is non-null; cuBLASLt reads the bias only with its BIAS epilogue (prepared with one).
@@ -277,26 +328,30 @@ impl Prepared {
                         Arg::int(d.k),
                     ],
                 ),
-                Stage::Tma(l, b_rows) => {
+                Stage::Tma { launch, b_rows, tail } => {
                     let map_a = tensor_map(common::device_ptr(a.inp), d.m, d.k, TILE_M)?;
                     let map_b = tensor_map(common::device_ptr(a.weight), d.n, d.k, *b_rows)?;
-                    l.enqueue(
-                        stream,
-                        &[
-                            Arg::value(&map_a),
-                            Arg::value(&map_b),
-                            Arg::buf(a.out),
-                            Arg::Ptr(bias),
-                            Arg::int(d.m),
-                            Arg::int(d.n),
-                            Arg::int(d.k),
-                        ],
-                    )
+                    let (maps, out, b) = ([Arg::value(&map_a), Arg::value(&map_b)], Arg::buf(a.out), Arg::Ptr(bias));
+                    let sizes = [Arg::int(d.m), Arg::int(d.n), Arg::int(d.k)];
+                    if *tail {
+                        let code = match d.tail {
+                            Tail::None => 0,
+                            Tail::Gelu => 1,
+                            Tail::Residual => 2,
+                        };
+                        let [ma, mb] = maps;
+                        let [m, n, k] = sizes;
+                        launch.enqueue(stream, &[ma, mb, out, b, Arg::Ptr(residual), m, n, k, Arg::I32(code)])
+                    } else {
+                        let [ma, mb] = maps;
+                        let [m, n, k] = sizes;
+                        launch.enqueue(stream, &[ma, mb, out, b, m, n, k])
+                    }
                 }
                 Stage::Lt(lt) => {
                     let (inp, w, out) =
                         (common::device_ptr(a.inp), common::device_ptr(a.weight), common::device_ptr(a.out));
-                    lt.enqueue(stream, inp, w, bias, 0, out)
+                    lt.enqueue(stream, inp, w, bias, residual, out)
                 }
             }
         }
@@ -306,21 +361,32 @@ impl Prepared {
 impl PreparedStage for Prepared {
     fn resources(&self) -> Vec<ResourceUse> {
         match &self.stage {
-            Stage::Mma(l) | Stage::Tma(l, _) => vec![l.resources().clone()],
+            Stage::Mma(l) | Stage::Tma { launch: l, .. } => vec![l.resources().clone()],
             Stage::Lt(_) => Vec::new(),
         }
     }
 }
 
 pub fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
-    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias), ("epi", 0)])
+}
+
+/// A shape with a tail (`epi` 1: GELU, 2: residual), with a bias.
+pub fn shape_with_tail(m: i64, n: i64, k: i64, epi: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", 1), ("epi", epi)])
 }
 
 fn dims(s: &Shape) -> Result<LinearBf16Dims> {
     let max = i32::MAX as i64;
     let b = s.get("bias").unwrap_or(1);
     require(b == 0 || b == 1, "bias is 0 or 1", || format!("bias = {b}"))?;
-    Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1 })
+    let tail = match s.get("epi").unwrap_or(0) {
+        0 => Tail::None,
+        1 => Tail::Gelu,
+        2 => Tail::Residual,
+        e => return Err(Error::constraint("epi in {0, 1, 2}", format!("epi = {e}"))),
+    };
+    Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1, tail })
 }
 
 static INFO: OpInfo = OpInfo {
@@ -329,7 +395,7 @@ static INFO: OpInfo = OpInfo {
     description:
         "out[M,N] = inp[M,K] . W[N,K]^T + bias[N], bf16 operands (weights prepared once), fp32 accumulate and out",
     sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias"],
+    shape_keys: &["M", "N", "K", "bias", "epi"],
     stages,
 };
 
@@ -346,6 +412,12 @@ impl Op for LinearBf16 {
             [(2304, 768), (768, 768), (3072, 768), (768, 3072)].iter().map(|&(n, k)| shape(4096, n, k, 1)).collect();
         s.extend([shape(4096, 50257, 768, 0), shape(4096, 50304, 768, 0), shape(4096, 4096, 4096, 0)]);
         s.push(shape(8192, 8192, 8192, 0));
+        // The layer's tails: MLP up with GELU, the two projections into the residual stream.
+        s.extend([
+            shape_with_tail(4096, 3072, 768, 1),
+            shape_with_tail(4096, 768, 768, 2),
+            shape_with_tail(4096, 768, 3072, 2),
+        ]);
         s
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
@@ -362,7 +434,7 @@ impl Op for LinearBf16 {
             let max = 65535 * TILE_M as i64;
             l.push(Limit { constraint: GRID_M, past: shape(max + 1, 1, 1, 1), inside: Some(shape(max, 3, 8, 1)) });
         }
-        if matches!(plan, Some(Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent)) {
+        if matches!(plan, Some(Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue)) {
             l.push(Limit { constraint: TMA_K, past: shape(3, 5, 12, 1), inside: Some(shape(3, 5, 16, 1)) });
         }
         l
@@ -379,13 +451,24 @@ impl Op for LinearBf16 {
         };
         let ((x, x16), (w, w16)) = (round(x), round(w));
         let rows = sampled_rows(d.m, d.n, d.k);
-        let reference = linear_rows(&x, &w, d.bias.then_some(&b[..]), d.n, d.k, &rows);
+        let mut reference = linear_rows(&x, &w, d.bias.then_some(&b[..]), d.n, d.k, &rows);
+        let residual = (d.tail == Tail::Residual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3));
+        match (d.tail, &residual) {
+            (Tail::Gelu, _) => reference.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
+            (Tail::Residual, Some(r)) => {
+                for (o, &row) in reference.chunks_mut(d.n).zip(&rows) {
+                    o.iter_mut().zip(&r[row * d.n..(row + 1) * d.n]).for_each(|(x, &y)| *x += y as f64);
+                }
+            }
+            _ => {}
+        }
         let copies = rotation_copies(gpu, (2 * (d.m * d.k + d.n * d.k) + 4 * d.m * d.n) as u64);
         Ok(Box::new(LinearBf16Problem {
             d,
             inp: Rotated::upload(gpu, &x16, copies)?,
             w: Rotated::upload(gpu, &w16, copies)?,
             bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
+            residual: residual.map(|r| gpu.upload(&r)).transpose()?,
             out: Rotated::outputs(gpu, d.m * d.n, copies)?,
             rows,
             reference,
@@ -400,6 +483,7 @@ struct LinearBf16Problem {
     inp: Rotated<u16>,
     w: Rotated<u16>,
     bias: Option<CudaSlice<f32>>,
+    residual: Option<CudaSlice<f32>>,
     out: Rotated<f32>,
     rows: Vec<usize>,
     reference: Vec<f64>,
@@ -411,8 +495,9 @@ impl Problem for LinearBf16Problem {
     fn workload(&self) -> Workload {
         let (m, n, k) = (self.d.m as u64, self.d.n as u64, self.d.k as u64);
         let nb = if self.d.bias { n } else { 0 };
+        let residual = if self.d.tail == Tail::Residual { m * n } else { 0 };
         Workload {
-            bytes: 2 * (m * k + n * k) + 4 * (m * n + nb),
+            bytes: 2 * (m * k + n * k) + 4 * (m * n + nb + residual),
             flops: 2 * m * n * k + if self.d.bias { m * n } else { 0 },
             bound: Bound::Compute(Precision::Bf16),
         }
@@ -433,6 +518,7 @@ impl Problem for LinearBf16Problem {
             inp: self.inp.get(copy),
             weight: self.w.get(copy),
             bias: self.bias.as_ref(),
+            residual: self.residual.as_ref(),
         };
         p.enqueue(stream, args)
     }

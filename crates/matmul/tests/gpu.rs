@@ -136,6 +136,14 @@ fn main() -> std::process::ExitCode {
             }
             proptest(24, (1i64..512, 1i64..512, 1i64..512, 0i64..2), |(m, n, k, b)| {
                 assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, b), &LinearBf16.variants())
+            });
+            // The fused tails (GELU, residual) at ragged shapes, K a multiple of 8 (the TMA stages).
+            use matmul::linear_bf16::shape_with_tail;
+            for (m, n, k, e) in [(1, 1, 8, 1), (129, 127, 136, 2), (300, 7, 1000, 1), (257, 300, 64, 2)] {
+                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, e), &LinearBf16.variants());
+            }
+            proptest(16, (1i64..512, 1i64..512, 1i64..64, 1i64..3), |(m, n, k8, e)| {
+                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, 8 * k8, e), &LinearBf16.variants())
             })
         })
         .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
