@@ -11,6 +11,7 @@
 #          | gpt2-check (Hugging Face reference, every named plan and a paged one) | gpt2-generate (text,
 #            each plan; sampled on the device, contiguous and paged cache)
 #          | overhead (host cost of a launch) | graph (every family, --graph --quick)
+#          | sanitize[:TARGETS] (scripts/sanitize: verification only under compute-sanitizer's four tools)
 #          | runall (wall time of `ladder run all --quick`, and of the previous commit's ladder in
 #            .gpu-old/ when carried) | cmp:FAMILY[:ARGS] (full tables of FAMILY by both binaries)
 #   DEADLINE_S (default 570): seconds the whole session may take.
@@ -124,6 +125,11 @@ for s in "$@"; do
             --max-new-tokens 64 --top-k 40 --top-p 0.9 --temperature 0.8 --seed 3 --plan fastest-bf16:decode=4 --graph"
         ;;
     overhead) step overhead 60 "$bundle/run.sh ladder launch-overhead" ;;
+    sanitize*)
+        # scripts/sanitize on the targets after the colon (FAMILY or FAMILY/OP, comma-separated;
+        # default every family), its per-run logs under the session's logs.
+        step "sanitize$(printf '%s' "${arg:+-$arg}" | tr -c 'A-Za-z0-9=.-' '_')" 540 \
+            "LOG_DIR=$logs/sanitize scripts/sanitize ${arg//,/ }" ;;
     graph) step tables-graph 300 "$bundle/run.sh ladder run all --graph --quick --out $logs/tables-graph" ;;
     runall)
         # Both from an empty kernel cache, so both pay the same NVRTC compilations.

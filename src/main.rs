@@ -13,6 +13,9 @@ use common::{Error, Gpu, Op, Shape, Source, Sweep};
 use gpt2::table::TableOptions;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// `--repeat`: a row whose medians differ by more than this (relative) is marked in the spread.
+const REPEAT_LIMIT: f64 = 0.03;
+
 /// `--format`: how tables are printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum OutputFormat {
@@ -115,6 +118,24 @@ enum Command {
         #[command(subcommand)]
         command: Gpt2Command,
     },
+    /// Verification only (no timing): every stage of the family's ops, each shape's inputs drawn
+    /// once, outputs poisoned, one launch, checked; one line per (stage, shape). What
+    /// `scripts/sanitize` runs under compute-sanitizer.
+    Verify {
+        /// A family name, or `all`.
+        family: String,
+        #[arg(long)]
+        op: Option<String>,
+        /// key=value,... overriding the op's first default shape.
+        #[arg(long)]
+        shape: Option<String>,
+        /// Only the op's smallest default shape (the smallest product of its keys' values).
+        #[arg(long, conflicts_with = "shape")]
+        smallest: bool,
+        /// Leave out the library rows (cuBLAS, cuBLASLt): only this workspace's kernels.
+        #[arg(long)]
+        no_library: bool,
+    },
     /// The ablation table: verify and time every stage at the default shapes (or --shape).
     Run {
         /// A family name, or `all`.
@@ -145,6 +166,17 @@ enum Command {
         /// JSON from scripts/anchors.py: outside timings shown as extra rows.
         #[arg(long)]
         anchors: Option<PathBuf>,
+        /// Save each table as baseline NAME (in the cache directory, per device).
+        #[arg(long, value_name = "NAME")]
+        save_baseline: Option<String>,
+        /// Set each table beside the saved baseline NAME of the same op and shape: the change per
+        /// stage and whether it moved past both runs' spread.
+        #[arg(long, value_name = "NAME")]
+        baseline: Option<String>,
+        /// Time every stage N times in one process and report each row's spread (the largest
+        /// relative difference from the first run; rows past ±3% marked).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
+        repeat: u32,
         /// Replay each stage from a captured CUDA graph (for launch-bound ops).
         #[arg(long)]
         graph: bool,
@@ -359,6 +391,76 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Command::Verify { family, op, shape, smallest, no_library } => {
+            let families =
+                if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
+            let mut ops: Vec<&'static dyn Op> = families.iter().flat_map(|f| f.ops()).collect();
+            if let Some(name) = &op {
+                let known: Vec<&str> = ops.iter().map(|o| o.name()).collect();
+                ops.retain(|o| o.name() == name);
+                if ops.is_empty() {
+                    return Err(Error::Unknown { what: "op", name: name.clone(), known: known.join(", ") });
+                }
+            }
+            let overrides = shape.as_deref().map(Shape::parse).transpose()?;
+            let gpu = Gpu::open()?;
+            let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+            for op in ops {
+                let shapes = match &overrides {
+                    Some(o) => vec![op.default_shapes()[0].overlay(o, op.shape_keys())?],
+                    None if smallest => {
+                        let size = |s: &Shape| s.pairs().iter().map(|(_, v)| (*v).max(1) as f64).product::<f64>();
+                        let mut all = op.default_shapes();
+                        all.sort_by(|a, b| size(a).total_cmp(&size(b)));
+                        all.truncate(1);
+                        all
+                    }
+                    None => op.default_shapes(),
+                };
+                for s in shapes {
+                    let variants: Vec<_> = op
+                        .variants()
+                        .into_iter()
+                        .chain(op.leave_one_out())
+                        .filter(|v| !(no_library && matches!(v.source, Source::Library(_))))
+                        .collect();
+                    let mut problem = None;
+                    for v in variants {
+                        let id = format!("{} {s}", v.id());
+                        if let Err(e) = gpu.supports(&v).and_then(|_| op.validate(&v, &s)) {
+                            println!("n/a    {id}: {}", first_line(&e.to_string()));
+                            skipped += 1;
+                            continue;
+                        }
+                        if problem.is_none() {
+                            problem = Some(op.problem(&gpu, &s, common::data::fresh_seed())?);
+                        }
+                        let p = problem.as_deref_mut().expect("made above");
+                        let outcome = p.prepare(&gpu, &v).and_then(|_| common::runner::verify_once(&gpu, p));
+                        match outcome {
+                            Ok(ver) if ver.passed() => {
+                                println!("ok     {id}: {}", ver.summary());
+                                passed += 1;
+                            }
+                            Ok(ver) => {
+                                println!("FAILED {id}: {}", ver.summary());
+                                failed += 1;
+                            }
+                            Err(e) if e.is_not_applicable() => {
+                                println!("n/a    {id}: {}", first_line(&e.to_string()));
+                                skipped += 1;
+                            }
+                            Err(e) => {
+                                println!("FAILED {id}: {}", first_line(&e.to_string()));
+                                failed += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            println!("{passed} verified, {failed} failed, {skipped} n/a");
+            Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
         Command::Compare { before, after } => {
             let (b, a) = (read_table(&before)?, read_table(&after)?);
             let changes = common::compare::compare(&b, &a)?;
@@ -369,7 +471,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             for file in files {
                 let table = read_table(&file)?;
                 let dir = out.clone().unwrap_or_else(|| file.parent().map(PathBuf::from).unwrap_or_default());
-                match write_chart(&dir, &table_stem(&table), &table)? {
+                match write_chart(&dir, &common::baseline::table_stem(&table), &table)? {
                     Some(path) => println!("{}", path.display()),
                     None => eprintln!("{}: no stage passed, no chart", file.display()),
                 }
@@ -467,6 +569,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             format,
             out,
             anchors,
+            save_baseline,
+            baseline,
+            repeat,
             graph,
             quick,
             seed,
@@ -525,12 +630,16 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let ceilings = Ceilings::get(&gpu);
             measuring.finish_and_clear();
             let ceilings = ceilings?;
+            let uuid = gpu.info().uuid.clone();
+            let save_dir = save_baseline.map(|n| common::baseline::dir(&uuid, &n)).transpose()?;
+            let baseline_dir = baseline.map(|n| common::baseline::dir(&uuid, &n)).transpose()?;
             let total: usize = plan
                 .iter()
                 .map(|(op, shapes)| {
                     shapes.len() * (common::runner::select_variants(*op, &opts).map(|v| v.len()).unwrap_or(0))
                 })
-                .sum();
+                .sum::<usize>()
+                * repeat as usize;
             let bar = ProgressBar::new(total as u64);
             bar.set_style(
                 ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
@@ -540,7 +649,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let mut stdout = std::io::stdout();
             for (op, shapes) in plan {
                 for s in shapes {
-                    let mut table = run_op(&gpu, &ceilings, op, &s, &opts, &mut |event| match event {
+                    let mut progress = |event: Progress| match event {
                         Progress::Inputs { shape } => {
                             bar.set_message(format!("{}/{} {shape}: inputs and CPU reference", op.family(), op.name()))
                         }
@@ -552,18 +661,44 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                             variant.name
                         )),
                         Progress::StageDone => bar.inc(1),
-                    })?;
+                    };
+                    let runs = (0..repeat)
+                        .map(|_| run_op(&gpu, &ceilings, op, &s, &opts, &mut progress))
+                        .collect::<common::Result<Vec<Table>>>()?;
+                    let mut table = runs[0].clone();
                     table.anchors = anchors
                         .iter()
                         .filter(|a| a.family == table.family && a.op == table.op && a.shape == table.shape)
                         .cloned()
                         .collect();
                     failed += table.rows.iter().filter(|r| matches!(r.status, Status::Failed(_))).count();
+                    let mut extra = String::new();
+                    if repeat > 1 {
+                        let spread = common::baseline::spread(&runs);
+                        extra.push_str(&common::baseline::spread_markdown(&table, &spread, REPEAT_LIMIT));
+                    }
+                    if let Some(dir) = &baseline_dir {
+                        match common::baseline::load(dir, &table)? {
+                            Some(before) => {
+                                let changes = common::compare::compare(&before, &table)?;
+                                extra.push_str(&format!(
+                                    "\nAgainst baseline {}:\n\n{}",
+                                    dir.display(),
+                                    common::compare::markdown(&before, &table, &changes)
+                                ));
+                            }
+                            None => extra.push_str(&format!("\n(no baseline of this table in {})\n", dir.display())),
+                        }
+                    }
                     bar.suspend(|| {
-                        let _ = writeln!(stdout, "{}", render(&table, format));
+                        let _ = writeln!(stdout, "{}{extra}", render(&table, format));
                     });
                     if let Some(dir) = &out {
                         write_table(dir, &table)?;
+                    }
+                    if let Some(dir) = &save_dir {
+                        let path = common::baseline::save(dir, &table)?;
+                        bar.suspend(|| eprintln!("saved baseline {}", path.display()));
                     }
                 }
             }
@@ -645,15 +780,11 @@ fn read_table(file: &std::path::Path) -> common::Result<Table> {
     })
 }
 
-fn table_stem(table: &Table) -> String {
-    format!("{}-{}-{}", table.family, table.op, table.shape.replace([',', '='], "_"))
-}
-
 /// JSON, Markdown and the SVG chart of `table` in `dir`.
 fn write_table(dir: &std::path::Path, table: &Table) -> common::Result<()> {
     let io = |source| Error::Io { context: format!("writing into {}", dir.display()), source };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let stem = table_stem(table);
+    let stem = common::baseline::table_stem(table);
     std::fs::write(dir.join(format!("{stem}.json")), render(table, Format::Json)).map_err(io)?;
     std::fs::write(dir.join(format!("{stem}.md")), render(table, Format::Markdown)).map_err(io)?;
     write_chart(dir, &stem, table)?;
@@ -668,4 +799,9 @@ fn write_chart(dir: &std::path::Path, stem: &str, table: &Table) -> common::Resu
     std::fs::create_dir_all(dir).map_err(io)?;
     std::fs::write(&path, svg).map_err(io)?;
     Ok(Some(path))
+}
+
+/// The first line of an error message (NVRTC logs and driver errors run long).
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("")
 }

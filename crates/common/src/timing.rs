@@ -1,8 +1,6 @@
 //! Timing with CUDA events: warm-up, then many repetitions each bracketed by its own pair of events,
-//! rotating through the problem's copies; median, min and max. Runs under 50 µs are enqueued in
-//! batches behind a [`Gate`], so the device runs them back to back and the host's launch rate is
-//! not what is timed. Optionally each copy's launch sequence is captured once as a CUDA graph and
-//! the graph is replayed (for launch-bound ops).
+//! rotating through the problem's copies; median, min and max. Optionally each copy's launch
+//! sequence is captured once as a CUDA graph and the graph is replayed (for launch-bound ops).
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use std::sync::Arc;
@@ -152,11 +150,6 @@ impl Drop for Gate {
     }
 }
 
-/// Runs shorter than this (from the warm-up) are timed behind a [`Gate`].
-pub const GATE_BELOW_MS: f64 = 0.05;
-/// Timed runs enqueued behind one gate (each with two events): well inside the launch queue.
-const GATED_BATCH: usize = 100;
-
 fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(usize) -> Result<()>) -> Result<Timing> {
     let ctx = gpu.context();
     let stream = gpu.stream();
@@ -186,22 +179,13 @@ fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(u
         }
     }
     let reps = ((cfg.target_ms / estimate.max(1e-3)) as usize).clamp(cfg.min_reps, cfg.max_reps);
-    // All events first, then all runs back to back, then one synchronisation. A run shorter than
-    // the host takes to enqueue it (two events and its launches, several µs) would time the host's
-    // gaps, so short runs are enqueued in batches behind a closed gate and start together.
+    // All events first, then all runs back to back, then one synchronisation: no host gaps are timed.
     let events: Vec<_> = (0..reps).map(|_| pair()).collect::<Result<_>>()?;
-    let batch = if estimate < GATE_BELOW_MS { GATED_BATCH } else { reps };
-    for chunk in events.chunks(batch) {
-        let gate = if estimate < GATE_BELOW_MS { Some(Gate::close(gpu)?) } else { None };
-        for (start, end) in chunk {
-            start.record(stream).ctx("record")?;
-            run(copy % copies)?;
-            end.record(stream).ctx("record")?;
-            copy += 1;
-        }
-        if let Some(g) = gate {
-            g.open()?;
-        }
+    for (start, end) in &events {
+        start.record(stream).ctx("record")?;
+        run(copy % copies)?;
+        end.record(stream).ctx("record")?;
+        copy += 1;
     }
     gpu.synchronize()?;
     let mut samples: Vec<f64> =
