@@ -392,16 +392,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Verify { family, op, shape, smallest, no_library } => {
-            let families =
-                if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
-            let mut ops: Vec<&'static dyn Op> = families.iter().flat_map(|f| f.ops()).collect();
-            if let Some(name) = &op {
-                let known: Vec<&str> = ops.iter().map(|o| o.name()).collect();
-                ops.retain(|o| o.name() == name);
-                if ops.is_empty() {
-                    return Err(Error::Unknown { what: "op", name: name.clone(), known: known.join(", ") });
-                }
-            }
+            let ops = select_ops(&family, op.as_deref())?;
             let overrides = shape.as_deref().map(Shape::parse).transpose()?;
             let gpu = Gpu::open()?;
             let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -462,14 +453,14 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Compare { before, after } => {
-            let (b, a) = (read_table(&before)?, read_table(&after)?);
+            let (b, a) = (common::baseline::read_table(&before)?, common::baseline::read_table(&after)?);
             let changes = common::compare::compare(&b, &a)?;
             print!("{}", common::compare::markdown(&b, &a, &changes));
             Ok(ExitCode::SUCCESS)
         }
         Command::Chart { files, out } => {
             for file in files {
-                let table = read_table(&file)?;
+                let table = common::baseline::read_table(&file)?;
                 let dir = out.clone().unwrap_or_else(|| file.parent().map(PathBuf::from).unwrap_or_default());
                 match write_chart(&dir, &common::baseline::table_stem(&table), &table)? {
                     Some(path) => println!("{}", path.display()),
@@ -578,20 +569,13 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             plan: plans,
         } => {
             let format = Format::from(format);
-            let families =
-                if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(&family)?] };
-            let mut ops: Vec<&'static dyn Op> = families.iter().flat_map(|f| f.ops()).collect();
             // gpt2's model-level table: `--op model`, or after gpt2's op ladders when no op is named.
             let model_table = family == gpt2::FAMILY && op.as_deref().is_none_or(|o| o == "model");
-            if op.as_deref() == Some("model") && model_table {
-                ops.clear();
-            } else if let Some(name) = &op {
-                let known: Vec<&str> = ops.iter().map(|o| o.name()).collect();
-                ops.retain(|o| o.name() == name);
-                if ops.is_empty() {
-                    return Err(Error::Unknown { what: "op", name: name.clone(), known: known.join(", ") });
-                }
-            }
+            let ops = if op.as_deref() == Some("model") && model_table {
+                Vec::new()
+            } else {
+                select_ops(&family, op.as_deref())?
+            };
             let overrides = shape.as_deref().map(Shape::parse).transpose()?;
             let each = each.as_deref().map(Shape::parse).transpose()?;
             let anchors: Vec<Anchor> = match anchors {
@@ -771,15 +755,6 @@ fn read_anchors(path: &std::path::Path) -> common::Result<Vec<Anchor>> {
 }
 
 /// A table `ladder run --out` saved as JSON.
-fn read_table(file: &std::path::Path) -> common::Result<Table> {
-    let io = |source| Error::Io { context: format!("reading {}", file.display()), source };
-    let bytes = std::fs::read(file).map_err(io)?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::Io {
-        context: format!("parsing {} as a ladder table", file.display()),
-        source: std::io::Error::other(e),
-    })
-}
-
 /// JSON, Markdown and the SVG chart of `table` in `dir`.
 fn write_table(dir: &std::path::Path, table: &Table) -> common::Result<()> {
     let io = |source| Error::Io { context: format!("writing into {}", dir.display()), source };
@@ -799,6 +774,20 @@ fn write_chart(dir: &std::path::Path, stem: &str, table: &Table) -> common::Resu
     std::fs::create_dir_all(dir).map_err(io)?;
     std::fs::write(&path, svg).map_err(io)?;
     Ok(Some(path))
+}
+
+/// The ops of `family` (or of every family, for `all`), or only the one named `op`.
+fn select_ops(family: &str, op: Option<&str>) -> common::Result<Vec<&'static dyn Op>> {
+    let families = if family == "all" { kernel_ladder::families() } else { vec![kernel_ladder::family(family)?] };
+    let mut ops: Vec<&'static dyn Op> = families.iter().flat_map(|f| f.ops()).collect();
+    if let Some(name) = op {
+        let known: Vec<&str> = ops.iter().map(|o| o.name()).collect();
+        ops.retain(|o| o.name() == name);
+        if ops.is_empty() {
+            return Err(Error::Unknown { what: "op", name: name.to_string(), known: known.join(", ") });
+        }
+    }
+    Ok(ops)
 }
 
 /// The first line of an error message (NVRTC logs and driver errors run long).

@@ -39,17 +39,22 @@ pub fn save(dir: &Path, table: &Table) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// A table saved as JSON (`ladder run --out`, a baseline).
+pub fn read_table(path: &Path) -> Result<Table> {
+    let bytes = std::fs::read(path).map_err(io(format!("reading {}", path.display())))?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Io {
+        context: format!("parsing {} as a ladder table", path.display()),
+        source: std::io::Error::other(e),
+    })
+}
+
 /// The saved table of the same op and shape as `table` in `dir`, if there is one.
 pub fn load(dir: &Path, table: &Table) -> Result<Option<Table>> {
     let path = dir.join(format!("{}.json", table_stem(table)));
     if !path.exists() {
         return Ok(None);
     }
-    let bytes = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| Error::Io {
-        context: format!("parsing {} as a ladder table", path.display()),
-        source: std::io::Error::other(e),
-    })
+    read_table(&path).map(Some)
 }
 
 /// One row's spread over repeated runs.

@@ -16,8 +16,8 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "argmax";
 const THREADS: u32 = 256;
-const ELEMS: &str = "B * ld < 2^31";
-const STRIDE: &str = "ld >= V";
+pub(crate) const ELEMS: &str = "B * ld < 2^31";
+pub(crate) const STRIDE: &str = "ld >= V";
 const GRID_Y: &str = "B <= 65535";
 
 /// How a stage covers a row.
@@ -62,8 +62,9 @@ pub struct ArgmaxDims {
     pub ld: usize,
 }
 
-/// The constraints every stage shares (and the problem's buffers need).
-fn check_dims(d: ArgmaxDims) -> Result<()> {
+/// The constraints every stage shares (and the problem's buffers need); the sampling op's rows
+/// share them too.
+pub(crate) fn check_dims(d: ArgmaxDims) -> Result<()> {
     let ArgmaxDims { b, v: n, ld } = d;
     require(b >= 1 && n >= 1, "B, V >= 1", || format!("B = {b}, V = {n}"))?;
     require(ld >= n, STRIDE, || format!("ld = {ld}, V = {n}"))?;
@@ -151,7 +152,8 @@ fn shape(b: i64, v: i64, ld: i64) -> Shape {
     Shape::new(&[("B", b), ("V", v), ("ld", ld)])
 }
 
-fn dims(s: &Shape) -> Result<ArgmaxDims> {
+/// `B`, `V` and `ld` (0 or absent: V) of a shape.
+pub(crate) fn dims(s: &Shape) -> Result<ArgmaxDims> {
     let (b, v) = (s.dim("B", i32::MAX as i64)?, s.dim("V", i32::MAX as i64)?);
     let ld = match s.get("ld") {
         Some(0) | None => v,

@@ -14,6 +14,7 @@ use common::{
     PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 
+use crate::argmax::{check_dims, dims as logit_rows, ArgmaxDims, ELEMS, STRIDE};
 use crate::generate::{draw, kept_intervals, Sampling};
 use crate::{FAMILY, SOURCES};
 
@@ -22,8 +23,6 @@ const THREADS: u32 = 1024;
 /// The row lives in shared memory (227 KiB on Hopper): V fp32 weights.
 pub const MAX_V: usize = 56 * 1024;
 const ROW: &str = "V <= 57344";
-const ELEMS: &str = "B * ld < 2^31";
-const STRIDE: &str = "ld >= V";
 /// A draw this close to a token's boundary may round either way in fp32.
 const BOUNDARY: f64 = 1e-5;
 
@@ -40,20 +39,15 @@ fn stages() -> Vec<Variant> {
     .with_tolerance(0.0, "token ids are exact (a draw within 1e-5 of a boundary may take either side)")]
 }
 
-/// The sizes of one call: B rows of V logits, `ld` apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SampleDims {
-    pub b: usize,
-    pub v: usize,
-    pub ld: usize,
-}
+/// The sizes of one call: B rows of V logits, `ld` apart, as the argmax takes them.
+pub type SampleDims = ArgmaxDims;
 
 pub fn check_shape(d: SampleDims) -> Result<()> {
-    let SampleDims { b, v, ld } = d;
-    require(b >= 1 && v >= 1, "B, V >= 1", || format!("B = {b}, V = {v}"))?;
-    require(v <= MAX_V, ROW, || format!("V = {v}"))?;
-    require(ld >= v, STRIDE, || format!("ld = {ld}, V = {v}"))?;
-    require(b.checked_mul(ld).is_some_and(|x| x < 1 << 31), ELEMS, || format!("B = {b}, ld = {ld}"))
+    // The row limit is named before the shared stride and size checks, as it always was.
+    if d.b >= 1 && d.v >= 1 {
+        require(d.v <= MAX_V, ROW, || format!("V = {}", d.v))?;
+    }
+    check_dims(d)
 }
 
 /// The sampling stage prepared for B rows of V logits.
@@ -114,12 +108,7 @@ fn shape(b: i64, v: i64, ld: i64, k: i64, p: i64, t: i64) -> Shape {
 }
 
 fn dims(s: &Shape) -> Result<(SampleDims, Sampling)> {
-    let big = i32::MAX as i64;
-    let (b, v) = (s.dim("B", big)?, s.dim("V", big)?);
-    let ld = match s.get("ld") {
-        Some(0) | None => v,
-        Some(_) => s.dim("ld", big)?,
-    };
+    let rows = logit_rows(s)?;
     let k = s.get("k").unwrap_or(0);
     let (p, t) = (s.get("p").unwrap_or(1000), s.get("t").unwrap_or(100));
     require(k >= 0, "k >= 0 (0: off)", || format!("k = {k}"))?;
@@ -131,7 +120,7 @@ fn dims(s: &Shape) -> Result<(SampleDims, Sampling)> {
         seed: 0,
     };
     sampling.check()?;
-    Ok((SampleDims { b, v, ld }, sampling))
+    Ok((rows, sampling))
 }
 
 static INFO: OpInfo = OpInfo {

@@ -1,0 +1,152 @@
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9 and 10
+// (the headers of 09_persistent.cu and 10_epilogue.cu say what each adds). A grid of one block per
+// SM walks the output tiles in groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load
+// (the smem ring and its phases continue across tiles), warpgroups 1 and 2 issue wgmma.m64n256k16
+// and store. With TAIL (stage 10), the store applies the layer's tail: `epilogue` 1 is GELU of the
+// biased product, 2 adds `residual`; stage 9 instantiates it without.
+#pragma once
+#include "matmul_wgmma.cuh"
+
+#ifndef WG_STAGES
+#error "WG_STAGES is a tunable: the stage list sets it"
+#endif
+
+#define WS_BM 128
+#define WS_BN 256
+#define WS_BK 64
+#define WS_A_BYTES (WS_BM * WS_BK * 2)
+#define WS_B_BYTES (WS_BN * WS_BK * 2)
+#define WS_STAGE_BYTES (WS_A_BYTES + WS_B_BYTES)
+#ifndef WS_GROUP_M
+#error "WS_GROUP_M is a tunable: the stage list sets it"
+#endif
+
+// The (row, column) of tile `tile` in grouped order: WS_GROUP_M rows of tiles at a time, walked
+// column by column.
+__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm, int& tn) {
+    const int per_group = WS_GROUP_M * tiles_n;
+    const int first = (tile / per_group) * WS_GROUP_M;
+    const int rows = min(tiles_m - first, WS_GROUP_M);
+    const int in_group = tile % per_group;
+    tm = first + in_group % rows;
+    tn = in_group / rows;
+}
+
+// GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+__device__ __forceinline__ float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+#define EPI_GELU 1
+#define EPI_RESIDUAL 2
+
+#define EPI_GELU 1
+#define EPI_RESIDUAL 2
+
+template <bool TAIL>
+__device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMap& map_b, float* out,
+                                                const float* bias, const float* residual, int M, int N, int K,
+                                                int epilogue) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the 128-byte swizzle's alignment
+    auto a_tile = [&](int s) { return base + (unsigned)s * WS_STAGE_BYTES; };
+    auto b_tile = [&](int s) { return base + (unsigned)s * WS_STAGE_BYTES + WS_A_BYTES; };
+    const unsigned bars = base + WG_STAGES * WS_STAGE_BYTES;
+    auto full = [&](int s) { return bars + 8u * s; };
+    auto empty = [&](int s) { return bars + 8u * (WG_STAGES + s); };
+
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    const int tiles_m = (M + WS_BM - 1) / WS_BM, tiles_n = (N + WS_BN - 1) / WS_BN;
+    const int tiles = tiles_m * tiles_n;
+    const int ktiles = (K + WS_BK - 1) / WS_BK;
+
+    if (tid == 0) {
+        for (int s = 0; s < WG_STAGES; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), 2);  // one arrival per consumer warpgroup
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // Producer: one thread issues every load of every tile this block owns; `it` counts K steps
+        // across tiles, so the ring's stages and phases carry over from one tile to the next.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                int tm, tn;
+                tile_coords(tile, tiles_m, tiles_n, tm, tn);
+                for (int kt = 0; kt < ktiles; ++kt, ++it) {
+                    const int s = it % WG_STAGES;
+                    if (it >= WG_STAGES) mbar_wait(empty(s), ((it / WG_STAGES) - 1) & 1);
+                    mbar_expect_tx(full(s), WS_STAGE_BYTES);
+                    tma_load(a_tile(s), &map_a, full(s), kt * WS_BK, tm * WS_BM);
+                    tma_load(b_tile(s), &map_b, full(s), kt * WS_BK, tn * WS_BN);
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1;  // consumer c takes rows 64 c .. 64 c + 63 of each tile
+    const int warp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const bool pairs = (N & 1) == 0;
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int tm, tn;
+        tile_coords(tile, tiles_m, tiles_n, tm, tn);
+        float d[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const int s = it % WG_STAGES;
+            mbar_wait(full(s), (it / WG_STAGES) & 1);
+            const unsigned a = a_tile(s) + c * 64 * 128, b = b_tile(s);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < WS_BK / 16; ++kk)
+                wgmma_m64n256k16(d, wgmma_desc(a + 32 * kk), wgmma_desc(b + 32 * kk));
+            wgmma_commit();
+            // The previous step's group is done: its stage can be refilled.
+            wgmma_wait_one();
+            if (kt > 0 && (tid & 127) == 0) mbar_arrive(empty((it - 1) % WG_STAGES));
+        }
+        wgmma_wait_all();
+        if ((tid & 127) == 0) mbar_arrive(empty((it - 1) % WG_STAGES));  // the tile's last stage
+
+        const int m0 = tm * WS_BM, n0 = tn * WS_BN;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const int col = n0 + 8 * j + 2 * t;
+            if (col >= N) continue;
+            const float b0 = bias != nullptr ? bias[col] : 0.0f;
+            const float b1 = bias != nullptr && col + 1 < N ? bias[col + 1] : 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + 64 * c + 16 * warp + g + 8 * h;
+                if (row >= M) continue;
+                float* o = out + (size_t)row * N + col;
+                float x = d[4 * j + 2 * h] + b0, y = d[4 * j + 2 * h + 1] + b1;
+                if constexpr (TAIL) {
+                    if (epilogue == EPI_GELU) {
+                        x = gelu_tanh(x);
+                        y = gelu_tanh(y);
+                    } else if (epilogue == EPI_RESIDUAL) {
+                        const float* r = residual + (size_t)row * N + col;
+                        x += r[0];
+                        if (col + 1 < N) y += r[1];
+                    }
+                }
+                if (pairs) {
+                    *reinterpret_cast<float2*>(o) = make_float2(x, y);
+                } else {
+                    o[0] = x;
+                    if (col + 1 < N) o[1] = y;
+                }
+            }
+        }
+    }
+}
