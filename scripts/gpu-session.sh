@@ -11,6 +11,8 @@
 #          | gpt2-check (Hugging Face reference, every named plan and a paged one) | gpt2-generate (text,
 #            each plan; sampled on the device, contiguous and paged cache)
 #          | overhead (host cost of a launch) | graph (every family, --graph --quick)
+#          | sweep:FAMILY[:ARGS] (ladder sweep) | report-sweep (the report's block-size sweep, best saved)
+#          | counters:FAMILY[:ARGS] (ladder run --counters: Nsight Compute per stage)
 #          | sanitize[:TARGETS] (scripts/sanitize: verification only under compute-sanitizer's four tools)
 #          | runall (wall time of `ladder run all --quick`, and of the previous commit's ladder in
 #            .gpu-old/ when carried) | cmp:FAMILY[:ARGS] (full tables of FAMILY by both binaries)
@@ -125,6 +127,32 @@ for s in "$@"; do
             --max-new-tokens 64 --top-k 40 --top-p 0.9 --temperature 0.8 --seed 3 --plan fastest-bf16:decode=4 --graph"
         ;;
     overhead) step overhead 60 "$bundle/run.sh ladder launch-overhead" ;;
+    sweep:*)
+        # ladder sweep FAMILY [ARGS] (colon-separated: FAMILY:ARGS), tables and charts under sweeps/.
+        fam=${arg%%:*}
+        extra=""
+        [ "$fam" != "$arg" ] && extra=${arg#*:}
+        step "sweep-$fam$(printf '%s' "${extra:+-$extra}" | tr -c 'A-Za-z0-9=.-' '_')" 300 \
+            "$bundle/run.sh ladder sweep $fam $extra --out $logs/sweeps"
+        ;;
+    report-sweep)
+        # The report's block-size sweep (its config_sweep.py): residual, GELU, encoder, LayerNorm
+        # (block reduction), the bias kernel after cuBLAS ("prepare out") and the fp16 conversions,
+        # each over its declared sweep space at the model's shape; the best saved for `fastest`.
+        for target in "gpt2 --op residual" "gpt2 --op gelu" "gpt2 --op encoder" "norm --op layernorm --stage 4" \
+            "matmul --op linear --stage 90" "matmul --op linear --stage 92"; do
+            name=$(printf '%s' "$target" | tr -c 'A-Za-z0-9=.-' '_')
+            step "report-sweep-$name" 200 "$bundle/run.sh ladder sweep $target --save-best --out $logs/sweeps"
+        done
+        ;;
+    counters:*)
+        # ladder run FAMILY [ARGS] --counters: every passed stage once more under Nsight Compute.
+        fam=${arg%%:*}
+        extra=""
+        [ "$fam" != "$arg" ] && extra=${arg#*:}
+        step "counters-$fam$(printf '%s' "${extra:+-$extra}" | tr -c 'A-Za-z0-9=.-' '_')" 400 \
+            "$bundle/run.sh ladder run $fam $extra --counters --out $logs/counters"
+        ;;
     sanitize*)
         # scripts/sanitize on the targets after the colon (FAMILY or FAMILY/OP, comma-separated;
         # default every family), its per-run logs under the session's logs.

@@ -9,9 +9,11 @@ use common::ceilings::Ceilings;
 use common::report::{render, Format};
 use common::runner::{run_op, Anchor, Progress, RunOptions, Status, Table};
 use common::timing::TimingConfig;
-use common::{Error, Gpu, Op, Shape, Source, Sweep};
+use common::{Error, Generator, Gpu, Grid, Op, Shape, Source, Sweep};
 use gpt2::table::TableOptions;
 use indicatif::{ProgressBar, ProgressStyle};
+
+mod instruments;
 
 /// `--repeat`: a row whose medians differ by more than this (relative) is marked in the spread.
 const REPEAT_LIMIT: f64 = 0.03;
@@ -135,6 +137,69 @@ enum Command {
         /// Leave out the library rows (cuBLAS, cuBLASLt): only this workspace's kernels.
         #[arg(long)]
         no_library: bool,
+        /// Only the stage (or derived row: `all-X`, `name[T=v]`) of this name.
+        #[arg(long)]
+        name: Option<String>,
+        /// NAME=value,... tunables set on the selected stage (a sweep point's configuration).
+        #[arg(long, requires = "name")]
+        config: Option<String>,
+        /// Also every point of each stage's declared sweep space (what `ladder sweep` would try).
+        #[arg(long, conflicts_with = "name")]
+        sweep_points: bool,
+        /// Open the profiler around the stage's launch only (what --counters and `ladder profile`
+        /// run under ncu --profile-from-start off).
+        #[arg(long, hide = true)]
+        profiled: bool,
+    },
+    /// A configuration sweep: every point of a stage's tunable grid compiled, verified and timed;
+    /// the table sorted by time with the declared configuration marked and the best one's speedup.
+    Sweep {
+        /// A family name, or `all`.
+        family: String,
+        #[arg(long)]
+        op: Option<String>,
+        /// Only this stage number (default: every stage that declares a sweep space, or that has
+        /// every --define'd tunable).
+        #[arg(long)]
+        stage: Option<u32>,
+        /// NAME=v1,v2,...: an axis of the grid (repeatable: the grid is every combination). Without
+        /// it, each stage's declared sweep space.
+        #[arg(long = "define", value_parser = parse_sweep)]
+        defines: Vec<Sweep>,
+        /// key=value,... overriding the op's first default shape (the shape swept by default).
+        #[arg(long)]
+        shape: Option<String>,
+        /// Sweep at every default shape of the op instead of the first.
+        #[arg(long, conflicts_with = "shape")]
+        all_shapes: bool,
+        /// Write each sweep as JSON, Markdown and an SVG chart (time against the swept define) into DIR.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Save each sweep's best configuration for this device, stage and shape (the GPT-2
+        /// `fastest` plans use the one saved at the model's shape).
+        #[arg(long)]
+        save_best: bool,
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// The full Nsight Compute report (`ncu --set full`) of one stage at one shape, into a .ncu-rep.
+    Profile {
+        family: String,
+        #[arg(long)]
+        op: String,
+        #[arg(long)]
+        stage: u32,
+        /// key=value,... overriding the op's first default shape.
+        #[arg(long)]
+        shape: Option<String>,
+        /// NAME=value,... tunables set on the stage.
+        #[arg(long)]
+        config: Option<String>,
+        /// The report file (default: family-op-NN-name.ncu-rep in the current directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// The ablation table: verify and time every stage at the default shapes (or --shape).
     Run {
@@ -180,6 +245,10 @@ enum Command {
         /// Replay each stage from a captured CUDA graph (for launch-bound ops).
         #[arg(long)]
         graph: bool,
+        /// Also run each passed stage once under Nsight Compute (ncu) and add its counters: DRAM and
+        /// SM throughput, tensor-pipe activity, achieved occupancy, L2 hit rate, top two stalls.
+        #[arg(long)]
+        counters: bool,
         /// Fewer repetitions (a smoke run).
         #[arg(long)]
         quick: bool,
@@ -328,6 +397,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let mut m = Model::new(&gpu, cfg, &w, plan)?;
             m.set_graph(graph);
             eprintln!("generating {max_new_tokens} tokens after {} prompt(s), plan {}", prompts.len(), m.plan.name);
+            for t in &m.plan.tuned {
+                eprintln!("  tuned by a saved sweep: {t}");
+            }
             // A bar on stderr (drawn only on a terminal): new tokens of the longest sequence.
             let bar = ProgressBar::new(max_new_tokens as u64);
             bar.set_style(
@@ -391,9 +463,10 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Verify { family, op, shape, smallest, no_library } => {
+        Command::Verify { family, op, shape, smallest, no_library, name, config, sweep_points, profiled } => {
             let ops = select_ops(&family, op.as_deref())?;
             let overrides = shape.as_deref().map(Shape::parse).transpose()?;
+            let config = config.as_deref().map(parse_config).transpose()?.unwrap_or_default();
             let gpu = Gpu::open()?;
             let (mut passed, mut failed, mut skipped) = (0, 0, 0);
             for op in ops {
@@ -408,17 +481,12 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     }
                     None => op.default_shapes(),
                 };
+                let variants = verify_variants(op, no_library, sweep_points, name.as_deref(), &config)?;
                 for s in shapes {
-                    let variants: Vec<_> = op
-                        .variants()
-                        .into_iter()
-                        .chain(op.leave_one_out())
-                        .filter(|v| !(no_library && matches!(v.source, Source::Library(_))))
-                        .collect();
                     let mut problem = None;
-                    for v in variants {
+                    for v in &variants {
                         let id = format!("{} {s}", v.id());
-                        if let Err(e) = gpu.supports(&v).and_then(|_| op.validate(&v, &s)) {
+                        if let Err(e) = gpu.supports(v).and_then(|_| op.validate(v, &s)) {
                             println!("n/a    {id}: {}", first_line(&e.to_string()));
                             skipped += 1;
                             continue;
@@ -427,7 +495,13 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                             problem = Some(op.problem(&gpu, &s, common::data::fresh_seed())?);
                         }
                         let p = problem.as_deref_mut().expect("made above");
-                        let outcome = p.prepare(&gpu, &v).and_then(|_| common::runner::verify_once(&gpu, p));
+                        let outcome = p.prepare(&gpu, v).and_then(|_| {
+                            if profiled {
+                                common::runner::verify_profiled(&gpu, p)
+                            } else {
+                                common::runner::verify_once(&gpu, p)
+                            }
+                        });
                         match outcome {
                             Ok(ver) if ver.passed() => {
                                 println!("ok     {id}: {}", ver.summary());
@@ -441,16 +515,64 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                                 println!("n/a    {id}: {}", first_line(&e.to_string()));
                                 skipped += 1;
                             }
-                            Err(e) => {
-                                println!("FAILED {id}: {}", first_line(&e.to_string()));
-                                failed += 1;
-                            }
+                            Err(e) => match common::runner::point_refusal(v, &e) {
+                                Some(why) => {
+                                    println!("n/a    {id}: {why}");
+                                    skipped += 1;
+                                }
+                                None => {
+                                    println!("FAILED {id}: {}", first_line(&e.to_string()));
+                                    failed += 1;
+                                }
+                            },
                         }
                     }
                 }
             }
             println!("{passed} verified, {failed} failed, {skipped} n/a");
             Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Sweep { family, op, stage, defines, shape, all_shapes, out, save_best, quick, seed } => {
+            let ops = select_ops(&family, op.as_deref())?;
+            let timing = if quick { TimingConfig::quick() } else { TimingConfig::default() };
+            let req = instruments::SweepRequest {
+                ops,
+                stage,
+                defines,
+                shape: shape.as_deref().map(Shape::parse).transpose()?,
+                all_shapes,
+                opts: RunOptions { timing, seed, ..RunOptions::default() },
+                out,
+                save_best,
+            };
+            let jobs = instruments::jobs(&req)?;
+            let gpu = Gpu::open()?;
+            let failed = instruments::sweep(&gpu, &req, &jobs)?;
+            if failed > 0 {
+                eprintln!("{failed} point(s) FAILED verification");
+                return Ok(ExitCode::FAILURE);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Profile { family, op, stage, shape, config, out } => {
+            let op = *select_ops(&family, Some(&op))?.first().expect("select_ops returns one or an error");
+            let config = config.as_deref().map(parse_config).transpose()?.unwrap_or_default();
+            let base = op.variants().into_iter().find(|v| v.stage == stage).ok_or_else(|| {
+                let known: Vec<String> = op.variants().iter().map(|v| format!("{}:{}", v.stage, v.name)).collect();
+                Error::Unknown { what: "stage", name: stage.to_string(), known: known.join(", ") }
+            })?;
+            let variant = configured(&base, &config)?;
+            let shape = match shape.as_deref().map(Shape::parse).transpose()? {
+                Some(o) => op.default_shapes()[0].overlay(&o, op.shape_keys())?,
+                None => op.default_shapes()[0].clone(),
+            };
+            op.validate(&variant, &shape)?;
+            let report = out.unwrap_or_else(|| {
+                PathBuf::from(format!("{}-{}-{:02}-{}.ncu-rep", op.family(), op.name(), variant.stage, variant.name))
+            });
+            instruments::profile(op, &variant, &shape, &report)?;
+            println!("{}", report.display());
+            Ok(ExitCode::SUCCESS)
         }
         Command::Compare { before, after } => {
             let (b, a) = (common::baseline::read_table(&before)?, common::baseline::read_table(&after)?);
@@ -564,6 +686,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             baseline,
             repeat,
             graph,
+            counters,
             quick,
             seed,
             plan: plans,
@@ -657,6 +780,12 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                         .collect();
                     failed += table.rows.iter().filter(|r| matches!(r.status, Status::Failed(_))).count();
                     let mut extra = String::new();
+                    if counters {
+                        for (name, why) in instruments::add_counters(&mut table, &bar)? {
+                            extra.push_str(&format!("counters of {name}: {why}\n"));
+                        }
+                        extra.push_str(&instruments::counters_block(&table));
+                    }
                     if repeat > 1 {
                         let spread = common::baseline::spread(&runs);
                         extra.push_str(&common::baseline::spread_markdown(&table, &spread, REPEAT_LIMIT));
@@ -788,6 +917,57 @@ fn select_ops(family: &str, op: Option<&str>) -> common::Result<Vec<&'static dyn
         }
     }
     Ok(ops)
+}
+
+/// `NAME=value,...` with unsigned values: a stage's tunables.
+fn parse_config(s: &str) -> common::Result<Vec<(String, u32)>> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|pair| {
+            let bad = || Error::constraint("--config as NAME=value,... with unsigned values", format!("'{pair}'"));
+            let (n, v) = pair.split_once('=').ok_or_else(bad)?;
+            let v = v.trim().parse::<u32>().map_err(|_| bad())?;
+            Ok((n.trim().to_string(), v))
+        })
+        .collect()
+}
+
+/// `base` with the tunables of `config` set.
+fn configured(base: &common::Variant, config: &[(String, u32)]) -> common::Result<common::Variant> {
+    let mut v = base.clone();
+    for (n, value) in config {
+        v.set_tunable(n, *value)?;
+    }
+    Ok(v)
+}
+
+/// The stages `ladder verify` runs: every stage and leave-one-out row of `op` (and with
+/// `sweep_points` every point of each stage's declared sweep space), or the one named `name` (a
+/// sweep point `base[T=v]` names its declared stage) with `config` set.
+fn verify_variants(
+    op: &dyn Op,
+    no_library: bool,
+    sweep_points: bool,
+    name: Option<&str>,
+    config: &[(String, u32)],
+) -> common::Result<Vec<common::Variant>> {
+    let points = op.variants().into_iter().filter(|_| sweep_points).flat_map(|v| Grid::declared(&v).derive(&v));
+    let all: Vec<common::Variant> = op
+        .variants()
+        .into_iter()
+        .chain(op.leave_one_out())
+        .chain(points)
+        .filter(|v| !(no_library && matches!(v.source, Source::Library(_))))
+        .collect();
+    let Some(name) = name else { return Ok(all) };
+    let base_name = name.split_once('[').map_or(name, |(b, _)| b);
+    let base = all.iter().find(|v| v.name == base_name).ok_or_else(|| {
+        let known: Vec<&str> = all.iter().map(|v| v.name.as_ref()).collect();
+        Error::Unknown { what: "stage name", name: name.to_string(), known: known.join(", ") }
+    })?;
+    let mut v = configured(base, config)?;
+    v.name = name.to_string().into();
+    Ok(vec![v])
 }
 
 /// The first line of an error message (NVRTC logs and driver errors run long).

@@ -6,7 +6,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+mod fuzz;
+
 use common::{Op, Shape, Variant};
+use fuzz::{every_stage, SMALL_EDGES};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -37,14 +40,6 @@ const EDGES: [i64; 24] = [
     1 << 40,
     i64::MAX,
 ];
-
-fn every_stage() -> Vec<(&'static dyn Op, Vec<Variant>)> {
-    kernel_ladder::families()
-        .iter()
-        .flat_map(|f| f.ops())
-        .map(|op| (op, op.variants().into_iter().chain(op.leave_one_out()).collect()))
-        .collect()
-}
 
 /// Outcomes of validation: accepted, refused with a typed error, and the stages that panicked.
 #[derive(Default)]
@@ -92,23 +87,15 @@ fn one_key_at_a_time_on_every_default_shape() {
 
 #[test]
 fn random_combinations_of_edges() {
+    // The generator the GPU fuzz launches from, once with every edge (validation only, so sizes
+    // past memory are fine here) and once with the small edges it launches with.
     let mut rng = StdRng::seed_from_u64(0x5eed);
     let mut outcomes = Outcomes::default();
     for (op, variants) in every_stage() {
         let base = &op.default_shapes()[0];
         for _ in 0..200 {
-            let mut s = base.clone();
-            for key in op.shape_keys() {
-                if rng.random_bool(0.5) {
-                    let v = if rng.random_bool(0.7) {
-                        EDGES[rng.random_range(0..EDGES.len())]
-                    } else {
-                        rng.random_range(-5..5000)
-                    };
-                    s.set(key, v);
-                }
-            }
-            outcomes.check(op, &variants, &s);
+            outcomes.check(op, &variants, &fuzz::draw(&mut rng, op, base, &EDGES, 5000));
+            outcomes.check(op, &variants, &fuzz::draw(&mut rng, op, base, &SMALL_EDGES, 300));
         }
     }
     outcomes.assert_sound();

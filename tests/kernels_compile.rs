@@ -4,13 +4,17 @@
 //! counted as ignored, and fail instead with LADDER_REQUIRE_NVRTC=1.
 
 use common::testing::Suite;
-use common::{Arch, Family, KernelSource, Source, Variant};
+use common::{Arch, Family, Generator, Grid, KernelSource, Source, Variant};
 
 fn compile_everything(tc: &common::Toolchain) {
     let mut jobs: Vec<(&'static dyn Family, Variant, &'static str, Arch)> = Vec::new();
     for family in kernel_ladder::families() {
         for op in family.ops() {
-            for v in op.variants().into_iter().chain(op.leave_one_out()) {
+            // Every declared stage, leave-one-out row and point of a declared sweep space: a
+            // configuration `ladder sweep` would try must compile (or be refused by the kernel's
+            // own static checks, which none of the declared spaces should hit).
+            let points = op.variants().into_iter().flat_map(|v| Grid::declared(&v).derive(&v));
+            for v in op.variants().into_iter().chain(op.leave_one_out()).chain(points) {
                 let Source::Kernel(path) = v.source else { continue };
                 for arch in [Arch::SM80, Arch::SM90A] {
                     if v.requires.arch_specific && arch != Arch::SM90A {

@@ -149,6 +149,8 @@ mod tests {
                 vs_previous: None,
                 resources: None,
                 verification: None,
+                config: Vec::new(),
+                counters: None,
             })
             .collect();
         t

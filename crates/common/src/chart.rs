@@ -142,6 +142,104 @@ pub fn svg(table: &Table) -> Result<Option<String>> {
     Ok(Some(doc))
 }
 
+/// A sweep as an SVG: median time (log axis) against the first swept tunable's values, one line per
+/// combination of the other axes; the declared configuration circled in red, the best in green.
+/// `None` when no point passed.
+pub fn sweep_svg(s: &crate::sweep::SweepSummary) -> Result<Option<String>> {
+    let Some(first) = s.axes.first() else { return Ok(None) };
+    let value = |r: &crate::runner::Row| r.config.iter().find(|(n, _)| n == first).map(|c| c.1);
+    let mut xs: Vec<u32> = s.points.iter().filter_map(value).collect();
+    xs.sort_unstable();
+    xs.dedup();
+    let passed: Vec<(&crate::runner::Row, f64)> =
+        s.points.iter().filter(|r| r.status == Status::Passed).filter_map(|r| Some((r, r.timing?.median_ms))).collect();
+    if passed.is_empty() || xs.is_empty() {
+        return Ok(None);
+    }
+    // Series: the other axes' values of a point.
+    let rest = |r: &crate::runner::Row| -> String {
+        let parts: Vec<String> = r
+            .config
+            .iter()
+            .filter(|(n, _)| n != first && s.axes.contains(n))
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        parts.join(",")
+    };
+    let mut series: Vec<String> = passed.iter().map(|(r, _)| rest(r)).collect();
+    series.sort();
+    series.dedup();
+    let x_of = |r: &crate::runner::Row| value(r).and_then(|v| xs.iter().position(|&x| x == v)).map(|i| i as f64);
+    let (lo, hi) = passed.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), (_, t)| (lo.min(*t), hi.max(*t)));
+    let (y0, y1) = (lo / 1.5, hi * 1.5);
+    let mut doc = String::new();
+    {
+        let root = SVGBackend::with_string(&mut doc, (WIDTH, HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        let title = format!("sweep {}/{}/{:02}-{}  {}  on {}", s.family, s.op, s.stage, s.name, s.shape, s.device);
+        let n = xs.len();
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(-0.5f64..n as f64 - 0.5, (y0..y1).log_scale())
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < xs.len() {
+                    xs[i as usize].to_string()
+                } else {
+                    String::new()
+                }
+            })
+            .x_desc(first.as_str())
+            .y_labels(12)
+            .y_desc("median time (log scale)")
+            .y_label_formatter(&|y| fmt_time(*y))
+            .draw()
+            .map_err(draw_err)?;
+        for (k, name) in series.iter().enumerate() {
+            let colour = Palette99::pick(k).to_rgba();
+            let mut line: Vec<(f64, f64)> =
+                passed.iter().filter(|(r, _)| &rest(r) == name).filter_map(|(r, t)| Some((x_of(r)?, *t))).collect();
+            line.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let label = if name.is_empty() { first.clone() } else { name.clone() };
+            chart
+                .draw_series(LineSeries::new(line.clone(), colour.stroke_width(2)))
+                .map_err(draw_err)?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+            chart.draw_series(line.iter().map(|&p| Circle::new(p, 3, colour.filled()))).map_err(draw_err)?;
+        }
+        let marks = [(s.default_point(), RGBColor(200, 60, 40), "declared"), (s.best(), RGBColor(40, 150, 70), "best")];
+        for (row, colour, what) in marks {
+            let Some(r) = row.filter(|r| r.status == Status::Passed) else { continue };
+            let (Some(x), Some(t)) = (x_of(r), r.timing.map(|t| t.median_ms)) else { continue };
+            let text = format!("{what}: {} {}", s.label(r), fmt_time(t));
+            let font = ("sans-serif", 12).into_font().color(&colour).pos(Pos::new(HPos::Center, VPos::Bottom));
+            chart
+                .draw_series([EmptyElement::at((x, t)) + Circle::new((0, 0), 8, colour.stroke_width(2))])
+                .map_err(draw_err)?;
+            chart.draw_series([Text::new(text, (x, t * 1.12), font)]).map_err(draw_err)?;
+        }
+        if series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()
+                .map_err(draw_err)?;
+        }
+        root.present().map_err(draw_err)?;
+    }
+    Ok(Some(doc))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +264,8 @@ mod tests {
             vs_previous,
             resources: None,
             verification: None,
+            config: Vec::new(),
+            counters: None,
         }
     }
 

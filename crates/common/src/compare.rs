@@ -105,6 +105,8 @@ mod tests {
             vs_previous: None,
             resources: None,
             verification: None,
+            config: Vec::new(),
+            counters: None,
         }
     }
 

@@ -172,6 +172,20 @@ impl Gpu {
         self.stream.synchronize().ctx("synchronize (a kernel may have faulted)")
     }
 
+    /// Runs `work` with the profiler open (`cuProfilerStart` .. `cuProfilerStop`) and the stream
+    /// drained on both sides, so a tool started with `--profile-from-start off` (ncu) sees exactly
+    /// the launches `work` makes.
+    pub fn profiled<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.synchronize()?;
+        self.ctx.bind_to_thread().ctx("bind the context")?;
+        cudarc::driver::profiler_start().ctx("cuProfilerStart")?;
+        let out = work().and_then(|t| self.synchronize().map(|_| t));
+        let stop = cudarc::driver::profiler_stop().ctx("cuProfilerStop");
+        let t = out?;
+        stop?;
+        Ok(t)
+    }
+
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
         self.stream.clone_htod(host).ctx("copy to device")
     }

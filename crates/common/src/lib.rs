@@ -17,6 +17,7 @@ pub mod ceilings;
 pub mod chart;
 pub mod check;
 pub mod compare;
+pub mod counters;
 pub mod data;
 mod error;
 pub mod family;
@@ -28,8 +29,10 @@ pub mod overhead;
 pub mod report;
 pub mod runner;
 pub mod shape;
+pub mod sweep;
 pub mod testing;
 pub mod timing;
+pub mod tuned;
 pub mod variant;
 
 pub use cudarc;
@@ -41,7 +44,7 @@ pub use module::{KernelSource, Sources};
 pub use nvrtc::{Arch, Toolchain};
 pub use shape::Shape;
 pub use variant::{
-    Define, Generator, LeaveOneOut, Precision, Requirements, Source, Sweep, Tolerance, Tunable, Variant,
+    Define, Generator, Grid, LeaveOneOut, Precision, Requirements, Source, Sweep, Tolerance, Tunable, Variant,
 };
 
 /// The shared device headers in `crates/common/kernels/` (reductions, vector access, fp16/bf16

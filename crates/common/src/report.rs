@@ -257,6 +257,8 @@ mod tests {
                 occupancy: 1.0,
             }),
             verification: Some(Verification::new(1e-5).add("out", &[1.0f32], &[1.0])),
+            config: Vec::new(),
+            counters: None,
         }
     }
 

@@ -82,6 +82,12 @@ pub struct Row {
     pub vs_previous: Option<f64>,
     pub resources: Option<Resources>,
     pub verification: Option<Verification>,
+    /// The stage's tunables as run (a sweep point's configuration).
+    #[serde(default)]
+    pub config: Vec<(String, u32)>,
+    /// Nsight Compute's counters of the stage's kernels (`ladder run --counters`).
+    #[serde(default)]
+    pub counters: Option<crate::counters::Counters>,
 }
 
 /// An outside measurement of the same op and shape (PyTorch, from `scripts/anchors.py`).
@@ -165,6 +171,14 @@ pub fn verify_once(gpu: &Gpu, problem: &mut dyn Problem) -> Result<Verification>
     problem.verify(gpu, 0)
 }
 
+/// [`verify_once`] with only the stage's launch inside the profiler range (`ladder verify
+/// --profiled`, what `--counters` and `ladder profile` run under Nsight Compute).
+pub fn verify_profiled(gpu: &Gpu, problem: &mut dyn Problem) -> Result<Verification> {
+    problem.poison(gpu)?;
+    gpu.profiled(|| problem.enqueue(gpu.stream(), 0))?;
+    problem.verify(gpu, 0)
+}
+
 /// What the runner is doing, for a progress display.
 #[derive(Clone, Copy, Debug)]
 pub enum Progress<'a> {
@@ -186,12 +200,25 @@ pub fn run_op(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Table> {
     let variants = select_variants(op, opts)?;
+    run_variants(gpu, ceilings, op, shape, &variants, opts, progress)
+}
+
+/// Verifies and times `variants` of `op` at `shape`, one row each, on one set of inputs.
+pub fn run_variants(
+    gpu: &Gpu,
+    ceilings: &Ceilings,
+    op: &dyn Op,
+    shape: &Shape,
+    variants: &[Variant],
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Table> {
     let seed = opts.seed.unwrap_or_else(crate::data::fresh_seed);
     progress(Progress::Inputs { shape });
     let mut problem = op.problem(gpu, shape, seed)?;
     let workload = problem.workload();
     let mut rows = Vec::new();
-    for v in &variants {
+    for v in variants {
         progress(Progress::Stage { shape, variant: v });
         let (status, timing, resources, verification) = run_variant(gpu, op, problem.as_mut(), v, shape, &opts.timing);
         rows.push(Row {
@@ -209,6 +236,8 @@ pub fn run_op(
             vs_previous: None,
             resources,
             verification,
+            config: v.config(),
+            counters: None,
         });
         progress(Progress::StageDone);
     }
@@ -244,10 +273,13 @@ fn run_variant(
     let resources = match problem.prepare(gpu, v) {
         Ok(uses) => Resources::summarize(&uses),
         Err(e) if e.is_not_applicable() => return (Status::Skipped(first_line(&e)), None, None, None),
-        Err(e @ Error::Launch { .. }) if v.sweep_point => {
-            return (Status::Skipped(format!("n/a at this configuration: {}", first_line(&e))), None, None, None)
+        Err(e) => {
+            let status = match point_refusal(v, &e) {
+                Some(why) => Status::Skipped(why),
+                None => Status::Failed(format!("prepare: {}", first_line(&e))),
+            };
+            return (status, None, None, None);
         }
-        Err(e) => return (Status::Failed(format!("prepare: {}", first_line(&e))), None, None, None),
     };
     let verification = match verify_once(gpu, problem) {
         Err(e) => return (Status::Failed(first_line(&e)), None, resources, None),
@@ -280,6 +312,21 @@ fn run_variant(
         }
         Ok(_) => (Status::Passed, Some(timing), resources, Some(verification)),
     }
+}
+
+/// Why a sweep point does not exist, when `e` (from preparing `v`) says so: a configuration the
+/// device cannot launch (registers, shared memory, block size) or the kernel refuses at compile time
+/// (its static checks) is `n/a` for a sweep point, never a failure of the stage. `None` otherwise.
+pub fn point_refusal(v: &Variant, e: &Error) -> Option<String> {
+    if !v.sweep_point {
+        return None;
+    }
+    let why = match e {
+        Error::Compile { log, .. } => log.lines().find(|l| l.contains("error")).unwrap_or_default().trim().to_string(),
+        Error::Launch { .. } => first_line(e),
+        _ => return None,
+    };
+    Some(format!("n/a at this configuration: {why}"))
 }
 
 fn first_line(e: &Error) -> String {

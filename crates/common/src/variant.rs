@@ -136,6 +136,9 @@ pub struct Variant {
     /// A configuration-sweep point: a launch the device cannot make at this configuration
     /// (registers, shared memory, block size) is `n/a`, not a failure of the stage.
     pub sweep_point: bool,
+    /// The configuration space `ladder sweep` explores for this stage when no `--define` is given:
+    /// one axis per tunable, each with the values worth timing.
+    pub sweep_space: Cow<'static, [Sweep]>,
     #[serde(skip)]
     plan: Option<PlanBox>,
 }
@@ -177,6 +180,7 @@ impl Variant {
             tolerance: None,
             compared_with: None,
             sweep_point: false,
+            sweep_space: Cow::Borrowed(&[]),
             plan: None,
         }
     }
@@ -226,6 +230,21 @@ impl Variant {
         self.tunables =
             Cow::Owned(tunables.iter().map(|&(n, value)| Tunable { name: Cow::Borrowed(n), value }).collect());
         self
+    }
+
+    /// Declares the values `ladder sweep` tries for tunable `name` (which the stage must declare
+    /// first: a sweep of a tunable the kernel does not read would time one configuration many times).
+    pub fn with_sweep(mut self, name: &'static str, values: &[u32]) -> Variant {
+        assert!(self.tunable(name).is_ok(), "{}: sweep axis {name} is not a declared tunable", self.id());
+        let mut space = self.sweep_space.to_vec();
+        space.push(Sweep { tunable: name.to_string(), values: values.to_vec() });
+        self.sweep_space = Cow::Owned(space);
+        self
+    }
+
+    /// The tunables as `(name, value)` pairs, in declaration order (a row's configuration).
+    pub fn config(&self) -> Vec<(String, u32)> {
+        self.tunables.iter().map(|t| (t.name.to_string(), t.value)).collect()
     }
 
     pub fn with_toggles(mut self, toggles: impl Into<Cow<'static, [&'static str]>>) -> Variant {
@@ -326,9 +345,9 @@ impl Generator for LeaveOneOut {
     }
 }
 
-/// One tunable of `base` set to each value in turn (`SM_WARPS=2,4,8`): the grid a configuration
-/// sweep times. Values equal to the declared one are kept (the table marks the default).
-#[derive(Clone, Debug, Default)]
+/// One tunable of `base` set to each value in turn (`SM_WARPS=2,4,8`): `ladder run --sweep` rows,
+/// and one axis of a [`Grid`]. Values equal to the declared one are kept (the table marks the default).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Sweep {
     pub tunable: String,
     pub values: Vec<u32>,
@@ -336,16 +355,61 @@ pub struct Sweep {
 
 impl Generator for Sweep {
     fn derive(&self, base: &Variant) -> Vec<Variant> {
-        self.values
-            .iter()
-            .filter_map(|&value| {
+        Grid { axes: vec![self.clone()] }.derive(base)
+    }
+}
+
+/// Every combination of several tunables' values (the cartesian product of the axes): the points a
+/// configuration sweep verifies and times. A stage that lacks one of the axes' tunables yields none.
+#[derive(Clone, Debug, Default)]
+pub struct Grid {
+    pub axes: Vec<Sweep>,
+}
+
+impl Grid {
+    /// The grid of `base`'s declared sweep space.
+    pub fn declared(base: &Variant) -> Grid {
+        Grid { axes: base.sweep_space.to_vec() }
+    }
+
+    /// Number of points (before dropping stages that lack an axis).
+    pub fn len(&self) -> usize {
+        if self.axes.is_empty() {
+            0
+        } else {
+            self.axes.iter().map(|a| a.values.len()).product()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Generator for Grid {
+    fn derive(&self, base: &Variant) -> Vec<Variant> {
+        if self.is_empty() || self.axes.iter().any(|a| base.tunable(&a.tunable).is_err()) {
+            return Vec::new();
+        }
+        (0..self.len())
+            .map(|mut index| {
                 let mut v = base.clone();
-                v.set_tunable(&self.tunable, value).ok()?;
-                v.name = Cow::Owned(format!("{}[{}={value}]", base.name, self.tunable));
-                v.summary = Cow::Owned(format!("{} with {}={value}", base.name, self.tunable));
+                let mut parts = Vec::new();
+                // Mixed radix, last axis fastest: the points come out in the order the axes list them.
+                let mut picks = vec![0; self.axes.len()];
+                for (i, axis) in self.axes.iter().enumerate().rev() {
+                    picks[i] = axis.values[index % axis.values.len()];
+                    index /= axis.values.len();
+                }
+                for (axis, &value) in self.axes.iter().zip(&picks) {
+                    v.set_tunable(&axis.tunable, value).expect("checked above");
+                    parts.push(format!("{}={value}", axis.tunable));
+                }
+                v.name = Cow::Owned(format!("{}[{}]", base.name, parts.join(",")));
+                v.summary = Cow::Owned(format!("{} with {}", base.name, parts.join(", ")));
                 v.compared_with = Some(base.name.to_string());
                 v.sweep_point = true;
-                Some(v)
+                v
             })
             .collect()
     }
@@ -392,5 +456,30 @@ mod tests {
         assert_eq!(sweep[1].name, "all[WARPS=8]");
         assert!(sweep.iter().all(|v| v.sweep_point) && !base().sweep_point);
         assert!(Sweep { tunable: "NOPE".into(), values: vec![1] }.derive(&base()).is_empty());
+    }
+
+    #[test]
+    fn grid_is_the_cartesian_product_in_axis_order() {
+        let v = base().with_tunables(&[("WARPS", 4), ("UNROLL", 2)]).with_sweep("WARPS", &[2, 4]);
+        assert_eq!(Grid::declared(&v).len(), 2);
+        let grid = Grid {
+            axes: vec![
+                Sweep { tunable: "WARPS".into(), values: vec![2, 4] },
+                Sweep { tunable: "UNROLL".into(), values: vec![1, 2, 8] },
+            ],
+        };
+        let points = grid.derive(&v);
+        assert_eq!(points.len(), 6);
+        assert_eq!(points[0].name, "all[WARPS=2,UNROLL=1]");
+        assert_eq!(points[5].config(), vec![("WARPS".to_string(), 4), ("UNROLL".to_string(), 8)]);
+        assert!(points.iter().all(|p| p.sweep_point && p.compared_with.as_deref() == Some("all")));
+        let missing = Grid { axes: vec![Sweep { tunable: "NOPE".into(), values: vec![1] }] };
+        assert!(missing.derive(&v).is_empty() && Grid::default().derive(&v).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "not a declared tunable")]
+    fn a_sweep_axis_must_be_a_tunable() {
+        let _ = base().with_sweep("NOPE", &[1]);
     }
 }

@@ -8,7 +8,7 @@
 //! paged layout are out too: the plan's decode stage decides the cache's layout, and the `fastest`
 //! plans keep it contiguous (a paged cache is asked for by naming a paged stage: `decode=4`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -207,6 +207,23 @@ fn select(gpu: &Gpu, cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Sel
     Ok(Selection { device: gpu.info().name.clone(), config: cfg.key(), stage_lists: stage_lists(cfg), ops })
 }
 
+/// Sets each op of `plan` to the configuration `ladder sweep --save-best` saved for its stage on
+/// this device at one of the op's model shapes (the first, in the order the selection times them),
+/// and lists what it applied in `plan.tuned`. Nothing saved: the declared configurations.
+/// The store is `dir` (`common::tuned::dir()`), the device `uuid`.
+pub fn apply_tuned(dir: &Path, uuid: &str, cfg: &Config, plan: &mut crate::model::Plan) -> Result<()> {
+    for (i, (_, shapes)) in model_ops(cfg).iter().enumerate() {
+        let Some(v) = plan.variant_mut(i) else { continue };
+        let shapes: Vec<String> = shapes.iter().map(|s| s.to_string()).collect();
+        if let Some(t) = common::tuned::lookup(dir, uuid, v, &shapes)? {
+            *v = t.apply(v)?;
+            let config: Vec<String> = t.config.iter().map(|(n, x)| format!("{n}={x}")).collect();
+            plan.tuned.push(format!("{}/{:02}-{} {} (best at {})", t.op, t.stage, t.name, config.join(","), t.shape));
+        }
+    }
+    Ok(())
+}
+
 /// The stage with the smallest sum over shapes of its time over the shape's best time.
 fn choose(stages: &[StageTimes]) -> Option<u32> {
     let eligible: Vec<(&StageTimes, Vec<f64>)> = stages
@@ -227,6 +244,37 @@ mod tests {
 
     fn st(stage: u32, ms: &[Option<f64>]) -> StageTimes {
         StageTimes { stage, name: format!("s{stage}"), median_ms: ms.to_vec(), excluded: None }
+    }
+
+    #[test]
+    fn saved_configurations_reach_the_plan_at_the_model_shape() {
+        use crate::model::{Config, Plan};
+        let dir = std::env::temp_dir().join(format!("ladder-apply-tuned-{}", std::process::id()));
+        let cfg = Config::GPT2;
+        let mut plan = Plan::named("fp32").unwrap().with_overrides("gelu=1").unwrap();
+        let gelu_shape = model_ops(&cfg)[4].1[0].to_string();
+        let entry = |stage, shape: &str| common::tuned::Tuned {
+            family: "gpt2".into(),
+            op: "gelu".into(),
+            stage,
+            name: "vectorized".into(),
+            shape: shape.into(),
+            config: vec![("PW_THREADS".into(), 64)],
+            median_ms: 1.0,
+            default_ms: Some(1.1),
+        };
+        // Saved at another shape, or for another stage: not applied.
+        common::tuned::save(&dir, "dev", entry(1, "N=7")).unwrap();
+        common::tuned::save(&dir, "dev", entry(0, &gelu_shape)).unwrap();
+        apply_tuned(&dir, "dev", &cfg, &mut plan).unwrap();
+        assert_eq!(plan.gelu.tunable("PW_THREADS").unwrap(), 256);
+        assert!(plan.tuned.is_empty());
+        common::tuned::save(&dir, "dev", entry(1, &gelu_shape)).unwrap();
+        apply_tuned(&dir, "dev", &cfg, &mut plan).unwrap();
+        assert_eq!(plan.gelu.tunable("PW_THREADS").unwrap(), 64);
+        assert_eq!(plan.tuned.len(), 1, "{:?}", plan.tuned);
+        assert!(plan.tuned[0].contains("PW_THREADS=64"));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -274,6 +274,9 @@ pub struct Plan {
     pub argmax: Variant,
     /// Temperature, top-k and top-p sampling on the device (a sampled step downloads ids too).
     pub sample: Variant,
+    /// The saved sweep configurations the `fastest` plans applied (`ladder sweep --save-best`), one
+    /// line each: `op/NN-stage NAME=value,... (best at SHAPE)`.
+    pub tuned: Vec<String>,
 }
 
 /// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
@@ -347,17 +350,22 @@ impl Plan {
     /// `fastest-bf16` adds the fastest GEMV on bf16 weights for them.
     pub fn resolve(gpu: &Gpu, cfg: &Config, spec: &str, progress: &mut dyn FnMut(&str)) -> Result<Plan> {
         let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
-        let plan = match name {
-            "fastest" | "fastest-bf16" => {
-                let mut stages = crate::fastest::selection(gpu, cfg, false, progress)?.stages();
-                if name == "fastest" {
-                    stages[8] = OFF;
-                }
-                Plan::from_stages(name, stages)?
+        let fastest = name == "fastest" || name == "fastest-bf16";
+        let plan = if fastest {
+            let mut stages = crate::fastest::selection(gpu, cfg, false, progress)?.stages();
+            if name == "fastest" {
+                stages[8] = OFF;
             }
-            _ => Plan::named(name)?,
+            Plan::from_stages(name, stages)?
+        } else {
+            Plan::named(name)?
         };
-        plan.with_overrides(overrides)
+        // Overrides rebuild the plan from stage numbers, so the saved configurations come after them.
+        let mut plan = plan.with_overrides(overrides)?;
+        if fastest {
+            crate::fastest::apply_tuned(&common::tuned::dir()?, &gpu.info().uuid, cfg, &mut plan)?;
+        }
+        Ok(plan)
     }
 
     /// Checks `NAME[:op=stage,...]` without a device: a known name, overrides that name ops and
@@ -399,7 +407,26 @@ impl Plan {
             gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
             argmax: stage_of(&Argmax, s[9])?,
             sample: stage_of(&Sample, s[10])?,
+            tuned: Vec::new(),
         })
+    }
+
+    /// The variant of op `i` of [`PLAN_OPS`] (`None`: an optional op that is off).
+    pub fn variant_mut(&mut self, i: usize) -> Option<&mut Variant> {
+        match i {
+            0 => Some(&mut self.encoder),
+            1 => Some(&mut self.layernorm),
+            2 => Some(&mut self.linear),
+            3 => Some(&mut self.attention),
+            4 => Some(&mut self.gelu),
+            5 => Some(&mut self.residual),
+            6 => Some(&mut self.decode),
+            7 => Some(&mut self.kv_append),
+            8 => self.gemv.as_mut(),
+            9 => Some(&mut self.argmax),
+            10 => Some(&mut self.sample),
+            _ => None,
+        }
     }
 
     /// This plan with single ops set to other stages: `op=stage,...` (ops as in [`PLAN_OPS`]).
