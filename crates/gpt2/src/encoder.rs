@@ -12,7 +12,6 @@ use rand::Rng;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "encoder";
-const THREADS: u32 = 256;
 const ELEMS: &str = "B * T * C < 2^31";
 
 fn stages() -> Vec<Variant> {
@@ -24,7 +23,10 @@ fn stages() -> Vec<Variant> {
         "encoder/00_naive.cu",
         Precision::Fp32,
         "one thread per output element, scalar loads",
-    )]
+    )
+    .with_tunables(&[("ENC_THREADS", 256)])
+    // The thread counts of the report's encoder blocks, 3x3x3 to 10x10x10 (ours is one-dimensional).
+    .with_sweep("ENC_THREADS", &[27, 64, 125, 216, 343, 512, 729, 1000])]
 }
 
 /// The sizes of one encoder call.
@@ -118,8 +120,9 @@ pub struct EncoderArgs<'a> {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: EncoderDims) -> Result<Prepared> {
     check_shape(d)?;
     let n = (d.b * d.t * d.c) as u32;
-    let shape = LaunchShape::linear(n.div_ceil(THREADS), THREADS);
-    let at = LaunchShape::linear(((d.b * d.c) as u32).div_ceil(THREADS), THREADS);
+    let block = v.tunable("ENC_THREADS")?;
+    let shape = LaunchShape::linear(n.div_ceil(block), block);
+    let at = LaunchShape::linear(((d.b * d.c) as u32).div_ceil(block), block);
     Ok(Prepared {
         launch: gpu.prepare_launch(&SOURCES, v, "encoder_forward", shape)?,
         at: gpu.prepare_launch(&SOURCES, v, "encoder_at", at)?,

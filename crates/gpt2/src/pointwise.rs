@@ -14,7 +14,8 @@ use common::{
 
 use crate::{FAMILY, SOURCES};
 
-const THREADS: u32 = 256;
+/// The block sizes the report swept for its residual and GELU kernels (4 to 1024 threads).
+pub const REPORT_BLOCK_SIZES: [u32; 9] = [4, 8, 16, 32, 64, 128, 256, 512, 1024];
 const ELEMS: &str = "N < 2^31";
 
 /// Which pointwise op.
@@ -57,7 +58,10 @@ pub fn gelu(x: f64) -> f64 {
 
 fn gelu_stages() -> Vec<Variant> {
     let k = |stage, name, file, plan: Plan, summary| {
-        Variant::kernel(FAMILY, "gelu", stage, name, file, Precision::Fp32, summary).with_plan(plan)
+        Variant::kernel(FAMILY, "gelu", stage, name, file, Precision::Fp32, summary)
+            .with_plan(plan)
+            .with_tunables(&[("PW_THREADS", 256)])
+            .with_sweep("PW_THREADS", &REPORT_BLOCK_SIZES)
     };
     vec![
         k(0, "naive", "gelu/00_naive.cu", Plan::Scalar, "one thread per element"),
@@ -67,7 +71,10 @@ fn gelu_stages() -> Vec<Variant> {
 
 fn residual_stages() -> Vec<Variant> {
     let k = |stage, name, file, plan: Plan, summary| {
-        Variant::kernel(FAMILY, "residual", stage, name, file, Precision::Fp32, summary).with_plan(plan)
+        Variant::kernel(FAMILY, "residual", stage, name, file, Precision::Fp32, summary)
+            .with_plan(plan)
+            .with_tunables(&[("PW_THREADS", 256)])
+            .with_sweep("PW_THREADS", &REPORT_BLOCK_SIZES)
     };
     vec![
         k(0, "naive", "residual/00_naive.cu", Plan::Scalar, "one thread per element"),
@@ -99,7 +106,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, kind: Kind, n: usize) -> Result<Prepared>
         Plan::Scalar => n,
         Plan::Vector4 => n / 4 + n % 4,
     } as u32;
-    let shape = LaunchShape::linear(threads.div_ceil(THREADS), THREADS);
+    let block = v.tunable("PW_THREADS")?;
+    let shape = LaunchShape::linear(threads.div_ceil(block), block);
     Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, kind.entry(), shape)?, kind, n })
 }
 

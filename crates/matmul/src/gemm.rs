@@ -131,9 +131,14 @@ pub(crate) struct Ptrs {
     pub residual: u64,
 }
 
-/// One thread per element over `count` elements.
+/// One thread per element over `count` elements, 256 to a block.
 pub(crate) fn elementwise(count: usize) -> LaunchShape {
-    LaunchShape::linear((count as u32).div_ceil(ELEMENTWISE_THREADS), ELEMENTWISE_THREADS)
+    elementwise_in(count, ELEMENTWISE_THREADS)
+}
+
+/// One thread per element over `count` elements, `block` to a block.
+pub(crate) fn elementwise_in(count: usize, block: u32) -> LaunchShape {
+    LaunchShape::linear((count as u32).div_ceil(block), block)
 }
 
 /// The module the library rows borrow their helper kernels from (bias, conversions): every stage
@@ -278,13 +283,14 @@ pub(crate) struct HalfOperands {
 }
 
 impl HalfOperands {
-    pub(crate) fn prepare(gpu: &Gpu, d: Dims) -> Result<HalfOperands> {
+    /// `block`: threads per block of the two conversion kernels.
+    pub(crate) fn prepare(gpu: &Gpu, d: Dims, block: u32) -> Result<HalfOperands> {
         let aux = aux();
         Ok(HalfOperands {
             a16: alloc_u16(gpu, d.m * d.k)?,
             b16: alloc_u16(gpu, d.n * d.k)?,
-            convert_a: gpu.prepare_launch(&SOURCES, &aux, "mm_convert_f16", elementwise(d.m * d.k))?,
-            convert_b: gpu.prepare_launch(&SOURCES, &aux, "mm_convert_f16", elementwise(d.n * d.k))?,
+            convert_a: gpu.prepare_launch(&SOURCES, &aux, "mm_convert_f16", elementwise_in(d.m * d.k, block))?,
+            convert_b: gpu.prepare_launch(&SOURCES, &aux, "mm_convert_f16", elementwise_in(d.n * d.k, block))?,
             d,
         })
     }
@@ -318,13 +324,15 @@ pub(crate) struct Cublas {
 }
 
 impl Cublas {
-    pub(crate) fn prepare(gpu: &Gpu, precision: GemmPrecision, d: Dims) -> Result<Cublas> {
+    /// `aux_block`: threads per block of the helper kernels (bias, conversions): the report's
+    /// "prepare out" and conversion block sizes, a tunable of the library rows.
+    pub(crate) fn prepare(gpu: &Gpu, precision: GemmPrecision, d: Dims, aux_block: u32) -> Result<Cublas> {
         let aux = aux();
         let half = match precision {
             GemmPrecision::Fp16 => Some((
-                HalfOperands::prepare(gpu, d)?,
+                HalfOperands::prepare(gpu, d, aux_block)?,
                 alloc_u16(gpu, d.m * d.n)?,
-                gpu.prepare_launch(&SOURCES, &aux, "mm_half_to_float_bias", elementwise(d.m * d.n))?,
+                gpu.prepare_launch(&SOURCES, &aux, "mm_half_to_float_bias", elementwise_in(d.m * d.n, aux_block))?,
             )),
             GemmPrecision::Fp32 | GemmPrecision::Tf32 => None,
             GemmPrecision::Bf16 => {
@@ -334,7 +342,7 @@ impl Cublas {
         Ok(Cublas {
             precision,
             blas: Blas::new(gpu)?,
-            bias: gpu.prepare_launch(&SOURCES, &aux, "mm_bias_add", elementwise(d.m * d.n))?,
+            bias: gpu.prepare_launch(&SOURCES, &aux, "mm_bias_add", elementwise_in(d.m * d.n, aux_block))?,
             half,
             d,
         })
@@ -382,7 +390,7 @@ impl CublasLt {
     pub(crate) fn prepare(gpu: &Gpu, ops: LtOperands, epi: LtEpilogue, d: Dims) -> Result<CublasLt> {
         let half = match ops {
             LtOperands::Tf32 => None,
-            LtOperands::Fp16 => Some(HalfOperands::prepare(gpu, d)?),
+            LtOperands::Fp16 => Some(HalfOperands::prepare(gpu, d, ELEMENTWISE_THREADS)?),
             LtOperands::Bf16 => {
                 return Err(common::Error::constraint("fp32 operands for the fp32 linear ops' cuBLASLt rows", "bf16"))
             }

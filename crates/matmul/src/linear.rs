@@ -26,7 +26,12 @@ fn stages() -> Vec<Variant> {
         Variant::kernel(FAMILY, OP, stage, name, file, p, summary).with_plan(g)
     };
     let lib = |stage, name, library, p, summary| {
-        Variant::library(FAMILY, OP, stage, name, library, p, summary).with_plan(Gemm::Cublas(gemm_precision(p)))
+        Variant::library(FAMILY, OP, stage, name, library, p, summary)
+            .with_plan(Gemm::Cublas(gemm_precision(p)))
+            // The helper kernels' block (bias add, fp16 conversions): the report swept its "prepare
+            // out" and conversion kernels over 4..1024 threads.
+            .with_tunables(&[("AUX_THREADS", 256)])
+            .with_sweep("AUX_THREADS", &[4, 8, 16, 32, 64, 128, 256, 512, 1024])
     };
     vec![
         k(0, "naive", "linear/00_naive.cu", Precision::Fp32, Gemm::Naive, "one thread per output, loop over K from global memory"),
@@ -149,7 +154,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearDims) -> Result<Prepared> {
         }
         Gemm::WmmaM2 => Stage::Wmma(Wmma::prepare(gpu, v, dims, false, "linear_wmma_m2")?),
         Gemm::WmmaM3 => Stage::Wmma(Wmma::prepare(gpu, v, dims, true, "linear_wmma_m3")?),
-        Gemm::Cublas(p) => Stage::Cublas(Cublas::prepare(gpu, p, dims)?),
+        Gemm::Cublas(p) => Stage::Cublas(Cublas::prepare(gpu, p, dims, v.tunable("AUX_THREADS")?)?),
     };
     Ok(Prepared { stage, d })
 }

@@ -63,7 +63,10 @@ fn stages() -> Vec<Variant> {
             "layernorm/04_block_reduction.cu",
             Plan::BlockPerRow,
             "one block per row, coalesced, shared-memory tree sums",
-        ),
+        )
+        // The block is C rounded up to a warp, at most LN_BLOCK threads; the report swept 4..1024.
+        .with_tunables(&[("LN_BLOCK", 1024)])
+        .with_sweep("LN_BLOCK", &[4, 8, 16, 32, 64, 128, 256, 512, 1024]),
         k(
             5,
             "warp-shuffle",
@@ -138,7 +141,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LayerNormDims) -> Result<Prepared> {
             ("layernorm_forward".to_string(), LaunchShape::linear(rows.div_ceil(ROW_THREADS), ROW_THREADS))
         }
         Plan::BlockPerRow => {
-            let block = (d.c.div_ceil(32) * 32).min(1024) as u32;
+            let block = (d.c.div_ceil(32) * 32).min(v.tunable("LN_BLOCK")? as usize) as u32;
             ("layernorm_forward".to_string(), LaunchShape::linear(rows, block).with_shared(block * 4))
         }
         Plan::WarpPerRow => {

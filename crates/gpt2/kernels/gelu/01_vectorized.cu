@@ -3,12 +3,16 @@
 //   instruction instead of 128; the last N % 4 elements are done one per thread.
 // Why it should be faster: the op is memory-bound (8 bytes per element, ~20 flops); fewer, wider
 //   memory instructions keep more bytes in flight per thread. Expected near the copy rate at large N.
-// Launch: gelu_forward: grid ceil((N/4 + N%4)/256), block 256. Constraints: N < 2^31, buffers 16-byte
+// Launch: gelu_forward: grid ceil((N/4 + N%4)/PW_THREADS), block PW_THREADS.
+//   PW_THREADS is a tunable (256 declared; 4..1024 swept). Constraints: N < 2^31, buffers 16-byte
 //   aligned (whole allocations). Tolerance: fp32 (1e-5).
 // Limits: N < 2^31
 #include "gpt2_pointwise.cuh"
+#ifndef PW_THREADS
+#error "PW_THREADS (threads per block) is the stage's tunable: the Rust plan passes it"
+#endif
 
-extern "C" __global__ void gelu_forward(float* out, const float* inp, int n) {
+extern "C" __global__ void __launch_bounds__(PW_THREADS) gelu_forward(float* out, const float* inp, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int n4 = n / 4;
     if (i < n4) {

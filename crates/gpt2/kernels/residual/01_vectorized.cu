@@ -2,12 +2,17 @@
 // Changed from stage 0: float4 loads of a and b and a float4 store; the last N % 4 elements one per
 //   thread. Why it should be faster: 12 bytes per element and one add: purely memory-bound, so
 //   wider memory instructions are all there is to gain. Expected near the copy rate at large N.
-// Launch: residual_forward: grid ceil((N/4 + N%4)/256), block 256. Constraints: N < 2^31, whole
+// Launch: residual_forward: grid ceil((N/4 + N%4)/PW_THREADS), block PW_THREADS.
+//   PW_THREADS is a tunable (256 declared; 4..1024 swept). Constraints: N < 2^31, whole
 //   allocations (16-byte aligned); out may alias a or b. Tolerance: fp32 (1e-5).
 // Limits: N < 2^31
 #include "ladder.cuh"
+#ifndef PW_THREADS
+#error "PW_THREADS (threads per block) is the stage's tunable: the Rust plan passes it"
+#endif
 
-extern "C" __global__ void residual_forward(float* out, const float* a, const float* b, int n) {
+extern "C" __global__ void __launch_bounds__(PW_THREADS)
+    residual_forward(float* out, const float* a, const float* b, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int n4 = n / 4;
     if (i < n4) {
