@@ -1,8 +1,10 @@
 // matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9 and 10
 // (the headers of 09_persistent.cu and 10_epilogue.cu say what each adds). A grid of one block per
 // SM walks the output tiles in groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load
-// (the smem ring and its phases continue across tiles), warpgroups 1 and 2 issue wgmma.m64n256k16
-// and store. With TAIL (stage 10), the store applies the layer's tail: `epilogue` 1 is GELU of the
+// (the smem ring and its phases continue across tiles), warpgroups 1 and 2 issue wgmma.m64nWS_BNk16
+// and store. The tile is 128 x WS_BN, WS_BN a tunable of 128, 192 or 256: 256 has the most reuse
+// per loaded byte; 192 divides GPT-2's 768 into 4 columns, so N = 768 at M = 4096 is 128 tiles
+// (one wave on 132 SMs) instead of 96 at 256. With TAIL (stage 10), the store applies the layer's tail: `epilogue` 1 is GELU of the
 // biased product, 2 adds `residual`; stage 9 instantiates it without.
 #pragma once
 #include "matmul_wgmma.cuh"
@@ -11,8 +13,14 @@
 #error "WG_STAGES is a tunable: the stage list sets it"
 #endif
 
+#ifndef WS_BN
+#error "WS_BN is a tunable: the stage list sets it"
+#endif
+#if WS_BN != 128 && WS_BN != 192 && WS_BN != 256
+#error "WS_BN must be 128, 192 or 256 (a wgmma N this file instantiates)"
+#endif
+
 #define WS_BM 128
-#define WS_BN 256
 #define WS_BK 64
 #define WS_A_BYTES (WS_BM * WS_BK * 2)
 #define WS_B_BYTES (WS_BN * WS_BK * 2)
@@ -40,8 +48,16 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-#define EPI_GELU 1
-#define EPI_RESIDUAL 2
+// One K step of 16 for a consumer's 64 x WS_BN accumulators.
+__device__ __forceinline__ void wgmma_tile(float (&d)[WS_BN / 2], unsigned long long a, unsigned long long b) {
+#if WS_BN == 256
+    wgmma_m64n256k16(d, a, b);
+#elif WS_BN == 192
+    wgmma_m64n192k16(d, a, b);
+#else
+    wgmma_m64n128k16(d, a, b);
+#endif
+}
 
 template <bool TAIL>
 __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMap& map_b, float* out,
@@ -98,9 +114,9 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         int tm, tn;
         tile_coords(tile, tiles_m, tiles_n, tm, tn);
-        float d[128];
+        float d[WS_BN / 2];
 #pragma unroll
-        for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+        for (int i = 0; i < WS_BN / 2; ++i) d[i] = 0.0f;
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
             const int s = it % WG_STAGES;
             mbar_wait(full(s), (it / WG_STAGES) & 1);
@@ -108,7 +124,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < WS_BK / 16; ++kk)
-                wgmma_m64n256k16(d, wgmma_desc(a + 32 * kk), wgmma_desc(b + 32 * kk));
+                wgmma_tile(d, wgmma_desc(a + 32 * kk), wgmma_desc(b + 32 * kk));
             wgmma_commit();
             // The previous step's group is done: its stage can be refilled.
             wgmma_wait_one();
@@ -119,7 +135,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 
         const int m0 = tm * WS_BM, n0 = tn * WS_BN;
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
+        for (int j = 0; j < WS_BN / 8; ++j) {
             const int col = n0 + 8 * j + 2 * t;
             if (col >= N) continue;
             const float b0 = bias != nullptr ? bias[col] : 0.0f;

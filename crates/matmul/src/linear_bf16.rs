@@ -105,7 +105,9 @@ fn stages() -> Vec<Variant> {
             "stage 8 on one block per SM looping over tiles in groups of 8 row panels (L2 reuse), loads running into the next tile",
         )
         .with_plan(Plan::Persistent)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
+        .with_sweep("WS_BN", &[128, 192, 256])
+        .with_sweep("WG_STAGES", &[3, 4, 5])
         .with_requirements(Requirements::SM90A),
         Variant::kernel(
             FAMILY,
@@ -117,7 +119,9 @@ fn stages() -> Vec<Variant> {
             "stage 9 with bias + GELU or bias + residual applied to the accumulators before the store",
         )
         .with_plan(Plan::Epilogue)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
+        .with_sweep("WS_BN", &[128, 192, 256])
+        .with_sweep("WG_STAGES", &[3, 4, 5])
         .with_requirements(Requirements::SM90A),
         Variant::library(
             FAMILY,
@@ -248,12 +252,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage.
+            // Stages 9 and 10: 128 x WS_BN (a tunable).
             let (entry, tile_n, threads, bars) = match plan {
                 Plan::Wgmma => ("linear_bf16_wgmma", 128u32, 256, 1),
                 Plan::WarpSpecialized => ("linear_bf16_ws", 256u32, 384, 2),
-                Plan::Persistent => ("linear_bf16_persistent", 256u32, 384, 2),
-                _ => ("linear_bf16_epilogue", 256u32, 384, 2),
+                Plan::Persistent => ("linear_bf16_persistent", v.tunable("WS_BN")?, 384, 2),
+                _ => ("linear_bf16_epilogue", v.tunable("WS_BN")?, 384, 2),
             };
+            require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32));
             let grid = if matches!(plan, Plan::Persistent | Plan::Epilogue) {
                 // One block per SM (the ring takes most of an SM's shared memory), at most one per tile.

@@ -146,6 +146,22 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, 8 * k8, e), &LinearBf16.variants())
             })
         })
+        .gpu("linear_bf16_tile_widths_any_shape", |gpu| {
+            // The persistent stages at the other tile widths their sweep space declares (WS_BN 128
+            // and 192: the ragged last column of tiles, the n128/n192 wgmma), with and without tails.
+            use common::{Generator, Grid, Sweep};
+            use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
+            let widths = Grid { axes: vec![Sweep { tunable: "WS_BN".into(), values: vec![128, 192] }] };
+            let points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| widths.derive(v)).collect();
+            assert_eq!(points.len(), 4, "stages 9 and 10, two widths each");
+            for (m, n, k) in [(1, 1, 8), (129, 193, 136), (300, 7, 1000), (4096, 768, 768), (257, 385, 64)] {
+                assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, 1), &points);
+                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 1 + (m % 2)), &points);
+            }
+            proptest(16, (1i64..512, 1i64..512, 1i64..64, 0i64..3), |(m, n, k8, e)| {
+                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, 8 * k8, e), &points)
+            })
+        })
         .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &matmul::Matmul))
         .gpu("graph_replay_every_stage", |gpu| {

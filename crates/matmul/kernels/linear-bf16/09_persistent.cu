@@ -9,9 +9,10 @@
 //   than the 50 MiB L2) once per 128-row panel of inp; grouping 8 panels cuts that 8x, and the
 //   persistent loop hides each tile's prologue and epilogue behind the next tile's loads.
 //   Predicted: 8192^3 from ~500 to ~650 TFLOP/s; little change at 4096^3.
-// Launch: linear_bf16_persistent: grid min(ceil(M/128) * ceil(N/256), SMs), block 384 (3 warpgroups),
-//   dynamic shared memory WG_STAGES * 48 KiB + 1 KiB (alignment) + barriers; two CUtensorMaps by
-//   value (A boxes of 128 rows, B boxes of 256 rows).
+// Launch: linear_bf16_persistent: grid min(ceil(M/128) * ceil(N/WS_BN), SMs), block 384 (3
+//   warpgroups), dynamic shared memory WG_STAGES * (128 + WS_BN) * 128 B + 1 KiB (alignment) +
+//   barriers; two CUtensorMaps by value (A boxes of 128 rows, B boxes of WS_BN rows). WS_BN is a
+//   tunable: 256 declared, 128 and 192 swept.
 // Constraints: sm_90a; K % 8 == 0; M, N, K >= 1; M*K, N*K, M*N < 2^31.
 // Tolerance: bf16 preset (operands bf16, fp32 accumulation).
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0

@@ -7,8 +7,8 @@
 //   (and the residual) and writes it again: at MLP up (4096 x 3072) 50 MB written, 50 MB read and
 //   50 MB written again, ~50 us at the copy rate next to a ~45 us GEMM. Fused, the tail costs the
 //   residual's read only (predicted within ~10% of stage 9's time, against cuBLASLt's GELU_BIAS).
-// Launch: linear_bf16_epilogue: grid min(ceil(M/128) * ceil(N/256), SMs), block 384, dynamic shared
-//   memory WG_STAGES * 48 KiB + 1 KiB + barriers; two CUtensorMaps by value.
+// Launch: linear_bf16_epilogue: grid min(ceil(M/128) * ceil(N/WS_BN), SMs), block 384, dynamic
+//   shared memory WG_STAGES * (128 + WS_BN) * 128 B + 1 KiB + barriers; two CUtensorMaps by value.
 // Constraints: sm_90a; K % 8 == 0; M, N, K >= 1; M*K, N*K, M*N < 2^31; the GELU and residual tails
 //   need a bias (the layer has one).
 // Tolerance: bf16 preset (operands bf16, fp32 accumulation and tail).
