@@ -12,8 +12,9 @@ use common::check::Verification;
 use common::cudarc::driver::{sys, CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Define, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo,
+    Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
+    Workload,
 };
 use half::bf16;
 
@@ -47,6 +48,8 @@ enum Plan {
     Persistent,
     /// `10_epilogue.cu`: stage 9 with the bias + GELU or bias + residual tail in its store.
     Epilogue,
+    /// `11_wave_fit.cu`: stage 10 compiled at the tile width [`wave_fit_width`] picks per shape.
+    WaveFit,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -123,6 +126,21 @@ fn stages() -> Vec<Variant> {
         .with_sweep("WS_BN", &[128, 192, 256])
         .with_sweep("WG_STAGES", &[3, 4, 5])
         .with_requirements(Requirements::SM90A),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            11,
+            "wave-fit",
+            "linear-bf16/11_wave_fit.cu",
+            Precision::Bf16,
+            "stage 10 with the tile width (128, 192 or 256) picked per shape by a wave-quantization model",
+        )
+        .with_plan(Plan::WaveFit)
+        // WS_BN is a define, not a tunable: the plan replaces it per shape (256 is what the compile
+        // check builds), so a sweep cannot set it behind the model's back.
+        .with_defines(vec![Define::new("WS_BN", "256")])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_requirements(Requirements::SM90A),
         Variant::library(
             FAMILY,
             OP,
@@ -134,6 +152,17 @@ fn stages() -> Vec<Variant> {
         )
         .with_plan(Plan::Lt),
     ]
+}
+
+/// Stage 11's tile width for an M x N output on `sms` SMs: of 128, 192 and 256, the one with the
+/// fewest rounds x width, where a round is one tile on every SM (`ceil(tiles / sms)` rounds run one
+/// after another); ties go to the wider tile, which loads fewer bytes per flop.
+pub fn wave_fit_width(m: usize, n: usize, sms: u32) -> u32 {
+    let cost = |w: u32| {
+        let tiles = m.div_ceil(TILE_M) * n.div_ceil(w as usize);
+        tiles.div_ceil(sms.max(1) as usize) * w as usize
+    };
+    [256, 192, 128].into_iter().min_by_key(|&w| cost(w)).expect("three widths")
 }
 
 /// The element-wise tail after the biased product.
@@ -169,12 +198,12 @@ pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
     let plan = v.plan::<Plan>()?;
     require(d.tail == Tail::None || d.bias, TAIL_BIAS, || format!("{:?} without a bias", d.tail))?;
-    let fuses = matches!(plan, Plan::Epilogue | Plan::Lt);
+    let fuses = matches!(plan, Plan::Epilogue | Plan::WaveFit | Plan::Lt);
     require(d.tail == Tail::None || fuses, TAIL_FUSED, || format!("{:?}", d.tail))?;
     if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
         require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
     }
-    if matches!(plan, Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue) {
+    if matches!(plan, Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue | Plan::WaveFit) {
         require(d.k.is_multiple_of(8), TMA_K, || format!("K = {}", d.k))?;
     }
     Ok(())
@@ -247,7 +276,23 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * 2 * TILE_N * TILE_K * 2;
             Stage::Mma(gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (256, 1, 1)).with_shared(smem))?)
         }
-        Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue => {
+        Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue | Plan::WaveFit => {
+            // Stage 11 is compiled at the width the wave model picks for this shape.
+            let fitted;
+            let v = if plan == Plan::WaveFit {
+                let width = wave_fit_width(d.m, d.n, gpu.info().sm_count);
+                let defines: Vec<Define> = v
+                    .defines
+                    .iter()
+                    .filter(|x| x.name != "WS_BN")
+                    .cloned()
+                    .chain([Define { name: "WS_BN".into(), value: width.to_string().into() }])
+                    .collect();
+                fitted = v.clone().with_defines(defines);
+                &fitted
+            } else {
+                v
+            };
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
@@ -257,11 +302,12 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::Wgmma => ("linear_bf16_wgmma", 128u32, 256, 1),
                 Plan::WarpSpecialized => ("linear_bf16_ws", 256u32, 384, 2),
                 Plan::Persistent => ("linear_bf16_persistent", v.tunable("WS_BN")?, 384, 2),
+                Plan::WaveFit => ("linear_bf16_wave_fit", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
                 _ => ("linear_bf16_epilogue", v.tunable("WS_BN")?, 384, 2),
             };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32));
-            let grid = if matches!(plan, Plan::Persistent | Plan::Epilogue) {
+            let grid = if matches!(plan, Plan::Persistent | Plan::Epilogue | Plan::WaveFit) {
                 // One block per SM (the ring takes most of an SM's shared memory), at most one per tile.
                 ((tiles_n * tiles_m).min(gpu.info().sm_count), 1, 1)
             } else {
@@ -272,7 +318,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * (TILE_M as u32 + tile_n) * WG_BK * 2 + 1024 + 8 * bars * stages;
             let launch =
                 gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem))?;
-            Stage::Tma { launch, b_rows: tile_n as usize, tail: plan == Plan::Epilogue }
+            Stage::Tma { launch, b_rows: tile_n as usize, tail: matches!(plan, Plan::Epilogue | Plan::WaveFit) }
         }
         Plan::Lt => {
             let epi = match (d.bias, d.tail) {
@@ -440,7 +486,8 @@ impl Op for LinearBf16 {
             let max = 65535 * TILE_M as i64;
             l.push(Limit { constraint: GRID_M, past: shape(max + 1, 1, 1, 1), inside: Some(shape(max, 3, 8, 1)) });
         }
-        if matches!(plan, Some(Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue)) {
+        if matches!(plan, Some(Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue | Plan::WaveFit))
+        {
             l.push(Limit { constraint: TMA_K, past: shape(3, 5, 12, 1), inside: Some(shape(3, 5, 16, 1)) });
         }
         l
@@ -532,5 +579,21 @@ impl Problem for LinearBf16Problem {
         let (v, _) = self.prepared.get()?;
         let out = gpu.download(self.out.get(copy))?;
         Ok(verify_rows(v, &out, &self.reference, &self.rows, self.d.gemm()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wave_fit_picks_the_sweeps_best_width() {
+        // On 132 SMs at M = 4096: the widths the sweep of stages 9 and 10 measured fastest.
+        let sms = 132;
+        assert_eq!(wave_fit_width(4096, 768, sms), 192, "attn proj, MLP down: 128 tiles, one wave");
+        assert_eq!(wave_fit_width(4096, 2304, sms), 192, "QKV");
+        assert_eq!(wave_fit_width(4096, 4096, sms), 256, "4096^3");
+        assert_eq!(wave_fit_width(4096, 50304, sms), 256, "the padded LM head: a tie, the wider tile");
+        assert_eq!(wave_fit_width(1, 1, sms), 128, "one tile at any width: the narrowest computes least");
     }
 }
