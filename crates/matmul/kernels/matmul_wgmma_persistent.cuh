@@ -48,6 +48,16 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
+#define EPI_CHUNK 8  // stage 12's column groups per batch of loads
+
+// Elements col and col + 1 of the row at `p` (zero past N, and a null `p` reads as zeros), as one
+// 8-byte load when `aligned` (col is even; the row starts 8-byte aligned) and both are inside.
+__device__ __forceinline__ float2 load_pair(const float* p, int col, int N, bool aligned) {
+    if (p == nullptr || col >= N) return make_float2(0.0f, 0.0f);
+    if (col + 1 < N && aligned) return *reinterpret_cast<const float2*>(p + col);
+    return make_float2(p[col], col + 1 < N ? p[col + 1] : 0.0f);
+}
+
 // One K step of 16 for a consumer's 64 x WS_BN accumulators.
 __device__ __forceinline__ void wgmma_tile(float (&d)[WS_BN / 2], unsigned long long a, unsigned long long b) {
 #if WS_BN == 256
@@ -134,6 +144,55 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         if ((tid & 127) == 0) mbar_arrive(empty((it - 1) % WG_STAGES));  // the tile's last stage
 
         const int m0 = tm * WS_BM, n0 = tn * WS_BN;
+#ifdef EPI_PREFETCH
+        const bool add_residual = TAIL && epilogue == EPI_RESIDUAL;
+        // Stage 12: the tile's columns in chunks of EPI_CHUNK groups of 8, every bias and residual
+        // pair of a chunk loaded before the chunk's first store, so their latencies overlap.
+#pragma unroll
+        for (int j0 = 0; j0 < WS_BN / 8; j0 += EPI_CHUNK) {
+            float2 bv[EPI_CHUNK], rv[EPI_CHUNK][2];
+#pragma unroll
+            for (int jj = 0; jj < EPI_CHUNK; ++jj) {
+                const int col = n0 + 8 * (j0 + jj) + 2 * t;
+                bv[jj] = load_pair(bias, col, N, true);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = m0 + 64 * c + 16 * warp + g + 8 * h;
+                    rv[jj][h] = add_residual && row < M ? load_pair(residual + (size_t)row * N, col, N, pairs)
+                                                        : make_float2(0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int jj = 0; jj < EPI_CHUNK; ++jj) {
+                const int j = j0 + jj;
+                const int col = n0 + 8 * j + 2 * t;
+                if (col >= N) continue;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = m0 + 64 * c + 16 * warp + g + 8 * h;
+                    if (row >= M) continue;
+                    float* o = out + (size_t)row * N + col;
+                    float x = d[4 * j + 2 * h] + bv[jj].x, y = d[4 * j + 2 * h + 1] + bv[jj].y;
+                    if constexpr (TAIL) {
+                        if (epilogue == EPI_GELU) {
+                            x = gelu_tanh(x);
+                            y = gelu_tanh(y);
+                        }
+                    }
+                    x += rv[jj][h].x;
+                    y += rv[jj][h].y;
+                    if (pairs) {
+                        *reinterpret_cast<float2*>(o) = make_float2(x, y);
+                    } else {
+                        o[0] = x;
+                        if (col + 1 < N) o[1] = y;
+                    }
+                }
+            }
+        }
+#else
+        // Stages 9-11: each group's bias and residual loads after the previous group's stores
+        // (which the compiler must assume may alias them): one load latency per group.
 #pragma unroll
         for (int j = 0; j < WS_BN / 8; ++j) {
             const int col = n0 + 8 * j + 2 * t;
@@ -164,5 +223,6 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 }
             }
         }
+#endif
     }
 }

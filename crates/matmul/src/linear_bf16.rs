@@ -48,7 +48,8 @@ enum Plan {
     Persistent,
     /// `10_epilogue.cu`: stage 9 with the bias + GELU or bias + residual tail in its store.
     Epilogue,
-    /// `11_wave_fit.cu`: stage 10 compiled at the tile width [`wave_fit_width`] picks per shape.
+    /// `11_wave_fit.cu`, `12_epilogue_prefetch.cu`: stage 10 compiled at the tile width
+    /// [`wave_fit_width`] picks per shape (entry `linear_bf16_wave_fit`).
     WaveFit,
     /// cuBLASLt on the bf16 operands.
     Lt,
@@ -138,6 +139,19 @@ fn stages() -> Vec<Variant> {
         .with_plan(Plan::WaveFit)
         // WS_BN is a define, not a tunable: the plan replaces it per shape (256 is what the compile
         // check builds), so a sweep cannot set it behind the model's back.
+        .with_defines(vec![Define::new("WS_BN", "256")])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_requirements(Requirements::SM90A),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            12,
+            "epilogue-prefetch",
+            "linear-bf16/12_epilogue_prefetch.cu",
+            Precision::Bf16,
+            "stage 11 with each chunk of 8 column groups' bias and residual pairs loaded before its stores",
+        )
+        .with_plan(Plan::WaveFit)
         .with_defines(vec![Define::new("WS_BN", "256")])
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
         .with_requirements(Requirements::SM90A),
