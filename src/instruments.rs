@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use common::ceilings::Ceilings;
 use common::counters::{self, Counters};
-use common::runner::{run_variants, Progress, RunOptions, Status, Table};
+use common::runner::{first_line, run_variants, Progress, RunOptions, Status, Table};
 use common::sweep::SweepSummary;
 use common::{Error, Generator, Gpu, Grid, Op, Result, Shape, Sweep, Variant};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -140,8 +140,7 @@ fn write_sweep(dir: &Path, summary: &SweepSummary, table: &Table) -> Result<()> 
 /// `ladder verify --profiled` under ncu. A row whose profile fails keeps no counters and the reason
 /// is returned beside its name.
 pub fn add_counters(table: &mut Table, bar: &ProgressBar) -> Result<Vec<(String, String)>> {
-    let exe =
-        std::env::current_exe().map_err(|source| Error::Io { context: "finding ladder's path".into(), source })?;
+    let exe = ladder_exe()?;
     counters::ncu()?;
     let mut problems = Vec::new();
     for row in table.rows.iter_mut().filter(|r| r.status == Status::Passed) {
@@ -152,7 +151,7 @@ pub fn add_counters(table: &mut Table, bar: &ProgressBar) -> Result<Vec<(String,
         let args = counters::verify_args(&table.family, &table.op, &table.shape, &row.name, &row.config);
         match counters::collect(&exe, &args) {
             Ok(c) => row.counters = Some(c),
-            Err(e) => problems.push((row.name.clone(), first_line(&e).to_string())),
+            Err(e) => problems.push((row.name.clone(), first_line(&e))),
         }
     }
     Ok(problems)
@@ -177,12 +176,12 @@ pub fn counters_block(table: &Table) -> String {
 
 /// `ladder profile`: the full Nsight Compute report of one stage at one shape.
 pub fn profile(op: &dyn Op, variant: &Variant, shape: &Shape, report: &Path) -> Result<()> {
-    let exe =
-        std::env::current_exe().map_err(|source| Error::Io { context: "finding ladder's path".into(), source })?;
+    let exe = ladder_exe()?;
     let args = counters::verify_args(op.family(), op.name(), &shape.to_string(), &variant.name, &variant.config());
     counters::profile(&exe, &args, report)
 }
 
-fn first_line(e: &Error) -> String {
-    e.to_string().lines().next().unwrap_or_default().to_string()
+/// This `ladder` executable, which the profiled children run.
+fn ladder_exe() -> Result<PathBuf> {
+    std::env::current_exe().map_err(|source| Error::Io { context: "finding ladder's path".into(), source })
 }

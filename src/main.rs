@@ -561,7 +561,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 let known: Vec<String> = op.variants().iter().map(|v| format!("{}:{}", v.stage, v.name)).collect();
                 Error::Unknown { what: "stage", name: stage.to_string(), known: known.join(", ") }
             })?;
-            let variant = configured(&base, &config)?;
+            let variant = base.with_config(&config)?;
             let shape = match shape.as_deref().map(Shape::parse).transpose()? {
                 Some(o) => op.default_shapes()[0].overlay(&o, op.shape_keys())?,
                 None => op.default_shapes()[0].clone(),
@@ -932,15 +932,6 @@ fn parse_config(s: &str) -> common::Result<Vec<(String, u32)>> {
         .collect()
 }
 
-/// `base` with the tunables of `config` set.
-fn configured(base: &common::Variant, config: &[(String, u32)]) -> common::Result<common::Variant> {
-    let mut v = base.clone();
-    for (n, value) in config {
-        v.set_tunable(n, *value)?;
-    }
-    Ok(v)
-}
-
 /// The stages `ladder verify` runs: every stage and leave-one-out row of `op` (and with
 /// `sweep_points` every point of each stage's declared sweep space), or the one named `name` (a
 /// sweep point `base[T=v]` names its declared stage) with `config` set.
@@ -965,7 +956,7 @@ fn verify_variants(
         let known: Vec<&str> = all.iter().map(|v| v.name.as_ref()).collect();
         Error::Unknown { what: "stage name", name: name.to_string(), known: known.join(", ") }
     })?;
-    let mut v = configured(base, config)?;
+    let mut v = base.with_config(config)?;
     v.name = name.to_string().into();
     Ok(vec![v])
 }

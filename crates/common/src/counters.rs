@@ -154,8 +154,9 @@ impl Counters {
     }
 }
 
-/// Nsight Compute's command line tool: `$LADDER_NCU`, `ncu` on `$PATH`, or `$CUDA_HOME/bin/ncu`
-/// (then `/usr/local/cuda/bin/ncu`); a clear error when none exists.
+/// Nsight Compute's command line tool: `$LADDER_NCU`, `ncu` on `$PATH`, or `bin/ncu` under the
+/// CUDA roots the toolchain searches (`$CUDA_HOME`, `/usr/local/cuda`, ...); a clear error when
+/// none exists.
 pub fn ncu() -> Result<PathBuf> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("LADDER_NCU") {
@@ -164,12 +165,7 @@ pub fn ncu() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("PATH") {
         candidates.extend(std::env::split_paths(&path).map(|d| d.join("ncu")));
     }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(home) = std::env::var_os(var) {
-            candidates.push(Path::new(&home).join("bin").join("ncu"));
-        }
-    }
-    candidates.push("/usr/local/cuda/bin/ncu".into());
+    candidates.extend(crate::nvrtc::cuda_roots().into_iter().map(|root| root.join("bin").join("ncu")));
     candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
         Error::constraint(
             "Nsight Compute's ncu on $PATH, in $CUDA_HOME/bin or at $LADDER_NCU",

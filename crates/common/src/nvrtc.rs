@@ -69,7 +69,7 @@ fn python_site_dirs() -> Vec<PathBuf> {
 /// Places to look for `include/cuda_fp16.h`, in order: `$LADDER_CUDA_HOME`, `$CUDA_HOME`,
 /// `$CUDA_PATH`, `/usr/local/cuda`, then pip's `nvidia/cu13` and `nvidia/cuda_runtime` (the
 /// packages `nvidia-cuda-runtime` + `nvidia-cuda-crt`) in python3's `sys.path`.
-fn cuda_roots() -> Vec<PathBuf> {
+pub(crate) fn cuda_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
     for var in ["LADDER_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"] {
         if let Ok(v) = std::env::var(var) {

@@ -329,7 +329,8 @@ pub fn point_refusal(v: &Variant, e: &Error) -> Option<String> {
     Some(format!("n/a at this configuration: {why}"))
 }
 
-fn first_line(e: &Error) -> String {
+/// The first line of an error's message (NVRTC logs and driver errors run long).
+pub fn first_line(e: &Error) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }
 

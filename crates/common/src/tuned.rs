@@ -35,11 +35,7 @@ impl Tuned {
 
     /// `v` with this configuration's tunables (every one must be a tunable of `v`).
     pub fn apply(&self, v: &Variant) -> Result<Variant> {
-        let mut tuned = v.clone();
-        for (name, value) in &self.config {
-            tuned.set_tunable(name, *value)?;
-        }
-        Ok(tuned)
+        v.with_config(&self.config)
     }
 }
 

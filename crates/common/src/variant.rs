@@ -242,6 +242,16 @@ impl Variant {
         self
     }
 
+    /// This stage with the tunables of `config` set (a sweep point's or a saved configuration);
+    /// a name the stage does not declare is an error listing the ones it does.
+    pub fn with_config(&self, config: &[(String, u32)]) -> Result<Variant> {
+        let mut v = self.clone();
+        for (name, value) in config {
+            v.set_tunable(name, *value)?;
+        }
+        Ok(v)
+    }
+
     /// The tunables as `(name, value)` pairs, in declaration order (a row's configuration).
     pub fn config(&self) -> Vec<(String, u32)> {
         self.tunables.iter().map(|t| (t.name.to_string(), t.value)).collect()

@@ -55,6 +55,26 @@ enum Plan {
     Lt,
 }
 
+/// Stages 9 and 10: the persistent kernel, its tile width and ring depth a declared sweep space.
+fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
+    Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+        .with_plan(plan)
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
+        .with_sweep("WS_BN", &[128, 192, 256])
+        .with_sweep("WG_STAGES", &[3, 4, 5])
+        .with_requirements(Requirements::SM90A)
+}
+
+/// Stages 11 and 12: the tile width is a define the plan sets per shape, not a tunable, so a sweep
+/// cannot set it behind the wave model's back (256 is what the compile check builds).
+fn wave_fit(stage: u32, name: &'static str, file: &'static str, summary: &'static str) -> Variant {
+    Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+        .with_plan(Plan::WaveFit)
+        .with_defines(vec![Define::new("WS_BN", "256")])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_requirements(Requirements::SM90A)
+}
+
 fn stages() -> Vec<Variant> {
     let k = |stage, name, file, summary| {
         Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
@@ -99,62 +119,32 @@ fn stages() -> Vec<Variant> {
         .with_plan(Plan::WarpSpecialized)
         .with_tunables(&[("WG_STAGES", 4)])
         .with_requirements(Requirements::SM90A),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        persistent(
             9,
             "persistent",
             "linear-bf16/09_persistent.cu",
-            Precision::Bf16,
+            Plan::Persistent,
             "stage 8 on one block per SM looping over tiles in groups of 8 row panels (L2 reuse), loads running into the next tile",
-        )
-        .with_plan(Plan::Persistent)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
-        .with_sweep("WS_BN", &[128, 192, 256])
-        .with_sweep("WG_STAGES", &[3, 4, 5])
-        .with_requirements(Requirements::SM90A),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        ),
+        persistent(
             10,
             "epilogue",
             "linear-bf16/10_epilogue.cu",
-            Precision::Bf16,
+            Plan::Epilogue,
             "stage 9 with bias + GELU or bias + residual applied to the accumulators before the store",
-        )
-        .with_plan(Plan::Epilogue)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
-        .with_sweep("WS_BN", &[128, 192, 256])
-        .with_sweep("WG_STAGES", &[3, 4, 5])
-        .with_requirements(Requirements::SM90A),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        ),
+        wave_fit(
             11,
             "wave-fit",
             "linear-bf16/11_wave_fit.cu",
-            Precision::Bf16,
             "stage 10 with the tile width (128, 192 or 256) picked per shape by a wave-quantization model",
-        )
-        .with_plan(Plan::WaveFit)
-        // WS_BN is a define, not a tunable: the plan replaces it per shape (256 is what the compile
-        // check builds), so a sweep cannot set it behind the model's back.
-        .with_defines(vec![Define::new("WS_BN", "256")])
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
-        .with_requirements(Requirements::SM90A),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        ),
+        wave_fit(
             12,
             "epilogue-prefetch",
             "linear-bf16/12_epilogue_prefetch.cu",
-            Precision::Bf16,
             "stage 11 with each chunk of 8 column groups' bias and residual pairs loaded before its stores",
-        )
-        .with_plan(Plan::WaveFit)
-        .with_defines(vec![Define::new("WS_BN", "256")])
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
-        .with_requirements(Requirements::SM90A),
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -291,33 +281,28 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             Stage::Mma(gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (256, 1, 1)).with_shared(smem))?)
         }
         Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue | Plan::WaveFit => {
-            // Stage 11 is compiled at the width the wave model picks for this shape.
-            let fitted;
-            let v = if plan == Plan::WaveFit {
-                let width = wave_fit_width(d.m, d.n, gpu.info().sm_count);
-                let defines: Vec<Define> = v
-                    .defines
-                    .iter()
-                    .filter(|x| x.name != "WS_BN")
-                    .cloned()
-                    .chain([Define { name: "WS_BN".into(), value: width.to_string().into() }])
-                    .collect();
-                fitted = v.clone().with_defines(defines);
-                &fitted
-            } else {
-                v
-            };
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
-            // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage.
-            // Stages 9 and 10: 128 x WS_BN (a tunable).
+            // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
+            // 128 x WS_BN (a tunable); stages 11 and 12: the width the wave model picks.
             let (entry, tile_n, threads, bars) = match plan {
                 Plan::Wgmma => ("linear_bf16_wgmma", 128u32, 256, 1),
                 Plan::WarpSpecialized => ("linear_bf16_ws", 256u32, 384, 2),
                 Plan::Persistent => ("linear_bf16_persistent", v.tunable("WS_BN")?, 384, 2),
                 Plan::WaveFit => ("linear_bf16_wave_fit", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
                 _ => ("linear_bf16_epilogue", v.tunable("WS_BN")?, 384, 2),
+            };
+            // Stages 11 and 12 are compiled at that width (their WS_BN define).
+            let fitted;
+            let v = if plan == Plan::WaveFit {
+                let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
+                let defines: Vec<Define> =
+                    v.defines.iter().filter(|x| x.name != "WS_BN").cloned().chain([width]).collect();
+                fitted = v.clone().with_defines(defines);
+                &fitted
+            } else {
+                v
             };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32));
