@@ -135,6 +135,8 @@ pub struct Launch {
     /// argument list is checked against it.
     params: Vec<usize>,
     resources: ResourceUse,
+    /// With clusters: how many fit on the device at once (`cuOccupancyMaxActiveClusters`).
+    max_active_clusters: Option<u32>,
 }
 
 impl Launch {
@@ -148,6 +150,11 @@ impl Launch {
 
     pub fn name(&self) -> &str {
         &self.resources.kernel
+    }
+
+    /// With clusters: how many of them the device runs at once (`None` without clusters).
+    pub fn max_active_clusters(&self) -> Option<u32> {
+        self.max_active_clusters
     }
 
     /// Enqueues the kernel on `stream`: fills the parameter array and launches, nothing else (no
@@ -165,30 +172,8 @@ impl Launch {
         for (slot, a) in params.iter_mut().zip(args) {
             *slot = a.param();
         }
-        let s = &self.shape;
         let mut cluster: sys::CUlaunchAttribute = std::mem::zeroed();
-        let attrs = match s.cluster {
-            Some((x, y, z)) => {
-                cluster.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-                cluster.value.clusterDim.x = x;
-                cluster.value.clusterDim.y = y;
-                cluster.value.clusterDim.z = z;
-                1
-            }
-            None => 0,
-        };
-        let config = sys::CUlaunchConfig {
-            gridDimX: s.grid.0,
-            gridDimY: s.grid.1,
-            gridDimZ: s.grid.2,
-            blockDimX: s.block.0,
-            blockDimY: s.block.1,
-            blockDimZ: s.block.2,
-            sharedMemBytes: s.dynamic_shared_bytes,
-            hStream: stream.cu_stream(),
-            attrs: &mut cluster,
-            numAttrs: attrs,
-        };
+        let config = launch_config(&self.shape, stream.cu_stream(), &mut cluster);
         stream.context().bind_to_thread().ctx("bind the context")?;
         sys::cuLaunchKernelEx(&config, self.func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
             .result()
@@ -277,6 +262,26 @@ impl Gpu {
             )
             .ctx("raise the dynamic shared-memory limit")?;
         }
+        // With clusters (queried after raising the shared-memory limit, which the query reads): at
+        // least one must fit on the device at once, and how many do bounds a persistent grid (more
+        // would wait for a second round).
+        let max_active_clusters = match shape.cluster {
+            Some(_) => {
+                // SAFETY: a plain C struct for which all-zero bytes are a valid value.
+                let mut cluster: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+                let config = launch_config(&shape, std::ptr::null_mut(), &mut cluster);
+                let mut n = 0i32;
+                // SAFETY: a valid function handle and a configuration whose attribute outlives the call.
+                unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &config) }
+                    .result()
+                    .ctx("cuOccupancyMaxActiveClusters")?;
+                if n == 0 {
+                    return Err(fail(format!("no cluster of {:?} blocks fits on the device at once", shape.cluster)));
+                }
+                Some(n as u32)
+            }
+            None => None,
+        };
         let blocks_per_sm = func
             .occupancy_max_active_blocks_per_multiprocessor(threads as u32, shape.dynamic_shared_bytes as usize, None)
             .ctx("occupancy query")?;
@@ -302,7 +307,31 @@ impl Gpu {
             blocks_per_sm,
             occupancy: (blocks_per_sm as f64 * warps_per_block / (info.max_threads_per_sm as f64 / 32.0)).min(1.0),
         };
-        Ok(Launch { func, shape, params, resources })
+        Ok(Launch { func, shape, params, resources, max_active_clusters })
+    }
+}
+
+/// The driver's launch configuration of `s` on `stream`, its cluster (if any) in `cluster`.
+fn launch_config(s: &LaunchShape, stream: sys::CUstream, cluster: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
+    let attrs = match s.cluster {
+        Some((x, y, z)) => {
+            cluster.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            cluster.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x, y, z };
+            1
+        }
+        None => 0,
+    };
+    sys::CUlaunchConfig {
+        gridDimX: s.grid.0,
+        gridDimY: s.grid.1,
+        gridDimZ: s.grid.2,
+        blockDimX: s.block.0,
+        blockDimY: s.block.1,
+        blockDimZ: s.block.2,
+        sharedMemBytes: s.dynamic_shared_bytes,
+        hStream: stream,
+        attrs: cluster,
+        numAttrs: attrs,
     }
 }
 
