@@ -1,9 +1,11 @@
 //! `cargo bench -p matmul`: every stage of the linear layer at the GPT-2 124M shapes (B·T = 4096)
-//! and 4096³, cuBLAS rows included; then the epilogue variants at the shapes GPT-2 fuses them.
+//! and 4096³, cuBLAS rows included; the epilogue variants at the shapes GPT-2 fuses them; then the
+//! bf16 tensor-core ladder (`linear-bf16`, cuBLASLt row included) at its default shapes.
 
 use common::bench::{bench_op, Sampling};
 use common::Op;
 use criterion::{criterion_group, criterion_main, Criterion};
+use std::time::Duration;
 
 fn matmul(c: &mut Criterion) {
     for op in [&matmul::linear::Linear as &dyn Op, &matmul::epilogue::LinearEpilogue] {
@@ -16,6 +18,16 @@ fn matmul(c: &mut Criterion) {
             }
         });
     }
+    // Ten stages at twelve shapes: one second a point keeps the group to a few minutes, and the
+    // slowest point (a 8192^3 mma.sync stage, ~5 ms) still gets its 20 samples.
+    let bf16 = &matmul::linear_bf16::LinearBf16;
+    let quick = Sampling {
+        sample_size: 20,
+        measurement: Duration::from_secs(1),
+        warm_up: Duration::from_millis(200),
+        flat: false,
+    };
+    bench_op(c, bf16, &bf16.default_shapes(), &bf16.variants(), |_, _| quick);
 }
 
 criterion_group!(benches, matmul);

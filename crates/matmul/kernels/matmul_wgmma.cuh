@@ -1,7 +1,8 @@
-// matmul_wgmma.cuh: Hopper's pieces shared by the wgmma stages of linear-bf16 (7-10): the tensor
-// map passed by value, mbarriers, the TMA's 2-D tile load, shared-memory matrix descriptors of
-// 128-byte swizzled K-major tiles, and the warpgroup MMA instructions (m64n128k16, m64n192k16,
-// m64n256k16; bf16 in, fp32 accumulate). Needs sm_90a.
+// matmul_wgmma.cuh: Hopper's pieces shared by the wgmma stages of linear-bf16 (7-14): the tensor
+// map passed by value, mbarriers (cluster-wide arrivals too), the TMA's 2-D tile load (multicast
+// too) and store (bulk async-groups, the proxy fence), named and cluster barriers, shared-memory matrix descriptors of 128-byte swizzled K-major tiles, and
+// the warpgroup MMA instructions (m64n128k16, m64n192k16, m64n256k16; bf16 in, fp32 accumulate).
+// Needs sm_90a.
 #pragma once
 #include <cuda_bf16.h>
 #include "ladder_mma.cuh"
@@ -46,6 +47,67 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, unsign
         "[%4];\n" ::"r"(dst),
         "l"(map), "r"(x), "r"(y), "r"(bar)
         : "memory");
+}
+
+// tma_load into the same shared offset and barrier of every block of the cluster in `mask`, each
+// barrier completing on the bytes it receives.
+__device__ __forceinline__ void tma_load_multicast(unsigned dst, const TmaMap* map, unsigned bar, int x, int y,
+                                                   unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+        "[%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+        "l"(map), "r"(x), "r"(y), "r"(bar), "h"(mask)
+        : "memory");
+}
+
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// Arrive on the mbarrier at shared offset `bar` of the cluster's block `cta` (this one included),
+// with the default release at CTA scope, as CUTLASS's cluster barrier does: what it orders is this
+// thread's completed wgmma reads before the producer's next TMA write, not memory other threads
+// read. (An explicit `.release.cluster` cost ~1 us per K step on the H100: stage 14 at 4096 x 768
+// x 768 took 30.8 us with it, 19.8 us without.)
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+        "}\n" ::"r"(bar),
+        "r"(cta)
+        : "memory");
+}
+// Every thread of every block of the cluster (not warp-aligned: a warp may arrive diverged).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// The TMA's 2-D tile store: the box at shared `src` to (x = column, y = row) of the tensor map, in
+// this thread's current bulk async-group; parts of the box past the tensor are not written.
+__device__ __forceinline__ void tma_store(const TmaMap* map, unsigned src, int x, int y) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map), "r"(x),
+                 "r"(y), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Wait until at most N of this thread's bulk async-groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Wait until every bulk async-group of this thread has completed (its writes performed).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Make this thread's ordinary shared-memory writes visible to the async proxy (the TMA).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// A barrier of `threads` threads on hardware barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle: start address, the

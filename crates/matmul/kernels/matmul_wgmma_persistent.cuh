@@ -4,8 +4,14 @@
 // (the smem ring and its phases continue across tiles), warpgroups 1 and 2 issue wgmma.m64nWS_BNk16
 // and store. The tile is 128 x WS_BN, WS_BN a tunable of 128, 192 or 256: 256 has the most reuse
 // per loaded byte; 192 divides GPT-2's 768 into 4 columns, so N = 768 at M = 4096 is 128 tiles
-// (one wave on 132 SMs) instead of 96 at 256. With TAIL (stage 10), the store applies the layer's tail: `epilogue` 1 is GELU of the
-// biased product, 2 adds `residual`; stage 9 instantiates it without.
+// (one wave on 132 SMs) instead of 96 at 256. With TAIL (stages 10-13), the store applies the
+// layer's tail: `epilogue` 1 is GELU of the biased product, 2 adds `residual`; stage 9 instantiates
+// it without. With EPI_TMA_STORE (stage 13), a consumer writes its results into EPI_SLOTS shared
+// buffers of 64 x 64 fp32 and the TMA stores them (`map_out`) while the consumer goes on. With
+// WS_MULTICAST (stage 14), blocks run in clusters of 2 along M: the cluster walks pairs of
+// vertically adjacent tiles, which share their W tile; each block loads its own A tile and half of
+// the W tile, multicast into both blocks, and a ring stage is refilled only once the consumers of
+// both blocks have released it.
 #pragma once
 #include "matmul_wgmma.cuh"
 
@@ -29,15 +35,32 @@
 #error "WS_GROUP_M is a tunable: the stage list sets it"
 #endif
 
-// The (row, column) of tile `tile` in grouped order: WS_GROUP_M rows of tiles at a time, walked
+#ifdef WS_MULTICAST
+#define WS_CTAS 2  // blocks per cluster, stacked along M
+#else
+#define WS_CTAS 1
+#endif
+#if WS_GROUP_M % WS_CTAS != 0
+#error "WS_GROUP_M must be a multiple of the blocks per cluster (the schedule groups pairs of tile rows)"
+#endif
+
+// The (row, column) of tile `tile` in grouped order: `group` rows of tiles at a time, walked
 // column by column.
-__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm, int& tn) {
-    const int per_group = WS_GROUP_M * tiles_n;
-    const int first = (tile / per_group) * WS_GROUP_M;
-    const int rows = min(tiles_m - first, WS_GROUP_M);
+__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm, int& tn, int group) {
+    const int per_group = group * tiles_n;
+    const int first = (tile / per_group) * group;
+    const int rows = min(tiles_m - first, group);
     const int in_group = tile % per_group;
     tm = first + in_group % rows;
     tn = in_group / rows;
+}
+
+// The schedule: entry i is WS_CTAS tiles stacked along M (one per block of a cluster), entries in
+// grouped order; block `rank` of the cluster takes the entry's tile row WS_CTAS * row + rank (past
+// the last tile row when tiles_m is odd: it then loads zeros and stores nothing).
+__device__ __forceinline__ void schedule_tile(int i, int tiles_m, int tiles_n, unsigned rank, int& tm, int& tn) {
+    tile_coords(i, (tiles_m + WS_CTAS - 1) / WS_CTAS, tiles_n, tm, tn, WS_GROUP_M / WS_CTAS);
+    tm = WS_CTAS * tm + (int)rank;
 }
 
 // GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -48,7 +71,21 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-#define EPI_CHUNK 8  // stage 12's column groups per batch of loads
+#define EPI_CHUNK 8  // stage 12's and 13's column groups per batch of loads
+
+#ifdef EPI_TMA_STORE
+#ifndef EPI_SLOTS
+#error "EPI_SLOTS is a tunable: the stage list sets it"
+#endif
+// Stage 13's output slot: 64 rows x 64 columns fp32 (EPI_CHUNK groups of 8 columns), two TMA boxes
+// of 32 columns (128-byte rows, the swizzle's span), each 8 KiB.
+#define EPI_COLS (8 * EPI_CHUNK)
+#define EPI_BOX_BYTES (64 * 32 * 4)
+#define EPI_SLOT_BYTES (64 * EPI_COLS * 4)
+#define WS_EPI_BYTES (2 * EPI_SLOTS * EPI_SLOT_BYTES)
+#else
+#define WS_EPI_BYTES 0
+#endif
 
 // Elements col and col + 1 of the row at `p` (zero past N, and a null `p` reads as zeros), as one
 // 8-byte load when `aligned` (col is even; the row starts 8-byte aligned) and both are inside.
@@ -72,28 +109,39 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[WS_BN / 2], unsigned long 
 template <bool TAIL>
 __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMap& map_b, float* out,
                                                 const float* bias, const float* residual, int M, int N, int K,
-                                                int epilogue) {
+                                                int epilogue, const TmaMap* map_out = nullptr) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the 128-byte swizzle's alignment
     auto a_tile = [&](int s) { return base + (unsigned)s * WS_STAGE_BYTES; };
     auto b_tile = [&](int s) { return base + (unsigned)s * WS_STAGE_BYTES + WS_A_BYTES; };
-    const unsigned bars = base + WG_STAGES * WS_STAGE_BYTES;
+    const unsigned bars = base + WG_STAGES * WS_STAGE_BYTES + WS_EPI_BYTES;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (WG_STAGES + s); };
 
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     const int tiles_m = (M + WS_BM - 1) / WS_BM, tiles_n = (N + WS_BN - 1) / WS_BN;
-    const int tiles = tiles_m * tiles_n;
+    const int entries = (tiles_m + WS_CTAS - 1) / WS_CTAS * tiles_n;  // the schedule's length
     const int ktiles = (K + WS_BK - 1) / WS_BK;
+#ifdef WS_MULTICAST
+    const unsigned rank = cluster_rank();
+#else
+    const unsigned rank = 0;
+#endif
+    // The block's first schedule entry and its stride: one walk per cluster.
+    const int first = blockIdx.x / WS_CTAS, stride = gridDim.x / WS_CTAS;
 
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), 2);  // one arrival per consumer warpgroup
+            mbar_init(empty(s), 2 * WS_CTAS);  // one arrival per consumer warpgroup of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+#ifdef WS_MULTICAST
+    cluster_sync();  // the partner's barriers are initialized before anything arrives on them
+#else
     __syncthreads();
+#endif
 
     if (wg == 0) {
         // Producer: one thread issues every load of every tile this block owns; `it` counts K steps
@@ -101,29 +149,59 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
             int it = 0;
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            for (int i = first; i < entries; i += stride) {
                 int tm, tn;
-                tile_coords(tile, tiles_m, tiles_n, tm, tn);
+                schedule_tile(i, tiles_m, tiles_n, rank, tm, tn);
                 for (int kt = 0; kt < ktiles; ++kt, ++it) {
                     const int s = it % WG_STAGES;
                     if (it >= WG_STAGES) mbar_wait(empty(s), ((it / WG_STAGES) - 1) & 1);
                     mbar_expect_tx(full(s), WS_STAGE_BYTES);
                     tma_load(a_tile(s), &map_a, full(s), kt * WS_BK, tm * WS_BM);
+#ifdef WS_MULTICAST
+                    // This block's half of the shared W tile, into both blocks (the partner's full
+                    // barrier expects it, as this one expects the partner's half).
+                    const int half = WS_BN / 2;
+                    tma_load_multicast(b_tile(s) + rank * half * 128, &map_b, full(s), kt * WS_BK,
+                                       tn * WS_BN + (int)rank * half, 0x3);
+#else
                     tma_load(b_tile(s), &map_b, full(s), kt * WS_BK, tn * WS_BN);
+#endif
                 }
             }
         }
+#ifdef WS_MULTICAST
+        // Matched by the consumers' at their end. The warp reconverges first: lanes parked in the
+        // cluster barrier while lane 0 still issues loads would share the warp's issue slots with
+        // its polling.
+        __syncwarp();
+        cluster_sync();
+#endif
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    // A consumer's release of a ring stage: to its own block, or with clusters to both (either
+    // block's producer may refill the stage in both).
+    auto release = [&](unsigned bar) {
+#ifdef WS_MULTICAST
+        mbar_arrive_cluster(bar, 0);
+        mbar_arrive_cluster(bar, 1);
+#else
+        mbar_arrive(bar);
+#endif
+    };
     const int c = wg - 1;  // consumer c takes rows 64 c .. 64 c + 63 of each tile
     const int warp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
+#ifndef EPI_TMA_STORE
     const bool pairs = (N & 1) == 0;
+#endif
     int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+#ifdef EPI_TMA_STORE
+    int chunk = 0;  // this consumer's chunks so far: the slot ring's position
+#endif
+    for (int i = first; i < entries; i += stride) {
         int tm, tn;
-        tile_coords(tile, tiles_m, tiles_n, tm, tn);
+        schedule_tile(i, tiles_m, tiles_n, rank, tm, tn);
         float d[WS_BN / 2];
 #pragma unroll
         for (int i = 0; i < WS_BN / 2; ++i) d[i] = 0.0f;
@@ -138,13 +216,70 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             wgmma_commit();
             // The previous step's group is done: its stage can be refilled.
             wgmma_wait_one();
-            if (kt > 0 && (tid & 127) == 0) mbar_arrive(empty((it - 1) % WG_STAGES));
+            if (kt > 0 && (tid & 127) == 0) release(empty((it - 1) % WG_STAGES));
         }
         wgmma_wait_all();
-        if ((tid & 127) == 0) mbar_arrive(empty((it - 1) % WG_STAGES));  // the tile's last stage
+        if ((tid & 127) == 0) release(empty((it - 1) % WG_STAGES));  // the tile's last stage
 
         const int m0 = tm * WS_BM, n0 = tn * WS_BN;
-#ifdef EPI_PREFETCH
+#if defined(EPI_TMA_STORE)
+        // Stage 13: per chunk of EPI_COLS columns, the bias and residual pairs loaded first (stage
+        // 12), then the results written into the next of this consumer's slots in the TMA's
+        // 128-byte swizzle (16-byte piece p of row r at p ^ (r % 8): a warp's float2 writes take
+        // the two wavefronts 256 bytes need), and one thread hands the slot to the TMA. The slot is
+        // reused EPI_SLOTS chunks later, once the TMA has read it; the global writes go on while
+        // the consumer computes its next tile. The TMA clips the box at M and N.
+        const bool add_residual = epilogue == EPI_RESIDUAL;
+        const int row0 = m0 + 64 * c;
+        const bool issuer = (tid & 127) == 0;
+#pragma unroll
+        for (int q = 0; q < WS_BN / EPI_COLS; ++q) {
+            const int col0 = n0 + q * EPI_COLS;
+            if (col0 >= N || row0 >= M) break;  // the same for the whole warpgroup
+            float2 bv[EPI_CHUNK], rv[EPI_CHUNK][2];
+#pragma unroll
+            for (int jj = 0; jj < EPI_CHUNK; ++jj) {
+                const int col = col0 + 8 * jj + 2 * t;
+                bv[jj] = load_pair(bias, col, N, true);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row0 + 16 * warp + g + 8 * h;
+                    rv[jj][h] = add_residual && row < M ? load_pair(residual + (size_t)row * N, col, N, true)
+                                                        : make_float2(0.0f, 0.0f);
+                }
+            }
+            const unsigned slot =
+                base + WG_STAGES * WS_STAGE_BYTES + (c * EPI_SLOTS + chunk % EPI_SLOTS) * EPI_SLOT_BYTES;
+            if (issuer) bulk_wait_read<EPI_SLOTS - 1>();  // the slot's previous chunk has been read
+            named_barrier(1 + c, 128);
+#pragma unroll
+            for (int jj = 0; jj < EPI_CHUNK; ++jj) {
+                const int j = EPI_CHUNK * q + jj;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = 16 * warp + g + 8 * h;
+                    float x = d[4 * j + 2 * h] + bv[jj].x, y = d[4 * j + 2 * h + 1] + bv[jj].y;
+                    if (epilogue == EPI_GELU) {
+                        x = gelu_tanh(x);
+                        y = gelu_tanh(y);
+                    }
+                    x += rv[jj][h].x;
+                    y += rv[jj][h].y;
+                    const unsigned piece = (2 * (jj % 4) + (t >> 1)) ^ (r & 7);
+                    const unsigned at = slot + (jj / 4) * EPI_BOX_BYTES + r * 128 + piece * 16 + (t & 1) * 8;
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+                }
+            }
+            fence_proxy_async_shared();
+            named_barrier(1 + c, 128);
+            if (issuer) {
+                tma_store(map_out, slot, col0, row0);
+                if (col0 + 32 < N) tma_store(map_out, slot + EPI_BOX_BYTES, col0 + 32, row0);
+                bulk_commit();
+            }
+            ++chunk;
+        }
+#elif defined(EPI_PREFETCH)
         const bool add_residual = TAIL && epilogue == EPI_RESIDUAL;
         // Stage 12: the tile's columns in chunks of EPI_CHUNK groups of 8, every bias and residual
         // pair of a chunk loaded before the chunk's first store, so their latencies overlap.
@@ -225,4 +360,10 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         }
 #endif
     }
+#ifdef EPI_TMA_STORE
+    if ((tid & 127) == 0) bulk_wait_all();  // the slots stay valid until the TMA is done with them
+#endif
+#ifdef WS_MULTICAST
+    cluster_sync();  // no block leaves while its partner may still arrive on its barriers
+#endif
 }

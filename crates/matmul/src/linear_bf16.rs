@@ -6,7 +6,7 @@
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
 //! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias).
-//! Only stage 10 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
+//! Stages 10-14 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
 
 use common::check::Verification;
 use common::cudarc::driver::{sys, CudaSlice, CudaStream};
@@ -34,6 +34,12 @@ const GRID_M: &str = "M <= 65535 * 128";
 const TMA_K: &str = "K % 8 == 0";
 /// The wgmma stage's K step (the TMA box is 64 bf16 = 128 bytes wide, the swizzle's span).
 const WG_BK: u32 = 64;
+/// Stage 13's output map: rows of N fp32 must be a multiple of 16 bytes apart.
+const TMA_N: &str = "N % 4 == 0";
+/// Stage 13's output boxes: 32 fp32 columns (128 bytes, the swizzle's span) by a consumer's 64 rows.
+const OUT_BOX: (u32, u32) = (32, 64);
+/// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
+const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
 
 /// How a stage computes the GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +57,33 @@ enum Plan {
     /// `11_wave_fit.cu`, `12_epilogue_prefetch.cu`: stage 10 compiled at the tile width
     /// [`wave_fit_width`] picks per shape (entry `linear_bf16_wave_fit`).
     WaveFit,
+    /// `13_tma_store.cu`: stage 12 storing through shared-memory slots with the TMA, the ring as
+    /// deep as fits beside them (entry `linear_bf16_tma_store`).
+    TmaStore,
+    /// `14_multicast.cu`: stage 12 in clusters of 2 along M, the W tile multicast to both
+    /// (entry `linear_bf16_multicast`).
+    Multicast,
     /// cuBLASLt on the bf16 operands.
     Lt,
+}
+
+impl Plan {
+    /// Whether the stage loads its operands with the TMA (and so needs `TMA_K`).
+    fn tma(self) -> bool {
+        !matches!(self, Plan::Mma | Plan::Lt)
+    }
+    /// Whether the stage picks its tile width by the wave model.
+    fn fitted(self) -> bool {
+        matches!(self, Plan::WaveFit | Plan::TmaStore | Plan::Multicast)
+    }
+    /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
+    fn cluster(self) -> u32 {
+        if self == Plan::Multicast {
+            2
+        } else {
+            1
+        }
+    }
 }
 
 /// Stages 9 and 10: the persistent kernel, its tile width and ring depth a declared sweep space.
@@ -67,9 +98,9 @@ fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, su
 
 /// Stages 11 and 12: the tile width is a define the plan sets per shape, not a tunable, so a sweep
 /// cannot set it behind the wave model's back (256 is what the compile check builds).
-fn wave_fit(stage: u32, name: &'static str, file: &'static str, summary: &'static str) -> Variant {
+fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
-        .with_plan(Plan::WaveFit)
+        .with_plan(plan)
         .with_defines(vec![Define::new("WS_BN", "256")])
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
         .with_requirements(Requirements::SM90A)
@@ -137,13 +168,31 @@ fn stages() -> Vec<Variant> {
             11,
             "wave-fit",
             "linear-bf16/11_wave_fit.cu",
+            Plan::WaveFit,
             "stage 10 with the tile width (128, 192 or 256) picked per shape by a wave-quantization model",
         ),
         wave_fit(
             12,
             "epilogue-prefetch",
             "linear-bf16/12_epilogue_prefetch.cu",
+            Plan::WaveFit,
             "stage 11 with each chunk of 8 column groups' bias and residual pairs loaded before its stores",
+        ),
+        wave_fit(
+            13,
+            "tma-store",
+            "linear-bf16/13_tma_store.cu",
+            Plan::TmaStore,
+            "stage 12 storing through shared-memory slots with the TMA, the next tile's MMAs overlapping the stores",
+        )
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("EPI_SLOTS", 2)])
+        .with_sweep("EPI_SLOTS", &[1, 2, 3]),
+        wave_fit(
+            14,
+            "multicast",
+            "linear-bf16/14_multicast.cu",
+            Plan::Multicast,
+            "stage 12 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
         Variant::library(
             FAMILY,
@@ -196,52 +245,75 @@ impl LinearBf16Dims {
 }
 
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
-const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stage 10 does)";
+const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-14 do)";
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
     let plan = v.plan::<Plan>()?;
     require(d.tail == Tail::None || d.bias, TAIL_BIAS, || format!("{:?} without a bias", d.tail))?;
-    let fuses = matches!(plan, Plan::Epilogue | Plan::WaveFit | Plan::Lt);
+    let fuses = matches!(plan, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lt);
     require(d.tail == Tail::None || fuses, TAIL_FUSED, || format!("{:?}", d.tail))?;
     if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
         require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
     }
-    if matches!(plan, Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue | Plan::WaveFit) {
+    if plan.tma() {
         require(d.k.is_multiple_of(8), TMA_K, || format!("K = {}", d.k))?;
+    }
+    if plan == Plan::TmaStore {
+        require(d.n.is_multiple_of(4), TMA_N, || format!("N = {}", d.n))?;
     }
     Ok(())
 }
 
 enum Stage {
     Mma(Launch),
-    /// A TMA stage, the rows of its B boxes (its A boxes are `TILE_M` rows), and whether its entry
-    /// takes the tail (a residual and the tail's code).
+    /// A TMA stage, the rows of its B boxes (its A boxes are `TILE_M` rows), whether its entry
+    /// takes the tail (a residual and the tail's code), and how it stores.
     Tma {
         launch: Launch,
         b_rows: usize,
         tail: bool,
+        store: Store,
     },
     Lt(Lt),
 }
 
-/// A 2-D tensor map of a row-major `[rows, K]` bf16 matrix at `ptr`, read in boxes of `box_rows`
-/// rows by 64 columns into the 128-byte swizzled layout wgmma reads; the parts of a box past the
-/// matrix are zero-filled.
-fn tensor_map(ptr: u64, rows: usize, k: usize, box_rows: usize) -> Result<sys::CUtensorMap> {
+/// How a TMA stage writes `out`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    /// From registers, through the `out` pointer.
+    Direct,
+    /// With the TMA, through a tensor map of `out` (boxes of `OUT_BOX`).
+    Tma,
+}
+
+/// A 2-D tensor map of a row-major `[rows, cols]` matrix at `ptr` of bf16 (`wide` false) or fp32
+/// (`wide` true) elements, in boxes of `box_cols` x `box_rows` whose rows are 128 bytes, in the
+/// 128-byte swizzle: the layout wgmma reads (operands, 64 bf16 wide) and stage 13's output slots
+/// (32 fp32 wide). A load zero-fills the parts of a box past the matrix; a store skips them.
+fn tensor_map(
+    ptr: u64,
+    wide: bool,
+    rows: usize,
+    cols: usize,
+    (box_cols, box_rows): (u32, u32),
+) -> Result<sys::CUtensorMap> {
     use sys::{CUtensorMapDataType as T, CUtensorMapFloatOOBfill as F, CUtensorMapInterleave as I};
     use sys::{CUtensorMapL2promotion as L, CUtensorMapSwizzle as S};
-    let dims = [k as u64, rows as u64];
-    let strides = [(2 * k) as u64];
-    let boxes = [WG_BK, box_rows as u32];
+    let (dtype, size) =
+        if wide { (T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4) } else { (T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2) };
+    let dims = [cols as u64, rows as u64];
+    let strides = [(size * cols) as u64];
+    let boxes = [box_cols, box_rows];
     let elements = [1u32, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: the arrays hold rank (2) entries, rank - 1 for the strides; `map` is written by the
-    // call; the address is a device allocation of rows * K bf16 (checked by the caller).
+    // call; the address is a device allocation of rows * cols elements (checked by the caller),
+    // whose row stride the caller checked is a multiple of 16 bytes.
     unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            dtype,
             2,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
@@ -280,44 +352,80 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * 2 * TILE_N * TILE_K * 2;
             Stage::Mma(gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (256, 1, 1)).with_shared(smem))?)
         }
-        Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue | Plan::WaveFit => {
+        Plan::Wgmma
+        | Plan::WarpSpecialized
+        | Plan::Persistent
+        | Plan::Epilogue
+        | Plan::WaveFit
+        | Plan::TmaStore
+        | Plan::Multicast => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
-            // 128 x WS_BN (a tunable); stages 11 and 12: the width the wave model picks.
+            // 128 x WS_BN (a tunable); stages 11-13: the width the wave model picks.
             let (entry, tile_n, threads, bars) = match plan {
                 Plan::Wgmma => ("linear_bf16_wgmma", 128u32, 256, 1),
                 Plan::WarpSpecialized => ("linear_bf16_ws", 256u32, 384, 2),
                 Plan::Persistent => ("linear_bf16_persistent", v.tunable("WS_BN")?, 384, 2),
                 Plan::WaveFit => ("linear_bf16_wave_fit", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
+                Plan::TmaStore => ("linear_bf16_tma_store", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
+                Plan::Multicast => ("linear_bf16_multicast", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
                 _ => ("linear_bf16_epilogue", v.tunable("WS_BN")?, 384, 2),
             };
-            // Stages 11 and 12 are compiled at that width (their WS_BN define).
+            require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
+            // Per ring stage a 128 x 64 bf16 tile of inp and a tile_n x 64 one of W, and its
+            // mbarriers; stage 13's output slots, two per consumer per EPI_SLOTS; 1 KiB to align
+            // the ring for the 128-byte swizzle.
+            let stage_bytes = (TILE_M as u32 + tile_n) * WG_BK * 2 + 8 * bars;
+            let slots = if plan == Plan::TmaStore { v.tunable("EPI_SLOTS")? } else { 0 };
+            require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
+            let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES;
+            // Stage 13's ring is as deep as WG_STAGES allows beside its slots.
+            let stages = if plan == Plan::TmaStore {
+                stages.min(gpu.info().shared_memory_per_block_optin.saturating_sub(fixed) / stage_bytes).max(1)
+            } else {
+                stages
+            };
+            // Stages 11-13 are compiled at the width (their WS_BN define), 13 at its ring depth.
             let fitted;
-            let v = if plan == Plan::WaveFit {
+            let v = if plan.fitted() {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
                 let defines: Vec<Define> =
                     v.defines.iter().filter(|x| x.name != "WS_BN").cloned().chain([width]).collect();
-                fitted = v.clone().with_defines(defines);
+                let mut f = v.clone().with_defines(defines);
+                f.set_tunable("WG_STAGES", stages)?;
+                fitted = f;
                 &fitted
             } else {
                 v
             };
-            require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32));
-            let grid = if matches!(plan, Plan::Persistent | Plan::Epilogue | Plan::WaveFit) {
-                // One block per SM (the ring takes most of an SM's shared memory), at most one per tile.
-                ((tiles_n * tiles_m).min(gpu.info().sm_count), 1, 1)
+            let smem = stages * stage_bytes + fixed;
+            let shape = |grid| LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem);
+            let launch = if matches!(plan, Plan::Persistent | Plan::Epilogue) || plan.fitted() {
+                // One block per SM (the ring takes most of an SM's shared memory), at most one per
+                // tile; with clusters, one cluster per entry of the schedule (stage 14: pairs of
+                // tiles), at most as many as run at once.
+                let ctas = plan.cluster();
+                let entries = tiles_m.div_ceil(ctas) * tiles_n;
+                let blocks = ctas * entries.min(gpu.info().sm_count / ctas);
+                if ctas == 1 {
+                    gpu.prepare_launch(&SOURCES, v, entry, shape((blocks, 1, 1)))?
+                } else {
+                    let probe =
+                        gpu.prepare_launch(&SOURCES, v, entry, shape((blocks, 1, 1)).with_cluster((ctas, 1, 1)))?;
+                    let fit = probe.max_active_clusters().unwrap_or(1);
+                    let blocks = ctas * entries.min(fit);
+                    gpu.prepare_launch(&SOURCES, v, entry, shape((blocks, 1, 1)).with_cluster((ctas, 1, 1)))?
+                }
             } else {
-                (tiles_n, tiles_m, 1)
+                gpu.prepare_launch(&SOURCES, v, entry, shape((tiles_n, tiles_m, 1)))?
             };
-            // Per stage a 128 x 64 bf16 tile of inp and a tile_n x 64 one of W; 1 KiB to align the
-            // ring for the 128-byte swizzle; the 8-byte mbarriers.
-            let smem = stages * (TILE_M as u32 + tile_n) * WG_BK * 2 + 1024 + 8 * bars * stages;
-            let launch =
-                gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem))?;
-            Stage::Tma { launch, b_rows: tile_n as usize, tail: matches!(plan, Plan::Epilogue | Plan::WaveFit) }
+            let store = if plan == Plan::TmaStore { Store::Tma } else { Store::Direct };
+            let tail = matches!(plan, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast);
+            // With clusters each block loads its share of the W tile's rows.
+            Stage::Tma { launch, b_rows: (tile_n / plan.cluster()) as usize, tail, store }
         }
         Plan::Lt => {
             let epi = match (d.bias, d.tail) {
@@ -379,25 +487,29 @@ impl Prepared {
                         Arg::int(d.k),
                     ],
                 ),
-                Stage::Tma { launch, b_rows, tail } => {
-                    let map_a = tensor_map(common::device_ptr(a.inp), d.m, d.k, TILE_M)?;
-                    let map_b = tensor_map(common::device_ptr(a.weight), d.n, d.k, *b_rows)?;
-                    let (maps, out, b) = ([Arg::value(&map_a), Arg::value(&map_b)], Arg::buf(a.out), Arg::Ptr(bias));
-                    let sizes = [Arg::int(d.m), Arg::int(d.n), Arg::int(d.k)];
+                Stage::Tma { launch, b_rows, tail, store } => {
+                    let map_a = tensor_map(common::device_ptr(a.inp), false, d.m, d.k, (WG_BK, TILE_M as u32))?;
+                    let map_b = tensor_map(common::device_ptr(a.weight), false, d.n, d.k, (WG_BK, *b_rows as u32))?;
+                    let map_out = match store {
+                        Store::Tma => Some(tensor_map(common::device_ptr(a.out), true, d.m, d.n, OUT_BOX)?),
+                        Store::Direct => None,
+                    };
+                    // (map_a, map_b, out or map_out, bias[, residual], M, N, K[, tail code])
+                    let mut args = vec![Arg::value(&map_a), Arg::value(&map_b)];
+                    args.push(map_out.as_ref().map_or_else(|| Arg::buf(a.out), Arg::value));
+                    args.push(Arg::Ptr(bias));
                     if *tail {
-                        let code = match d.tail {
+                        args.push(Arg::Ptr(residual));
+                    }
+                    args.extend([Arg::int(d.m), Arg::int(d.n), Arg::int(d.k)]);
+                    if *tail {
+                        args.push(Arg::I32(match d.tail {
                             Tail::None => 0,
                             Tail::Gelu => 1,
                             Tail::Residual => 2,
-                        };
-                        let [ma, mb] = maps;
-                        let [m, n, k] = sizes;
-                        launch.enqueue(stream, &[ma, mb, out, b, Arg::Ptr(residual), m, n, k, Arg::I32(code)])
-                    } else {
-                        let [ma, mb] = maps;
-                        let [m, n, k] = sizes;
-                        launch.enqueue(stream, &[ma, mb, out, b, m, n, k])
+                        }));
                     }
+                    launch.enqueue(stream, &args)
                 }
                 Stage::Lt(lt) => {
                     let (inp, w, out) =
@@ -485,9 +597,11 @@ impl Op for LinearBf16 {
             let max = 65535 * TILE_M as i64;
             l.push(Limit { constraint: GRID_M, past: shape(max + 1, 1, 1, 1), inside: Some(shape(max, 3, 8, 1)) });
         }
-        if matches!(plan, Some(Plan::Wgmma | Plan::WarpSpecialized | Plan::Persistent | Plan::Epilogue | Plan::WaveFit))
-        {
-            l.push(Limit { constraint: TMA_K, past: shape(3, 5, 12, 1), inside: Some(shape(3, 5, 16, 1)) });
+        if plan.is_some_and(Plan::tma) {
+            l.push(Limit { constraint: TMA_K, past: shape(3, 8, 12, 1), inside: Some(shape(3, 8, 16, 1)) });
+        }
+        if plan == Some(Plan::TmaStore) {
+            l.push(Limit { constraint: TMA_N, past: shape(3, 6, 16, 1), inside: Some(shape(3, 8, 16, 1)) });
         }
         l
     }

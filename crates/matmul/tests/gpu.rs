@@ -162,10 +162,33 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, 8 * k8, e), &points)
             })
         })
+        .gpu("linear_bf16_fitted_stages_any_shape", |gpu| {
+            // Stage 13 at each slot count its sweep declares and stage 14, at N % 4 == 0 (stage 13's
+            // output map's limit) with ragged M, N and K: the TMA store clipping boxes at M and N,
+            // consumers whose rows all lie past M, stage 14's cluster pairs with an odd number of
+            // tile rows (its second block past M), and shapes where the wave model picks each
+            // width (4100 x 580: 192, 4096 x 772: 256, small shapes: 128).
+            use common::{Generator, Grid, Sweep};
+            use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
+            let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
+            let mut points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| slots.derive(v)).collect();
+            assert_eq!(points.len(), 3, "stage 13, three slot counts");
+            points.extend(LinearBf16.variants().into_iter().filter(|v| v.stage == 14));
+            for (m, n, k) in
+                [(1, 4, 8), (129, 196, 136), (300, 12, 1000), (4100, 580, 72), (4096, 772, 64), (257, 388, 64)]
+            {
+                assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, m % 2), &points);
+                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 1 + (m % 2)), &points);
+                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 2 - (m % 2)), &points);
+            }
+            proptest(16, (1i64..512, 1i64..128, 1i64..64, 0i64..3), |(m, n4, k8, e)| {
+                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, 4 * n4, 8 * k8, e), &points)
+            })
+        })
         .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &matmul::Matmul))
         .gpu("graph_replay_every_stage", |gpu| {
-            let bf16 = matmul::linear_bf16::shape(129, 127, 136, 1);
+            let bf16 = matmul::linear_bf16::shape(129, 132, 136, 1); // N % 4 == 0: stage 13 applies
             for (op, shape) in [
                 (&Linear as &dyn Op, lin(129, 127, 130, 1)),
                 (&LinearEpilogue, epi(130, 515, 47, 2)),
