@@ -6,7 +6,7 @@
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
 //! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias).
-//! Stages 10-14 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
+//! Stages 10-15 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
 
 use common::check::Verification;
 use common::cudarc::driver::{sys, CudaSlice, CudaStream};
@@ -63,6 +63,9 @@ enum Plan {
     /// `14_multicast.cu`: stage 12 in clusters of 2 along M, the W tile multicast to both
     /// (entry `linear_bf16_multicast`).
     Multicast,
+    /// `15_lean_epilogue.cu`: stage 12 with one entry per tail and an unchecked store for interior
+    /// tiles (entries `linear_bf16_lean`, `_gelu`, `_residual`).
+    Lean,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -74,7 +77,11 @@ impl Plan {
     }
     /// Whether the stage picks its tile width by the wave model.
     fn fitted(self) -> bool {
-        matches!(self, Plan::WaveFit | Plan::TmaStore | Plan::Multicast)
+        matches!(self, Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean)
+    }
+    /// Whether the kernel applies the GELU and residual tails in its store.
+    fn fuses_tail(self) -> bool {
+        matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
@@ -194,6 +201,13 @@ fn stages() -> Vec<Variant> {
             Plan::Multicast,
             "stage 12 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
+        wave_fit(
+            15,
+            "lean-epilogue",
+            "linear-bf16/15_lean_epilogue.cu",
+            Plan::Lean,
+            "stage 12 with one entry per tail, interior tiles stored unchecked, GELU on tanh.approx",
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -245,13 +259,13 @@ impl LinearBf16Dims {
 }
 
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
-const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-14 do)";
+const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-15 do)";
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
     let plan = v.plan::<Plan>()?;
     require(d.tail == Tail::None || d.bias, TAIL_BIAS, || format!("{:?} without a bias", d.tail))?;
-    let fuses = matches!(plan, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lt);
+    let fuses = plan.fuses_tail() || plan == Plan::Lt;
     require(d.tail == Tail::None || fuses, TAIL_FUSED, || format!("{:?}", d.tail))?;
     if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
         require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
@@ -272,10 +286,21 @@ enum Stage {
     Tma {
         launch: Launch,
         b_rows: usize,
-        tail: bool,
+        tail: TailArgs,
         store: Store,
     },
     Lt(Lt),
+}
+
+/// The tail's arguments a TMA stage's entry takes after the bias.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TailArgs {
+    /// None (stages 7-9).
+    None,
+    /// The residual pointer and the tail's code (stages 10-14).
+    ResidualAndCode,
+    /// The residual pointer; the tail is the entry's (stage 15).
+    Residual,
 }
 
 /// How a TMA stage writes `out`.
@@ -358,7 +383,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::Epilogue
         | Plan::WaveFit
         | Plan::TmaStore
-        | Plan::Multicast => {
+        | Plan::Multicast
+        | Plan::Lean => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
@@ -371,6 +397,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::WaveFit => ("linear_bf16_wave_fit", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
                 Plan::TmaStore => ("linear_bf16_tma_store", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
                 Plan::Multicast => ("linear_bf16_multicast", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
+                Plan::Lean => {
+                    let entry = match d.tail {
+                        Tail::None => "linear_bf16_lean",
+                        Tail::Gelu => "linear_bf16_lean_gelu",
+                        Tail::Residual => "linear_bf16_lean_residual",
+                    };
+                    (entry, wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2)
+                }
                 _ => ("linear_bf16_epilogue", v.tunable("WS_BN")?, 384, 2),
             };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
@@ -423,7 +457,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 gpu.prepare_launch(&SOURCES, v, entry, shape((tiles_n, tiles_m, 1)))?
             };
             let store = if plan == Plan::TmaStore { Store::Tma } else { Store::Direct };
-            let tail = matches!(plan, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast);
+            let tail = match plan {
+                Plan::Lean => TailArgs::Residual,
+                p if p.fuses_tail() => TailArgs::ResidualAndCode,
+                _ => TailArgs::None,
+            };
             // With clusters each block loads its share of the W tile's rows.
             Stage::Tma { launch, b_rows: (tile_n / plan.cluster()) as usize, tail, store }
         }
@@ -498,11 +536,11 @@ impl Prepared {
                     let mut args = vec![Arg::value(&map_a), Arg::value(&map_b)];
                     args.push(map_out.as_ref().map_or_else(|| Arg::buf(a.out), Arg::value));
                     args.push(Arg::Ptr(bias));
-                    if *tail {
+                    if *tail != TailArgs::None {
                         args.push(Arg::Ptr(residual));
                     }
                     args.extend([Arg::int(d.m), Arg::int(d.n), Arg::int(d.k)]);
-                    if *tail {
+                    if *tail == TailArgs::ResidualAndCode {
                         args.push(Arg::I32(match d.tail {
                             Tail::None => 0,
                             Tail::Gelu => 1,
