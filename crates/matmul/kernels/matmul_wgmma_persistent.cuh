@@ -26,7 +26,23 @@
 #error "WS_BN must be 128, 192 or 256 (a wgmma N this file instantiates)"
 #endif
 
+// The tile's rows: 128 (two consumer warpgroups of 64 rows) in stages 9-15; stage 16's stage list
+// sets 192 (three consumers).
+#ifndef WS_BM
 #define WS_BM 128
+#endif
+#if WS_BM != 128 && WS_BM != 192
+#error "WS_BM must be 128 or 192 (two or three consumer warpgroups of 64 rows)"
+#endif
+#define WS_CONSUMERS (WS_BM / 64)
+#define WS_THREADS (128 * (1 + WS_CONSUMERS))
+// setmaxnreg: the producer warpgroup drops to 40 registers and the consumers take what is left of
+// the 64K (2 consumers: 232; 3 consumers: 152, since 128 x 40 + 384 x 152 <= 65536).
+#if WS_CONSUMERS == 3
+#define WS_CONSUMER_REGS "152"
+#else
+#define WS_CONSUMER_REGS "232"
+#endif
 #define WS_BK 64
 #define WS_A_BYTES (WS_BM * WS_BK * 2)
 #define WS_B_BYTES (WS_BN * WS_BK * 2)
@@ -85,6 +101,14 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
+// Stages 15 and 16: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
+#define LEAN_ENTRY(name, tail)                                                                               \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
+        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
+             const float* bias, const float* residual, int M, int N, int K) {                                \
+        persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, tail);                             \
+    }
+
 #define EPI_CHUNK 8  // stage 12's and 13's column groups per batch of loads
 
 #ifdef EPI_TMA_STORE
@@ -96,7 +120,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_COLS (8 * EPI_CHUNK)
 #define EPI_BOX_BYTES (64 * 32 * 4)
 #define EPI_SLOT_BYTES (64 * EPI_COLS * 4)
-#define WS_EPI_BYTES (2 * EPI_SLOTS * EPI_SLOT_BYTES)
+#define WS_EPI_BYTES (WS_CONSUMERS * EPI_SLOTS * EPI_SLOT_BYTES)
 #else
 #define WS_EPI_BYTES 0
 #endif
@@ -147,7 +171,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), 2 * WS_CTAS);  // one arrival per consumer warpgroup of the cluster
+            mbar_init(empty(s), WS_CONSUMERS * WS_CTAS);  // one arrival per consumer warpgroup of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -193,7 +217,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
     // A consumer's release of a ring stage: to its own block, or with clusters to both (either
     // block's producer may refill the stage in both).
     auto release = [&](unsigned bar) {

@@ -6,7 +6,7 @@
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
 //! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias).
-//! Stages 10-15 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
+//! Stages 10-16 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
 
 use common::check::Verification;
 use common::cudarc::driver::{sys, CudaSlice, CudaStream};
@@ -66,6 +66,9 @@ enum Plan {
     /// `15_lean_epilogue.cu`: stage 12 with one entry per tail and an unchecked store for interior
     /// tiles (entries `linear_bf16_lean`, `_gelu`, `_residual`).
     Lean,
+    /// `16_tall_tile.cu`: stage 15 on `WS_BM` x `WS_BN` tiles (defines of the stage list: 192 x
+    /// 128), three consumer warpgroups (entries `linear_bf16_tall`, `_gelu`, `_residual`).
+    Tall,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -81,7 +84,7 @@ impl Plan {
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
     fn fuses_tail(self) -> bool {
-        matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean)
+        matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean | Plan::Tall)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
@@ -208,6 +211,20 @@ fn stages() -> Vec<Variant> {
             Plan::Lean,
             "stage 12 with one entry per tail, interior tiles stored unchecked, GELU on tanh.approx",
         ),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            16,
+            "tall-tile",
+            "linear-bf16/16_tall_tile.cu",
+            Precision::Bf16,
+            "stage 15 on 192 x 128 tiles of three consumer warpgroups: exact waves at GPT-2's shapes on 132 SMs",
+        )
+        .with_plan(Plan::Tall)
+        .with_defines(vec![Define::new("WS_BM", "192"), Define::new("WS_BN", "128")])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_sweep("WG_STAGES", &[3, 4, 5])
+        .with_requirements(Requirements::SM90A),
         Variant::library(
             FAMILY,
             OP,
@@ -230,6 +247,12 @@ pub fn wave_fit_width(m: usize, n: usize, sms: u32) -> u32 {
         tiles.div_ceil(sms.max(1) as usize) * w as usize
     };
     [256, 192, 128].into_iter().min_by_key(|&w| cost(w)).expect("three widths")
+}
+
+/// A numeric define of the stage list (stage 16's tile shape).
+fn define_u32(v: &Variant, name: &str) -> Result<u32> {
+    let value = v.define(name).ok_or_else(|| Error::constraint(format!("a {name} define"), "none"))?;
+    value.parse().map_err(|_| Error::constraint(format!("{name} a number"), value.to_string()))
 }
 
 /// The element-wise tail after the biased product.
@@ -259,7 +282,7 @@ impl LinearBf16Dims {
 }
 
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
-const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-15 do)";
+const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-16 do)";
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
@@ -281,10 +304,11 @@ pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
 
 enum Stage {
     Mma(Launch),
-    /// A TMA stage, the rows of its B boxes (its A boxes are `TILE_M` rows), whether its entry
-    /// takes the tail (a residual and the tail's code), and how it stores.
+    /// A TMA stage, the rows of its A and B boxes, the tail's arguments its entry takes, and how
+    /// it stores.
     Tma {
         launch: Launch,
+        a_rows: u32,
         b_rows: usize,
         tail: TailArgs,
         store: Store,
@@ -299,7 +323,7 @@ enum TailArgs {
     None,
     /// The residual pointer and the tail's code (stages 10-14).
     ResidualAndCode,
-    /// The residual pointer; the tail is the entry's (stage 15).
+    /// The residual pointer; the tail is the entry's (stages 15 and 16).
     Residual,
 }
 
@@ -384,34 +408,41 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::WaveFit
         | Plan::TmaStore
         | Plan::Multicast
-        | Plan::Lean => {
+        | Plan::Lean
+        | Plan::Tall => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
             // 128 x WS_BN (a tunable); stages 11-13: the width the wave model picks.
-            let (entry, tile_n, threads, bars) = match plan {
-                Plan::Wgmma => ("linear_bf16_wgmma", 128u32, 256, 1),
-                Plan::WarpSpecialized => ("linear_bf16_ws", 256u32, 384, 2),
-                Plan::Persistent => ("linear_bf16_persistent", v.tunable("WS_BN")?, 384, 2),
-                Plan::WaveFit => ("linear_bf16_wave_fit", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
-                Plan::TmaStore => ("linear_bf16_tma_store", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
-                Plan::Multicast => ("linear_bf16_multicast", wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2),
-                Plan::Lean => {
-                    let entry = match d.tail {
-                        Tail::None => "linear_bf16_lean",
-                        Tail::Gelu => "linear_bf16_lean_gelu",
-                        Tail::Residual => "linear_bf16_lean_residual",
-                    };
-                    (entry, wave_fit_width(d.m, d.n, gpu.info().sm_count), 384, 2)
-                }
-                _ => ("linear_bf16_epilogue", v.tunable("WS_BN")?, 384, 2),
+            let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
+            // Stages 15 and 16: the entry of the shape's tail.
+            let per_tail = |base: &str| match d.tail {
+                Tail::None => base.to_string(),
+                Tail::Gelu => format!("{base}_gelu"),
+                Tail::Residual => format!("{base}_residual"),
+            };
+            let (entry, tile_n) = match plan {
+                Plan::Wgmma => ("linear_bf16_wgmma".to_string(), 128u32),
+                Plan::WarpSpecialized => ("linear_bf16_ws".to_string(), 256u32),
+                Plan::Persistent => ("linear_bf16_persistent".to_string(), v.tunable("WS_BN")?),
+                Plan::WaveFit => ("linear_bf16_wave_fit".to_string(), fit()),
+                Plan::TmaStore => ("linear_bf16_tma_store".to_string(), fit()),
+                Plan::Multicast => ("linear_bf16_multicast".to_string(), fit()),
+                Plan::Lean => (per_tail("linear_bf16_lean"), fit()),
+                Plan::Tall => (per_tail("linear_bf16_tall"), define_u32(v, "WS_BN")?),
+                _ => ("linear_bf16_epilogue".to_string(), v.tunable("WS_BN")?),
             };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
-            // Per ring stage a 128 x 64 bf16 tile of inp and a tile_n x 64 one of W, and its
+            // Stage 7: one mbarrier a stage and two consumer warpgroups; the others a full and an
+            // empty mbarrier a stage, a producer warpgroup and one consumer per 64 tile rows.
+            let tile_m = if plan == Plan::Tall { define_u32(v, "WS_BM")? } else { TILE_M as u32 };
+            require([128, 192].contains(&tile_m), "WS_BM in {128, 192}", || format!("WS_BM = {tile_m}"))?;
+            let (threads, bars) = if plan == Plan::Wgmma { (256, 1) } else { (128 * (1 + tile_m / 64), 2) };
+            // Per ring stage a tile_m x 64 bf16 tile of inp and a tile_n x 64 one of W, and its
             // mbarriers; stage 13's output slots, two per consumer per EPI_SLOTS; 1 KiB to align
             // the ring for the 128-byte swizzle.
-            let stage_bytes = (TILE_M as u32 + tile_n) * WG_BK * 2 + 8 * bars;
+            let stage_bytes = (tile_m + tile_n) * WG_BK * 2 + 8 * bars;
             let slots = if plan == Plan::TmaStore { v.tunable("EPI_SLOTS")? } else { 0 };
             require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
             let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES;
@@ -434,10 +465,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             } else {
                 v
             };
-            let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(TILE_M as u32));
+            let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(tile_m));
             let smem = stages * stage_bytes + fixed;
             let shape = |grid| LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem);
-            let launch = if matches!(plan, Plan::Persistent | Plan::Epilogue) || plan.fitted() {
+            let entry = entry.as_str();
+            let launch = if matches!(plan, Plan::Persistent | Plan::Epilogue | Plan::Tall) || plan.fitted() {
                 // One block per SM (the ring takes most of an SM's shared memory), at most one per
                 // tile; with clusters, one cluster per entry of the schedule (stage 14: pairs of
                 // tiles), at most as many as run at once.
@@ -458,12 +490,12 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             };
             let store = if plan == Plan::TmaStore { Store::Tma } else { Store::Direct };
             let tail = match plan {
-                Plan::Lean => TailArgs::Residual,
+                Plan::Lean | Plan::Tall => TailArgs::Residual,
                 p if p.fuses_tail() => TailArgs::ResidualAndCode,
                 _ => TailArgs::None,
             };
             // With clusters each block loads its share of the W tile's rows.
-            Stage::Tma { launch, b_rows: (tile_n / plan.cluster()) as usize, tail, store }
+            Stage::Tma { launch, a_rows: tile_m, b_rows: (tile_n / plan.cluster()) as usize, tail, store }
         }
         Plan::Lt => {
             let epi = match (d.bias, d.tail) {
@@ -525,8 +557,8 @@ impl Prepared {
                         Arg::int(d.k),
                     ],
                 ),
-                Stage::Tma { launch, b_rows, tail, store } => {
-                    let map_a = tensor_map(common::device_ptr(a.inp), false, d.m, d.k, (WG_BK, TILE_M as u32))?;
+                Stage::Tma { launch, a_rows, b_rows, tail, store } => {
+                    let map_a = tensor_map(common::device_ptr(a.inp), false, d.m, d.k, (WG_BK, *a_rows))?;
                     let map_b = tensor_map(common::device_ptr(a.weight), false, d.n, d.k, (WG_BK, *b_rows as u32))?;
                     let map_out = match store {
                         Store::Tma => Some(tensor_map(common::device_ptr(a.out), true, d.m, d.n, OUT_BOX)?),

@@ -163,18 +163,18 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("linear_bf16_fitted_stages_any_shape", |gpu| {
-            // Stage 13 at each slot count its sweep declares, 14 and 15, at N % 4 == 0 (stage 13's
+            // Stage 13 at each slot count its sweep declares, 14, 15 and 16, at N % 4 == 0 (stage 13's
             // output map's limit) with ragged M, N and K: the TMA store clipping boxes at M and N,
             // consumers whose rows all lie past M, stage 14's cluster pairs with an odd number of
             // tile rows (its second block past M), stage 15's unchecked interior tiles next to its
-            // checked edge tiles, and shapes where the wave model picks each width (4100 x 580:
-            // 192, 4096 x 772: 256, small shapes: 128).
+            // checked edge tiles, stage 16's 192-row tiles with a partial last row, and shapes where
+            // the wave model picks each width (4100 x 580: 192, 4096 x 772: 256, small shapes: 128).
             use common::{Generator, Grid, Sweep};
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
             let mut points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| slots.derive(v)).collect();
             assert_eq!(points.len(), 3, "stage 13, three slot counts");
-            points.extend(LinearBf16.variants().into_iter().filter(|v| v.stage == 14 || v.stage == 15));
+            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..=16).contains(&v.stage)));
             for (m, n, k) in
                 [(1, 4, 8), (129, 196, 136), (300, 12, 1000), (4100, 580, 72), (4096, 772, 64), (257, 388, 64)]
             {

@@ -24,13 +24,6 @@
 #define EPI_LEAN 1
 #include "matmul_wgmma_persistent.cuh"
 
-#define LEAN_ENTRY(name, tail)                                                                               \
-    extern "C" __global__ void __launch_bounds__(384, 1)                                                     \
-        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
-             const float* bias, const float* residual, int M, int N, int K) {                                \
-        persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, tail);                             \
-    }
-
 LEAN_ENTRY(linear_bf16_lean, 0)
 LEAN_ENTRY(linear_bf16_lean_gelu, EPI_GELU)
 LEAN_ENTRY(linear_bf16_lean_residual, EPI_RESIDUAL)
