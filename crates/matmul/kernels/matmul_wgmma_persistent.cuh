@@ -1,17 +1,19 @@
-// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9 and 10
-// (the headers of 09_persistent.cu and 10_epilogue.cu say what each adds). A grid of one block per
-// SM walks the output tiles in groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load
-// (the smem ring and its phases continue across tiles), warpgroups 1 and 2 issue wgmma.m64nWS_BNk16
-// and store. The tile is 128 x WS_BN, WS_BN a tunable of 128, 192 or 256: 256 has the most reuse
-// per loaded byte; 192 divides GPT-2's 768 into 4 columns, so N = 768 at M = 4096 is 128 tiles
-// (one wave on 132 SMs) instead of 96 at 256. With TAIL (stages 10-13), the store applies the
-// layer's tail: `epilogue` 1 is GELU of the biased product, 2 adds `residual`; stage 9 instantiates
-// it without. With EPI_TMA_STORE (stage 13), a consumer writes its results into EPI_SLOTS shared
-// buffers of 64 x 64 fp32 and the TMA stores them (`map_out`) while the consumer goes on. With
-// WS_MULTICAST (stage 14), blocks run in clusters of 2 along M: the cluster walks pairs of
-// vertically adjacent tiles, which share their W tile; each block loads its own A tile and half of
-// the W tile, multicast into both blocks, and a ring stage is refilled only once the consumers of
-// both blocks have released it.
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-16
+// (each stage's header says what it adds). A grid of one block per SM walks the output tiles in
+// groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load (the smem ring and its phases
+// continue across tiles), the consumer warpgroups (WS_BM / 64 of them, 64 rows each) issue
+// wgmma.m64nWS_BNk16 and store. The tile is WS_BM x WS_BN: WS_BM is 128, or 192 in stage 16;
+// WS_BN is 128, 192 or 256: 256 has the most reuse per loaded byte; 192 divides GPT-2's 768 into 4
+// columns, so N = 768 at M = 4096 is 128 tiles (one wave on 132 SMs) instead of 96 at 256. With
+// TAIL (stages 10-16), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
+// product, 2 adds `residual`; stage 9 instantiates it without. Switches of the later stages:
+//   EPI_PREFETCH (12, 14-16): a chunk's bias and residual loads batched before its stores;
+//   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
+//     (`map_out`) while the consumer goes on;
+//   WS_MULTICAST (14): clusters of 2 along M walk pairs of vertically adjacent tiles, which share
+//     their W tile; each block loads its own A tile and half of the W tile, multicast into both,
+//     and a ring stage is refilled only once the consumers of both blocks have released it;
+//   EPI_LEAN (15, 16): tiles wholly inside the output stored without checks, GELU on tanh.approx.
 #pragma once
 #include "matmul_wgmma.cuh"
 

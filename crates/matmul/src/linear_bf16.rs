@@ -106,7 +106,7 @@ fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, su
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 11 and 12: the tile width is a define the plan sets per shape, not a tunable, so a sweep
+/// Stages 11-15: the tile width is a define the plan sets per shape, not a tunable, so a sweep
 /// cannot set it behind the wave model's back (256 is what the compile check builds).
 fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
@@ -414,7 +414,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
-            // 128 x WS_BN (a tunable); stages 11-13: the width the wave model picks.
+            // 128 x WS_BN (a tunable); stages 11-15: the width the wave model picks; stage 16: the
+            // stage list's WS_BM x WS_BN.
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
             // Stages 15 and 16: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
@@ -452,7 +453,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             } else {
                 stages
             };
-            // Stages 11-13 are compiled at the width (their WS_BN define), 13 at its ring depth.
+            // Stages 11-15 are compiled at the width (their WS_BN define), 13 at its ring depth.
             let fitted;
             let v = if plan.fitted() {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
