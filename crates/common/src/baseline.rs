@@ -134,23 +134,10 @@ mod tests {
         let mut t: Table = serde_json::from_value(json).unwrap();
         t.rows = medians
             .iter()
-            .map(|&(stage, name, m)| Row {
-                stage,
-                name: name.to_string(),
-                summary: String::new(),
-                precision: crate::variant::Precision::Fp32,
-                compared_with: None,
-                status: if m.is_some() { Status::Passed } else { Status::Failed("x".into()) },
-                timing: m.map(|m| Timing { median_ms: m, min_ms: m, max_ms: m, reps: 1, last_copy: 0 }),
-                gbps: None,
-                tflops: None,
-                of_ceiling: None,
-                vs_stage0: None,
-                vs_previous: None,
-                resources: None,
-                verification: None,
-                config: Vec::new(),
-                counters: None,
+            .map(|&(stage, name, m)| {
+                let status = if m.is_some() { Status::Passed } else { Status::Failed("x".into()) };
+                let timing = m.map(|m| Timing { median_ms: m, min_ms: m, max_ms: m, reps: 1, last_copy: 0 });
+                Row::for_tests(stage, name, status, timing)
             })
             .collect();
         t

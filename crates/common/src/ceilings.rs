@@ -35,6 +35,27 @@ pub struct Ceilings {
     pub fp16_tflops: f64,
 }
 
+#[cfg(test)]
+impl Ceilings {
+    /// Ceilings for the report modules' unit tests: an H100-like device with copy bandwidth `copy_gbps`.
+    pub(crate) fn for_tests(copy_gbps: f64) -> Ceilings {
+        Ceilings {
+            device: "test".into(),
+            uuid: "0".into(),
+            copy_gbps,
+            copy_bytes: 1,
+            h2d_pinned_gbps: 50.0,
+            h2d_pageable_gbps: 20.0,
+            h2d_bytes: 1 << 28,
+            gemm_size: 1,
+            fp32_tflops: 50.0,
+            tf32_tflops: 400.0,
+            bf16_tflops: 800.0,
+            fp16_tflops: 800.0,
+        }
+    }
+}
+
 /// Bump when the measurement changes, so old cache files are not trusted.
 const CACHE_VERSION: u32 = 2;
 

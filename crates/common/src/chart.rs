@@ -130,16 +130,24 @@ pub fn svg(table: &Table) -> Result<Option<String>> {
                 .label(format!("{name} ({})", fmt_time(*t)))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], grey.stroke_width(1)));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(draw_err)?;
+        legend(&mut chart)?;
         root.present().map_err(draw_err)?;
     }
     Ok(Some(doc))
+}
+
+/// The series' legend, top right on a translucent white box: the same in every chart.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartContext<'a, DB, CT>) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(draw_err)
 }
 
 /// A sweep as an SVG: median time (log axis) against the first swept tunable's values, one line per
@@ -227,13 +235,7 @@ pub fn sweep_svg(s: &crate::sweep::SweepSummary) -> Result<Option<String>> {
             chart.draw_series([Text::new(text, (x, t * 1.12), font)]).map_err(draw_err)?;
         }
         if series.len() > 1 {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()
-                .map_err(draw_err)?;
+            legend(&mut chart)?;
         }
         root.present().map_err(draw_err)?;
     }
@@ -249,24 +251,8 @@ mod tests {
     use crate::timing::Timing;
 
     fn row(stage: u32, ms: f64, status: Status, vs_previous: Option<f64>) -> Row {
-        Row {
-            stage,
-            name: format!("stage-{stage}"),
-            summary: String::new(),
-            precision: Precision::Fp32,
-            compared_with: None,
-            status,
-            timing: Some(Timing { median_ms: ms, min_ms: ms, max_ms: ms, reps: 1, last_copy: 0 }),
-            gbps: None,
-            tflops: None,
-            of_ceiling: None,
-            vs_stage0: None,
-            vs_previous,
-            resources: None,
-            verification: None,
-            config: Vec::new(),
-            counters: None,
-        }
+        let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, reps: 1, last_copy: 0 };
+        Row { vs_previous, ..Row::for_tests(stage, format!("stage-{stage}"), status, Some(timing)) }
     }
 
     fn table(rows: Vec<Row>) -> Table {
@@ -278,20 +264,7 @@ mod tests {
             seed: 1,
             graph: false,
             workload: Workload { bytes: 3_000_000_000, flops: 1_000_000_000_000, bound: Bound::Memory },
-            ceilings: Ceilings {
-                device: "dev".into(),
-                uuid: "u".into(),
-                copy_gbps: 3000.0,
-                copy_bytes: 1,
-                h2d_pinned_gbps: 50.0,
-                h2d_pageable_gbps: 7.0,
-                h2d_bytes: 1,
-                gemm_size: 1,
-                fp32_tflops: 50.0,
-                tf32_tflops: 400.0,
-                bf16_tflops: 800.0,
-                fp16_tflops: 800.0,
-            },
+            ceilings: Ceilings::for_tests(3000.0),
             rows,
             anchors: vec![Anchor {
                 family: "fam".into(),

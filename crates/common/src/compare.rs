@@ -90,24 +90,8 @@ mod tests {
     use crate::timing::Timing;
 
     fn row(stage: u32, median: f64, lo: f64, hi: f64, status: Status) -> Row {
-        Row {
-            stage,
-            name: format!("s{stage}"),
-            summary: String::new(),
-            precision: crate::variant::Precision::Fp32,
-            compared_with: None,
-            status,
-            timing: Some(Timing { median_ms: median, min_ms: lo, max_ms: hi, reps: 3, last_copy: 0 }),
-            gbps: None,
-            tflops: None,
-            of_ceiling: None,
-            vs_stage0: None,
-            vs_previous: None,
-            resources: None,
-            verification: None,
-            config: Vec::new(),
-            counters: None,
-        }
+        let timing = Timing { median_ms: median, min_ms: lo, max_ms: hi, reps: 3, last_copy: 0 };
+        Row::for_tests(stage, format!("s{stage}"), status, Some(timing))
     }
 
     fn table(shape: &str, rows: Vec<Row>) -> Table {

@@ -232,22 +232,10 @@ mod tests {
     use crate::family::Workload;
     use crate::runner::{fill_rates, Anchor, Resources};
     use crate::timing::Timing;
-    use crate::variant::Precision;
 
     fn row(stage: u32, ms: Option<f64>, status: Status) -> Row {
+        let timing = ms.map(|m| Timing { median_ms: m, min_ms: m * 0.9, max_ms: m * 1.1, reps: 10, last_copy: 0 });
         Row {
-            stage,
-            name: format!("s{stage}"),
-            summary: String::new(),
-            precision: Precision::Fp32,
-            compared_with: None,
-            status,
-            timing: ms.map(|m| Timing { median_ms: m, min_ms: m * 0.9, max_ms: m * 1.1, reps: 10, last_copy: 0 }),
-            gbps: None,
-            tflops: None,
-            of_ceiling: None,
-            vs_stage0: None,
-            vs_previous: None,
             resources: Some(Resources {
                 kernels: 1,
                 registers: 32,
@@ -257,8 +245,7 @@ mod tests {
                 occupancy: 1.0,
             }),
             verification: Some(Verification::new(1e-5).add("out", &[1.0f32], &[1.0])),
-            config: Vec::new(),
-            counters: None,
+            ..Row::for_tests(stage, format!("s{stage}"), status, timing)
         }
     }
 
@@ -271,20 +258,7 @@ mod tests {
             seed: 1,
             graph: false,
             workload: Workload { bytes: 2_000_000, flops: 1_000_000, bound: Bound::Memory },
-            ceilings: Ceilings {
-                device: "test".into(),
-                uuid: "0".into(),
-                copy_gbps: 4000.0,
-                h2d_pinned_gbps: 50.0,
-                h2d_pageable_gbps: 20.0,
-                h2d_bytes: 1 << 28,
-                copy_bytes: 1,
-                gemm_size: 1,
-                fp32_tflops: 50.0,
-                tf32_tflops: 400.0,
-                bf16_tflops: 800.0,
-                fp16_tflops: 800.0,
-            },
+            ceilings: Ceilings::for_tests(4000.0),
             rows: vec![
                 row(0, Some(4.0), Status::Passed),
                 row(1, None, Status::Failed("out: rel L2 1e-1".into())),

@@ -90,6 +90,32 @@ pub struct Row {
     pub counters: Option<crate::counters::Counters>,
 }
 
+#[cfg(test)]
+impl Row {
+    /// A row for the report modules' unit tests: stage, name, status and timing; fp32, nothing
+    /// else measured or derived.
+    pub(crate) fn for_tests(stage: u32, name: impl Into<String>, status: Status, timing: Option<Timing>) -> Row {
+        Row {
+            stage,
+            name: name.into(),
+            summary: String::new(),
+            precision: Precision::Fp32,
+            compared_with: None,
+            status,
+            timing,
+            gbps: None,
+            tflops: None,
+            of_ceiling: None,
+            vs_stage0: None,
+            vs_previous: None,
+            resources: None,
+            verification: None,
+            config: Vec::new(),
+            counters: None,
+        }
+    }
+}
+
 /// An outside measurement of the same op and shape (PyTorch, from `scripts/anchors.py`).
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Anchor {

@@ -211,23 +211,12 @@ mod tests {
     use crate::variant::{Generator, Grid, Precision, Sweep};
 
     fn row(v: &Variant, ms: Option<f64>) -> Row {
+        let status = if ms.is_some() { Status::Passed } else { Status::Skipped("block too large".into()) };
+        let timing = ms.map(|m| Timing { median_ms: m, min_ms: m, max_ms: m, reps: 1, last_copy: 0 });
         Row {
-            stage: v.stage,
-            name: v.name.to_string(),
-            summary: String::new(),
-            precision: Precision::Fp32,
             compared_with: v.compared_with.clone(),
-            status: if ms.is_some() { Status::Passed } else { Status::Skipped("block too large".into()) },
-            timing: ms.map(|m| Timing { median_ms: m, min_ms: m, max_ms: m, reps: 1, last_copy: 0 }),
-            gbps: None,
-            tflops: None,
-            of_ceiling: None,
-            vs_stage0: None,
-            vs_previous: None,
-            resources: None,
-            verification: None,
             config: v.config(),
-            counters: None,
+            ..Row::for_tests(v.stage, v.name.to_string(), status, timing)
         }
     }
 
@@ -246,20 +235,7 @@ mod tests {
             seed: 1,
             graph: false,
             workload: Workload { bytes: 1, flops: 1, bound: Bound::Memory },
-            ceilings: Ceilings {
-                device: "gpu".into(),
-                uuid: "0".into(),
-                copy_gbps: 3000.0,
-                h2d_pinned_gbps: 50.0,
-                h2d_pageable_gbps: 20.0,
-                h2d_bytes: 1,
-                copy_bytes: 1,
-                gemm_size: 1,
-                fp32_tflops: 50.0,
-                tf32_tflops: 400.0,
-                bf16_tflops: 800.0,
-                fp16_tflops: 800.0,
-            },
+            ceilings: Ceilings::for_tests(3000.0),
             rows: points.iter().zip(times).map(|(v, t)| row(v, t)).collect(),
             anchors: Vec::new(),
         };
