@@ -1,19 +1,24 @@
-// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-16
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-19
 // (each stage's header says what it adds). A grid of one block per SM walks the output tiles in
 // groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load (the smem ring and its phases
 // continue across tiles), the consumer warpgroups (WS_BM / 64 of them, 64 rows each) issue
 // wgmma.m64nWS_BNk16 and store. The tile is WS_BM x WS_BN: WS_BM is 128, or 192 in stage 16;
 // WS_BN is 128, 192 or 256: 256 has the most reuse per loaded byte; 192 divides GPT-2's 768 into 4
 // columns, so N = 768 at M = 4096 is 128 tiles (one wave on 132 SMs) instead of 96 at 256. With
-// TAIL (stages 10-16), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
+// TAIL (stages 10-19), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
 // product, 2 adds `residual`; stage 9 instantiates it without. Switches of the later stages:
-//   EPI_PREFETCH (12, 14-16): a chunk's bias and residual loads batched before its stores;
+//   EPI_PREFETCH (12, 14-19): a chunk's bias and residual loads batched before its stores;
 //   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
 //     (`map_out`) while the consumer goes on;
 //   WS_MULTICAST (14): clusters of 2 along M walk pairs of vertically adjacent tiles, which share
 //     their W tile; each block loads its own A tile and half of the W tile, multicast into both,
 //     and a ring stage is refilled only once the consumers of both blocks have released it;
-//   EPI_LEAN (15, 16): tiles wholly inside the output stored without checks, GELU on tanh.approx.
+//   EPI_LEAN (15-19): tiles wholly inside the output stored without checks, GELU on tanh.approx;
+//   WS_PINGPONG (17, 19): each consumer takes every other tile of the walk whole (two 64-row
+//     accumulator sets), the two taking turns on the tensor cores, one's store under the other's
+//     MMAs;
+//   EPI_BIAS_SMEM (18, 19): each consumer copies its tile's bias into shared memory (cp.async)
+//     while the MMAs run, and its store reads it there.
 #pragma once
 #include "matmul_wgmma.cuh"
 
@@ -51,6 +56,20 @@
 #define WS_STAGE_BYTES (WS_A_BYTES + WS_B_BYTES)
 #ifndef WS_GROUP_M
 #error "WS_GROUP_M is a tunable: the stage list sets it"
+#endif
+
+#ifdef WS_PINGPONG
+#if WS_CONSUMERS != 2 || defined(EPI_TMA_STORE) || defined(WS_MULTICAST)
+#error "WS_PINGPONG takes two consumers of 128-row tiles, storing from registers, without clusters"
+#endif
+#if WS_BN == 256
+#error "WS_BN <= 192 with WS_PINGPONG: a consumer holds two 64 x WS_BN accumulator sets"
+#endif
+#define WS_SETS 2         // 64-row accumulator sets per consumer: it takes the whole 128-row tile
+#define WS_STAGE_USERS 1  // consumers that read each ring stage
+#else
+#define WS_SETS 1
+#define WS_STAGE_USERS WS_CONSUMERS
 #endif
 
 #ifdef WS_MULTICAST
@@ -103,7 +122,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-// Stages 15 and 16: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
+// Stages 15-19: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
 #define LEAN_ENTRY(name, tail)                                                                               \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
@@ -126,6 +145,22 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #else
 #define WS_EPI_BYTES 0
 #endif
+
+#ifdef EPI_BIAS_SMEM
+#if defined(EPI_TMA_STORE) || !defined(EPI_LEAN)
+#error "EPI_BIAS_SMEM builds on EPI_LEAN's store and takes the named barriers EPI_TMA_STORE uses"
+#endif
+// Stage 18: each consumer's copy of its tile's WS_BN bias values.
+#define WS_BIAS_BYTES (WS_CONSUMERS * WS_BN * 4)
+#else
+#define WS_BIAS_BYTES 0
+#endif
+
+// Stage 18: `bytes` (0-16; the rest of the 16 zero-filled) from global `src`, 16-byte aligned, to
+// shared `dst`, asynchronously (a cp.async group).
+__device__ __forceinline__ void cp_async_bytes(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
 
 // Elements col and col + 1 of the row at `p` (zero past N, and a null `p` reads as zeros), as one
 // 8-byte load when `aligned` (col is even; the row starts 8-byte aligned) and both are inside.
@@ -154,9 +189,13 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the 128-byte swizzle's alignment
     auto a_tile = [&](int s) { return base + (unsigned)s * WS_STAGE_BYTES; };
     auto b_tile = [&](int s) { return base + (unsigned)s * WS_STAGE_BYTES + WS_A_BYTES; };
-    const unsigned bars = base + WG_STAGES * WS_STAGE_BYTES + WS_EPI_BYTES;
+    const unsigned bars = base + WG_STAGES * WS_STAGE_BYTES + WS_EPI_BYTES + WS_BIAS_BYTES;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (WG_STAGES + s); };
+#ifdef WS_PINGPONG
+    // Stage 17: consumer w's turn on the tensor cores ends (it has issued a tile's MMAs).
+    auto order = [&](int w) { return bars + 8u * (2 * WG_STAGES + w); };
+#endif
 
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     const int tiles_m = (M + WS_BM - 1) / WS_BM, tiles_n = (N + WS_BN - 1) / WS_BN;
@@ -173,8 +212,12 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), WS_CONSUMERS * WS_CTAS);  // one arrival per consumer warpgroup of the cluster
+            mbar_init(empty(s), WS_STAGE_USERS * WS_CTAS);  // one arrival per consumer of the stage
         }
+#ifdef WS_PINGPONG
+        mbar_init(order(0), 1);
+        mbar_init(order(1), 1);
+#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
 #ifdef WS_MULTICAST
@@ -230,38 +273,27 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         mbar_arrive(bar);
 #endif
     };
-    const int c = wg - 1;  // consumer c takes rows 64 c .. 64 c + 63 of each tile
+    const int c = wg - 1;
+#ifdef WS_PINGPONG
+    const int first_row = 0;  // consumer c takes every other tile whole
+#else
+    const int first_row = 64 * c;  // consumer c takes rows 64 c .. 64 c + 63 of each tile
+#endif
     const int warp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
 #ifndef EPI_TMA_STORE
     const bool pairs = (N & 1) == 0;
 #endif
-    int it = 0;
 #ifdef EPI_TMA_STORE
     int chunk = 0;  // this consumer's chunks so far: the slot ring's position
 #endif
-    for (int i = first; i < entries; i += stride) {
-        int tm, tn;
-        schedule_tile(i, tiles_m, tiles_n, rank, tm, tn);
-        float d[WS_BN / 2];
-#pragma unroll
-        for (int i = 0; i < WS_BN / 2; ++i) d[i] = 0.0f;
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-            const int s = it % WG_STAGES;
-            mbar_wait(full(s), (it / WG_STAGES) & 1);
-            const unsigned a = a_tile(s) + c * 64 * 128, b = b_tile(s);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < WS_BK / 16; ++kk)
-                wgmma_tile(d, wgmma_desc(a + 32 * kk), wgmma_desc(b + 32 * kk));
-            wgmma_commit();
-            // The previous step's group is done: its stage can be refilled.
-            wgmma_wait_one();
-            if (kt > 0 && (tid & 127) == 0) release(empty((it - 1) % WG_STAGES));
-        }
-        wgmma_wait_all();
-        if ((tid & 127) == 0) release(empty((it - 1) % WG_STAGES));  // the tile's last stage
-
-        const int m0 = tm * WS_BM, n0 = tn * WS_BN;
+#ifdef EPI_BIAS_SMEM
+    // Stage 18: this consumer's copy of the tile's bias, read by its store from shared memory.
+    const unsigned bias_copy = base + WG_STAGES * WS_STAGE_BYTES + c * WS_BN * 4;
+    const float* bias_s = reinterpret_cast<const float*>(smem_raw + (bias_copy - smem_u32(smem_raw)));
+#endif
+    // The store of 64 rows of tile (m0, n0), from row r0, out of `d`: a consumer's accumulators of
+    // one wgmma row block.
+    auto store = [&](const float(&d)[WS_BN / 2], int m0, int n0, int r0) {
 #if defined(EPI_TMA_STORE)
         // Stage 13: per chunk of EPI_COLS columns, the bias and residual pairs loaded first (stage
         // 12), then the results written into the next of this consumer's slots in the TMA's
@@ -270,7 +302,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // reused EPI_SLOTS chunks later, once the TMA has read it; the global writes go on while
         // the consumer computes its next tile. The TMA clips the box at M and N.
         const bool add_residual = epilogue == EPI_RESIDUAL;
-        const int row0 = m0 + 64 * c;
+        const int row0 = r0;
         const bool issuer = (tid & 127) == 0;
 #pragma unroll
         for (int q = 0; q < WS_BN / EPI_COLS; ++q) {
@@ -328,9 +360,13 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // stage 15's entries, so only its own tail is compiled in.
         const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && pairs;
         if (interior) {
-            const size_t row0 = (size_t)(m0 + 64 * c + 16 * warp + g) * N + n0 + 2 * t;
+            const size_t row0 = (size_t)(r0 + 16 * warp + g) * N + n0 + 2 * t;
             const size_t rows[2] = {row0, row0 + (size_t)8 * N};
+#ifdef EPI_BIAS_SMEM
+            const float* bias_t = bias_s + 2 * t;
+#else
             const float* bias_t = bias + n0 + 2 * t;
+#endif
             const bool has_bias = bias != nullptr;
 #pragma unroll
             for (int j0 = 0; j0 < WS_BN / 8; j0 += EPI_CHUNK) {
@@ -371,10 +407,16 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #pragma unroll
                 for (int jj = 0; jj < EPI_CHUNK; ++jj) {
                     const int col = n0 + 8 * (j0 + jj) + 2 * t;
+#ifdef EPI_BIAS_SMEM
+                    // The copy is zero past N.
+                    bv[jj] = bias != nullptr ? *reinterpret_cast<const float2*>(bias_s + col - n0)
+                                             : make_float2(0.0f, 0.0f);
+#else
                     bv[jj] = load_pair(bias, col, N, true);
+#endif
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int row = m0 + 64 * c + 16 * warp + g + 8 * h;
+                        const int row = r0 + 16 * warp + g + 8 * h;
                         rv[jj][h] = add_residual && row < M ? load_pair(residual + (size_t)row * N, col, N, pairs)
                                                             : make_float2(0.0f, 0.0f);
                     }
@@ -386,7 +428,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                     if (col >= N) continue;
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int row = m0 + 64 * c + 16 * warp + g + 8 * h;
+                        const int row = r0 + 16 * warp + g + 8 * h;
                         if (row >= M) continue;
                         float* o = out + (size_t)row * N + col;
                         float x = d[4 * j + 2 * h] + bv[jj].x, y = d[4 * j + 2 * h + 1] + bv[jj].y;
@@ -419,7 +461,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             const float b1 = bias != nullptr && col + 1 < N ? bias[col + 1] : 0.0f;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int row = m0 + 64 * c + 16 * warp + g + 8 * h;
+                const int row = r0 + 16 * warp + g + 8 * h;
                 if (row >= M) continue;
                 float* o = out + (size_t)row * N + col;
                 float x = d[4 * j + 2 * h] + b0, y = d[4 * j + 2 * h + 1] + b1;
@@ -442,6 +484,75 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             }
         }
 #endif
+    };
+
+    int it = 0;
+#ifdef WS_PINGPONG
+    int walked = 0;  // the block's tiles so far, both consumers': consumer c takes the ones = c mod 2
+#endif
+    for (int i = first; i < entries; i += stride) {
+#ifdef WS_PINGPONG
+        // Stage 17: the other consumer's tile. Its K steps still take their turn in the ring.
+        if ((walked++ & 1) != c) {
+            it += ktiles;
+            continue;
+        }
+        // The MMAs start once the other consumer has issued the previous tile's: so the tensor
+        // cores take the tiles in the walk's order (one consumer's store overlapping the other's
+        // MMAs), and every ring stage before this tile's has been waited on, so no full barrier is
+        // waited on more than one phase ahead of where it stands.
+        if (walked > 1) mbar_wait(order(1 - c), ((walked - 2) >> 1) & 1);
+#endif
+        int tm, tn;
+        schedule_tile(i, tiles_m, tiles_n, rank, tm, tn);
+#ifdef EPI_BIAS_SMEM
+        // Stage 18: the tile's bias copied while the MMAs run, once every warp of this consumer is
+        // done reading the previous tile's; zero-filled past N. The source is 16-byte aligned
+        // (the host checks the bias pointer; tile columns start at multiples of 128).
+        if (bias != nullptr) {
+            named_barrier(1 + c, 128);
+            for (int q = tid & 127; q < WS_BN / 4; q += 128) {
+                const int col = tn * WS_BN + 4 * q;
+                cp_async_bytes(bias_copy + 16 * q, bias + min(col, N - 1) / 4 * 4, max(0, min(16, 4 * (N - col))));
+            }
+            cp_async_commit();
+        }
+#endif
+        float d[WS_SETS][WS_BN / 2];
+#pragma unroll
+        for (int h = 0; h < WS_SETS; ++h)
+#pragma unroll
+            for (int i = 0; i < WS_BN / 2; ++i) d[h][i] = 0.0f;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const int s = it % WG_STAGES;
+            mbar_wait(full(s), (it / WG_STAGES) & 1);
+            const unsigned a = a_tile(s) + first_row * 128, b = b_tile(s);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < WS_BK / 16; ++kk)
+#pragma unroll
+                for (int h = 0; h < WS_SETS; ++h)
+                    wgmma_tile(d[h], wgmma_desc(a + h * 64 * 128 + 32 * kk), wgmma_desc(b + 32 * kk));
+            wgmma_commit();
+            // The previous step's group is done: its stage can be refilled.
+            wgmma_wait_one();
+            if (kt > 0 && (tid & 127) == 0) release(empty((it - 1) % WG_STAGES));
+        }
+#ifdef WS_PINGPONG
+        if ((tid & 127) == 0) mbar_arrive(order(c));  // the other consumer's turn on the tensor cores
+#endif
+        wgmma_wait_all();
+        if ((tid & 127) == 0) release(empty((it - 1) % WG_STAGES));  // the tile's last stage
+
+        const int m0 = tm * WS_BM, n0 = tn * WS_BN;
+#ifdef EPI_BIAS_SMEM
+        if (bias != nullptr) {
+            cp_async_wait<0>();
+            named_barrier(1 + c, 128);  // every thread's part of the copy has landed
+        }
+#endif
+#pragma unroll
+        for (int h = 0; h < WS_SETS; ++h) store(d[h], m0, n0, m0 + first_row + 64 * h);
     }
 #ifdef EPI_TMA_STORE
     if ((tid & 127) == 0) bulk_wait_all();  // the slots stay valid until the TMA is done with them

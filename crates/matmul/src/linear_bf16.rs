@@ -6,7 +6,7 @@
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
 //! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias).
-//! Stages 10-16 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
+//! Stages 10-17 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
 
 use common::check::Verification;
 use common::cudarc::driver::{sys, CudaSlice, CudaStream};
@@ -40,6 +40,10 @@ const TMA_N: &str = "N % 4 == 0";
 const OUT_BOX: (u32, u32) = (32, 64);
 /// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
 const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
+/// Stage 18's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
+const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
+/// Stages 17 and 19's tile width (the header's `#error`).
+const PING_PONG_BN: &str = "WS_BN <= 192 with WS_PINGPONG";
 
 /// How a stage computes the GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +73,16 @@ enum Plan {
     /// `16_tall_tile.cu`: stage 15 on `WS_BM` x `WS_BN` tiles (defines of the stage list: 192 x
     /// 128), three consumer warpgroups (entries `linear_bf16_tall`, `_gelu`, `_residual`).
     Tall,
+    /// `17_ping_pong.cu`: stage 15 with each consumer warpgroup on every other tile, whole
+    /// (128 x `WS_BN`, a tunable; [`ping_pong_width`] for the residual tail), the two taking turns
+    /// on the tensor cores (entries `linear_bf16_ping_pong`, `_gelu`, `_residual`).
+    PingPong,
+    /// `18_bias_smem.cu`: stage 15 with each tile's bias copied into shared memory during its MMAs
+    /// (entries `linear_bf16_bias_smem`, `_gelu`, `_residual`).
+    BiasSmem,
+    /// `19_ping_pong_bias.cu`: stage 17 with stage 18's bias copy (entries
+    /// `linear_bf16_ping_pong_bias`, `_gelu`, `_residual`).
+    PingPongBias,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -80,11 +94,30 @@ impl Plan {
     }
     /// Whether the stage picks its tile width by the wave model.
     fn fitted(self) -> bool {
-        matches!(self, Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean)
+        matches!(self, Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean | Plan::BiasSmem)
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
     fn fuses_tail(self) -> bool {
-        matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean | Plan::Tall)
+        matches!(
+            self,
+            Plan::Epilogue
+                | Plan::WaveFit
+                | Plan::TmaStore
+                | Plan::Multicast
+                | Plan::Lean
+                | Plan::Tall
+                | Plan::PingPong
+                | Plan::BiasSmem
+                | Plan::PingPongBias
+        )
+    }
+    /// Whether the consumers take turns, each on a tile of its own (two turn mbarriers).
+    fn ping_pong(self) -> bool {
+        matches!(self, Plan::PingPong | Plan::PingPongBias)
+    }
+    /// Whether each consumer copies its tile's bias into shared memory with 16-byte cp.async.
+    fn copies_bias(self) -> bool {
+        matches!(self, Plan::BiasSmem | Plan::PingPongBias)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
@@ -106,7 +139,7 @@ fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, su
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 11-15: the tile width is a define the plan sets per shape, not a tunable, so a sweep
+/// Stages 11-15 and 18: the tile width is a define the plan sets per shape, not a tunable, so a sweep
 /// cannot set it behind the wave model's back (256 is what the compile check builds).
 fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
@@ -225,6 +258,41 @@ fn stages() -> Vec<Variant> {
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
         .with_sweep("WG_STAGES", &[3, 4, 5])
         .with_requirements(Requirements::SM90A),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            17,
+            "ping-pong",
+            "linear-bf16/17_ping_pong.cu",
+            Precision::Bf16,
+            "stage 15 with each consumer on every other 128 x 192 tile whole, one's store under the other's MMAs",
+        )
+        .with_plan(Plan::PingPong)
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 192)])
+        .with_sweep("WS_BN", &[128, 192])
+        .with_sweep("WG_STAGES", &[3, 4, 5])
+        .with_requirements(Requirements::SM90A),
+        wave_fit(
+            18,
+            "bias-smem",
+            "linear-bf16/18_bias_smem.cu",
+            Plan::BiasSmem,
+            "stage 15 with each tile's bias copied into shared memory by cp.async while its MMAs run",
+        ),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            19,
+            "ping-pong-bias",
+            "linear-bf16/19_ping_pong_bias.cu",
+            Precision::Bf16,
+            "stage 17 (consumers taking turns on 128 x 192 tiles) with stage 18's bias copy",
+        )
+        .with_plan(Plan::PingPongBias)
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 192)])
+        .with_sweep("WS_BN", &[128, 192])
+        .with_sweep("WG_STAGES", &[3, 4, 5])
+        .with_requirements(Requirements::SM90A),
         Variant::library(
             FAMILY,
             OP,
@@ -247,6 +315,16 @@ pub fn wave_fit_width(m: usize, n: usize, sms: u32) -> u32 {
         tiles.div_ceil(sms.max(1) as usize) * w as usize
     };
     [256, 192, 128].into_iter().min_by_key(|&w| cost(w)).expect("three widths")
+}
+
+/// Stages 17 and 19's tile width for a tail: `width`, except that the residual entry runs 128 wide,
+/// since beside two 64 x 192 accumulator sets its residual pairs spill (ptxas: 804-1488 bytes).
+fn ping_pong_width(width: u32, tail: Tail) -> u32 {
+    if tail == Tail::Residual {
+        width.min(128)
+    } else {
+        width
+    }
 }
 
 /// A numeric define of the stage list (stage 16's tile shape).
@@ -282,7 +360,7 @@ impl LinearBf16Dims {
 }
 
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
-const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-16 do)";
+const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-17 do)";
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
@@ -312,6 +390,8 @@ enum Stage {
         b_rows: usize,
         tail: TailArgs,
         store: Store,
+        /// The bias is copied with cp.async (stage 18): its address must be 16-byte aligned.
+        bias_aligned: bool,
     },
     Lt(Lt),
 }
@@ -323,7 +403,7 @@ enum TailArgs {
     None,
     /// The residual pointer and the tail's code (stages 10-14).
     ResidualAndCode,
-    /// The residual pointer; the tail is the entry's (stages 15 and 16).
+    /// The residual pointer; the tail is the entry's (stages 15-17).
     Residual,
 }
 
@@ -409,15 +489,18 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::TmaStore
         | Plan::Multicast
         | Plan::Lean
-        | Plan::Tall => {
+        | Plan::Tall
+        | Plan::PingPong
+        | Plan::BiasSmem
+        | Plan::PingPongBias => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
-            // 128 x WS_BN (a tunable); stages 11-15: the width the wave model picks; stage 16: the
-            // stage list's WS_BM x WS_BN.
+            // 128 x WS_BN (a tunable); stages 11-15 and 18: the width the wave model picks; stage
+            // 16: the stage list's WS_BM x WS_BN; stages 17 and 19: 128 x WS_BN (a tunable).
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
-            // Stages 15 and 16: the entry of the shape's tail.
+            // Stages 15-19: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
                 Tail::None => base.to_string(),
                 Tail::Gelu => format!("{base}_gelu"),
@@ -432,9 +515,16 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::Multicast => ("linear_bf16_multicast".to_string(), fit()),
                 Plan::Lean => (per_tail("linear_bf16_lean"), fit()),
                 Plan::Tall => (per_tail("linear_bf16_tall"), define_u32(v, "WS_BN")?),
+                Plan::PingPong => (per_tail("linear_bf16_ping_pong"), ping_pong_width(v.tunable("WS_BN")?, d.tail)),
+                Plan::BiasSmem => (per_tail("linear_bf16_bias_smem"), fit()),
+                Plan::PingPongBias => {
+                    (per_tail("linear_bf16_ping_pong_bias"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
+                }
                 _ => ("linear_bf16_epilogue".to_string(), v.tunable("WS_BN")?),
             };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
+            // Stages 17 and 19: a consumer holds two 64 x WS_BN accumulator sets.
+            require(!plan.ping_pong() || tile_n <= 192, PING_PONG_BN, || format!("WS_BN = {tile_n}"))?;
             // Stage 7: one mbarrier a stage and two consumer warpgroups; the others a full and an
             // empty mbarrier a stage, a producer warpgroup and one consumer per 64 tile rows.
             let tile_m = if plan == Plan::Tall { define_u32(v, "WS_BM")? } else { TILE_M as u32 };
@@ -446,14 +536,17 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let stage_bytes = (tile_m + tile_n) * WG_BK * 2 + 8 * bars;
             let slots = if plan == Plan::TmaStore { v.tunable("EPI_SLOTS")? } else { 0 };
             require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
-            let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES;
+            // Stage 17's two turn mbarriers; stage 18's copy of the tile's bias per consumer.
+            let turns = if plan.ping_pong() { 16 } else { 0 };
+            let bias_copies = if plan.copies_bias() { (tile_m / 64) * tile_n * 4 } else { 0 };
+            let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies;
             // Stage 13's ring is as deep as WG_STAGES allows beside its slots.
             let stages = if plan == Plan::TmaStore {
                 stages.min(gpu.info().shared_memory_per_block_optin.saturating_sub(fixed) / stage_bytes).max(1)
             } else {
                 stages
             };
-            // Stages 11-15 are compiled at the width (their WS_BN define), 13 at its ring depth.
+            // Stages 11-15 and 18 are compiled at the width (their WS_BN define), 13 at its ring depth.
             let fitted;
             let v = if plan.fitted() {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
@@ -463,6 +556,12 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 f.set_tunable("WG_STAGES", stages)?;
                 fitted = f;
                 &fitted
+            } else if plan.ping_pong() && v.tunable("WS_BN")? != tile_n {
+                // Stages 17 and 19 with the residual tail: compiled at the narrower width.
+                let mut f = v.clone();
+                f.set_tunable("WS_BN", tile_n)?;
+                fitted = f;
+                &fitted
             } else {
                 v
             };
@@ -470,7 +569,10 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * stage_bytes + fixed;
             let shape = |grid| LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem);
             let entry = entry.as_str();
-            let launch = if matches!(plan, Plan::Persistent | Plan::Epilogue | Plan::Tall) || plan.fitted() {
+            let launch = if matches!(plan, Plan::Persistent | Plan::Epilogue | Plan::Tall)
+                || plan.ping_pong()
+                || plan.fitted()
+            {
                 // One block per SM (the ring takes most of an SM's shared memory), at most one per
                 // tile; with clusters, one cluster per entry of the schedule (stage 14: pairs of
                 // tiles), at most as many as run at once.
@@ -491,12 +593,19 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             };
             let store = if plan == Plan::TmaStore { Store::Tma } else { Store::Direct };
             let tail = match plan {
-                Plan::Lean | Plan::Tall => TailArgs::Residual,
+                Plan::Lean | Plan::Tall | Plan::PingPong | Plan::BiasSmem | Plan::PingPongBias => TailArgs::Residual,
                 p if p.fuses_tail() => TailArgs::ResidualAndCode,
                 _ => TailArgs::None,
             };
             // With clusters each block loads its share of the W tile's rows.
-            Stage::Tma { launch, a_rows: tile_m, b_rows: (tile_n / plan.cluster()) as usize, tail, store }
+            Stage::Tma {
+                launch,
+                a_rows: tile_m,
+                b_rows: (tile_n / plan.cluster()) as usize,
+                tail,
+                store,
+                bias_aligned: plan.copies_bias(),
+            }
         }
         Plan::Lt => {
             let epi = match (d.bias, d.tail) {
@@ -540,6 +649,9 @@ impl Prepared {
             _ => return Err(Error::constraint("a residual exactly with the residual tail", format!("{:?}", d.tail))),
         }
         let bias = a.bias.map_or(0, common::device_ptr);
+        if matches!(self.stage, Stage::Tma { bias_aligned: true, .. }) {
+            require(bias.is_multiple_of(16), BIAS_ALIGNED, || format!("bias at {bias:#x}"))?;
+        }
         let residual = a.residual.map_or(0, common::device_ptr);
         // SAFETY: every buffer's length was checked against the prepared sizes, which satisfy the
         // stage's limits; the mma entries take (out, inp, w, bias, M, N, K) and read bias only when
@@ -558,7 +670,7 @@ impl Prepared {
                         Arg::int(d.k),
                     ],
                 ),
-                Stage::Tma { launch, a_rows, b_rows, tail, store } => {
+                Stage::Tma { launch, a_rows, b_rows, tail, store, .. } => {
                     let map_a = tensor_map(common::device_ptr(a.inp), false, d.m, d.k, (WG_BK, *a_rows))?;
                     let map_b = tensor_map(common::device_ptr(a.weight), false, d.n, d.k, (WG_BK, *b_rows as u32))?;
                     let map_out = match store {

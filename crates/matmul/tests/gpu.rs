@@ -59,6 +59,37 @@ fn bad_buffers(gpu: &Gpu) {
             assert!(gpu.download(&out).unwrap().iter().all(|x| x.is_nan()), "{} wrote out", v.id());
         }
     }
+    bad_bias_alignment(gpu);
+}
+
+/// Stage 18 copies the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
+/// error that launches nothing (a `CudaSlice` of its own allocation is always aligned, so the
+/// misaligned one is made from a raw pointer).
+fn bad_bias_alignment(gpu: &Gpu) {
+    use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Args, LinearBf16Dims, Tail};
+    let (m, n, k) = (8usize, 16usize, 64usize);
+    let v = LinearBf16.variants().into_iter().find(|v| v.name == "bias-smem").expect("stage 18");
+    let p = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k, bias: true, tail: Tail::None }).unwrap();
+    let (x, w) = (gpu.upload(&vec![0x3f80u16; m * k]).unwrap(), gpu.upload(&vec![0x3f80u16; n * k]).unwrap());
+    let wide = gpu.upload(&vec![1.0f32; n + 4]).unwrap();
+    let stream = gpu.stream();
+    // SAFETY: n floats 4 bytes into `wide`'s allocation of n + 4; leaked below, so only `wide`
+    // frees the allocation.
+    let shifted = unsafe { stream.upgrade_device_ptr::<f32>(common::device_ptr(&wide) + 4, n) };
+    let mut out = gpu.alloc_poisoned::<f32>(m * n).unwrap();
+    let call = |out: &mut CudaSlice<f32>, b: &CudaSlice<f32>| {
+        p.enqueue(stream, LinearBf16Args { out, inp: &x, weight: &w, bias: Some(b), residual: None })
+    };
+    let refused = call(&mut out, &shifted);
+    shifted.leak();
+    assert!(constraint(refused).contains("16-byte aligned"));
+    gpu.synchronize().unwrap();
+    assert!(gpu.download(&out).unwrap().iter().all(|x| x.is_nan()), "a refused call wrote out");
+    // The same call on an aligned bias runs: each output is 64 products of 1 x 1, plus 1.
+    let bias = gpu.upload(&vec![1.0f32; n]).unwrap();
+    call(&mut out, &bias).unwrap_or_else(|e| panic!("aligned bias refused: {e}"));
+    gpu.synchronize().unwrap();
+    assert!(gpu.download(&out).unwrap().iter().all(|&x| x == 65.0), "aligned bias: wrong out");
 }
 
 fn main() -> std::process::ExitCode {
@@ -153,7 +184,7 @@ fn main() -> std::process::ExitCode {
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let widths = Grid { axes: vec![Sweep { tunable: "WS_BN".into(), values: vec![128, 192] }] };
             let points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| widths.derive(v)).collect();
-            assert_eq!(points.len(), 4, "stages 9 and 10, two widths each");
+            assert_eq!(points.len(), 8, "stages 9, 10, 17 and 19, two widths each");
             for (m, n, k) in [(1, 1, 8), (129, 193, 136), (300, 7, 1000), (4096, 768, 768), (257, 385, 64)] {
                 assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, 1), &points);
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 1 + (m % 2)), &points);
@@ -163,18 +194,22 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("linear_bf16_fitted_stages_any_shape", |gpu| {
-            // Stage 13 at each slot count its sweep declares, 14, 15 and 16, at N % 4 == 0 (stage 13's
-            // output map's limit) with ragged M, N and K: the TMA store clipping boxes at M and N,
-            // consumers whose rows all lie past M, stage 14's cluster pairs with an odd number of
-            // tile rows (its second block past M), stage 15's unchecked interior tiles next to its
-            // checked edge tiles, stage 16's 192-row tiles with a partial last row, and shapes where
-            // the wave model picks each width (4100 x 580: 192, 4096 x 772: 256, small shapes: 128).
+            // Stage 13 at each slot count its sweep declares, 14-19, and 17 at two more ring depths
+            // its sweep declares, at N % 4 == 0 (stage 13's output map's limit) with ragged M, N and
+            // K: the TMA store clipping boxes at M and N, consumers whose rows all lie past M, stage
+            // 14's cluster pairs with an odd number of tile rows (its second block past M), stage
+            // 15's unchecked interior tiles next to its checked edge tiles, stage 16's 192-row tiles
+            // with a partial last row, stage 17's consumers taking turns over blocks of one, two or
+            // many tiles with fewer K steps a tile than ring stages (K = 8, 64, 72), and shapes
+            // where the wave model picks each width (4100 x 580: 192, 4096 x 772: 256, small: 128).
             use common::{Generator, Grid, Sweep};
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
             let mut points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| slots.derive(v)).collect();
             assert_eq!(points.len(), 3, "stage 13, three slot counts");
-            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..=16).contains(&v.stage)));
+            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..=19).contains(&v.stage)));
+            let depths = Grid { axes: vec![Sweep { tunable: "WG_STAGES".into(), values: vec![3, 5] }] };
+            points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 17).flat_map(|v| depths.derive(v)));
             for (m, n, k) in
                 [(1, 4, 8), (129, 196, 136), (300, 12, 1000), (4100, 580, 72), (4096, 772, 64), (257, 388, 64)]
             {
