@@ -83,6 +83,9 @@ enum Plan {
     /// `19_ping_pong_bias.cu`: stage 17 with stage 18's bias copy (entries
     /// `linear_bf16_ping_pong_bias`, `_gelu`, `_residual`).
     PingPongBias,
+    /// `20_multicast_bias.cu`: stage 18 in clusters of 2 along M, the W tile multicast to both
+    /// (entries `linear_bf16_multicast_bias`, `_gelu`, `_residual`).
+    MulticastBias,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -94,7 +97,10 @@ impl Plan {
     }
     /// Whether the stage picks its tile width by the wave model.
     fn fitted(self) -> bool {
-        matches!(self, Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean | Plan::BiasSmem)
+        matches!(
+            self,
+            Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean | Plan::BiasSmem | Plan::MulticastBias
+        )
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
     fn fuses_tail(self) -> bool {
@@ -109,6 +115,7 @@ impl Plan {
                 | Plan::PingPong
                 | Plan::BiasSmem
                 | Plan::PingPongBias
+                | Plan::MulticastBias
         )
     }
     /// Whether the consumers take turns, each on a tile of its own (two turn mbarriers).
@@ -117,11 +124,11 @@ impl Plan {
     }
     /// Whether each consumer copies its tile's bias into shared memory with 16-byte cp.async.
     fn copies_bias(self) -> bool {
-        matches!(self, Plan::BiasSmem | Plan::PingPongBias)
+        matches!(self, Plan::BiasSmem | Plan::PingPongBias | Plan::MulticastBias)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
-        if self == Plan::Multicast {
+        if matches!(self, Plan::Multicast | Plan::MulticastBias) {
             2
         } else {
             1
@@ -293,6 +300,13 @@ fn stages() -> Vec<Variant> {
         .with_sweep("WS_BN", &[128, 192])
         .with_sweep("WG_STAGES", &[3, 4, 5])
         .with_requirements(Requirements::SM90A),
+        wave_fit(
+            20,
+            "multicast-bias",
+            "linear-bf16/20_multicast_bias.cu",
+            Plan::MulticastBias,
+            "stage 18 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -492,7 +506,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::Tall
         | Plan::PingPong
         | Plan::BiasSmem
-        | Plan::PingPongBias => {
+        | Plan::PingPongBias
+        | Plan::MulticastBias => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
@@ -517,6 +532,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::Tall => (per_tail("linear_bf16_tall"), define_u32(v, "WS_BN")?),
                 Plan::PingPong => (per_tail("linear_bf16_ping_pong"), ping_pong_width(v.tunable("WS_BN")?, d.tail)),
                 Plan::BiasSmem => (per_tail("linear_bf16_bias_smem"), fit()),
+                Plan::MulticastBias => (per_tail("linear_bf16_multicast_bias"), fit()),
                 Plan::PingPongBias => {
                     (per_tail("linear_bf16_ping_pong_bias"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
                 }
@@ -593,7 +609,12 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             };
             let store = if plan == Plan::TmaStore { Store::Tma } else { Store::Direct };
             let tail = match plan {
-                Plan::Lean | Plan::Tall | Plan::PingPong | Plan::BiasSmem | Plan::PingPongBias => TailArgs::Residual,
+                Plan::Lean
+                | Plan::Tall
+                | Plan::PingPong
+                | Plan::BiasSmem
+                | Plan::PingPongBias
+                | Plan::MulticastBias => TailArgs::Residual,
                 p if p.fuses_tail() => TailArgs::ResidualAndCode,
                 _ => TailArgs::None,
             };

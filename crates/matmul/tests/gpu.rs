@@ -194,7 +194,7 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("linear_bf16_fitted_stages_any_shape", |gpu| {
-            // Stage 13 at each slot count its sweep declares, 14-19, and 17 at two more ring depths
+            // Stage 13 at each slot count its sweep declares, 14-20, and 17 at two more ring depths
             // its sweep declares, at N % 4 == 0 (stage 13's output map's limit) with ragged M, N and
             // K: the TMA store clipping boxes at M and N, consumers whose rows all lie past M, stage
             // 14's cluster pairs with an odd number of tile rows (its second block past M), stage
@@ -207,7 +207,7 @@ fn main() -> std::process::ExitCode {
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
             let mut points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| slots.derive(v)).collect();
             assert_eq!(points.len(), 3, "stage 13, three slot counts");
-            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..=19).contains(&v.stage)));
+            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..=20).contains(&v.stage)));
             let depths = Grid { axes: vec![Sweep { tunable: "WG_STAGES".into(), values: vec![3, 5] }] };
             points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 17).flat_map(|v| depths.derive(v)));
             for (m, n, k) in
