@@ -6,7 +6,7 @@
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
 //! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias).
-//! Stages 10-17 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
+//! Stages 10-20 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
 
 use common::check::Verification;
 use common::cudarc::driver::{sys, CudaSlice, CudaStream};
@@ -374,7 +374,7 @@ impl LinearBf16Dims {
 }
 
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
-const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-17 do)";
+const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stages 10-20 do)";
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
