@@ -1,23 +1,23 @@
-// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-19
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-20
 // (each stage's header says what it adds). A grid of one block per SM walks the output tiles in
 // groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load (the smem ring and its phases
 // continue across tiles), the consumer warpgroups (WS_BM / 64 of them, 64 rows each) issue
 // wgmma.m64nWS_BNk16 and store. The tile is WS_BM x WS_BN: WS_BM is 128, or 192 in stage 16;
 // WS_BN is 128, 192 or 256: 256 has the most reuse per loaded byte; 192 divides GPT-2's 768 into 4
 // columns, so N = 768 at M = 4096 is 128 tiles (one wave on 132 SMs) instead of 96 at 256. With
-// TAIL (stages 10-19), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
+// TAIL (stages 10-20), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
 // product, 2 adds `residual`; stage 9 instantiates it without. Switches of the later stages:
-//   EPI_PREFETCH (12, 14-19): a chunk's bias and residual loads batched before its stores;
+//   EPI_PREFETCH (12, 14-20): a chunk's bias and residual loads batched before its stores;
 //   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
 //     (`map_out`) while the consumer goes on;
-//   WS_MULTICAST (14): clusters of 2 along M walk pairs of vertically adjacent tiles, which share
-//     their W tile; each block loads its own A tile and half of the W tile, multicast into both,
-//     and a ring stage is refilled only once the consumers of both blocks have released it;
-//   EPI_LEAN (15-19): tiles wholly inside the output stored without checks, GELU on tanh.approx;
+//   WS_MULTICAST (14, 20): clusters of 2 along M walk pairs of vertically adjacent tiles, which
+//     share their W tile; each block loads its own A tile and half of the W tile, multicast into
+//     both, and a ring stage is refilled only once the consumers of both blocks have released it;
+//   EPI_LEAN (15-20): tiles wholly inside the output stored without checks, GELU on tanh.approx;
 //   WS_PINGPONG (17, 19): each consumer takes every other tile of the walk whole (two 64-row
 //     accumulator sets), the two taking turns on the tensor cores, one's store under the other's
 //     MMAs;
-//   EPI_BIAS_SMEM (18, 19): each consumer copies its tile's bias into shared memory (cp.async)
+//   EPI_BIAS_SMEM (18-20): each consumer copies its tile's bias into shared memory (cp.async)
 //     while the MMAs run, and its store reads it there.
 #pragma once
 #include "matmul_wgmma.cuh"
@@ -122,7 +122,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-// Stages 15-19: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
+// Stages 15-20: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
 #define LEAN_ENTRY(name, tail)                                                                               \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
@@ -302,12 +302,11 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // reused EPI_SLOTS chunks later, once the TMA has read it; the global writes go on while
         // the consumer computes its next tile. The TMA clips the box at M and N.
         const bool add_residual = epilogue == EPI_RESIDUAL;
-        const int row0 = r0;
         const bool issuer = (tid & 127) == 0;
 #pragma unroll
         for (int q = 0; q < WS_BN / EPI_COLS; ++q) {
             const int col0 = n0 + q * EPI_COLS;
-            if (col0 >= N || row0 >= M) break;  // the same for the whole warpgroup
+            if (col0 >= N || r0 >= M) break;  // the same for the whole warpgroup
             float2 bv[EPI_CHUNK], rv[EPI_CHUNK][2];
 #pragma unroll
             for (int jj = 0; jj < EPI_CHUNK; ++jj) {
@@ -315,7 +314,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 bv[jj] = load_pair(bias, col, N, true);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int row = row0 + 16 * warp + g + 8 * h;
+                    const int row = r0 + 16 * warp + g + 8 * h;
                     rv[jj][h] = add_residual && row < M ? load_pair(residual + (size_t)row * N, col, N, true)
                                                         : make_float2(0.0f, 0.0f);
                 }
@@ -345,8 +344,8 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             fence_proxy_async_shared();
             named_barrier(1 + c, 128);
             if (issuer) {
-                tma_store(map_out, slot, col0, row0);
-                if (col0 + 32 < N) tma_store(map_out, slot + EPI_BOX_BYTES, col0 + 32, row0);
+                tma_store(map_out, slot, col0, r0);
+                if (col0 + 32 < N) tma_store(map_out, slot + EPI_BOX_BYTES, col0 + 32, r0);
                 bulk_commit();
             }
             ++chunk;

@@ -104,18 +104,13 @@ impl Plan {
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
     fn fuses_tail(self) -> bool {
+        matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast) || self.entry_per_tail()
+    }
+    /// Whether the module has one entry per tail, each with its tail a constant (stages 15-20).
+    fn entry_per_tail(self) -> bool {
         matches!(
             self,
-            Plan::Epilogue
-                | Plan::WaveFit
-                | Plan::TmaStore
-                | Plan::Multicast
-                | Plan::Lean
-                | Plan::Tall
-                | Plan::PingPong
-                | Plan::BiasSmem
-                | Plan::PingPongBias
-                | Plan::MulticastBias
+            Plan::Lean | Plan::Tall | Plan::PingPong | Plan::BiasSmem | Plan::PingPongBias | Plan::MulticastBias
         )
     }
     /// Whether the consumers take turns, each on a tile of its own (two turn mbarriers).
@@ -417,7 +412,7 @@ enum TailArgs {
     None,
     /// The residual pointer and the tail's code (stages 10-14).
     ResidualAndCode,
-    /// The residual pointer; the tail is the entry's (stages 15-17).
+    /// The residual pointer; the tail is the entry's (stages 15-20).
     Residual,
 }
 
@@ -515,7 +510,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             // 128 x WS_BN (a tunable); stages 11-15 and 18: the width the wave model picks; stage
             // 16: the stage list's WS_BM x WS_BN; stages 17 and 19: 128 x WS_BN (a tunable).
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
-            // Stages 15-19: the entry of the shape's tail.
+            // Stages 15-20: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
                 Tail::None => base.to_string(),
                 Tail::Gelu => format!("{base}_gelu"),
@@ -609,12 +604,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             };
             let store = if plan == Plan::TmaStore { Store::Tma } else { Store::Direct };
             let tail = match plan {
-                Plan::Lean
-                | Plan::Tall
-                | Plan::PingPong
-                | Plan::BiasSmem
-                | Plan::PingPongBias
-                | Plan::MulticastBias => TailArgs::Residual,
+                p if p.entry_per_tail() => TailArgs::Residual,
                 p if p.fuses_tail() => TailArgs::ResidualAndCode,
                 _ => TailArgs::None,
             };
