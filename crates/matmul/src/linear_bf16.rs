@@ -40,7 +40,7 @@ const TMA_N: &str = "N % 4 == 0";
 const OUT_BOX: (u32, u32) = (32, 64);
 /// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
 const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
-/// Stage 18's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
+/// Stages 18-20's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
 const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
 /// Stages 17 and 19's tile width (the header's `#error`).
 const PING_PONG_BN: &str = "WS_BN <= 192 with WS_PINGPONG";
@@ -141,8 +141,8 @@ fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, su
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 11-15 and 18: the tile width is a define the plan sets per shape, not a tunable, so a sweep
-/// cannot set it behind the wave model's back (256 is what the compile check builds).
+/// Stages 11-15, 18 and 20: the tile width is a define the plan sets per shape, not a tunable, so
+/// a sweep cannot set it behind the wave model's back (256 is what the compile check builds).
 fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
         .with_plan(plan)
@@ -399,7 +399,7 @@ enum Stage {
         b_rows: usize,
         tail: TailArgs,
         store: Store,
-        /// The bias is copied with cp.async (stage 18): its address must be 16-byte aligned.
+        /// The bias is copied with cp.async (stages 18-20): its address must be 16-byte aligned.
         bias_aligned: bool,
     },
     Lt(Lt),
@@ -507,7 +507,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
-            // 128 x WS_BN (a tunable); stages 11-15 and 18: the width the wave model picks; stage
+            // 128 x WS_BN (a tunable); stages 11-15, 18 and 20: the wave model's width; stage
             // 16: the stage list's WS_BM x WS_BN; stages 17 and 19: 128 x WS_BN (a tunable).
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
             // Stages 15-20: the entry of the shape's tail.
@@ -557,7 +557,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             } else {
                 stages
             };
-            // Stages 11-15 and 18 are compiled at the width (their WS_BN define), 13 at its ring depth.
+            // Stages 11-15, 18 and 20 are compiled at the width (their WS_BN define), 13 at its ring depth.
             let fitted;
             let v = if plan.fitted() {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
