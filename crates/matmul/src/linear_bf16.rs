@@ -151,6 +151,17 @@ fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summ
         .with_requirements(Requirements::SM90A)
 }
 
+/// Stages 17 and 19: consumers taking turns on 128 x WS_BN tiles, the width and ring depth a
+/// declared sweep space (at 192 a stage of the ring is 40 KiB: 5 fit).
+fn ping_pong(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
+    Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+        .with_plan(plan)
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 192)])
+        .with_sweep("WS_BN", &[128, 192])
+        .with_sweep("WG_STAGES", &[3, 4, 5])
+        .with_requirements(Requirements::SM90A)
+}
+
 fn stages() -> Vec<Variant> {
     let k = |stage, name, file, summary| {
         Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
@@ -260,20 +271,13 @@ fn stages() -> Vec<Variant> {
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
         .with_sweep("WG_STAGES", &[3, 4, 5])
         .with_requirements(Requirements::SM90A),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        ping_pong(
             17,
             "ping-pong",
             "linear-bf16/17_ping_pong.cu",
-            Precision::Bf16,
+            Plan::PingPong,
             "stage 15 with each consumer on every other 128 x 192 tile whole, one's store under the other's MMAs",
-        )
-        .with_plan(Plan::PingPong)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 192)])
-        .with_sweep("WS_BN", &[128, 192])
-        .with_sweep("WG_STAGES", &[3, 4, 5])
-        .with_requirements(Requirements::SM90A),
+        ),
         wave_fit(
             18,
             "bias-smem",
@@ -281,20 +285,13 @@ fn stages() -> Vec<Variant> {
             Plan::BiasSmem,
             "stage 15 with each tile's bias copied into shared memory by cp.async while its MMAs run",
         ),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        ping_pong(
             19,
             "ping-pong-bias",
             "linear-bf16/19_ping_pong_bias.cu",
-            Precision::Bf16,
+            Plan::PingPongBias,
             "stage 17 (consumers taking turns on 128 x 192 tiles) with stage 18's bias copy",
-        )
-        .with_plan(Plan::PingPongBias)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 192)])
-        .with_sweep("WS_BN", &[128, 192])
-        .with_sweep("WG_STAGES", &[3, 4, 5])
-        .with_requirements(Requirements::SM90A),
+        ),
         wave_fit(
             20,
             "multicast-bias",
