@@ -62,7 +62,7 @@ fn bad_buffers(gpu: &Gpu) {
     bad_bias_alignment(gpu);
 }
 
-/// Stage 18 copies the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
+/// Stages 18-20 copy the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
 /// error that launches nothing (a `CudaSlice` of its own allocation is always aligned, so the
 /// misaligned one is made from a raw pointer).
 fn bad_bias_alignment(gpu: &Gpu) {
