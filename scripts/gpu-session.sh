@@ -55,6 +55,12 @@ tables() { # FAMILY [extra ladder args]: the ladder command line, with the ancho
     [ -s "$logs/anchors.json" ] && anchors="--anchors $logs/anchors.json"
     echo "$bundle/run.sh ladder run $* $anchors --out $logs/tables"
 }
+family_args() { # sets fam and extra from a step's argument FAMILY[:ARGS], and tag: both, fit for a log name
+    fam=${arg%%:*}
+    extra=""
+    [ "$fam" != "$arg" ] && extra=${arg#*:}
+    tag="$fam$(printf '%s' "${extra:+-$extra}" | tr -c 'A-Za-z0-9=.-' '_')"
+}
 export LADDER_BENCH_SMOKE=1
 
 [ $# -eq 0 ] && set -- device anchors tests tables benches
@@ -72,11 +78,9 @@ for s in "$@"; do
         step tables-quant-int4 300 "$(tables quant-int4 --leave-one-out)"
         ;;
     tables:*)
-        fam=${arg%%:*}
-        extra=""
-        [ "$fam" != "$arg" ] && extra=${arg#*:}
+        family_args
         # The extra arguments name the log, so several tables steps of one family keep their logs.
-        step "tables-$fam$(printf '%s' "${extra:+-$extra}" | tr -c 'A-Za-z0-9=.-' '_')" 300 "$(tables "$fam" $extra)"
+        step "tables-$tag" 300 "$(tables "$fam" $extra)"
         ;;
     loo:*) step "tables-$arg-loo" 300 "$(tables "$arg" --leave-one-out)" ;;
     benches*)
@@ -129,10 +133,8 @@ for s in "$@"; do
     overhead) step overhead 60 "$bundle/run.sh ladder launch-overhead" ;;
     sweep:*)
         # ladder sweep FAMILY [ARGS] (colon-separated: FAMILY:ARGS), tables and charts under sweeps/.
-        fam=${arg%%:*}
-        extra=""
-        [ "$fam" != "$arg" ] && extra=${arg#*:}
-        step "sweep-$fam$(printf '%s' "${extra:+-$extra}" | tr -c 'A-Za-z0-9=.-' '_')" 300 \
+        family_args
+        step "sweep-$tag" 300 \
             "$bundle/run.sh ladder sweep $fam $extra --out $logs/sweeps"
         ;;
     report-sweep)
@@ -147,10 +149,8 @@ for s in "$@"; do
         ;;
     counters:*)
         # ladder run FAMILY [ARGS] --counters: every passed stage once more under Nsight Compute.
-        fam=${arg%%:*}
-        extra=""
-        [ "$fam" != "$arg" ] && extra=${arg#*:}
-        step "counters-$fam$(printf '%s' "${extra:+-$extra}" | tr -c 'A-Za-z0-9=.-' '_')" 400 \
+        family_args
+        step "counters-$tag" 400 \
             "$bundle/run.sh ladder run $fam $extra --counters --out $logs/counters"
         ;;
     sanitize*)
@@ -167,9 +167,7 @@ for s in "$@"; do
         fi
         ;;
     cmp:*)
-        fam=${arg%%:*}
-        extra=""
-        [ "$fam" != "$arg" ] && extra=${arg#*:}
+        family_args
         step "cmp-$fam-after" 200 "$bundle/run.sh ladder run $fam $extra --out $logs/cmp-after"
         [ -x .gpu-old/ladder ] && step "cmp-$fam-before" 200 \
             "LADDER_CACHE_DIR=/tmp/ladder-cache-old .gpu-old/run.sh ladder run $fam $extra --out $logs/cmp-before"

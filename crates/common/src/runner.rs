@@ -90,16 +90,15 @@ pub struct Row {
     pub counters: Option<crate::counters::Counters>,
 }
 
-#[cfg(test)]
 impl Row {
-    /// A row for the report modules' unit tests: stage, name, status and timing; fp32, nothing
-    /// else measured or derived.
-    pub(crate) fn for_tests(stage: u32, name: impl Into<String>, status: Status, timing: Option<Timing>) -> Row {
+    /// A stage's row before anything but its status and timing is known: no summary, nothing
+    /// compared, measured or derived; the table fills in the derived columns.
+    fn new(stage: u32, name: impl Into<String>, precision: Precision, status: Status, timing: Option<Timing>) -> Row {
         Row {
             stage,
             name: name.into(),
             summary: String::new(),
-            precision: Precision::Fp32,
+            precision,
             compared_with: None,
             status,
             timing,
@@ -113,6 +112,12 @@ impl Row {
             config: Vec::new(),
             counters: None,
         }
+    }
+
+    /// A row for the report modules' unit tests: stage, name, status and timing; fp32.
+    #[cfg(test)]
+    pub(crate) fn for_tests(stage: u32, name: impl Into<String>, status: Status, timing: Option<Timing>) -> Row {
+        Row::new(stage, name, Precision::Fp32, status, timing)
     }
 }
 
@@ -248,22 +253,12 @@ pub fn run_variants(
         progress(Progress::Stage { shape, variant: v });
         let (status, timing, resources, verification) = run_variant(gpu, op, problem.as_mut(), v, shape, &opts.timing);
         rows.push(Row {
-            stage: v.stage,
-            name: v.name.to_string(),
             summary: v.summary.to_string(),
-            precision: v.precision,
             compared_with: v.compared_with.clone(),
-            status,
-            timing,
-            gbps: None,
-            tflops: None,
-            of_ceiling: None,
-            vs_stage0: None,
-            vs_previous: None,
             resources,
             verification,
             config: v.config(),
-            counters: None,
+            ..Row::new(v.stage, v.name.to_string(), v.precision, status, timing)
         });
         progress(Progress::StageDone);
     }
