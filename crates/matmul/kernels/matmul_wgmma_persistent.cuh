@@ -17,8 +17,11 @@
 //   WS_PINGPONG (17, 19): each consumer takes every other tile of the walk whole (two 64-row
 //     accumulator sets), the two taking turns on the tensor cores, one's store under the other's
 //     MMAs;
-//   EPI_BIAS_SMEM (18-20): each consumer copies its tile's bias into shared memory (cp.async)
-//     while the MMAs run, and its store reads it there.
+//   EPI_BIAS_SMEM (18-22): each consumer copies its tile's bias into shared memory (cp.async)
+//     while the MMAs run, and its store reads it there;
+//   EPI_STAGED (21, 22): an interior tile's accumulators pass through a shared staging buffer per
+//     warp, 32 columns at a time, so that the tail's loads and the stores are row-contiguous
+//     float4s: each warp instruction covers four whole 128-byte lines instead of 32 bytes of 8.
 #pragma once
 #include "matmul_wgmma.cuh"
 
@@ -156,6 +159,16 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define WS_BIAS_BYTES 0
 #endif
 
+#ifdef EPI_STAGED
+#ifndef EPI_BIAS_SMEM
+#error "EPI_STAGED reads the bias from EPI_BIAS_SMEM's copy"
+#endif
+// Stages 21 and 22: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
+#define EPI_STAGING_BYTES (16 * 128)
+#undef WS_EPI_BYTES
+#define WS_EPI_BYTES (WS_CONSUMERS * 4 * EPI_STAGING_BYTES)
+#endif
+
 // Stage 18: `bytes` (0-16; the rest of the 16 zero-filled) from global `src`, 16-byte aligned, to
 // shared `dst`, asynchronously (a cp.async group).
 __device__ __forceinline__ void cp_async_bytes(unsigned dst, const void* src, int bytes) {
@@ -291,6 +304,18 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     const unsigned bias_copy = base + WG_STAGES * WS_STAGE_BYTES + c * WS_BN * 4;
     const float* bias_s = reinterpret_cast<const float*>(smem_raw + (bias_copy - smem_u32(smem_raw)));
 #endif
+#ifdef EPI_STAGED
+    // Stages 21 and 22: this warp's staging buffer, after the bias copies (a shared-window address:
+    // 32-bit, so the store's few loop-invariant addresses cost one register each).
+    const unsigned staging = base + WG_STAGES * WS_STAGE_BYTES + WS_BIAS_BYTES + (4 * c + warp) * EPI_STAGING_BYTES;
+    // Their store reads the bias copy unconditionally (a branch on the bias costs the 192-wide
+    // ping-pong consumer registers it would spill): without a bias the copy is zeros, written once.
+    if (bias == nullptr) {
+        for (int q = tid & 127; q < WS_BN; q += 128)
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(bias_copy + 4 * q), "f"(0.0f) : "memory");
+        named_barrier(1 + c, 128);
+    }
+#endif
     // The store of 64 rows of tile (m0, n0), from row r0, out of `d`: a consumer's accumulators of
     // one wgmma row block.
     auto store = [&](const float(&d)[WS_BN / 2], int m0, int n0, int r0) {
@@ -357,8 +382,74 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // ragged shape) stores with no bounds check, no branch and no per-element address: two
         // row offsets per thread, the column an immediate. `epilogue` is a constant in each of
         // stage 15's entries, so only its own tail is compiled in.
+#ifdef EPI_STAGED
+        // Stages 21 and 22's float4 stores need every row 16-byte aligned.
+        const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && (N & 3) == 0;
+#else
         const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && pairs;
+#endif
         if (interior) {
+#ifdef EPI_STAGED
+            // Stages 21 and 22: per 32 columns, the warp writes its 16 rows of accumulators into
+            // its staging buffer in the wgmma layout (8-byte pieces; 16-byte piece p of row r at
+            // p ^ (r % 8), so a write takes the two wavefronts 256 bytes need), then reads them
+            // back a row-contiguous float4 per lane (8 lanes a 128-byte row, 4 rows an
+            // instruction, conflict-free), adds the bias (one broadcast float4) and the tail, and
+            // stores whole lines. The residual's float4s are loaded first, so their latency runs
+            // under the staging.
+            const int lr = lane >> 3, q = lane & 7;  // read phase: rows lr + 4 i, 16-byte piece q
+            // Element (lr + 4 i, 8 j0 + 4 q) of the warp's rows is at at0 + i * 4 * N + 8 j0: 32-bit
+            // offsets (M * N < 2^31), not pointers, since four rows' pointers for the output and
+            // the residual cost 16 registers the 192-wide ping-pong consumer does not have.
+            const int at0 = (r0 + 16 * warp + lr) * N + n0 + 4 * q;
+#pragma unroll
+            for (int j0 = 0; j0 < WS_BN / 8; j0 += 4) {
+                float4 rv[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    rv[i] = add_residual ? *reinterpret_cast<const float4*>(residual + at0 + i * 4 * N + 8 * j0)
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                // Rows g and g + 8 (the same swizzle, g < 8), columns 8 jj + 2 t: 16-byte piece
+                // 2 jj + t / 2, at (2 jj + t / 2) ^ g = 2 jj ^ (t / 2 ^ g).
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const unsigned at = staging + g * 128 + 1024 * h + (((2 * jj) ^ ((t >> 1) ^ g)) * 16) + (t & 1) * 8;
+                        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(d[4 * (j0 + jj) + 2 * h]),
+                                     "f"(d[4 * (j0 + jj) + 2 * h + 1])
+                                     : "memory");
+                    }
+                __syncwarp();
+                const float4 bv = *reinterpret_cast<const float4*>(bias_s + 8 * j0 + 4 * q);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    // Row lr + 4 i (lr < 4): its swizzle is lr, or lr ^ 4 for odd i.
+                    const unsigned at = staging + (lr + 4 * i) * 128 + ((q ^ lr ^ (4 * (i & 1))) * 16);
+                    float4 v;
+                    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                                 : "r"(at)
+                                 : "memory");
+                    v.x += bv.x;
+                    v.y += bv.y;
+                    v.z += bv.z;
+                    v.w += bv.w;
+                    if (TAIL && epilogue == EPI_GELU) {
+                        v.x = epi_gelu(v.x);
+                        v.y = epi_gelu(v.y);
+                        v.z = epi_gelu(v.z);
+                        v.w = epi_gelu(v.w);
+                    }
+                    v.x += rv[i].x;
+                    v.y += rv[i].y;
+                    v.z += rv[i].z;
+                    v.w += rv[i].w;
+                    *reinterpret_cast<float4*>(out + at0 + i * 4 * N + 8 * j0) = v;
+                }
+                __syncwarp();  // every lane has read the buffer before the next columns' writes
+            }
+#else
             const size_t row0 = (size_t)(r0 + 16 * warp + g) * N + n0 + 2 * t;
             const size_t rows[2] = {row0, row0 + (size_t)8 * N};
 #ifdef EPI_BIAS_SMEM
@@ -395,6 +486,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                     }
                 }
             }
+#endif
         } else
 #endif
         {

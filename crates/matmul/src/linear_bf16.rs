@@ -40,9 +40,11 @@ const TMA_N: &str = "N % 4 == 0";
 const OUT_BOX: (u32, u32) = (32, 64);
 /// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
 const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
-/// Stages 18-20's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
+/// Stages 21 and 22's staging buffer per consumer warp: 16 rows x 32 fp32 columns.
+const EPI_STAGING_BYTES: u32 = 16 * 32 * 4;
+/// Stages 18-22's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
 const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
-/// Stages 17 and 19's tile width (the header's `#error`).
+/// Stages 17, 19 and 22's tile width (the header's `#error`).
 const PING_PONG_BN: &str = "WS_BN <= 192 with WS_PINGPONG";
 
 /// How a stage computes the GEMM.
@@ -86,6 +88,12 @@ enum Plan {
     /// `20_multicast_bias.cu`: stage 18 in clusters of 2 along M, the W tile multicast to both
     /// (entries `linear_bf16_multicast_bias`, `_gelu`, `_residual`).
     MulticastBias,
+    /// `21_staged_store.cu`: stage 18 storing interior tiles in whole lines through a staging
+    /// buffer per consumer warp (entries `linear_bf16_staged_store`, `_gelu`, `_residual`).
+    StagedStore,
+    /// `22_ping_pong_staged.cu`: stage 19 with stage 21's staged store (entries
+    /// `linear_bf16_ping_pong_staged`, `_gelu`, `_residual`).
+    PingPongStaged,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -99,27 +107,37 @@ impl Plan {
     fn fitted(self) -> bool {
         matches!(
             self,
-            Plan::WaveFit | Plan::TmaStore | Plan::Multicast | Plan::Lean | Plan::BiasSmem | Plan::MulticastBias
+            Plan::WaveFit
+                | Plan::TmaStore
+                | Plan::Multicast
+                | Plan::Lean
+                | Plan::BiasSmem
+                | Plan::MulticastBias
+                | Plan::StagedStore
         )
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
     fn fuses_tail(self) -> bool {
         matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast) || self.entry_per_tail()
     }
-    /// Whether the module has one entry per tail, each with its tail a constant (stages 15-20).
+    /// Whether the module has one entry per tail, each with its tail a constant (stages 15-22).
     fn entry_per_tail(self) -> bool {
-        matches!(
-            self,
-            Plan::Lean | Plan::Tall | Plan::PingPong | Plan::BiasSmem | Plan::PingPongBias | Plan::MulticastBias
-        )
+        matches!(self, Plan::Lean | Plan::Tall) || self.copies_bias() || self.ping_pong()
     }
     /// Whether the consumers take turns, each on a tile of its own (two turn mbarriers).
     fn ping_pong(self) -> bool {
-        matches!(self, Plan::PingPong | Plan::PingPongBias)
+        matches!(self, Plan::PingPong | Plan::PingPongBias | Plan::PingPongStaged)
     }
     /// Whether each consumer copies its tile's bias into shared memory with 16-byte cp.async.
     fn copies_bias(self) -> bool {
-        matches!(self, Plan::BiasSmem | Plan::PingPongBias | Plan::MulticastBias)
+        matches!(
+            self,
+            Plan::BiasSmem | Plan::PingPongBias | Plan::MulticastBias | Plan::StagedStore | Plan::PingPongStaged
+        )
+    }
+    /// Whether each consumer warp stages its interior stores through shared memory (stages 21, 22).
+    fn stages_store(self) -> bool {
+        matches!(self, Plan::StagedStore | Plan::PingPongStaged)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
@@ -141,7 +159,7 @@ fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, su
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 11-15, 18 and 20: the tile width is a define the plan sets per shape, not a tunable, so
+/// Stages 11-15, 18, 20 and 21: the tile width is a define the plan sets per shape, not a tunable, so
 /// a sweep cannot set it behind the wave model's back (256 is what the compile check builds).
 fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
@@ -151,7 +169,7 @@ fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summ
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 17 and 19: consumers taking turns on 128 x WS_BN tiles, the width and ring depth a
+/// Stages 17, 19 and 22: consumers taking turns on 128 x WS_BN tiles, the width and ring depth a
 /// declared sweep space (at 192 a stage of the ring is 40 KiB: 5 fit).
 fn ping_pong(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
@@ -299,6 +317,20 @@ fn stages() -> Vec<Variant> {
             Plan::MulticastBias,
             "stage 18 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
+        wave_fit(
+            21,
+            "staged-store",
+            "linear-bf16/21_staged_store.cu",
+            Plan::StagedStore,
+            "stage 18 with interior tiles staged per warp in shared memory and stored as whole 128-byte lines",
+        ),
+        ping_pong(
+            22,
+            "ping-pong-staged",
+            "linear-bf16/22_ping_pong_staged.cu",
+            Plan::PingPongStaged,
+            "stage 19 (consumers taking turns, bias copied) with stage 21's whole-line staged store",
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -323,7 +355,7 @@ pub fn wave_fit_width(m: usize, n: usize, sms: u32) -> u32 {
     [256, 192, 128].into_iter().min_by_key(|&w| cost(w)).expect("three widths")
 }
 
-/// Stages 17 and 19's tile width for a tail: `width`, except that the residual entry runs 128 wide,
+/// Stages 17, 19 and 22's tile width for a tail: `width`, except that the residual entry runs 128 wide,
 /// since beside two 64 x 192 accumulator sets its residual pairs spill (ptxas: 804-1488 bytes).
 fn ping_pong_width(width: u32, tail: Tail) -> u32 {
     if tail == Tail::Residual {
@@ -396,7 +428,7 @@ enum Stage {
         b_rows: usize,
         tail: TailArgs,
         store: Store,
-        /// The bias is copied with cp.async (stages 18-20): its address must be 16-byte aligned.
+        /// The bias is copied with cp.async (stages 18-22): its address must be 16-byte aligned.
         bias_aligned: bool,
     },
     Lt(Lt),
@@ -409,7 +441,7 @@ enum TailArgs {
     None,
     /// The residual pointer and the tail's code (stages 10-14).
     ResidualAndCode,
-    /// The residual pointer; the tail is the entry's (stages 15-20).
+    /// The residual pointer; the tail is the entry's (stages 15-22).
     Residual,
 }
 
@@ -499,15 +531,17 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::PingPong
         | Plan::BiasSmem
         | Plan::PingPongBias
-        | Plan::MulticastBias => {
+        | Plan::MulticastBias
+        | Plan::StagedStore
+        | Plan::PingPongStaged => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
-            // 128 x WS_BN (a tunable); stages 11-15, 18 and 20: the wave model's width; stage
-            // 16: the stage list's WS_BM x WS_BN; stages 17 and 19: 128 x WS_BN (a tunable).
+            // 128 x WS_BN (a tunable); stages 11-15, 18, 20 and 21: the wave model's width; stage
+            // 16: the stage list's WS_BM x WS_BN; stages 17, 19 and 22: 128 x WS_BN (a tunable).
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
-            // Stages 15-20: the entry of the shape's tail.
+            // Stages 15-22: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
                 Tail::None => base.to_string(),
                 Tail::Gelu => format!("{base}_gelu"),
@@ -525,13 +559,17 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::PingPong => (per_tail("linear_bf16_ping_pong"), ping_pong_width(v.tunable("WS_BN")?, d.tail)),
                 Plan::BiasSmem => (per_tail("linear_bf16_bias_smem"), fit()),
                 Plan::MulticastBias => (per_tail("linear_bf16_multicast_bias"), fit()),
+                Plan::StagedStore => (per_tail("linear_bf16_staged_store"), fit()),
                 Plan::PingPongBias => {
                     (per_tail("linear_bf16_ping_pong_bias"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
+                }
+                Plan::PingPongStaged => {
+                    (per_tail("linear_bf16_ping_pong_staged"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
                 }
                 _ => ("linear_bf16_epilogue".to_string(), v.tunable("WS_BN")?),
             };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
-            // Stages 17 and 19: a consumer holds two 64 x WS_BN accumulator sets.
+            // Stages 17, 19 and 22: a consumer holds two 64 x WS_BN accumulator sets.
             require(!plan.ping_pong() || tile_n <= 192, PING_PONG_BN, || format!("WS_BN = {tile_n}"))?;
             // Stage 7: one mbarrier a stage and two consumer warpgroups; the others a full and an
             // empty mbarrier a stage, a producer warpgroup and one consumer per 64 tile rows.
@@ -544,17 +582,19 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let stage_bytes = (tile_m + tile_n) * WG_BK * 2 + 8 * bars;
             let slots = if plan == Plan::TmaStore { v.tunable("EPI_SLOTS")? } else { 0 };
             require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
-            // Stage 17's two turn mbarriers; stage 18's copy of the tile's bias per consumer.
+            // Stage 17's two turn mbarriers; stage 18's copy of the tile's bias per consumer; stage
+            // 21's staging buffer per consumer warp.
             let turns = if plan.ping_pong() { 16 } else { 0 };
             let bias_copies = if plan.copies_bias() { (tile_m / 64) * tile_n * 4 } else { 0 };
-            let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies;
+            let staging = if plan.stages_store() { (tile_m / 64) * 4 * EPI_STAGING_BYTES } else { 0 };
+            let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies + staging;
             // Stage 13's ring is as deep as WG_STAGES allows beside its slots.
             let stages = if plan == Plan::TmaStore {
                 stages.min(gpu.info().shared_memory_per_block_optin.saturating_sub(fixed) / stage_bytes).max(1)
             } else {
                 stages
             };
-            // Stages 11-15, 18 and 20 are compiled at the width (their WS_BN define), 13 at its ring depth.
+            // Stages 11-15, 18, 20 and 21 are compiled at the width (their WS_BN define), 13 at its ring depth.
             let fitted;
             let v = if plan.fitted() {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
@@ -565,7 +605,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 fitted = f;
                 &fitted
             } else if plan.ping_pong() && v.tunable("WS_BN")? != tile_n {
-                // Stages 17 and 19 with the residual tail: compiled at the narrower width.
+                // Stages 17, 19 and 22 with the residual tail: compiled at the narrower width.
                 let mut f = v.clone();
                 f.set_tunable("WS_BN", tile_n)?;
                 fitted = f;
