@@ -40,11 +40,11 @@ const TMA_N: &str = "N % 4 == 0";
 const OUT_BOX: (u32, u32) = (32, 64);
 /// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
 const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
-/// Stages 21 and 22's staging buffer per consumer warp: 16 rows x 32 fp32 columns.
+/// Stages 21-23's staging buffer per consumer warp: 16 rows x 32 fp32 columns.
 const EPI_STAGING_BYTES: u32 = 16 * 32 * 4;
-/// Stages 18-22's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
+/// Stages 18-23's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
 const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
-/// Stages 17, 19 and 22's tile width (the header's `#error`).
+/// Stages 17, 19, 22 and 23's tile width (the header's `#error`).
 const PING_PONG_BN: &str = "WS_BN <= 192 with WS_PINGPONG";
 
 /// How a stage computes the GEMM.
@@ -94,6 +94,9 @@ enum Plan {
     /// `22_ping_pong_staged.cu`: stage 19 with stage 21's staged store (entries
     /// `linear_bf16_ping_pong_staged`, `_gelu`, `_residual`).
     PingPongStaged,
+    /// `23_ping_pong_multicast.cu`: stage 22 in clusters of 2 along M, the W tile multicast to
+    /// both (entries `linear_bf16_ping_pong_multicast`, `_gelu`, `_residual`).
+    PingPongMulticast,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -120,28 +123,33 @@ impl Plan {
     fn fuses_tail(self) -> bool {
         matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast) || self.entry_per_tail()
     }
-    /// Whether the module has one entry per tail, each with its tail a constant (stages 15-22).
+    /// Whether the module has one entry per tail, each with its tail a constant (stages 15-23).
     fn entry_per_tail(self) -> bool {
         matches!(self, Plan::Lean | Plan::Tall) || self.copies_bias() || self.ping_pong()
     }
     /// Whether the consumers take turns, each on a tile of its own (two turn mbarriers).
     fn ping_pong(self) -> bool {
-        matches!(self, Plan::PingPong | Plan::PingPongBias | Plan::PingPongStaged)
+        matches!(self, Plan::PingPong | Plan::PingPongBias | Plan::PingPongStaged | Plan::PingPongMulticast)
     }
     /// Whether each consumer copies its tile's bias into shared memory with 16-byte cp.async.
     fn copies_bias(self) -> bool {
         matches!(
             self,
-            Plan::BiasSmem | Plan::PingPongBias | Plan::MulticastBias | Plan::StagedStore | Plan::PingPongStaged
+            Plan::BiasSmem
+                | Plan::PingPongBias
+                | Plan::MulticastBias
+                | Plan::StagedStore
+                | Plan::PingPongStaged
+                | Plan::PingPongMulticast
         )
     }
-    /// Whether each consumer warp stages its interior stores through shared memory (stages 21, 22).
+    /// Whether each consumer warp stages its interior stores through shared memory (stages 21-23).
     fn stages_store(self) -> bool {
-        matches!(self, Plan::StagedStore | Plan::PingPongStaged)
+        matches!(self, Plan::StagedStore | Plan::PingPongStaged | Plan::PingPongMulticast)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
-        if matches!(self, Plan::Multicast | Plan::MulticastBias) {
+        if matches!(self, Plan::Multicast | Plan::MulticastBias | Plan::PingPongMulticast) {
             2
         } else {
             1
@@ -169,7 +177,7 @@ fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summ
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 17, 19 and 22: consumers taking turns on 128 x WS_BN tiles, the width and ring depth a
+/// Stages 17, 19, 22 and 23: consumers taking turns on 128 x WS_BN tiles, the width and ring depth a
 /// declared sweep space (at 192 a stage of the ring is 40 KiB: 5 fit).
 fn ping_pong(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
@@ -331,6 +339,13 @@ fn stages() -> Vec<Variant> {
             Plan::PingPongStaged,
             "stage 19 (consumers taking turns, bias copied) with stage 21's whole-line staged store",
         ),
+        ping_pong(
+            23,
+            "ping-pong-multicast",
+            "linear-bf16/23_ping_pong_multicast.cu",
+            Plan::PingPongMulticast,
+            "stage 22 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -355,7 +370,7 @@ pub fn wave_fit_width(m: usize, n: usize, sms: u32) -> u32 {
     [256, 192, 128].into_iter().min_by_key(|&w| cost(w)).expect("three widths")
 }
 
-/// Stages 17, 19 and 22's tile width for a tail: `width`, except that the residual entry runs 128 wide,
+/// Stages 17, 19, 22 and 23's tile width for a tail: `width`, except that the residual entry runs 128 wide,
 /// since beside two 64 x 192 accumulator sets its residual pairs spill (ptxas: 804-1488 bytes).
 fn ping_pong_width(width: u32, tail: Tail) -> u32 {
     if tail == Tail::Residual {
@@ -428,7 +443,7 @@ enum Stage {
         b_rows: usize,
         tail: TailArgs,
         store: Store,
-        /// The bias is copied with cp.async (stages 18-22): its address must be 16-byte aligned.
+        /// The bias is copied with cp.async (stages 18-23): its address must be 16-byte aligned.
         bias_aligned: bool,
     },
     Lt(Lt),
@@ -441,7 +456,7 @@ enum TailArgs {
     None,
     /// The residual pointer and the tail's code (stages 10-14).
     ResidualAndCode,
-    /// The residual pointer; the tail is the entry's (stages 15-22).
+    /// The residual pointer; the tail is the entry's (stages 15-23).
     Residual,
 }
 
@@ -533,15 +548,16 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::PingPongBias
         | Plan::MulticastBias
         | Plan::StagedStore
-        | Plan::PingPongStaged => {
+        | Plan::PingPongStaged
+        | Plan::PingPongMulticast => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
             // 128 x WS_BN (a tunable); stages 11-15, 18, 20 and 21: the wave model's width; stage
-            // 16: the stage list's WS_BM x WS_BN; stages 17, 19 and 22: 128 x WS_BN (a tunable).
+            // 16: the stage list's WS_BM x WS_BN; stages 17, 19, 22 and 23: 128 x WS_BN (a tunable).
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
-            // Stages 15-22: the entry of the shape's tail.
+            // Stages 15-23: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
                 Tail::None => base.to_string(),
                 Tail::Gelu => format!("{base}_gelu"),
@@ -566,10 +582,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::PingPongStaged => {
                     (per_tail("linear_bf16_ping_pong_staged"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
                 }
+                Plan::PingPongMulticast => {
+                    (per_tail("linear_bf16_ping_pong_multicast"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
+                }
                 _ => ("linear_bf16_epilogue".to_string(), v.tunable("WS_BN")?),
             };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
-            // Stages 17, 19 and 22: a consumer holds two 64 x WS_BN accumulator sets.
+            // Stages 17, 19, 22 and 23: a consumer holds two 64 x WS_BN accumulator sets.
             require(!plan.ping_pong() || tile_n <= 192, PING_PONG_BN, || format!("WS_BN = {tile_n}"))?;
             // Stage 7: one mbarrier a stage and two consumer warpgroups; the others a full and an
             // empty mbarrier a stage, a producer warpgroup and one consumer per 64 tile rows.
@@ -583,7 +602,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let slots = if plan == Plan::TmaStore { v.tunable("EPI_SLOTS")? } else { 0 };
             require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
             // Stage 17's two turn mbarriers; stage 18's copy of the tile's bias per consumer; stage
-            // 21's staging buffer per consumer warp.
+            // 21-23's staging buffer per consumer warp.
             let turns = if plan.ping_pong() { 16 } else { 0 };
             let bias_copies = if plan.copies_bias() { (tile_m / 64) * tile_n * 4 } else { 0 };
             let staging = if plan.stages_store() { (tile_m / 64) * 4 * EPI_STAGING_BYTES } else { 0 };
@@ -605,7 +624,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 fitted = f;
                 &fitted
             } else if plan.ping_pong() && v.tunable("WS_BN")? != tile_n {
-                // Stages 17, 19 and 22 with the residual tail: compiled at the narrower width.
+                // Stages 17, 19, 22 and 23 with the residual tail: compiled at the narrower width.
                 let mut f = v.clone();
                 f.set_tunable("WS_BN", tile_n)?;
                 fitted = f;
