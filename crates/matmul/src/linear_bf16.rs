@@ -40,9 +40,9 @@ const TMA_N: &str = "N % 4 == 0";
 const OUT_BOX: (u32, u32) = (32, 64);
 /// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
 const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
-/// Stages 21-23's staging buffer per consumer warp: 16 rows x 32 fp32 columns.
+/// Stages 21-24's staging buffer per consumer warp: 16 rows x 32 fp32 columns.
 const EPI_STAGING_BYTES: u32 = 16 * 32 * 4;
-/// Stages 18-23's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
+/// Stages 18-24's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
 const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
 /// Stages 17, 19, 22 and 23's tile width (the header's `#error`).
 const PING_PONG_BN: &str = "WS_BN <= 192 with WS_PINGPONG";
@@ -97,6 +97,9 @@ enum Plan {
     /// `23_ping_pong_multicast.cu`: stage 22 in clusters of 2 along M, the W tile multicast to
     /// both (entries `linear_bf16_ping_pong_multicast`, `_gelu`, `_residual`).
     PingPongMulticast,
+    /// `24_multicast_staged.cu`: stage 21 in clusters of 2 along M, the W tile multicast to both
+    /// (entries `linear_bf16_multicast_staged`, `_gelu`, `_residual`).
+    MulticastStaged,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -117,13 +120,14 @@ impl Plan {
                 | Plan::BiasSmem
                 | Plan::MulticastBias
                 | Plan::StagedStore
+                | Plan::MulticastStaged
         )
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
     fn fuses_tail(self) -> bool {
         matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast) || self.entry_per_tail()
     }
-    /// Whether the module has one entry per tail, each with its tail a constant (stages 15-23).
+    /// Whether the module has one entry per tail, each with its tail a constant (stages 15-24).
     fn entry_per_tail(self) -> bool {
         matches!(self, Plan::Lean | Plan::Tall) || self.copies_bias() || self.ping_pong()
     }
@@ -141,15 +145,16 @@ impl Plan {
                 | Plan::StagedStore
                 | Plan::PingPongStaged
                 | Plan::PingPongMulticast
+                | Plan::MulticastStaged
         )
     }
-    /// Whether each consumer warp stages its interior stores through shared memory (stages 21-23).
+    /// Whether each consumer warp stages its interior stores through shared memory (stages 21-24).
     fn stages_store(self) -> bool {
-        matches!(self, Plan::StagedStore | Plan::PingPongStaged | Plan::PingPongMulticast)
+        matches!(self, Plan::StagedStore | Plan::PingPongStaged | Plan::PingPongMulticast | Plan::MulticastStaged)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
-        if matches!(self, Plan::Multicast | Plan::MulticastBias | Plan::PingPongMulticast) {
+        if matches!(self, Plan::Multicast | Plan::MulticastBias | Plan::PingPongMulticast | Plan::MulticastStaged) {
             2
         } else {
             1
@@ -167,8 +172,9 @@ fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, su
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 11-15, 18, 20 and 21: the tile width is a define the plan sets per shape, not a tunable, so
-/// a sweep cannot set it behind the wave model's back (256 is what the compile check builds).
+/// Stages 11-15, 18, 20, 21 and 24: the tile width is a define the plan sets per shape, not a
+/// tunable, so a sweep cannot set it behind the wave model's back (256 is what the compile check
+/// builds).
 fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
         .with_plan(plan)
@@ -346,6 +352,13 @@ fn stages() -> Vec<Variant> {
             Plan::PingPongMulticast,
             "stage 22 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
+        wave_fit(
+            24,
+            "multicast-staged",
+            "linear-bf16/24_multicast_staged.cu",
+            Plan::MulticastStaged,
+            "stage 21 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -443,7 +456,7 @@ enum Stage {
         b_rows: usize,
         tail: TailArgs,
         store: Store,
-        /// The bias is copied with cp.async (stages 18-23): its address must be 16-byte aligned.
+        /// The bias is copied with cp.async (stages 18-24): its address must be 16-byte aligned.
         bias_aligned: bool,
     },
     Lt(Lt),
@@ -456,7 +469,7 @@ enum TailArgs {
     None,
     /// The residual pointer and the tail's code (stages 10-14).
     ResidualAndCode,
-    /// The residual pointer; the tail is the entry's (stages 15-23).
+    /// The residual pointer; the tail is the entry's (stages 15-24).
     Residual,
 }
 
@@ -549,15 +562,16 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::MulticastBias
         | Plan::StagedStore
         | Plan::PingPongStaged
-        | Plan::PingPongMulticast => {
+        | Plan::PingPongMulticast
+        | Plan::MulticastStaged => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
-            // 128 x WS_BN (a tunable); stages 11-15, 18, 20 and 21: the wave model's width; stage
+            // 128 x WS_BN (a tunable); stages 11-15, 18, 20, 21 and 24: the wave model's width; stage
             // 16: the stage list's WS_BM x WS_BN; stages 17, 19, 22 and 23: 128 x WS_BN (a tunable).
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
-            // Stages 15-23: the entry of the shape's tail.
+            // Stages 15-24: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
                 Tail::None => base.to_string(),
                 Tail::Gelu => format!("{base}_gelu"),
@@ -576,6 +590,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::BiasSmem => (per_tail("linear_bf16_bias_smem"), fit()),
                 Plan::MulticastBias => (per_tail("linear_bf16_multicast_bias"), fit()),
                 Plan::StagedStore => (per_tail("linear_bf16_staged_store"), fit()),
+                Plan::MulticastStaged => (per_tail("linear_bf16_multicast_staged"), fit()),
                 Plan::PingPongBias => {
                     (per_tail("linear_bf16_ping_pong_bias"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
                 }
@@ -602,7 +617,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let slots = if plan == Plan::TmaStore { v.tunable("EPI_SLOTS")? } else { 0 };
             require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
             // Stage 17's two turn mbarriers; stage 18's copy of the tile's bias per consumer; stage
-            // 21-23's staging buffer per consumer warp.
+            // 21-24's staging buffer per consumer warp.
             let turns = if plan.ping_pong() { 16 } else { 0 };
             let bias_copies = if plan.copies_bias() { (tile_m / 64) * tile_n * 4 } else { 0 };
             let staging = if plan.stages_store() { (tile_m / 64) * 4 * EPI_STAGING_BYTES } else { 0 };
@@ -613,7 +628,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             } else {
                 stages
             };
-            // Stages 11-15, 18, 20 and 21 are compiled at the width (their WS_BN define), 13 at its ring depth.
+            // Stages 11-15, 18, 20, 21 and 24 are compiled at the width (their WS_BN define), 13 at
+            // its ring depth.
             let fitted;
             let v = if plan.fitted() {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };

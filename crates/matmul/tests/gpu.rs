@@ -62,7 +62,7 @@ fn bad_buffers(gpu: &Gpu) {
     bad_bias_alignment(gpu);
 }
 
-/// Stages 18-23 copy the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
+/// Stages 18-24 copy the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
 /// error that launches nothing (a `CudaSlice` of its own allocation is always aligned, so the
 /// misaligned one is made from a raw pointer).
 fn bad_bias_alignment(gpu: &Gpu) {
@@ -194,12 +194,12 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("linear_bf16_fitted_stages_any_shape", |gpu| {
-            // Stage 13 at each slot count its sweep declares, 14-23, and 17 at two more ring depths
+            // Stage 13 at each slot count its sweep declares, 14-24, and 17 at two more ring depths
             // its sweep declares, at N % 4 == 0 (stage 13's output map's limit) with ragged M, N and
             // K: the TMA store clipping boxes at M and N, consumers whose rows all lie past M, the
-            // cluster pairs of stages 14, 20 and 23 with an odd number of tile rows (the second block
-            // past M), stage 15's and 21-23's unchecked (and staged) interior tiles next to checked
-            // edge tiles, in bias-free shapes too (stages 21-23 then read a zeroed copy), stage 16's
+            // cluster pairs of stages 14, 20, 23, 24 with an odd number of tile rows (the second block
+            // past M), stage 15's and 21-24's unchecked (and staged) interior tiles next to checked
+            // edge tiles, in bias-free shapes too (stages 21-24 then read a zeroed copy), stage 16's
             // 192-row tiles with a partial last row, stage 17's consumers taking turns over blocks
             // of one, two or many tiles with fewer K steps a tile than ring stages (K = 8, 64, 72),
             // and shapes where the wave model picks each width (4100 x 580: 192, 4096 x 772: 256,
@@ -209,7 +209,7 @@ fn main() -> std::process::ExitCode {
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
             let mut points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| slots.derive(v)).collect();
             assert_eq!(points.len(), 3, "stage 13, three slot counts");
-            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..=23).contains(&v.stage)));
+            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..=24).contains(&v.stage)));
             let depths = Grid { axes: vec![Sweep { tunable: "WG_STAGES".into(), values: vec![3, 5] }] };
             points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 17).flat_map(|v| depths.derive(v)));
             for (m, n, k) in
