@@ -10,14 +10,15 @@
 //   EPI_PREFETCH (12, 14-24): a chunk's bias and residual loads batched before its stores;
 //   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
 //     (`map_out`) while the consumer goes on;
-//   WS_MULTICAST (14, 20, 23, 24): clusters of 2 along M walk pairs of vertically adjacent tiles, which
-//     share their W tile; each block loads its own A tile and half of the W tile, multicast into
-//     both, and a ring stage is refilled only once the consumers of both blocks have released it
-//     (with WS_PINGPONG the two blocks' walks are the same, so the same consumer of each reads it);
+//   WS_MULTICAST (14, 20, 23, 24): clusters of 2 along M walk pairs of vertically adjacent tiles,
+//     which share their W tile; each block loads its own A tile and half of the W tile, multicast
+//     into both, and a ring stage is refilled only once the consumers of both blocks have released
+//     it (with WS_PINGPONG the two blocks' walks are the same, so the same consumer of each reads
+//     it);
 //   EPI_LEAN (15-24): tiles wholly inside the output stored without checks, GELU on tanh.approx;
-//   WS_PINGPONG (17, 19, 22, 23): each consumer takes every other tile of the walk whole (two 64-row
-//     accumulator sets), the two taking turns on the tensor cores, one's store under the other's
-//     MMAs;
+//   WS_PINGPONG (17, 19, 22, 23): each consumer takes every other tile of the walk whole (two
+//     64-row accumulator sets), the two taking turns on the tensor cores, one's store under the
+//     other's MMAs;
 //   EPI_BIAS_SMEM (18-24): each consumer copies its tile's bias into shared memory (cp.async)
 //     while the MMAs run, and its store reads it there;
 //   EPI_STAGED (21-24): an interior tile's accumulators pass through a shared staging buffer per

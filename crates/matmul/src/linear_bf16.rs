@@ -183,8 +183,8 @@ fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summ
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 17, 19, 22 and 23: consumers taking turns on 128 x WS_BN tiles, the width and ring depth a
-/// declared sweep space (at 192 a stage of the ring is 40 KiB: 5 fit).
+/// Stages 17, 19, 22 and 23: consumers taking turns on 128 x WS_BN tiles, the width and ring depth
+/// a declared sweep space (at 192 a stage of the ring is 40 KiB: 5 fit).
 fn ping_pong(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
         .with_plan(plan)
@@ -383,8 +383,9 @@ pub fn wave_fit_width(m: usize, n: usize, sms: u32) -> u32 {
     [256, 192, 128].into_iter().min_by_key(|&w| cost(w)).expect("three widths")
 }
 
-/// Stages 17, 19, 22 and 23's tile width for a tail: `width`, except that the residual entry runs 128 wide,
-/// since beside two 64 x 192 accumulator sets its residual pairs spill (ptxas: 804-1488 bytes).
+/// Stages 17, 19, 22 and 23's tile width for a tail: `width`, except that the residual entry runs
+/// 128 wide, since beside two 64 x 192 accumulator sets its residual loads spill (ptxas: 804-1488
+/// bytes).
 fn ping_pong_width(width: u32, tail: Tail) -> u32 {
     if tail == Tail::Residual {
         width.min(128)
@@ -568,8 +569,9 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
-            // 128 x WS_BN (a tunable); stages 11-15, 18, 20, 21 and 24: the wave model's width; stage
-            // 16: the stage list's WS_BM x WS_BN; stages 17, 19, 22 and 23: 128 x WS_BN (a tunable).
+            // 128 x WS_BN (a tunable); stages 11-15, 18, 20, 21 and 24: the wave model's width;
+            // stage 16: the stage list's WS_BM x WS_BN; stages 17, 19, 22 and 23: 128 x WS_BN (a
+            // tunable).
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
             // Stages 15-24: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
