@@ -18,8 +18,9 @@ fn matmul(c: &mut Criterion) {
             }
         });
     }
-    // Ten stages at twelve shapes: one second a point keeps the group to a few minutes, and the
-    // slowest point (a 8192^3 mma.sync stage, ~5 ms) still gets its 20 samples.
+    // Every stage at every default shape: one second a point keeps the group to minutes (about
+    // eight on the H100 with the 2026-11-23 stage list), and the slowest point (an 8192^3 mma.sync
+    // stage, ~7 ms) still gets its 20 samples.
     let bf16 = &matmul::linear_bf16::LinearBf16;
     let quick = Sampling {
         sample_size: 20,

@@ -1,8 +1,8 @@
-// matmul_wgmma.cuh: Hopper's pieces shared by the wgmma stages of linear-bf16 (7-14): the tensor
-// map passed by value, mbarriers (cluster-wide arrivals too), the TMA's 2-D tile load (multicast
-// too) and store (bulk async-groups, the proxy fence), named and cluster barriers, shared-memory matrix descriptors of 128-byte swizzled K-major tiles, and
-// the warpgroup MMA instructions (m64n128k16, m64n192k16, m64n256k16; bf16 in, fp32 accumulate).
-// Needs sm_90a.
+// matmul_wgmma.cuh: Hopper's pieces shared by the wgmma stages of linear-bf16 (7 and later): the
+// tensor map passed by value, mbarriers (cluster-wide arrivals too), the TMA's 2-D tile load
+// (multicast too) and store (bulk async-groups, the proxy fence), named and cluster barriers,
+// shared-memory matrix descriptors of 128-byte swizzled K-major tiles, and the warpgroup MMA
+// instructions (m64n128k16, m64n192k16, m64n256k16; bf16 in, fp32 accumulate). Needs sm_90a.
 #pragma once
 #include <cuda_bf16.h>
 #include "ladder_mma.cuh"

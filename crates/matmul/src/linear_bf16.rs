@@ -6,7 +6,7 @@
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
 //! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias).
-//! Stages 10-20 and the library row fuse a tail; the others are `n/a` at `epi` > 0.
+//! Stage 10, every later stage and the library row fuse a tail; stages 5-9 are `n/a` at `epi` > 0.
 
 use common::check::Verification;
 use common::cudarc::driver::{sys, CudaSlice, CudaStream};
