@@ -214,7 +214,7 @@ enum Command {
         #[arg(long, conflicts_with = "shape")]
         each: Option<String>,
         /// Stage range `a..b` (inclusive) or one stage `a`.
-        #[arg(long, value_parser = parse_stages)]
+        #[arg(long, value_parser = common::variant::parse_stages)]
         stages: Option<(u32, u32)>,
         /// Also run all-on-minus-one variants of toggle ladders.
         #[arg(long)]
@@ -310,21 +310,6 @@ fn parse_sweep(s: &str) -> Result<Sweep, String> {
         return Err(bad());
     }
     Ok(Sweep { tunable: name.trim().to_string(), values })
-}
-
-fn parse_stages(s: &str) -> Result<(u32, u32), String> {
-    let bad = || format!("'{s}' is not a stage N or an inclusive range A..B with A <= B");
-    let num = |t: &str| t.trim().parse::<u32>().map_err(|_| bad());
-    match s.split_once("..") {
-        Some((a, b)) => {
-            let (a, b) = (num(a)?, num(b.trim_start_matches('='))?);
-            if a > b {
-                return Err(bad());
-            }
-            Ok((a, b))
-        }
-        None => num(s).map(|n| (n, n)),
-    }
 }
 
 fn execute(command: Command) -> common::Result<ExitCode> {

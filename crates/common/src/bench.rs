@@ -77,8 +77,19 @@ pub fn bench_op(
     };
     let smoke = std::env::var("LADDER_BENCH_SMOKE").is_ok_and(|v| v == "1");
     let sampling = |shape: &Shape, v: &Variant| if smoke { Sampling::smoke() } else { sampling(shape, v) };
+    // `LADDER_BENCH_STAGES=A..B`: only those stages (a criterion filter still verifies every stage).
+    let variants: Vec<Variant> = match std::env::var("LADDER_BENCH_STAGES") {
+        Ok(range) => match crate::variant::parse_stages(&range) {
+            Ok((lo, hi)) => variants.iter().filter(|v| (lo..=hi).contains(&v.stage)).cloned().collect(),
+            Err(e) => {
+                eprintln!("bench {}/{}: not run: LADDER_BENCH_STAGES: {e}", op.family(), op.name());
+                return;
+            }
+        },
+        Err(_) => variants.to_vec(),
+    };
     for shape in shapes {
-        if let Err(e) = bench_shape(c, &gpu, op, shape, variants, &sampling) {
+        if let Err(e) = bench_shape(c, &gpu, op, shape, &variants, &sampling) {
             eprintln!("bench {}/{} {shape}: {e}", op.family(), op.name());
         }
     }

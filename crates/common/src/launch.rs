@@ -27,6 +27,11 @@ pub struct LaunchShape {
     pub dynamic_shared_bytes: u32,
     /// Thread-block cluster dimensions (`sm_90`); `None` launches without clusters.
     pub cluster: Option<(u32, u32, u32)>,
+    /// Programmatic dependent launch (`sm_90`): the grid may start while the kernel before it in the
+    /// stream is still running, once every block of that kernel has executed
+    /// `griddepcontrol.launch_dependents` (or exited). Only for a kernel that executes
+    /// `griddepcontrol.wait` before it touches memory the previous kernel may write or read.
+    pub dependent: bool,
 }
 
 impl LaunchShape {
@@ -35,7 +40,7 @@ impl LaunchShape {
     }
 
     pub fn new(grid: (u32, u32, u32), block: (u32, u32, u32)) -> LaunchShape {
-        LaunchShape { grid, block, dynamic_shared_bytes: 0, cluster: None }
+        LaunchShape { grid, block, dynamic_shared_bytes: 0, cluster: None, dependent: false }
     }
 
     pub fn with_shared(mut self, bytes: u32) -> LaunchShape {
@@ -45,6 +50,12 @@ impl LaunchShape {
 
     pub fn with_cluster(mut self, cluster: (u32, u32, u32)) -> LaunchShape {
         self.cluster = Some(cluster);
+        self
+    }
+
+    /// Launched as a programmatic dependent of the previous kernel in the stream ([`Self::dependent`]).
+    pub fn with_dependent_launch(mut self) -> LaunchShape {
+        self.dependent = true;
         self
     }
 
@@ -172,8 +183,8 @@ impl Launch {
         for (slot, a) in params.iter_mut().zip(args) {
             *slot = a.param();
         }
-        let mut cluster: sys::CUlaunchAttribute = std::mem::zeroed();
-        let config = launch_config(&self.shape, stream.cu_stream(), &mut cluster);
+        let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
+        let config = launch_config(&self.shape, stream.cu_stream(), &mut attrs);
         stream.context().bind_to_thread().ctx("bind the context")?;
         sys::cuLaunchKernelEx(&config, self.func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
             .result()
@@ -255,6 +266,9 @@ impl Gpu {
                 )));
             }
         }
+        if shape.dependent && info.compute_capability < (9, 0) {
+            return Err(fail("programmatic dependent launch needs compute capability 9.0".into()));
+        }
         if total_smem > 48 * 1024 {
             func.set_attribute(
                 FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -267,9 +281,9 @@ impl Gpu {
         // would wait for a second round).
         let max_active_clusters = match shape.cluster {
             Some(_) => {
-                // SAFETY: a plain C struct for which all-zero bytes are a valid value.
-                let mut cluster: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-                let config = launch_config(&shape, std::ptr::null_mut(), &mut cluster);
+                // SAFETY: plain C structs for which all-zero bytes are a valid value.
+                let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+                let config = launch_config(&shape, std::ptr::null_mut(), &mut attrs);
                 let mut n = 0i32;
                 // SAFETY: a valid function handle and a configuration whose attribute outlives the call.
                 unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &config) }
@@ -311,16 +325,24 @@ impl Gpu {
     }
 }
 
-/// The driver's launch configuration of `s` on `stream`, its cluster (if any) in `cluster`.
-fn launch_config(s: &LaunchShape, stream: sys::CUstream, cluster: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
-    let attrs = match s.cluster {
-        Some((x, y, z)) => {
-            cluster.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            cluster.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x, y, z };
-            1
-        }
-        None => 0,
-    };
+/// The driver's launch configuration of `s` on `stream`, its attributes (cluster, dependent launch)
+/// written into `attrs`, which the configuration points at.
+fn launch_config(
+    s: &LaunchShape,
+    stream: sys::CUstream,
+    attrs: &mut [sys::CUlaunchAttribute; 2],
+) -> sys::CUlaunchConfig {
+    let mut count = 0;
+    if let Some((x, y, z)) = s.cluster {
+        attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[count].value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x, y, z };
+        count += 1;
+    }
+    if s.dependent {
+        attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[count].value.programmaticStreamSerializationAllowed = 1;
+        count += 1;
+    }
     sys::CUlaunchConfig {
         gridDimX: s.grid.0,
         gridDimY: s.grid.1,
@@ -330,8 +352,8 @@ fn launch_config(s: &LaunchShape, stream: sys::CUstream, cluster: &mut sys::CUla
         blockDimZ: s.block.2,
         sharedMemBytes: s.dynamic_shared_bytes,
         hStream: stream,
-        attrs: cluster,
-        numAttrs: attrs,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: count as u32,
     }
 }
 

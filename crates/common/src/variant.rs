@@ -335,6 +335,23 @@ pub trait Generator {
     fn derive(&self, base: &Variant) -> Vec<Variant>;
 }
 
+/// A stage `N` or an inclusive range `A..B` (also `A..=B`) with `A <= B`: how the CLI's `--stages`
+/// and the benches' `LADDER_BENCH_STAGES` pick stages.
+pub fn parse_stages(s: &str) -> std::result::Result<(u32, u32), String> {
+    let bad = || format!("'{s}' is not a stage N or an inclusive range A..B with A <= B");
+    let num = |t: &str| t.trim().parse::<u32>().map_err(|_| bad());
+    match s.split_once("..") {
+        Some((a, b)) => {
+            let (a, b) = (num(a)?, num(b.trim_start_matches('='))?);
+            if a > b {
+                return Err(bad());
+            }
+            Ok((a, b))
+        }
+        None => num(s).map(|n| (n, n)),
+    }
+}
+
 /// All-on minus one: one variant per toggle of `base`, with that switch removed.
 pub struct LeaveOneOut;
 
@@ -428,6 +445,16 @@ impl Generator for Grid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stage_ranges() {
+        assert_eq!(parse_stages("21..90"), Ok((21, 90)));
+        assert_eq!(parse_stages("21..=22"), Ok((21, 22)));
+        assert_eq!(parse_stages(" 7 "), Ok((7, 7)));
+        for bad in ["22..21", "a..3", "", "3..", "-1"] {
+            assert!(parse_stages(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 
     #[derive(Clone, Copy, Debug, PartialEq)]
     enum Plan {
