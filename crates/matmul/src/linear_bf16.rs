@@ -100,6 +100,12 @@ enum Plan {
     /// `24_multicast_staged.cu`: stage 21 in clusters of 2 along M, the W tile multicast to both
     /// (entries `linear_bf16_multicast_staged`, `_gelu`, `_residual`).
     MulticastStaged,
+    /// `25_dependent_launch.cu`: stage 21 launched as a programmatic dependent of the kernel before
+    /// it (entries `linear_bf16_dependent_launch`, `_gelu`, `_residual`).
+    DependentLaunch,
+    /// `26_ping_pong_dependent.cu`: stage 22 launched as a programmatic dependent of the kernel
+    /// before it (entries `linear_bf16_ping_pong_dependent`, `_gelu`, `_residual`).
+    PingPongDependent,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -121,36 +127,49 @@ impl Plan {
                 | Plan::MulticastBias
                 | Plan::StagedStore
                 | Plan::MulticastStaged
+                | Plan::DependentLaunch
         )
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
     fn fuses_tail(self) -> bool {
         matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast) || self.entry_per_tail()
     }
-    /// Whether the module has one entry per tail, each with its tail a constant (stages 15-24).
+    /// Whether the module has one entry per tail, each with its tail a constant (stage 15 on).
     fn entry_per_tail(self) -> bool {
         matches!(self, Plan::Lean | Plan::Tall) || self.copies_bias() || self.ping_pong()
     }
     /// Whether the consumers take turns, each on a tile of its own (two turn mbarriers).
     fn ping_pong(self) -> bool {
-        matches!(self, Plan::PingPong | Plan::PingPongBias | Plan::PingPongStaged | Plan::PingPongMulticast)
+        matches!(
+            self,
+            Plan::PingPong
+                | Plan::PingPongBias
+                | Plan::PingPongStaged
+                | Plan::PingPongMulticast
+                | Plan::PingPongDependent
+        )
     }
     /// Whether each consumer copies its tile's bias into shared memory with 16-byte cp.async.
     fn copies_bias(self) -> bool {
+        // The staged store reads the bias from the copy.
+        matches!(self, Plan::BiasSmem | Plan::PingPongBias | Plan::MulticastBias) || self.stages_store()
+    }
+    /// Whether each consumer warp stages its interior stores through shared memory (stage 21 on).
+    fn stages_store(self) -> bool {
         matches!(
             self,
-            Plan::BiasSmem
-                | Plan::PingPongBias
-                | Plan::MulticastBias
-                | Plan::StagedStore
+            Plan::StagedStore
                 | Plan::PingPongStaged
                 | Plan::PingPongMulticast
                 | Plan::MulticastStaged
+                | Plan::DependentLaunch
+                | Plan::PingPongDependent
         )
     }
-    /// Whether each consumer warp stages its interior stores through shared memory (stages 21-24).
-    fn stages_store(self) -> bool {
-        matches!(self, Plan::StagedStore | Plan::PingPongStaged | Plan::PingPongMulticast | Plan::MulticastStaged)
+    /// Whether the kernel waits for the previous grid with `griddepcontrol` and is launched as its
+    /// programmatic dependent (`WS_PDL`).
+    fn dependent_launch(self) -> bool {
+        matches!(self, Plan::DependentLaunch | Plan::PingPongDependent)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
@@ -359,6 +378,20 @@ fn stages() -> Vec<Variant> {
             Plan::MulticastStaged,
             "stage 21 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
+        wave_fit(
+            25,
+            "dependent-launch",
+            "linear-bf16/25_dependent_launch.cu",
+            Plan::DependentLaunch,
+            "stage 21 as a programmatic dependent launch: its launch and prologue under the previous kernel's tail",
+        ),
+        ping_pong(
+            26,
+            "ping-pong-dependent",
+            "linear-bf16/26_ping_pong_dependent.cu",
+            Plan::PingPongDependent,
+            "stage 22 as a programmatic dependent launch: its launch and prologue under the previous kernel's tail",
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -564,7 +597,9 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::StagedStore
         | Plan::PingPongStaged
         | Plan::PingPongMulticast
-        | Plan::MulticastStaged => {
+        | Plan::MulticastStaged
+        | Plan::DependentLaunch
+        | Plan::PingPongDependent => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
@@ -601,6 +636,10 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 }
                 Plan::PingPongMulticast => {
                     (per_tail("linear_bf16_ping_pong_multicast"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
+                }
+                Plan::DependentLaunch => (per_tail("linear_bf16_dependent_launch"), fit()),
+                Plan::PingPongDependent => {
+                    (per_tail("linear_bf16_ping_pong_dependent"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
                 }
                 _ => ("linear_bf16_epilogue".to_string(), v.tunable("WS_BN")?),
             };
@@ -652,7 +691,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             };
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(tile_m));
             let smem = stages * stage_bytes + fixed;
-            let shape = |grid| LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem);
+            let shape = |grid| {
+                let shape = LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem);
+                if plan.dependent_launch() {
+                    shape.with_dependent_launch()
+                } else {
+                    shape
+                }
+            };
             let entry = entry.as_str();
             let launch = if matches!(plan, Plan::Persistent | Plan::Epilogue | Plan::Tall)
                 || plan.ping_pong()
@@ -716,6 +762,12 @@ pub struct LinearBf16Args<'a> {
 }
 
 impl Prepared {
+    /// Whether the call is launched as a programmatic dependent of the kernel before it in the
+    /// stream (stages 25 and 26): it may start under that kernel's tail.
+    pub fn dependent_launch(&self) -> bool {
+        matches!(&self.stage, Stage::Tma { launch, .. } if launch.shape().dependent)
+    }
+
     pub fn enqueue(&self, stream: &CudaStream, a: LinearBf16Args) -> Result<()> {
         let d = self.d;
         require_len("inp", a.inp.len(), d.m * d.k)?;

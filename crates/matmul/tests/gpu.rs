@@ -62,7 +62,7 @@ fn bad_buffers(gpu: &Gpu) {
     bad_bias_alignment(gpu);
 }
 
-/// Stages 18-24 copy the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
+/// Stage 18 and the later ones copy the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
 /// error that launches nothing (a `CudaSlice` of its own allocation is always aligned, so the
 /// misaligned one is made from a raw pointer).
 fn bad_bias_alignment(gpu: &Gpu) {
@@ -90,6 +90,66 @@ fn bad_bias_alignment(gpu: &Gpu) {
     call(&mut out, &bias).unwrap_or_else(|e| panic!("aligned bias refused: {e}"));
     gpu.synchronize().unwrap();
     assert!(gpu.download(&out).unwrap().iter().all(|&x| x == 65.0), "aligned bias: wrong out");
+}
+
+/// Stages 25 and 26 may start while the kernel before them runs: a GEMM whose residual is the
+/// output of the GEMM launched just before it must still read that output whole. The first GEMM
+/// (itself a dependent-launch stage, which lets its dependents launch as it starts) has one more
+/// row panel of tiles than there are SMs, deep in K: one block computes a second tile long after
+/// the others have left their SMs to the second GEMM, whose K = 8 tiles reach their residual reads
+/// within a microsecond. Without `griddepcontrol.wait` the block that takes the last row panel
+/// reads the poisoned (NaN) rows the straggler has not written yet.
+fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
+    use common::data::uniform;
+    use half::bf16;
+    use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Args, LinearBf16Dims, Tail};
+    let sms = gpu.info().sm_count as usize;
+    let (m, n, k1, k2) = (128 * (sms + 1), 128usize, 4096usize, 8usize);
+    let bits = |len: usize, seed: u64| -> Vec<u16> {
+        uniform(len, -1.0, 1.0, seed).into_iter().map(|x| bf16::from_f32(x).to_bits()).collect()
+    };
+    let (x1, w1) = (bits(m * k1, 1), bits(n * k1, 2));
+    let (x2, w2, bias) = (bits(m * k2, 3), bits(n * k2, 4), uniform(n, -1.0, 1.0, 5));
+    let (dx1, dw1) = (gpu.upload(&x1).unwrap(), gpu.upload(&w1).unwrap());
+    let (dx2, dw2, dbias) = (gpu.upload(&x2).unwrap(), gpu.upload(&w2).unwrap(), gpu.upload(&bias).unwrap());
+    let mut tested = 0;
+    for v in LinearBf16.variants() {
+        let first = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k: k1, bias: false, tail: Tail::None }).unwrap();
+        if !first.dependent_launch() {
+            continue;
+        }
+        let second = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k: k2, bias: true, tail: Tail::Residual }).unwrap();
+        assert!(second.dependent_launch(), "{}: both GEMMs launch as dependents", v.id());
+        let (mut out1, mut out2) =
+            (gpu.alloc_poisoned::<f32>(m * n).unwrap(), gpu.alloc_poisoned::<f32>(m * n).unwrap());
+        let stream = gpu.stream();
+        first
+            .enqueue(stream, LinearBf16Args { out: &mut out1, inp: &dx1, weight: &dw1, bias: None, residual: None })
+            .unwrap();
+        second
+            .enqueue(
+                stream,
+                LinearBf16Args { out: &mut out2, inp: &dx2, weight: &dw2, bias: Some(&dbias), residual: Some(&out1) },
+            )
+            .unwrap();
+        gpu.synchronize().unwrap();
+        let (residual, got) = (gpu.download(&out1).unwrap(), gpu.download(&out2).unwrap());
+        assert!(residual.iter().all(|x| x.is_finite()), "{}: the first GEMM left poison", v.id());
+        let widen = |b: &[u16]| -> Vec<f32> { b.iter().map(|&x| bf16::from_bits(x).to_f32()).collect() };
+        let rows: Vec<usize> = (0..m).collect();
+        let mut want = matmul::reference::linear_rows(&widen(&x2), &widen(&w2), Some(&bias), n, k2, &rows);
+        want.iter_mut().zip(&residual).for_each(|(w, &r)| *w += r as f64);
+        let (mut err, mut norm) = (0.0f64, 0.0f64);
+        for (&g, &w) in got.iter().zip(&want) {
+            assert!(!g.is_nan(), "{}: read the residual before the GEMM that writes it finished", v.id());
+            err += (g as f64 - w).powi(2);
+            norm += w * w;
+        }
+        let rel = (err / norm).sqrt();
+        assert!(rel <= 1e-2, "{}: relative L2 error {rel:e}", v.id());
+        tested += 1;
+    }
+    assert_eq!(tested, 2, "stages 25 and 26 launch as dependents");
 }
 
 fn main() -> std::process::ExitCode {
@@ -184,7 +244,7 @@ fn main() -> std::process::ExitCode {
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let widths = Grid { axes: vec![Sweep { tunable: "WS_BN".into(), values: vec![128, 192] }] };
             let points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| widths.derive(v)).collect();
-            assert_eq!(points.len(), 12, "stages 9, 10, 17, 19, 22 and 23, two widths each");
+            assert_eq!(points.len(), 14, "stages 9, 10, 17, 19, 22, 23 and 26, two widths each");
             for (m, n, k) in [(1, 1, 8), (129, 193, 136), (300, 7, 1000), (4096, 768, 768), (257, 385, 64)] {
                 assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, 1), &points);
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 1 + (m % 2)), &points);
@@ -194,12 +254,12 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("linear_bf16_fitted_stages_any_shape", |gpu| {
-            // Stage 13 at each slot count its sweep declares, 14-24, and 17 at two more ring depths
+            // Stage 13 at each slot count its sweep declares, 14 on, and 17 at two more ring depths
             // its sweep declares, at N % 4 == 0 (stage 13's output map's limit) with ragged M, N and
             // K: the TMA store clipping boxes at M and N, consumers whose rows all lie past M, the
             // cluster pairs of stages 14, 20, 23, 24 with an odd number of tile rows (the second block
-            // past M), stage 15's and 21-24's unchecked (and staged) interior tiles next to checked
-            // edge tiles, in bias-free shapes too (stages 21-24 then read a zeroed copy), stage 16's
+            // past M), stage 15's and 21's on unchecked (and staged) interior tiles next to checked
+            // edge tiles, in bias-free shapes too (the staged stores then read a zeroed copy), 16's
             // 192-row tiles with a partial last row, stage 17's consumers taking turns over blocks
             // of one, two or many tiles with fewer K steps a tile than ring stages (K = 8, 64, 72),
             // and shapes where the wave model picks each width (4100 x 580: 192, 4096 x 772: 256,
@@ -209,7 +269,7 @@ fn main() -> std::process::ExitCode {
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
             let mut points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| slots.derive(v)).collect();
             assert_eq!(points.len(), 3, "stage 13, three slot counts");
-            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..=24).contains(&v.stage)));
+            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..90).contains(&v.stage)));
             let depths = Grid { axes: vec![Sweep { tunable: "WG_STAGES".into(), values: vec![3, 5] }] };
             points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 17).flat_map(|v| depths.derive(v)));
             for (m, n, k) in
@@ -224,6 +284,7 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
+        .gpu("dependent_launch_waits_for_the_previous_output", dependent_launch_waits_for_the_previous_output)
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &matmul::Matmul))
         .gpu("graph_replay_every_stage", |gpu| {
             let bf16 = matmul::linear_bf16::shape(129, 132, 136, 1); // N % 4 == 0: stage 13 applies
