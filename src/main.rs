@@ -245,6 +245,12 @@ enum Command {
         /// Replay each stage from a captured CUDA graph (for launch-bound ops).
         #[arg(long)]
         graph: bool,
+        /// Time runs back to back, N per pair of events (each sample the mean per run), as a
+        /// model's consecutive layers run: a stage launched as a programmatic dependent (and
+        /// cuBLASLt, whose kernels are) may then start under the tail of the run before. The
+        /// default, 1, times each run between its own events.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        back_to_back: u32,
         /// Also run each passed stage once under Nsight Compute (ncu) and add its counters: DRAM and
         /// SM throughput, tensor-pipe activity, achieved occupancy, L2 hit rate, top two stalls.
         #[arg(long)]
@@ -671,6 +677,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             baseline,
             repeat,
             graph,
+            back_to_back,
             counters,
             quick,
             seed,
@@ -692,6 +699,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             };
             let mut timing = if quick { TimingConfig::quick() } else { TimingConfig::default() };
             timing.graph = graph;
+            timing.batch = back_to_back as usize;
             let opts = RunOptions { stages, leave_one_out, sweeps: sweep, timing, seed };
 
             // Everything that can be checked without a GPU is checked first: unknown shape keys and

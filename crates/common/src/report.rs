@@ -124,6 +124,17 @@ fn ceiling_line(table: &Table) -> String {
     }
 }
 
+/// How the table's times were taken, for its header (nothing for the default).
+fn timing_mode(table: &Table) -> String {
+    let graph = if table.graph { "; times are CUDA-graph replays" } else { "" };
+    let batch = if table.batch > 1 {
+        format!("; runs back to back, {} per pair of events (times are the mean per run)", table.batch)
+    } else {
+        String::new()
+    };
+    format!("{graph}{batch}")
+}
+
 /// The header lines above the table.
 pub fn header(table: &Table) -> Vec<String> {
     vec![
@@ -134,7 +145,7 @@ pub fn header(table: &Table) -> Vec<String> {
             table.shape,
             table.device,
             table.seed,
-            if table.graph { "; times are CUDA-graph replays" } else { "" }
+            timing_mode(table)
         ),
         format!(
             "floor: {:.2} MB moved, {:.3} GFLOP; {}",
@@ -257,6 +268,7 @@ mod tests {
             device: "test".into(),
             seed: 1,
             graph: false,
+            batch: 1,
             workload: Workload { bytes: 2_000_000, flops: 1_000_000, bound: Bound::Memory },
             ceilings: Ceilings::for_tests(4000.0),
             rows: vec![
@@ -338,6 +350,16 @@ mod tests {
         assert_eq!(t.rows[4].vs_stage0, Some(2.0));
         assert_eq!(t.rows[5].vs_previous, Some(0.5));
         assert_eq!(t.rows[6].vs_previous, Some(2.0));
+    }
+
+    #[test]
+    fn the_header_names_the_timing_mode() {
+        let mut t = table();
+        assert!(!header(&t)[0].contains(';'), "{}", header(&t)[0]);
+        t.batch = 20;
+        assert!(header(&t)[0].contains("back to back, 20 per pair of events"), "{}", header(&t)[0]);
+        t.graph = true;
+        assert!(header(&t)[0].contains("CUDA-graph replays; runs back to back"), "{}", header(&t)[0]);
     }
 
     #[test]

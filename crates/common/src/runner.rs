@@ -133,6 +133,10 @@ pub struct Anchor {
     pub max_ms: f64,
 }
 
+fn one_run() -> usize {
+    1
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Table {
     pub family: String,
@@ -143,6 +147,9 @@ pub struct Table {
     /// Timed as CUDA-graph replays (absent in tables saved before graph timing: false).
     #[serde(default)]
     pub graph: bool,
+    /// Runs per timed sample (`TimingConfig::batch`; absent in tables saved before: 1).
+    #[serde(default = "one_run")]
+    pub batch: usize,
     pub workload: Workload,
     pub ceilings: Ceilings,
     pub rows: Vec<Row>,
@@ -269,6 +276,7 @@ pub fn run_variants(
         device: gpu.info().name.clone(),
         seed,
         graph: opts.timing.graph,
+        batch: opts.timing.batch.max(1),
         workload,
         ceilings: ceilings.clone(),
         rows,

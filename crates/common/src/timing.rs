@@ -1,6 +1,8 @@
 //! Timing with CUDA events: warm-up, then many repetitions each bracketed by its own pair of events,
 //! rotating through the problem's copies; median, min and max. Optionally each copy's launch
-//! sequence is captured once as a CUDA graph and the graph is replayed (for launch-bound ops).
+//! sequence is captured once as a CUDA graph and the graph is replayed (for launch-bound ops), or
+//! runs go back to back in batches between one pair of events, as a model's layers follow each
+//! other (where a kernel's launch may overlap the tail of the one before: `--back-to-back`).
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use std::sync::Arc;
@@ -23,6 +25,10 @@ pub struct TimingConfig {
     /// seconds (the naive stages at model size) is not worth repeating to rank it.
     pub once_above_ms: f64,
     pub graph: bool,
+    /// Runs per sample: 1 brackets each run with its own events (the run alone, from the first
+    /// instruction after the previous run has finished to its last); more run back to back between
+    /// one pair, each sample the batch's mean (what a stream of consecutive launches sustains).
+    pub batch: usize,
 }
 
 impl Default for TimingConfig {
@@ -34,6 +40,7 @@ impl Default for TimingConfig {
             warmup_ms: 30.0,
             once_above_ms: f64::INFINITY,
             graph: false,
+            batch: 1,
         }
     }
 }
@@ -178,18 +185,23 @@ fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(u
             break;
         }
     }
-    let reps = ((cfg.target_ms / estimate.max(1e-3)) as usize).clamp(cfg.min_reps, cfg.max_reps);
-    // All events first, then all runs back to back, then one synchronisation: no host gaps are timed.
+    let batch = cfg.batch.max(1);
+    let reps = ((cfg.target_ms / (estimate.max(1e-3) * batch as f64)) as usize).clamp(cfg.min_reps, cfg.max_reps);
+    // All events first, then all runs, then one synchronisation: no host gaps are timed.
     let events: Vec<_> = (0..reps).map(|_| pair()).collect::<Result<_>>()?;
     for (start, end) in &events {
         start.record(stream).ctx("record")?;
-        run(copy % copies)?;
+        for _ in 0..batch {
+            run(copy % copies)?;
+            copy += 1;
+        }
         end.record(stream).ctx("record")?;
-        copy += 1;
     }
     gpu.synchronize()?;
-    let mut samples: Vec<f64> =
-        events.iter().map(|(a, b)| a.elapsed_ms(b).map(|t| t as f64).ctx("elapsed")).collect::<Result<_>>()?;
+    let mut samples: Vec<f64> = events
+        .iter()
+        .map(|(a, b)| a.elapsed_ms(b).map(|t| t as f64 / batch as f64).ctx("elapsed"))
+        .collect::<Result<_>>()?;
     Ok(Timing { last_copy: (copy - 1) % copies, ..Timing::from_samples(&mut samples) })
 }
 

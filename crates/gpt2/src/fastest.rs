@@ -156,8 +156,14 @@ fn select(gpu: &Gpu, cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Sel
     let ceilings = Ceilings::get(gpu)?;
     // Short timings; a stage that takes over half a second (the report's first attention kernels take
     // seconds at B = 4, T = 1024) is ranked by its one warm-up run.
-    let timing =
-        TimingConfig { target_ms: 50.0, min_reps: 3, max_reps: 20, warmup_ms: 0.0, once_above_ms: 500.0, graph: false };
+    let timing = TimingConfig {
+        target_ms: 50.0,
+        min_reps: 3,
+        max_reps: 20,
+        warmup_ms: 0.0,
+        once_above_ms: 500.0,
+        ..TimingConfig::default()
+    };
     let opts = RunOptions { timing, ..RunOptions::default() };
     let mut ops = Vec::new();
     for ((op, shapes), plan_op) in model_ops(cfg).into_iter().zip(PLAN_OPS) {

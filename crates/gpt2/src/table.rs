@@ -214,7 +214,7 @@ fn plan_row(
         max_reps: 50,
         warmup_ms: 10.0,
         once_above_ms: 1000.0,
-        graph: false,
+        ..TimingConfig::default()
     };
     progress(&format!("plan {name}: prefill"));
     let prefill = Cell::from(model.time_forward(gpu, PREFILL_B, cfg.max_t, &prefill_cfg));
