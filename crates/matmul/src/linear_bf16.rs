@@ -40,11 +40,11 @@ const TMA_N: &str = "N % 4 == 0";
 const OUT_BOX: (u32, u32) = (32, 64);
 /// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
 const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
-/// Stages 21-24's staging buffer per consumer warp: 16 rows x 32 fp32 columns.
+/// The staged stores' buffer per consumer warp (`Plan::stages_store`): 16 rows x 32 fp32 columns.
 const EPI_STAGING_BYTES: u32 = 16 * 32 * 4;
-/// Stages 18-24's cp.async copies of the bias are 16 bytes from 16-byte aligned addresses.
+/// The bias copies (`Plan::copies_bias`) are cp.async copies of 16 bytes from 16-byte aligned addresses.
 const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
-/// Stages 17, 19, 22 and 23's tile width (the header's `#error`).
+/// The ping-pong stages' tile width (`Plan::ping_pong`; the header's `#error`).
 const PING_PONG_BN: &str = "WS_BN <= 192 with WS_PINGPONG";
 
 /// How a stage computes the GEMM.
@@ -106,6 +106,15 @@ enum Plan {
     /// `26_ping_pong_dependent.cu`: stage 22 launched as a programmatic dependent of the kernel
     /// before it (entries `linear_bf16_ping_pong_dependent`, `_gelu`, `_residual`).
     PingPongDependent,
+    /// `27_weights_early.cu`: stage 25 with the first W tiles loaded before the wait for the kernel
+    /// before it (entries `linear_bf16_weights_early`, `_gelu`, `_residual`).
+    WeightsEarly,
+    /// `28_ping_pong_weights_early.cu`: stage 26 with stage 27's early W loads (entries
+    /// `linear_bf16_ping_pong_weights_early`, `_gelu`, `_residual`).
+    PingPongWeightsEarly,
+    /// `29_deep_ring.cu`: stage 27 with the ring as deep as fits at the fitted width, at most
+    /// `WG_STAGES` (entries `linear_bf16_deep_ring`, `_gelu`, `_residual`).
+    DeepRing,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -128,6 +137,8 @@ impl Plan {
                 | Plan::StagedStore
                 | Plan::MulticastStaged
                 | Plan::DependentLaunch
+                | Plan::WeightsEarly
+                | Plan::DeepRing
         )
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
@@ -147,6 +158,7 @@ impl Plan {
                 | Plan::PingPongStaged
                 | Plan::PingPongMulticast
                 | Plan::PingPongDependent
+                | Plan::PingPongWeightsEarly
         )
     }
     /// Whether each consumer copies its tile's bias into shared memory with 16-byte cp.async.
@@ -164,12 +176,23 @@ impl Plan {
                 | Plan::MulticastStaged
                 | Plan::DependentLaunch
                 | Plan::PingPongDependent
+                | Plan::WeightsEarly
+                | Plan::PingPongWeightsEarly
+                | Plan::DeepRing
         )
     }
     /// Whether the kernel waits for the previous grid with `griddepcontrol` and is launched as its
     /// programmatic dependent (`WS_PDL`).
     fn dependent_launch(self) -> bool {
-        matches!(self, Plan::DependentLaunch | Plan::PingPongDependent)
+        matches!(self, Plan::DependentLaunch | Plan::PingPongDependent) || self.weights_early()
+    }
+    /// Whether the kernel reads `weight` before the kernel before it has finished (`WS_WEIGHTS_EARLY`).
+    fn weights_early(self) -> bool {
+        matches!(self, Plan::WeightsEarly | Plan::PingPongWeightsEarly | Plan::DeepRing)
+    }
+    /// Whether the ring is as deep as fits beside the rest of shared memory, `WG_STAGES` at most.
+    fn ring_fills_shared_memory(self) -> bool {
+        matches!(self, Plan::TmaStore | Plan::DeepRing)
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
@@ -191,7 +214,7 @@ fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, su
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 11-15, 18, 20, 21 and 24: the tile width is a define the plan sets per shape, not a
+/// The wave-fitted stages (`Plan::fitted`): the tile width is a define the plan sets per shape, not a
 /// tunable, so a sweep cannot set it behind the wave model's back (256 is what the compile check
 /// builds).
 fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
@@ -202,7 +225,7 @@ fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summ
         .with_requirements(Requirements::SM90A)
 }
 
-/// Stages 17, 19, 22 and 23: consumers taking turns on 128 x WS_BN tiles, the width and ring depth
+/// The ping-pong stages: consumers taking turns on 128 x WS_BN tiles, the width and ring depth
 /// a declared sweep space (at 192 a stage of the ring is 40 KiB: 5 fit).
 fn ping_pong(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
@@ -392,6 +415,28 @@ fn stages() -> Vec<Variant> {
             Plan::PingPongDependent,
             "stage 22 as a programmatic dependent launch: its launch and prologue under the previous kernel's tail",
         ),
+        wave_fit(
+            27,
+            "weights-early",
+            "linear-bf16/27_weights_early.cu",
+            Plan::WeightsEarly,
+            "stage 25 loading the first W tiles before it waits for the previous kernel (weights are no kernel's output)",
+        ),
+        ping_pong(
+            28,
+            "ping-pong-weights-early",
+            "linear-bf16/28_ping_pong_weights_early.cu",
+            Plan::PingPongWeightsEarly,
+            "stage 26 loading the first W tiles before it waits for the previous kernel (weights are no kernel's output)",
+        ),
+        wave_fit(
+            29,
+            "deep-ring",
+            "linear-bf16/29_deep_ring.cu",
+            Plan::DeepRing,
+            "stage 27 with the ring as deep as fits at the fitted width: 6 stages at 128 wide, 5 at 192, 4 at 256",
+        )
+        .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", 8)]),
         Variant::library(
             FAMILY,
             OP,
@@ -416,7 +461,7 @@ pub fn wave_fit_width(m: usize, n: usize, sms: u32) -> u32 {
     [256, 192, 128].into_iter().min_by_key(|&w| cost(w)).expect("three widths")
 }
 
-/// Stages 17, 19, 22 and 23's tile width for a tail: `width`, except that the residual entry runs
+/// The ping-pong stages' tile width for a tail: `width`, except that the residual entry runs
 /// 128 wide, since beside two 64 x 192 accumulator sets its residual loads spill (ptxas: 804-1488
 /// bytes).
 fn ping_pong_width(width: u32, tail: Tail) -> u32 {
@@ -490,7 +535,7 @@ enum Stage {
         b_rows: usize,
         tail: TailArgs,
         store: Store,
-        /// The bias is copied with cp.async (stages 18-24): its address must be 16-byte aligned.
+        /// The bias is copied with cp.async (`Plan::copies_bias`): its address must be 16-byte aligned.
         bias_aligned: bool,
     },
     Lt(Lt),
@@ -503,7 +548,7 @@ enum TailArgs {
     None,
     /// The residual pointer and the tail's code (stages 10-14).
     ResidualAndCode,
-    /// The residual pointer; the tail is the entry's (stages 15-24).
+    /// The residual pointer; the tail is the entry's (stage 15 on).
     Residual,
 }
 
@@ -564,6 +609,7 @@ fn tensor_map(
 pub struct Prepared {
     stage: Stage,
     d: LinearBf16Dims,
+    weight_early: bool,
 }
 
 pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
@@ -599,16 +645,18 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         | Plan::PingPongMulticast
         | Plan::MulticastStaged
         | Plan::DependentLaunch
-        | Plan::PingPongDependent => {
+        | Plan::PingPongDependent
+        | Plan::WeightsEarly
+        | Plan::PingPongWeightsEarly
+        | Plan::DeepRing => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
-            // 128 x WS_BN (a tunable); stages 11-15, 18, 20, 21 and 24: the wave model's width;
-            // stage 16: the stage list's WS_BM x WS_BN; stages 17, 19, 22 and 23: 128 x WS_BN (a
-            // tunable).
+            // 128 x WS_BN (a tunable); the wave-fitted stages: the wave model's width; stage 16: the
+            // stage list's WS_BM x WS_BN; the ping-pong stages: 128 x WS_BN (a tunable).
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
-            // Stages 15-24: the entry of the shape's tail.
+            // Stage 15 on: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
                 Tail::None => base.to_string(),
                 Tail::Gelu => format!("{base}_gelu"),
@@ -638,13 +686,18 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                     (per_tail("linear_bf16_ping_pong_multicast"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
                 }
                 Plan::DependentLaunch => (per_tail("linear_bf16_dependent_launch"), fit()),
+                Plan::WeightsEarly => (per_tail("linear_bf16_weights_early"), fit()),
+                Plan::DeepRing => (per_tail("linear_bf16_deep_ring"), fit()),
                 Plan::PingPongDependent => {
                     (per_tail("linear_bf16_ping_pong_dependent"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
+                }
+                Plan::PingPongWeightsEarly => {
+                    (per_tail("linear_bf16_ping_pong_weights_early"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
                 }
                 _ => ("linear_bf16_epilogue".to_string(), v.tunable("WS_BN")?),
             };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
-            // Stages 17, 19, 22 and 23: a consumer holds two 64 x WS_BN accumulator sets.
+            // The ping-pong stages: a consumer holds two 64 x WS_BN accumulator sets.
             require(!plan.ping_pong() || tile_n <= 192, PING_PONG_BN, || format!("WS_BN = {tile_n}"))?;
             // Stage 7: one mbarrier a stage and two consumer warpgroups; the others a full and an
             // empty mbarrier a stage, a producer warpgroup and one consumer per 64 tile rows.
@@ -657,20 +710,21 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let stage_bytes = (tile_m + tile_n) * WG_BK * 2 + 8 * bars;
             let slots = if plan == Plan::TmaStore { v.tunable("EPI_SLOTS")? } else { 0 };
             require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
-            // Stage 17's two turn mbarriers; stage 18's copy of the tile's bias per consumer; stage
-            // 21-24's staging buffer per consumer warp.
+            // The ping-pong stages' two turn mbarriers; the tile's bias copy per consumer; the staged
+            // store's buffer per consumer warp.
             let turns = if plan.ping_pong() { 16 } else { 0 };
             let bias_copies = if plan.copies_bias() { (tile_m / 64) * tile_n * 4 } else { 0 };
             let staging = if plan.stages_store() { (tile_m / 64) * 4 * EPI_STAGING_BYTES } else { 0 };
             let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies + staging;
-            // Stage 13's ring is as deep as WG_STAGES allows beside its slots.
-            let stages = if plan == Plan::TmaStore {
+            // Stage 13's ring is as deep as WG_STAGES allows beside its slots, stage 29's beside the
+            // bias copies and the staging buffers.
+            let stages = if plan.ring_fills_shared_memory() {
                 stages.min(gpu.info().shared_memory_per_block_optin.saturating_sub(fixed) / stage_bytes).max(1)
             } else {
                 stages
             };
-            // Stages 11-15, 18, 20, 21 and 24 are compiled at the width (their WS_BN define), 13 at
-            // its ring depth.
+            // The wave-fitted stages are compiled at the width (their WS_BN define), 13 and 29 at
+            // their ring depth.
             let fitted;
             let v = if plan.fitted() {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
@@ -681,7 +735,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 fitted = f;
                 &fitted
             } else if plan.ping_pong() && v.tunable("WS_BN")? != tile_n {
-                // Stages 17, 19, 22 and 23 with the residual tail: compiled at the narrower width.
+                // The ping-pong stages with the residual tail: compiled at the narrower width.
                 let mut f = v.clone();
                 f.set_tunable("WS_BN", tile_n)?;
                 fitted = f;
@@ -747,12 +801,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, epi, d.gemm())?)
         }
     };
-    Ok(Prepared { stage, d })
+    Ok(Prepared { stage, d, weight_early: plan.weights_early() })
 }
 
 /// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
 /// patterns, `bias` N fp32 (present exactly when prepared with one), `residual` M·N fp32 (present
-/// exactly with the residual tail).
+/// exactly with the residual tail). Stages 27-29 read `weight` while the kernel before them in
+/// the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
+/// output (prepared weights never are).
 pub struct LinearBf16Args<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub inp: &'a CudaSlice<u16>,
@@ -763,9 +819,15 @@ pub struct LinearBf16Args<'a> {
 
 impl Prepared {
     /// Whether the call is launched as a programmatic dependent of the kernel before it in the
-    /// stream (stages 25 and 26): it may start under that kernel's tail.
+    /// stream (stages 25-29): it may start under that kernel's tail.
     pub fn dependent_launch(&self) -> bool {
         matches!(&self.stage, Stage::Tma { launch, .. } if launch.shape().dependent)
+    }
+
+    /// Whether the call reads `weight` before the kernel before it in the stream has finished
+    /// (stages 27-29): `weight` must not be written by that kernel.
+    pub fn reads_weight_early(&self) -> bool {
+        self.weight_early
     }
 
     pub fn enqueue(&self, stream: &CudaStream, a: LinearBf16Args) -> Result<()> {

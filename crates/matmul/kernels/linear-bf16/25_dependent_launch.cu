@@ -1,8 +1,8 @@
 // linear-bf16, stage 25: dependent-launch (stage 21 launched as a programmatic dependent of the
 // kernel before it in the stream).
 // Changed from stage 21: every block executes `griddepcontrol.launch_dependents` as it starts and
-//   `griddepcontrol.wait` after its prologue (mbarrier init, the zeroed bias copy), before its
-//   first global access; Rust launches it with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+//   `griddepcontrol.wait` after its prologue (mbarrier init and the block barrier), before its
+//   first global access; Rust launches it with the programmatic-stream-serialization attribute.
 // Why it should be faster: without the attribute a kernel starts only once the one before it has
 //   finished and its writes are flushed, so the launch, the block rasterization and the prologue
 //   are paid after the last block of the previous kernel. With it, a block of this kernel takes
