@@ -25,9 +25,9 @@ pub struct TimingConfig {
     /// seconds (the naive stages at model size) is not worth repeating to rank it.
     pub once_above_ms: f64,
     pub graph: bool,
-    /// Runs per sample: 1 brackets each run with its own events (the run alone, from the first
-    /// instruction after the previous run has finished to its last); more run back to back between
-    /// one pair, each sample the batch's mean (what a stream of consecutive launches sustains).
+    /// Runs per sample: 1 brackets each run with its own pair of events (the run alone: an event
+    /// sits between it and the run before); more run back to back between one pair, each sample the
+    /// batch's mean (what a stream of consecutive launches sustains).
     pub batch: usize,
 }
 
