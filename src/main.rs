@@ -115,6 +115,21 @@ enum Command {
     /// Two saved runs of one table side by side: before, after, the change, and whether it moved
     /// beyond both runs' min-max spread.
     Compare { before: PathBuf, after: PathBuf },
+    /// Saved tables (the JSON `ladder run --out` writes) as one stage x shape matrix per op and
+    /// timing mode: each stage's TFLOP/s (GB/s at a memory-bound shape), the fastest stage and its
+    /// ratio to a library row of the same run.
+    Matrix {
+        /// Table JSON files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The library row (stage 90 or above) the ratio is taken against; default: each table's
+        /// lowest passed library row.
+        #[arg(long, value_name = "STAGE")]
+        anchor: Option<u32>,
+        /// table, md or csv (the saved tables are the JSON form).
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
     /// The GPT-2 model.
     Gpt2 {
         #[command(subcommand)]
@@ -580,6 +595,12 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     None => eprintln!("{}: no stage passed, no chart", file.display()),
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Matrix { files, anchor, format } => {
+            common::require(format != OutputFormat::Json, "--format table, md or csv", || "json".into())?;
+            let tables = files.iter().map(|f| common::baseline::read_table(f)).collect::<common::Result<Vec<_>>>()?;
+            print!("{}", common::matrix::render(&tables, Format::from(format), anchor));
             Ok(ExitCode::SUCCESS)
         }
         Command::LaunchOverhead { launches, batch } => {

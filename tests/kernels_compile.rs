@@ -66,6 +66,17 @@ fn every_family_has_a_kernel_stage() {
     }
 }
 
+/// Library rows, and only they, are numbered from `LIBRARY_STAGES` (what readers of saved tables
+/// rely on).
+fn library_rows_numbered_from_90() {
+    for family in kernel_ladder::families() {
+        for v in family.ops().iter().flat_map(|op| op.variants()) {
+            let library = matches!(v.source, Source::Library(_));
+            assert_eq!(library, v.stage >= common::variant::LIBRARY_STAGES, "{}: stage {}", v.id(), v.stage);
+        }
+    }
+}
+
 fn stage_lists_match_kernel_files() {
     for family in kernel_ladder::families() {
         if let Err(problems) = common::testing::check_stage_files(family) {
@@ -109,6 +120,7 @@ fn main() -> std::process::ExitCode {
         .nvrtc("kernels_compile", compile_everything)
         .nvrtc("broken_source_is_a_compile_error_with_the_log", broken_source_is_a_compile_error_with_the_log)
         .cpu("every_family_has_a_kernel_stage", every_family_has_a_kernel_stage)
+        .cpu("library_rows_numbered_from_90", library_rows_numbered_from_90)
         .cpu("stage_lists_match_kernel_files", stage_lists_match_kernel_files)
         .cpu("documented_limits_everywhere", documented_limits_everywhere)
         .cpu("families_have_distinct_headers", families_have_distinct_headers)

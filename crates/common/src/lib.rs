@@ -23,6 +23,7 @@ mod error;
 pub mod family;
 mod gpu;
 pub mod launch;
+pub mod matrix;
 pub mod module;
 pub mod nvrtc;
 pub mod overhead;

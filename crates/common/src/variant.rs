@@ -79,6 +79,11 @@ pub struct Tunable {
     pub value: u32,
 }
 
+/// The first stage number of the library rows (`90_cublas` and on): kernel and host stages are
+/// numbered below it. Saved tables' rows keep only the number, so this is how a reader of them
+/// (`ladder matrix`) tells a library row from a stage; `kernels_compile` checks every stage list.
+pub const LIBRARY_STAGES: u32 = 90;
+
 /// Where a stage's code comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum Source {
@@ -185,7 +190,7 @@ impl Variant {
         }
     }
 
-    /// A vendor-library baseline row.
+    /// A vendor-library baseline row (numbered from [`LIBRARY_STAGES`]).
     pub const fn library(
         family: &'static str,
         op: &'static str,
