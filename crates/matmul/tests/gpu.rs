@@ -254,13 +254,14 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("linear_bf16_fitted_stages_any_shape", |gpu| {
-            // Stage 13 at each slot count its sweep declares, 14 on, and 17 at two more ring depths
-            // its sweep declares, at N % 4 == 0 (stage 13's output map's limit) with ragged M, N and
-            // K: the TMA store clipping boxes at M and N, consumers whose rows all lie past M, the
-            // cluster pairs of stages 14, 20, 23, 24 with an odd number of tile rows (the second block
-            // past M), stage 15's and 21's on unchecked (and staged) interior tiles next to checked
-            // edge tiles, in bias-free shapes too (the staged stores then read a zeroed copy), 16's
-            // 192-row tiles with a partial last row, stage 17's consumers taking turns over blocks
+            // Stage 13 at each slot count its sweep declares, every stage from 14 on, and 17 at two
+            // more ring depths its sweep declares, at N % 4 == 0 (stage 13's output map's limit) with
+            // ragged M, N and K: the TMA store clipping boxes at M and N, consumers whose rows all lie
+            // past M, the cluster pairs of stages 14, 20, 23, 24 with an odd number of tile rows (the
+            // second block past M), the unchecked interior tiles of stage 15 on (staged from 21 on)
+            // next to checked edge tiles, in bias-free shapes too (the staged stores then read a
+            // zeroed copy), 16's 192-row tiles with a partial last row, 29's 6- and 5-deep rings,
+            // stage 17's consumers taking turns over blocks
             // of one, two or many tiles with fewer K steps a tile than ring stages (K = 8, 64, 72),
             // and shapes where the wave model picks each width (4100 x 580: 192, 4096 x 772: 256,
             // small: 128).
