@@ -472,6 +472,37 @@ fn ping_pong_width(width: u32, tail: Tail) -> u32 {
     }
 }
 
+/// The name of a TMA stage's entry point; with one entry per tail, the tail-free one's (the others
+/// add `_gelu` and `_residual`).
+fn entry_base(plan: Plan) -> &'static str {
+    match plan {
+        Plan::Wgmma => "linear_bf16_wgmma",
+        Plan::WarpSpecialized => "linear_bf16_ws",
+        Plan::Persistent => "linear_bf16_persistent",
+        Plan::Epilogue => "linear_bf16_epilogue",
+        Plan::WaveFit => "linear_bf16_wave_fit",
+        Plan::TmaStore => "linear_bf16_tma_store",
+        Plan::Multicast => "linear_bf16_multicast",
+        Plan::Lean => "linear_bf16_lean",
+        Plan::Tall => "linear_bf16_tall",
+        Plan::PingPong => "linear_bf16_ping_pong",
+        Plan::BiasSmem => "linear_bf16_bias_smem",
+        Plan::PingPongBias => "linear_bf16_ping_pong_bias",
+        Plan::MulticastBias => "linear_bf16_multicast_bias",
+        Plan::StagedStore => "linear_bf16_staged_store",
+        Plan::PingPongStaged => "linear_bf16_ping_pong_staged",
+        Plan::PingPongMulticast => "linear_bf16_ping_pong_multicast",
+        Plan::MulticastStaged => "linear_bf16_multicast_staged",
+        Plan::DependentLaunch => "linear_bf16_dependent_launch",
+        Plan::PingPongDependent => "linear_bf16_ping_pong_dependent",
+        Plan::WeightsEarly => "linear_bf16_weights_early",
+        Plan::PingPongWeightsEarly => "linear_bf16_ping_pong_weights_early",
+        Plan::DeepRing => "linear_bf16_deep_ring",
+        // Not TMA stages: their entries are chosen in `prepare`'s own arms.
+        Plan::Mma | Plan::Lt => "",
+    }
+}
+
 /// A numeric define of the stage list (stage 16's tile shape).
 fn define_u32(v: &Variant, name: &str) -> Result<u32> {
     let value = v.define(name).ok_or_else(|| Error::constraint(format!("a {name} define"), "none"))?;
@@ -627,28 +658,16 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * 2 * TILE_N * TILE_K * 2;
             Stage::Mma(gpu.prepare_launch(&SOURCES, v, entry, LaunchShape::new(grid, (256, 1, 1)).with_shared(smem))?)
         }
-        Plan::Wgmma
-        | Plan::WarpSpecialized
-        | Plan::Persistent
-        | Plan::Epilogue
-        | Plan::WaveFit
-        | Plan::TmaStore
-        | Plan::Multicast
-        | Plan::Lean
-        | Plan::Tall
-        | Plan::PingPong
-        | Plan::BiasSmem
-        | Plan::PingPongBias
-        | Plan::MulticastBias
-        | Plan::StagedStore
-        | Plan::PingPongStaged
-        | Plan::PingPongMulticast
-        | Plan::MulticastStaged
-        | Plan::DependentLaunch
-        | Plan::PingPongDependent
-        | Plan::WeightsEarly
-        | Plan::PingPongWeightsEarly
-        | Plan::DeepRing => {
+        Plan::Lt => {
+            let epi = match (d.bias, d.tail) {
+                (false, _) => LtEpilogue::None,
+                (true, Tail::Gelu) => LtEpilogue::GeluBias,
+                (true, _) => LtEpilogue::Bias,
+            };
+            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, epi, d.gemm())?)
+        }
+        // Every other plan is a TMA stage (`entry_base` names each one's entry).
+        _ => {
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
@@ -662,40 +681,15 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Tail::Gelu => format!("{base}_gelu"),
                 Tail::Residual => format!("{base}_residual"),
             };
-            let (entry, tile_n) = match plan {
-                Plan::Wgmma => ("linear_bf16_wgmma".to_string(), 128u32),
-                Plan::WarpSpecialized => ("linear_bf16_ws".to_string(), 256u32),
-                Plan::Persistent => ("linear_bf16_persistent".to_string(), v.tunable("WS_BN")?),
-                Plan::WaveFit => ("linear_bf16_wave_fit".to_string(), fit()),
-                Plan::TmaStore => ("linear_bf16_tma_store".to_string(), fit()),
-                Plan::Multicast => ("linear_bf16_multicast".to_string(), fit()),
-                Plan::Lean => (per_tail("linear_bf16_lean"), fit()),
-                Plan::Tall => (per_tail("linear_bf16_tall"), define_u32(v, "WS_BN")?),
-                Plan::PingPong => (per_tail("linear_bf16_ping_pong"), ping_pong_width(v.tunable("WS_BN")?, d.tail)),
-                Plan::BiasSmem => (per_tail("linear_bf16_bias_smem"), fit()),
-                Plan::MulticastBias => (per_tail("linear_bf16_multicast_bias"), fit()),
-                Plan::StagedStore => (per_tail("linear_bf16_staged_store"), fit()),
-                Plan::MulticastStaged => (per_tail("linear_bf16_multicast_staged"), fit()),
-                Plan::PingPongBias => {
-                    (per_tail("linear_bf16_ping_pong_bias"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
-                }
-                Plan::PingPongStaged => {
-                    (per_tail("linear_bf16_ping_pong_staged"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
-                }
-                Plan::PingPongMulticast => {
-                    (per_tail("linear_bf16_ping_pong_multicast"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
-                }
-                Plan::DependentLaunch => (per_tail("linear_bf16_dependent_launch"), fit()),
-                Plan::WeightsEarly => (per_tail("linear_bf16_weights_early"), fit()),
-                Plan::DeepRing => (per_tail("linear_bf16_deep_ring"), fit()),
-                Plan::PingPongDependent => {
-                    (per_tail("linear_bf16_ping_pong_dependent"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
-                }
-                Plan::PingPongWeightsEarly => {
-                    (per_tail("linear_bf16_ping_pong_weights_early"), ping_pong_width(v.tunable("WS_BN")?, d.tail))
-                }
-                _ => ("linear_bf16_epilogue".to_string(), v.tunable("WS_BN")?),
+            let tile_n = match plan {
+                Plan::Wgmma => 128,
+                Plan::WarpSpecialized => 256,
+                Plan::Tall => define_u32(v, "WS_BN")?,
+                p if p.fitted() => fit(),
+                p if p.ping_pong() => ping_pong_width(v.tunable("WS_BN")?, d.tail),
+                _ => v.tunable("WS_BN")?,
             };
+            let entry = if plan.entry_per_tail() { per_tail(entry_base(plan)) } else { entry_base(plan).to_string() };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
             // The ping-pong stages: a consumer holds two 64 x WS_BN accumulator sets.
             require(!plan.ping_pong() || tile_n <= 192, PING_PONG_BN, || format!("WS_BN = {tile_n}"))?;
@@ -791,14 +785,6 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 store,
                 bias_aligned: plan.copies_bias(),
             }
-        }
-        Plan::Lt => {
-            let epi = match (d.bias, d.tail) {
-                (false, _) => LtEpilogue::None,
-                (true, Tail::Gelu) => LtEpilogue::GeluBias,
-                (true, _) => LtEpilogue::Bias,
-            };
-            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, epi, d.gemm())?)
         }
     };
     Ok(Prepared { stage, d, weight_early: plan.weights_early() })
@@ -1080,6 +1066,34 @@ impl Problem for LinearBf16Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every TMA stage's entry points, one per tail where the stage has one each, are defined in
+    /// the stage's own file (the name `prepare` asks the module for).
+    #[test]
+    fn every_entry_is_in_its_stage_file() {
+        let mut checked = 0;
+        for v in LinearBf16.variants() {
+            let plan = v.plan::<Plan>().unwrap();
+            if !plan.tma() {
+                continue;
+            }
+            let common::Source::Kernel(path) = v.source else { panic!("{}: a TMA stage without a file", v.id()) };
+            let file = SOURCES.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("{path}"));
+            let base = entry_base(plan);
+            let entries = if plan.entry_per_tail() {
+                vec![base.to_string(), format!("{base}_gelu"), format!("{base}_residual")]
+            } else {
+                vec![base.to_string()]
+            };
+            for entry in entries {
+                let defined = file.text.contains(&format!("{entry}(")) || file.text.contains(&format!("({entry},"));
+                assert!(defined, "{}: no entry {entry} in {path}", v.id());
+                checked += 1;
+            }
+        }
+        // Stages 7-14 have one entry each, stage 15 and every later one three.
+        assert!(checked >= 8 + 15 * 3, "{checked} entries checked");
+    }
 
     #[test]
     fn wave_fit_picks_the_sweeps_best_width() {
