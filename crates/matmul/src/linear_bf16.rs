@@ -115,6 +115,12 @@ enum Plan {
     /// `29_deep_ring.cu`: stage 27 with the ring as deep as fits at the fitted width, at most
     /// `WG_STAGES` (entries `linear_bf16_deep_ring`, `_gelu`, `_residual`).
     DeepRing,
+    /// `30_last_tile_trigger.cu`: stage 27 letting the next kernel launch only when a block starts
+    /// its last tile (entries `linear_bf16_last_tile_trigger`, `_gelu`, `_residual`).
+    LastTileTrigger,
+    /// `31_ping_pong_last_tile_trigger.cu`: stage 28 with stage 30's trigger (entries
+    /// `linear_bf16_ping_pong_last_tile_trigger`, `_gelu`, `_residual`).
+    PingPongLastTileTrigger,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -139,6 +145,7 @@ impl Plan {
                 | Plan::DependentLaunch
                 | Plan::WeightsEarly
                 | Plan::DeepRing
+                | Plan::LastTileTrigger
         )
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
@@ -159,6 +166,7 @@ impl Plan {
                 | Plan::PingPongMulticast
                 | Plan::PingPongDependent
                 | Plan::PingPongWeightsEarly
+                | Plan::PingPongLastTileTrigger
         )
     }
     /// Whether each consumer copies its tile's bias into shared memory with 16-byte cp.async.
@@ -179,6 +187,8 @@ impl Plan {
                 | Plan::WeightsEarly
                 | Plan::PingPongWeightsEarly
                 | Plan::DeepRing
+                | Plan::LastTileTrigger
+                | Plan::PingPongLastTileTrigger
         )
     }
     /// Whether the kernel waits for the previous grid with `griddepcontrol` and is launched as its
@@ -188,7 +198,14 @@ impl Plan {
     }
     /// Whether the kernel reads `weight` before the kernel before it has finished (`WS_WEIGHTS_EARLY`).
     fn weights_early(self) -> bool {
-        matches!(self, Plan::WeightsEarly | Plan::PingPongWeightsEarly | Plan::DeepRing)
+        matches!(
+            self,
+            Plan::WeightsEarly
+                | Plan::PingPongWeightsEarly
+                | Plan::DeepRing
+                | Plan::LastTileTrigger
+                | Plan::PingPongLastTileTrigger
+        )
     }
     /// Whether the ring is as deep as fits beside the rest of shared memory, `WG_STAGES` at most.
     fn ring_fills_shared_memory(self) -> bool {
@@ -437,6 +454,20 @@ fn stages() -> Vec<Variant> {
             "stage 27 with the ring as deep as fits at the fitted width: 6 stages at 128 wide, 5 at 192, 4 at 256",
         )
         .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", 8)]),
+        wave_fit(
+            30,
+            "last-tile-trigger",
+            "linear-bf16/30_last_tile_trigger.cu",
+            Plan::LastTileTrigger,
+            "stage 27 letting the next kernel launch only when a block starts its last tile, not as it starts",
+        ),
+        ping_pong(
+            31,
+            "ping-pong-last-tile-trigger",
+            "linear-bf16/31_ping_pong_last_tile_trigger.cu",
+            Plan::PingPongLastTileTrigger,
+            "stage 28 letting the next kernel launch only when a block starts its last tile, not as it starts",
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -498,6 +529,8 @@ fn entry_base(plan: Plan) -> &'static str {
         Plan::WeightsEarly => "linear_bf16_weights_early",
         Plan::PingPongWeightsEarly => "linear_bf16_ping_pong_weights_early",
         Plan::DeepRing => "linear_bf16_deep_ring",
+        Plan::LastTileTrigger => "linear_bf16_last_tile_trigger",
+        Plan::PingPongLastTileTrigger => "linear_bf16_ping_pong_last_tile_trigger",
         // Not TMA stages: their entries are chosen in `prepare`'s own arms.
         Plan::Mma | Plan::Lt => "",
     }
@@ -792,7 +825,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 
 /// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
 /// patterns, `bias` N fp32 (present exactly when prepared with one), `residual` M·N fp32 (present
-/// exactly with the residual tail). Stages 27-29 read `weight` while the kernel before them in
+/// exactly with the residual tail). Stages 27-31 read `weight` while the kernel before them in
 /// the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
 /// output (prepared weights never are).
 pub struct LinearBf16Args<'a> {
@@ -805,13 +838,13 @@ pub struct LinearBf16Args<'a> {
 
 impl Prepared {
     /// Whether the call is launched as a programmatic dependent of the kernel before it in the
-    /// stream (stages 25-29): it may start under that kernel's tail.
+    /// stream (stages 25-31): it may start under that kernel's tail.
     pub fn dependent_launch(&self) -> bool {
         matches!(&self.stage, Stage::Tma { launch, .. } if launch.shape().dependent)
     }
 
     /// Whether the call reads `weight` before the kernel before it in the stream has finished
-    /// (stages 27-29): `weight` must not be written by that kernel.
+    /// (stages 27-31): `weight` must not be written by that kernel.
     pub fn reads_weight_early(&self) -> bool {
         self.weight_early
     }
