@@ -266,6 +266,12 @@ enum Command {
         /// default, 1, times each run between its own events.
         #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
         back_to_back: u32,
+        /// Time the stages of each table in N interleaved rounds (every stage in turn, each round
+        /// with 1/N of its samples; the samples pooled), so that the clock's drift under the
+        /// power cap over the table reaches every stage alike. The default, 1, times each stage
+        /// once, all its samples together.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+        rounds: u32,
         /// Also run each passed stage once under Nsight Compute (ncu) and add its counters: DRAM and
         /// SM throughput, tensor-pipe activity, achieved occupancy, L2 hit rate, top two stalls.
         #[arg(long)]
@@ -699,6 +705,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             repeat,
             graph,
             back_to_back,
+            rounds,
             counters,
             quick,
             seed,
@@ -721,6 +728,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let mut timing = if quick { TimingConfig::quick() } else { TimingConfig::default() };
             timing.graph = graph;
             timing.batch = back_to_back as usize;
+            timing.rounds = rounds as usize;
             let opts = RunOptions { stages, leave_one_out, sweeps: sweep, timing, seed };
 
             // Everything that can be checked without a GPU is checked first: unknown shape keys and

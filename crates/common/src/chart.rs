@@ -264,6 +264,7 @@ mod tests {
             seed: 1,
             graph: false,
             batch: 1,
+            rounds: 1,
             workload: Workload { bytes: 3_000_000_000, flops: 1_000_000_000_000, bound: Bound::Memory },
             ceilings: Ceilings::for_tests(3000.0),
             rows,

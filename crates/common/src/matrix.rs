@@ -103,7 +103,8 @@ fn caption(t: &Table) -> String {
             format!("{}{} runs back to back per pair of events", if graph { "graph replays, " } else { "" }, t.batch)
         }
     };
-    format!("{}/{} on {} ({mode})", t.family, t.op, t.device)
+    let rounds = if t.rounds > 1 { format!(", {} interleaved rounds", t.rounds) } else { String::new() };
+    format!("{}/{} on {} ({mode}{rounds})", t.family, t.op, t.device)
 }
 
 /// The matrices of `tables`: one per op and timing mode, in the order the tables come, each line a
@@ -114,7 +115,12 @@ pub fn render(tables: &[Table], format: Format, anchor: Option<u32>) -> String {
     for t in tables {
         let same = |g: &Vec<&Table>| {
             let h = g[0];
-            h.family == t.family && h.op == t.op && h.graph == t.graph && h.batch == t.batch && h.device == t.device
+            h.family == t.family
+                && h.op == t.op
+                && h.graph == t.graph
+                && h.batch == t.batch
+                && h.rounds == t.rounds
+                && h.device == t.device
         };
         match groups.iter_mut().find(|g| same(g)) {
             Some(g) => g.push(t),
@@ -212,6 +218,7 @@ mod tests {
             seed: 1,
             graph: false,
             batch: 1,
+            rounds: 1,
             workload: Workload { bytes: 1, flops: 1_000_000_000, bound: Bound::Compute(Precision::Bf16) },
             ceilings: Ceilings::for_tests(1000.0),
             rows,
@@ -246,9 +253,12 @@ mod tests {
         let a = table("N=1", &[(1, "a", Some(0.002)), (90, "lib", Some(0.001))]);
         let mut b = a.clone();
         b.batch = 20;
-        let text = render(&[a, b], Format::Table, Some(91));
-        assert_eq!(text.matches("f/op on gpu").count(), 2, "{text}");
+        let mut c = a.clone();
+        c.rounds = 5;
+        let text = render(&[a, b, c], Format::Table, Some(91));
+        assert_eq!(text.matches("f/op on gpu").count(), 3, "{text}");
         assert!(text.contains("20 runs back to back per pair of events"), "{text}");
+        assert!(text.contains("(each run between its own events, 5 interleaved rounds)"), "{text}");
         assert!(text.lines().nth(2).unwrap().trim_end().ends_with('-'), "{text}");
     }
 

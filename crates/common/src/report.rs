@@ -132,7 +132,12 @@ fn timing_mode(table: &Table) -> String {
     } else {
         String::new()
     };
-    format!("{graph}{batch}")
+    let rounds = if table.rounds > 1 {
+        format!("; stages timed in {} interleaved rounds, samples pooled", table.rounds)
+    } else {
+        String::new()
+    };
+    format!("{graph}{batch}{rounds}")
 }
 
 /// The header lines above the table.
@@ -269,6 +274,7 @@ mod tests {
             seed: 1,
             graph: false,
             batch: 1,
+            rounds: 1,
             workload: Workload { bytes: 2_000_000, flops: 1_000_000, bound: Bound::Memory },
             ceilings: Ceilings::for_tests(4000.0),
             rows: vec![
@@ -360,6 +366,12 @@ mod tests {
         assert!(header(&t)[0].contains("back to back, 20 per pair of events"), "{}", header(&t)[0]);
         t.graph = true;
         assert!(header(&t)[0].contains("CUDA-graph replays; runs back to back"), "{}", header(&t)[0]);
+        t.rounds = 5;
+        assert!(
+            header(&t)[0].ends_with("; stages timed in 5 interleaved rounds, samples pooled)"),
+            "{}",
+            header(&t)[0]
+        );
     }
 
     #[test]

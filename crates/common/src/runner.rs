@@ -11,7 +11,7 @@ use crate::family::{Bound, Op, Problem, Workload};
 use crate::gpu::Gpu;
 use crate::launch::ResourceUse;
 use crate::shape::Shape;
-use crate::timing::{self, Timing, TimingConfig};
+use crate::timing::{self, Samples, Timing, TimingConfig};
 use crate::variant::{Precision, Variant};
 
 #[derive(Clone, Debug, Default)]
@@ -150,6 +150,9 @@ pub struct Table {
     /// Runs per timed sample (`TimingConfig::batch`; absent in tables saved before: 1).
     #[serde(default = "one_run")]
     pub batch: usize,
+    /// Rounds the stages were timed in (`TimingConfig::rounds`; absent in tables saved before: 1).
+    #[serde(default = "one_run")]
+    pub rounds: usize,
     pub workload: Workload,
     pub ceilings: Ceilings,
     pub rows: Vec<Row>,
@@ -255,10 +258,21 @@ pub fn run_variants(
     progress(Progress::Inputs { shape });
     let mut problem = op.problem(gpu, shape, seed)?;
     let workload = problem.workload();
+    let outcomes = if opts.timing.rounds > 1 {
+        run_in_rounds(gpu, op, problem.as_mut(), variants, shape, &opts.timing, progress)
+    } else {
+        variants
+            .iter()
+            .map(|v| {
+                progress(Progress::Stage { shape, variant: v });
+                let outcome = run_variant(gpu, op, problem.as_mut(), v, shape, &opts.timing);
+                progress(Progress::StageDone);
+                outcome
+            })
+            .collect()
+    };
     let mut rows = Vec::new();
-    for v in variants {
-        progress(Progress::Stage { shape, variant: v });
-        let (status, timing, resources, verification) = run_variant(gpu, op, problem.as_mut(), v, shape, &opts.timing);
+    for (v, (status, timing, resources, verification)) in variants.iter().zip(outcomes) {
         rows.push(Row {
             summary: v.summary.to_string(),
             compared_with: v.compared_with.clone(),
@@ -267,7 +281,6 @@ pub fn run_variants(
             config: v.config(),
             ..Row::new(v.stage, v.name.to_string(), v.precision, status, timing)
         });
-        progress(Progress::StageDone);
     }
     let mut table = Table {
         family: op.family().into(),
@@ -277,6 +290,7 @@ pub fn run_variants(
         seed,
         graph: opts.timing.graph,
         batch: opts.timing.batch.max(1),
+        rounds: opts.timing.rounds.max(1),
         workload,
         ceilings: ceilings.clone(),
         rows,
@@ -288,6 +302,18 @@ pub fn run_variants(
 
 type VariantOutcome = (Status, Option<Timing>, Option<Resources>, Option<Verification>);
 
+/// A stage prepared and past its first check: what its row keeps while it is timed.
+struct Checked {
+    resources: Option<Resources>,
+    verification: Verification,
+}
+
+/// What the first check of a stage leaves: a stage to time, or its row's outcome already.
+enum Check {
+    Ready(Checked),
+    Finished(VariantOutcome),
+}
+
 fn run_variant(
     gpu: &Gpu,
     op: &dyn Op,
@@ -296,42 +322,115 @@ fn run_variant(
     shape: &Shape,
     cfg: &TimingConfig,
 ) -> VariantOutcome {
+    let checked = match check_stage(gpu, op, problem, v, shape) {
+        Check::Ready(checked) => checked,
+        Check::Finished(outcome) => return outcome,
+    };
+    match sample_stage(gpu, problem, cfg) {
+        Ok(samples) => recheck(gpu, problem, Timing::of(samples), checked),
+        Err(status) => (status, None, checked.resources, Some(checked.verification)),
+    }
+}
+
+/// `--rounds`: every stage is checked first; then each round times every checked stage in turn
+/// (prepared again, the round's share of the budget), so that a drift of the clock over the run
+/// reaches all of them alike; each stage's samples are pooled, and the copy its last round wrote
+/// is checked again right after that round.
+fn run_in_rounds(
+    gpu: &Gpu,
+    op: &dyn Op,
+    problem: &mut dyn Problem,
+    variants: &[Variant],
+    shape: &Shape,
+    cfg: &TimingConfig,
+    progress: &mut dyn FnMut(Progress),
+) -> Vec<VariantOutcome> {
+    let mut done: Vec<Option<VariantOutcome>> = Vec::new();
+    let mut pending: Vec<Option<(Checked, Vec<f64>)>> = Vec::new();
+    for v in variants {
+        progress(Progress::Stage { shape, variant: v });
+        match check_stage(gpu, op, problem, v, shape) {
+            Check::Ready(checked) => {
+                done.push(None);
+                pending.push(Some((checked, Vec::new())));
+            }
+            Check::Finished(outcome) => {
+                done.push(Some(outcome));
+                pending.push(None);
+                progress(Progress::StageDone);
+            }
+        }
+    }
+    let (round, rounds) = (cfg.round(), cfg.rounds.max(1));
+    for r in 0..rounds {
+        for (i, v) in variants.iter().enumerate() {
+            let Some((_, pooled)) = pending[i].as_mut() else { continue };
+            progress(Progress::Stage { shape, variant: v });
+            // Prepared again, and every output poisoned again: what the check after the last round
+            // reads is this stage's, never a result the stage before it left.
+            let sampled = problem
+                .prepare(gpu, v)
+                .and_then(|_| problem.poison(gpu))
+                .map_err(|e| Status::Failed(format!("round {}: {}", r + 1, first_line(&e))))
+                .and_then(|_| sample_stage(gpu, problem, &round));
+            match sampled {
+                Ok(samples) => {
+                    pooled.extend(samples.ms);
+                    if r + 1 < rounds {
+                        continue;
+                    }
+                    let (checked, ms) = pending[i].take().expect("a pending stage");
+                    let timing = Timing::of(Samples { ms, last_copy: samples.last_copy });
+                    done[i] = Some(recheck(gpu, problem, timing, checked));
+                }
+                Err(status) => {
+                    let (checked, _) = pending[i].take().expect("a pending stage");
+                    done[i] = Some((status, None, checked.resources, Some(checked.verification)));
+                }
+            }
+            progress(Progress::StageDone);
+        }
+    }
+    done.into_iter().map(|d| d.expect("every stage is done after the last round")).collect()
+}
+
+/// Prepares `v` and checks it once on poisoned outputs; a stage that does not apply, cannot be
+/// prepared or fails the check is its row's outcome already.
+fn check_stage(gpu: &Gpu, op: &dyn Op, problem: &mut dyn Problem, v: &Variant, shape: &Shape) -> Check {
     if let Err(e) = gpu.supports(v).and_then(|_| op.validate(v, shape)) {
-        return (Status::Skipped(first_line(&e)), None, None, None);
+        return Check::Finished((Status::Skipped(first_line(&e)), None, None, None));
     }
     let resources = match problem.prepare(gpu, v) {
         Ok(uses) => Resources::summarize(&uses),
-        Err(e) if e.is_not_applicable() => return (Status::Skipped(first_line(&e)), None, None, None),
+        Err(e) if e.is_not_applicable() => return Check::Finished((Status::Skipped(first_line(&e)), None, None, None)),
         Err(e) => {
             let status = match point_refusal(v, &e) {
                 Some(why) => Status::Skipped(why),
                 None => Status::Failed(format!("prepare: {}", first_line(&e))),
             };
-            return (status, None, None, None);
+            return Check::Finished((status, None, None, None));
         }
     };
-    let verification = match verify_once(gpu, problem) {
-        Err(e) => return (Status::Failed(first_line(&e)), None, resources, None),
-        Ok(ver) if !ver.passed() => return (Status::Failed(ver.summary()), None, resources, Some(ver)),
-        Ok(ver) => ver,
-    };
+    match verify_once(gpu, problem) {
+        Err(e) => Check::Finished((Status::Failed(first_line(&e)), None, resources, None)),
+        Ok(ver) if !ver.passed() => Check::Finished((Status::Failed(ver.summary()), None, resources, Some(ver))),
+        Ok(verification) => Check::Ready(Checked { resources, verification }),
+    }
+}
+
+/// Times the prepared stage under `cfg`; a stage that cannot be captured as a graph is `n/a`.
+fn sample_stage(gpu: &Gpu, problem: &mut dyn Problem, cfg: &TimingConfig) -> std::result::Result<Samples, Status> {
     let copies = problem.copies();
-    let timing = match timing::time(gpu, copies, cfg, |stream, c| problem.enqueue(stream, c)) {
-        Ok(t) => t,
-        Err(Error::Capture(why)) => {
-            return (
-                Status::Skipped(format!("cannot be captured as a graph: {why}")),
-                None,
-                resources,
-                Some(verification),
-            )
-        }
-        Err(e) => {
-            return (Status::Failed(format!("during timing: {}", first_line(&e))), None, resources, Some(verification))
-        }
-    };
-    // Check again what the timed runs left in the copy written last: a kernel that races, or only
-    // works once, fails here.
+    timing::sample(gpu, copies, cfg, |stream, c| problem.enqueue(stream, c)).map_err(|e| match e {
+        Error::Capture(why) => Status::Skipped(format!("cannot be captured as a graph: {why}")),
+        e => Status::Failed(format!("during timing: {}", first_line(&e))),
+    })
+}
+
+/// Checks again what the timed runs left in the copy written last: a kernel that races, or only
+/// works once, fails here.
+fn recheck(gpu: &Gpu, problem: &mut dyn Problem, timing: Timing, checked: Checked) -> VariantOutcome {
+    let Checked { resources, verification } = checked;
     match problem.verify(gpu, timing.last_copy) {
         Err(e) => {
             (Status::Failed(format!("after timing: {}", first_line(&e))), Some(timing), resources, Some(verification))

@@ -235,6 +235,7 @@ mod tests {
             seed: 1,
             graph: false,
             batch: 1,
+            rounds: 1,
             workload: Workload { bytes: 1, flops: 1, bound: Bound::Memory },
             ceilings: Ceilings::for_tests(3000.0),
             rows: points.iter().zip(times).map(|(v, t)| row(v, t)).collect(),

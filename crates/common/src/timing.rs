@@ -2,7 +2,9 @@
 //! rotating through the problem's copies; median, min and max. Optionally each copy's launch
 //! sequence is captured once as a CUDA graph and the graph is replayed (for launch-bound ops), or
 //! runs go back to back in batches between one pair of events, as a model's layers follow each
-//! other (where a kernel's launch may overlap the tail of the one before: `--back-to-back`).
+//! other (where a kernel's launch may overlap the tail of the one before: `--back-to-back`). The
+//! runner may also split a stage's samples into rounds, interleaved with the other stages' (`--rounds`),
+//! so that the clock's drift under the power cap reaches every stage alike.
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use std::sync::Arc;
@@ -29,6 +31,10 @@ pub struct TimingConfig {
     /// sits between it and the run before); more run back to back between one pair, each sample the
     /// batch's mean (what a stream of consecutive launches sustains).
     pub batch: usize,
+    /// Rounds a table's stages are timed in, each round every stage in turn with this share of the
+    /// time budget (`target_ms`, `min_reps`), the samples of all rounds pooled: 1 times each stage
+    /// once, all its samples together.
+    pub rounds: usize,
 }
 
 impl Default for TimingConfig {
@@ -41,6 +47,7 @@ impl Default for TimingConfig {
             once_above_ms: f64::INFINITY,
             graph: false,
             batch: 1,
+            rounds: 1,
         }
     }
 }
@@ -50,6 +57,25 @@ impl TimingConfig {
     pub fn quick() -> Self {
         TimingConfig { target_ms: 20.0, min_reps: 3, max_reps: 20, warmup_ms: 2.0, ..TimingConfig::default() }
     }
+
+    /// One round's share of a stage's budget: `target_ms` and the repetition bounds divided by the
+    /// rounds (at least 2 repetitions a round), warm-up as before.
+    pub fn round(&self) -> Self {
+        let rounds = self.rounds.max(1);
+        TimingConfig {
+            target_ms: self.target_ms / rounds as f64,
+            min_reps: self.min_reps.div_ceil(rounds).max(2),
+            max_reps: self.max_reps.div_ceil(rounds).max(2),
+            rounds: 1,
+            ..*self
+        }
+    }
+}
+
+/// The samples of one timing (milliseconds per run) and the copy the last run wrote.
+pub struct Samples {
+    pub ms: Vec<f64>,
+    pub last_copy: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -63,6 +89,11 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// The median, min and max of `samples` (pooled over rounds: the last round's last copy).
+    pub fn of(mut samples: Samples) -> Timing {
+        Timing { last_copy: samples.last_copy, ..Timing::from_samples(&mut samples.ms) }
+    }
+
     pub fn from_samples(samples: &mut [f64]) -> Timing {
         assert!(!samples.is_empty(), "at least one sample");
         samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -79,8 +110,18 @@ pub fn time(
     gpu: &Gpu,
     copies: usize,
     cfg: &TimingConfig,
-    mut run: impl FnMut(&Arc<CudaStream>, usize) -> Result<()>,
+    run: impl FnMut(&Arc<CudaStream>, usize) -> Result<()>,
 ) -> Result<Timing> {
+    sample(gpu, copies, cfg, run).map(Timing::of)
+}
+
+/// [`time`]'s samples, unsummarized (a round of `--rounds`).
+pub fn sample(
+    gpu: &Gpu,
+    copies: usize,
+    cfg: &TimingConfig,
+    mut run: impl FnMut(&Arc<CudaStream>, usize) -> Result<()>,
+) -> Result<Samples> {
     let copies = copies.max(1);
     let stream = gpu.stream();
     if cfg.graph {
@@ -157,7 +198,12 @@ impl Drop for Gate {
     }
 }
 
-fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(usize) -> Result<()>) -> Result<Timing> {
+fn time_loop(
+    gpu: &Gpu,
+    copies: usize,
+    cfg: &TimingConfig,
+    mut run: impl FnMut(usize) -> Result<()>,
+) -> Result<Samples> {
     let ctx = gpu.context();
     let stream = gpu.stream();
     let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
@@ -179,7 +225,7 @@ fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(u
         warm_runs += 1;
         copy += 1;
         if warm_runs == 1 && estimate > cfg.once_above_ms {
-            return Ok(Timing { last_copy: (copy - 1) % copies, ..Timing::from_samples(&mut [estimate]) });
+            return Ok(Samples { ms: vec![estimate], last_copy: (copy - 1) % copies });
         }
         if warm_runs >= 1000 {
             break;
@@ -198,11 +244,11 @@ fn time_loop(gpu: &Gpu, copies: usize, cfg: &TimingConfig, mut run: impl FnMut(u
         end.record(stream).ctx("record")?;
     }
     gpu.synchronize()?;
-    let mut samples: Vec<f64> = events
+    let ms: Vec<f64> = events
         .iter()
         .map(|(a, b)| a.elapsed_ms(b).map(|t| t as f64 / batch as f64).ctx("elapsed"))
         .collect::<Result<_>>()?;
-    Ok(Timing { last_copy: (copy - 1) % copies, ..Timing::from_samples(&mut samples) })
+    Ok(Samples { ms, last_copy: (copy - 1) % copies })
 }
 
 #[cfg(test)]
@@ -215,5 +261,17 @@ mod tests {
         assert_eq!((t.median_ms, t.min_ms, t.max_ms, t.reps), (2.5, 1.0, 10.0, 4));
         let t = Timing::from_samples(&mut [5.0, 1.0, 3.0]);
         assert_eq!(t.median_ms, 3.0);
+    }
+
+    #[test]
+    fn a_round_takes_its_share_of_the_budget() {
+        let cfg = TimingConfig { rounds: 4, ..TimingConfig::default() };
+        let r = cfg.round();
+        assert_eq!((r.target_ms, r.min_reps, r.max_reps, r.rounds, r.batch), (75.0, 3, 125, 1, 1));
+        // Never fewer than 2 repetitions a round, and one round is the whole budget.
+        let quick = TimingConfig { rounds: 10, ..TimingConfig::quick() }.round();
+        assert_eq!((quick.min_reps, quick.max_reps), (2, 2));
+        let one = TimingConfig::default().round();
+        assert_eq!((one.target_ms, one.min_reps, one.max_reps), (300.0, 10, 500));
     }
 }
