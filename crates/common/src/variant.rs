@@ -133,6 +133,9 @@ pub struct Variant {
     /// Defines that are cumulative optimization switches of one kernel: the leave-one-out generator
     /// removes each in turn from this variant.
     pub toggles: Cow<'static, [&'static str]>,
+    /// `(switch, switch it builds on)` pairs among the toggles: leaving a switch out also leaves out
+    /// every toggle that builds on it (a kernel's `#error` refuses the combination otherwise).
+    pub toggle_bases: Cow<'static, [(&'static str, &'static str)]>,
     pub requires: Requirements,
     pub tolerance: Option<Tolerance>,
     /// For a derived row (a leave-one-out variant, a sweep point): the name of the row its `x prev`
@@ -181,6 +184,7 @@ impl Variant {
             defines: Cow::Borrowed(&[]),
             tunables: Cow::Borrowed(&[]),
             toggles: Cow::Borrowed(&[]),
+            toggle_bases: Cow::Borrowed(&[]),
             requires: Requirements::ANY,
             tolerance: None,
             compared_with: None,
@@ -264,6 +268,12 @@ impl Variant {
 
     pub fn with_toggles(mut self, toggles: impl Into<Cow<'static, [&'static str]>>) -> Variant {
         self.toggles = toggles.into();
+        self
+    }
+
+    /// Declares which toggles build on which (`(switch, base)` pairs; see `toggle_bases`).
+    pub fn with_toggle_bases(mut self, bases: impl Into<Cow<'static, [(&'static str, &'static str)]>>) -> Variant {
+        self.toggle_bases = bases.into();
         self
     }
 
@@ -357,19 +367,44 @@ pub fn parse_stages(s: &str) -> std::result::Result<(u32, u32), String> {
     }
 }
 
-/// All-on minus one: one variant per toggle of `base`, with that switch removed.
+/// All-on minus one: one variant per toggle of `base`, with that switch removed, and with it every
+/// toggle that builds on it (`Variant::toggle_bases`, followed transitively).
 pub struct LeaveOneOut;
+
+impl LeaveOneOut {
+    /// The toggles that build on `t`, directly or through others, in declaration order.
+    fn built_on(base: &Variant, t: &str) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = Vec::new();
+        let mut frontier = vec![t];
+        while let Some(b) = frontier.pop() {
+            for &(switch, on) in base.toggle_bases.iter() {
+                if on == b && !out.contains(&switch) {
+                    out.push(switch);
+                    frontier.push(switch);
+                }
+            }
+        }
+        base.toggles.iter().copied().filter(|x| out.contains(x)).collect()
+    }
+}
 
 impl Generator for LeaveOneOut {
     fn derive(&self, base: &Variant) -> Vec<Variant> {
         base.toggles
             .iter()
-            .map(|t| {
+            .map(|&t| {
+                let dependents = Self::built_on(base, t);
+                let gone = |name: &str| name == t || dependents.contains(&name);
                 let mut v = base.clone();
-                v.defines = Cow::Owned(base.defines.iter().filter(|d| d.name != *t).cloned().collect());
-                v.toggles = Cow::Owned(base.toggles.iter().filter(|x| *x != t).copied().collect());
+                v.defines = Cow::Owned(base.defines.iter().filter(|d| !gone(&d.name)).cloned().collect());
+                v.toggles = Cow::Owned(base.toggles.iter().copied().filter(|x| !gone(x)).collect());
                 v.name = Cow::Owned(format!("all-{t}"));
-                v.summary = Cow::Owned(format!("every optimization of {} except {t}", base.name));
+                let also = match dependents.as_slice() {
+                    [] => String::new(),
+                    [one] => format!(" (and {one}, which builds on it)"),
+                    many => format!(" (and {}, which build on it)", many.join(", ")),
+                };
+                v.summary = Cow::Owned(format!("every optimization of {} except {t}{also}", base.name));
                 v.compared_with = Some(base.name.to_string());
                 v
             })
@@ -485,6 +520,24 @@ mod tests {
         let d = base().compile_defines();
         assert!(d.iter().any(|d| d.name == "WARPS" && d.value == "4"));
         assert!(base().tunable("NOPE").is_err());
+    }
+
+    #[test]
+    fn leaving_a_switch_out_leaves_out_what_builds_on_it() {
+        let v = Variant::kernel("f", "op", 3, "all", "op/03_all.cu", Precision::Fp32, "s")
+            .with_defines(vec![Define::on("A"), Define::on("B"), Define::on("C"), Define::on("D")])
+            .with_toggles(vec!["A", "B", "C", "D"])
+            .with_toggle_bases(vec![("B", "A"), ("C", "B")]);
+        let loo = LeaveOneOut.derive(&v);
+        let names = |v: &Variant| v.defines.iter().map(|d| d.name.to_string()).collect::<Vec<_>>();
+        assert_eq!(names(&loo[0]), ["D"], "A takes B, and C through B");
+        assert_eq!(loo[0].summary, "every optimization of all except A (and B, C, which build on it)");
+        assert_eq!(names(&loo[1]), ["A", "D"]);
+        assert_eq!(loo[1].summary, "every optimization of all except B (and C, which builds on it)");
+        assert_eq!(names(&loo[2]), ["A", "B", "D"]);
+        assert_eq!(names(&loo[3]), ["A", "B", "C"]);
+        assert_eq!(loo[3].toggles.as_ref(), ["A", "B", "C"]);
+        assert_eq!(loo[3].summary, "every optimization of all except D");
     }
 
     #[test]

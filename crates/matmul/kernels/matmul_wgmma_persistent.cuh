@@ -163,6 +163,10 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define WS_EPI_BYTES 0
 #endif
 
+#if defined(EPI_LEAN) && !defined(EPI_PREFETCH)
+#error "EPI_LEAN trims EPI_PREFETCH's store"
+#endif
+
 #ifdef EPI_BIAS_SMEM
 #if defined(EPI_TMA_STORE) || !defined(EPI_LEAN)
 #error "EPI_BIAS_SMEM builds on EPI_LEAN's store and takes the named barriers EPI_TMA_STORE uses"

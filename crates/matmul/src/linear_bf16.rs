@@ -40,12 +40,24 @@ const TMA_N: &str = "N % 4 == 0";
 const OUT_BOX: (u32, u32) = (32, 64);
 /// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
 const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
-/// The staged stores' buffer per consumer warp (`Plan::stages_store`): 16 rows x 32 fp32 columns.
+/// The staged stores' buffer per consumer warp (`Switches::stages_store`): 16 rows x 32 fp32 columns.
 const EPI_STAGING_BYTES: u32 = 16 * 32 * 4;
-/// The bias copies (`Plan::copies_bias`) are cp.async copies of 16 bytes from 16-byte aligned addresses.
+/// The bias copies (`Switches::copies_bias`) are cp.async copies of 16 bytes from 16-byte aligned addresses.
 const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
-/// The ping-pong stages' tile width (`Plan::ping_pong`; the header's `#error`).
+/// The ping-pong stages' tile width (`Switches::ping_pong`; the header's `#error`).
 const PING_PONG_BN: &str = "WS_BN <= 192 with WS_PINGPONG";
+
+/// Stage 28's switches, set by the stage list rather than its `.cu`, so that leave-one-out can take
+/// each away (`ladder run matmul --op linear-bf16 --leave-one-out`).
+const STAGE_28_SWITCHES: [&str; 7] =
+    ["EPI_PREFETCH", "EPI_LEAN", "WS_PINGPONG", "EPI_BIAS_SMEM", "EPI_STAGED", "WS_PDL", "WS_WEIGHTS_EARLY"];
+/// Which of those builds on which (the `#error`s of `matmul_wgmma_persistent.cuh`).
+const STAGE_28_SWITCH_BASES: [(&str, &str); 4] = [
+    ("EPI_LEAN", "EPI_PREFETCH"),
+    ("EPI_BIAS_SMEM", "EPI_LEAN"),
+    ("EPI_STAGED", "EPI_BIAS_SMEM"),
+    ("WS_WEIGHTS_EARLY", "WS_PDL"),
+];
 
 /// How a stage computes the GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,12 +223,50 @@ impl Plan {
     fn ring_fills_shared_memory(self) -> bool {
         matches!(self, Plan::TmaStore | Plan::DeepRing)
     }
+    /// Whether the stage's switches are the stage list's defines (stage 28 and its leave-one-out
+    /// rows) rather than `#define`s in its `.cu` (every other stage).
+    fn switches_in_stage_list(self) -> bool {
+        self == Plan::PingPongWeightsEarly
+    }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
         if matches!(self, Plan::Multicast | Plan::MulticastBias | Plan::PingPongMulticast | Plan::MulticastStaged) {
             2
         } else {
             1
+        }
+    }
+}
+
+/// The switches of a TMA stage's kernel that shape its launch: what its plan says, or for a stage
+/// whose switches are the stage list's defines, those defines (a leave-one-out row lacks one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Switches {
+    ping_pong: bool,
+    copies_bias: bool,
+    stages_store: bool,
+    dependent_launch: bool,
+    weights_early: bool,
+}
+
+impl Switches {
+    fn of(plan: Plan, v: &Variant) -> Switches {
+        if plan.switches_in_stage_list() {
+            Switches {
+                ping_pong: v.has("WS_PINGPONG"),
+                copies_bias: v.has("EPI_BIAS_SMEM"),
+                stages_store: v.has("EPI_STAGED"),
+                dependent_launch: v.has("WS_PDL"),
+                weights_early: v.has("WS_WEIGHTS_EARLY"),
+            }
+        } else {
+            Switches {
+                ping_pong: plan.ping_pong(),
+                copies_bias: plan.copies_bias(),
+                stages_store: plan.stages_store(),
+                dependent_launch: plan.dependent_launch(),
+                weights_early: plan.weights_early(),
+            }
         }
     }
 }
@@ -445,7 +495,10 @@ fn stages() -> Vec<Variant> {
             "linear-bf16/28_ping_pong_weights_early.cu",
             Plan::PingPongWeightsEarly,
             "stage 26 loading the first W tiles before it waits for the previous kernel (weights are no kernel's output)",
-        ),
+        )
+        .with_defines(STAGE_28_SWITCHES.iter().map(|&s| Define::on(s)).collect::<Vec<_>>())
+        .with_toggles(&STAGE_28_SWITCHES[..])
+        .with_toggle_bases(&STAGE_28_SWITCH_BASES[..]),
         wave_fit(
             29,
             "deep-ring",
@@ -599,7 +652,7 @@ enum Stage {
         b_rows: usize,
         tail: TailArgs,
         store: Store,
-        /// The bias is copied with cp.async (`Plan::copies_bias`): its address must be 16-byte aligned.
+        /// The bias is copied with cp.async (`Switches::copies_bias`): its address must be 16-byte aligned.
         bias_aligned: bool,
     },
     Lt(Lt),
@@ -680,6 +733,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
     gpu.supports(v)?;
     check_shape(v, d)?;
     let plan = v.plan::<Plan>()?;
+    let sw = Switches::of(plan, v);
     let stage = match plan {
         Plan::Mma => {
             // cp.async copies 16-byte pieces: rows of K bf16 are 16-byte aligned only when K % 8 == 0.
@@ -719,13 +773,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::WarpSpecialized => 256,
                 Plan::Tall => define_u32(v, "WS_BN")?,
                 p if p.fitted() => fit(),
-                p if p.ping_pong() => ping_pong_width(v.tunable("WS_BN")?, d.tail),
+                _ if sw.ping_pong => ping_pong_width(v.tunable("WS_BN")?, d.tail),
                 _ => v.tunable("WS_BN")?,
             };
             let entry = if plan.entry_per_tail() { per_tail(entry_base(plan)) } else { entry_base(plan).to_string() };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
             // The ping-pong stages: a consumer holds two 64 x WS_BN accumulator sets.
-            require(!plan.ping_pong() || tile_n <= 192, PING_PONG_BN, || format!("WS_BN = {tile_n}"))?;
+            require(!sw.ping_pong || tile_n <= 192, PING_PONG_BN, || format!("WS_BN = {tile_n}"))?;
             // Stage 7: one mbarrier a stage and two consumer warpgroups; the others a full and an
             // empty mbarrier a stage, a producer warpgroup and one consumer per 64 tile rows.
             let tile_m = if plan == Plan::Tall { define_u32(v, "WS_BM")? } else { TILE_M as u32 };
@@ -739,9 +793,9 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
             // The ping-pong stages' two turn mbarriers; the tile's bias copy per consumer; the staged
             // store's buffer per consumer warp.
-            let turns = if plan.ping_pong() { 16 } else { 0 };
-            let bias_copies = if plan.copies_bias() { (tile_m / 64) * tile_n * 4 } else { 0 };
-            let staging = if plan.stages_store() { (tile_m / 64) * 4 * EPI_STAGING_BYTES } else { 0 };
+            let turns = if sw.ping_pong { 16 } else { 0 };
+            let bias_copies = if sw.copies_bias { (tile_m / 64) * tile_n * 4 } else { 0 };
+            let staging = if sw.stages_store { (tile_m / 64) * 4 * EPI_STAGING_BYTES } else { 0 };
             let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies + staging;
             // Stage 13's ring is as deep as WG_STAGES allows beside its slots, stage 29's beside the
             // bias copies and the staging buffers.
@@ -761,7 +815,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 f.set_tunable("WG_STAGES", stages)?;
                 fitted = f;
                 &fitted
-            } else if plan.ping_pong() && v.tunable("WS_BN")? != tile_n {
+            } else if sw.ping_pong && v.tunable("WS_BN")? != tile_n {
                 // The ping-pong stages with the residual tail: compiled at the narrower width.
                 let mut f = v.clone();
                 f.set_tunable("WS_BN", tile_n)?;
@@ -774,7 +828,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let smem = stages * stage_bytes + fixed;
             let shape = |grid| {
                 let shape = LaunchShape::new(grid, (threads, 1, 1)).with_shared(smem);
-                if plan.dependent_launch() {
+                if sw.dependent_launch {
                     shape.with_dependent_launch()
                 } else {
                     shape
@@ -816,11 +870,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 b_rows: (tile_n / plan.cluster()) as usize,
                 tail,
                 store,
-                bias_aligned: plan.copies_bias(),
+                bias_aligned: sw.copies_bias,
             }
         }
     };
-    Ok(Prepared { stage, d, weight_early: plan.weights_early() })
+    Ok(Prepared { stage, d, weight_early: sw.weights_early })
 }
 
 /// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
@@ -1126,6 +1180,38 @@ mod tests {
         }
         // Stages 7-14 have one entry each, stage 15 and every later one three.
         assert!(checked >= 8 + 15 * 3, "{checked} entries checked");
+    }
+
+    /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,
+    /// and each launched as its switches say (a kernel without `WS_PDL` never waits for the one
+    /// before it, so it must not be launched as its dependent).
+    #[test]
+    fn stage_28_leaves_out_each_switch_and_what_builds_on_it() {
+        let all = LinearBf16.variants().into_iter().find(|v| v.stage == 28).unwrap();
+        let plan = all.plan::<Plan>().unwrap();
+        let on = Switches {
+            ping_pong: true,
+            copies_bias: true,
+            stages_store: true,
+            dependent_launch: true,
+            weights_early: true,
+        };
+        assert_eq!(Switches::of(plan, &all), on);
+        let rows = LinearBf16.leave_one_out();
+        let names: Vec<&str> = rows.iter().map(|v| v.name.as_ref()).collect();
+        let want: Vec<String> = STAGE_28_SWITCHES.iter().map(|s| format!("all-{s}")).collect();
+        assert_eq!(names, want, "stage 28 is the one stage with toggles");
+        let row = |name: &str| rows.iter().find(|v| v.name == name).unwrap();
+        let off = |name: &str| Switches::of(plan, row(name));
+        assert_eq!(off("all-WS_PDL"), Switches { dependent_launch: false, weights_early: false, ..on });
+        assert_eq!(off("all-WS_WEIGHTS_EARLY"), Switches { weights_early: false, ..on });
+        assert_eq!(off("all-WS_PINGPONG"), Switches { ping_pong: false, ..on });
+        assert_eq!(off("all-EPI_STAGED"), Switches { stages_store: false, ..on });
+        let no_copy = Switches { copies_bias: false, stages_store: false, ..on };
+        assert_eq!(off("all-EPI_BIAS_SMEM"), no_copy);
+        assert_eq!(off("all-EPI_LEAN"), no_copy);
+        assert!(!row("all-EPI_PREFETCH").has("EPI_LEAN") && !row("all-EPI_LEAN").has("EPI_BIAS_SMEM"));
+        assert!(rows.iter().all(|v| v.compared_with.as_deref() == Some("ping-pong-weights-early")));
     }
 
     #[test]

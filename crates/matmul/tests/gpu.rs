@@ -211,10 +211,24 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("linear_bf16_default_shapes", |gpu| {
-            // The GPT-2 shapes at M = 4096 (the LM head at 50257 and 50304), 4096^3 and 8192^3.
+            // The GPT-2 shapes at M = 4096 (the LM head at 50257 and 50304), 4096^3 and 8192^3;
+            // every stage and stage 28's leave-one-out rows.
             let op = &matmul::linear_bf16::LinearBf16;
+            let rows: Vec<_> = op.variants().into_iter().chain(op.leave_one_out()).collect();
             for s in op.default_shapes() {
-                assert_stages_pass(gpu, op, &s, &op.variants());
+                assert_stages_pass(gpu, op, &s, &rows);
+            }
+        })
+        .gpu("linear_bf16_leave_one_out_ragged", |gpu| {
+            // Stage 28's leave-one-out rows at ragged shapes with every tail: each switch's absence
+            // (the residual at 192 wide without ping-pong, the store without staging, the launch
+            // without the dependent attribute) is a kernel of its own.
+            use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
+            let rows = LinearBf16.leave_one_out();
+            assert_eq!(rows.len(), 7, "stage 28's seven switches");
+            for (m, n, k, e) in [(129, 127, 136, 0), (300, 388, 1000, 1), (257, 300, 64, 2), (4100, 772, 72, 2)] {
+                let s = if e == 0 { shape(m, n, k, 1) } else { shape_with_tail(m, n, k, e) };
+                assert_stages_pass(gpu, &LinearBf16, &s, &rows);
             }
         })
         .gpu("linear_bf16_any_shape", |gpu| {

@@ -12,14 +12,12 @@
 // Constraints: sm_90a; K % 8 == 0; M, N, K >= 1; M*K, N*K, M*N < 2^31; the GELU and residual tails
 //   need a bias; the bias 16-byte aligned (cp.async's 16-byte copies).
 // Tolerance: bf16 preset (operands bf16, fp32 accumulation and tail).
+// Switches: EPI_PREFETCH, EPI_LEAN, WS_PINGPONG, EPI_BIAS_SMEM, EPI_STAGED, WS_PDL and
+//   WS_WEIGHTS_EARLY (stage 26's and this stage's), set by the stage list rather than here, so that
+//   leave-one-out (`ladder run matmul --op linear-bf16 --leave-one-out`) can take each away: a row
+//   `all-X` lacks X and the switches that build on it (EPI_LEAN on EPI_PREFETCH, EPI_BIAS_SMEM on
+//   EPI_LEAN, EPI_STAGED on EPI_BIAS_SMEM, WS_WEIGHTS_EARLY on WS_PDL).
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0
-#define EPI_PREFETCH 1
-#define EPI_LEAN 1
-#define WS_PINGPONG 1
-#define EPI_BIAS_SMEM 1
-#define EPI_STAGED 1
-#define WS_PDL 1
-#define WS_WEIGHTS_EARLY 1
 #include "matmul_wgmma_persistent.cuh"
 
 LEAN_ENTRY(linear_bf16_ping_pong_weights_early, 0)
