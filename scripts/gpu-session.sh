@@ -53,7 +53,7 @@ step() {
 tables() { # FAMILY [extra ladder args]: the ladder command line, with the anchors once measured
     local anchors=""
     [ -s "$logs/anchors.json" ] && anchors="--anchors $logs/anchors.json"
-    echo "$bundle/run.sh ladder run $* $anchors --out $logs/tables"
+    echo "$bundle/run.sh ladder run $* $anchors --out $logs/tables${tables_dir:+/$tables_dir}"
 }
 family_args() { # sets fam and extra from a step's argument FAMILY[:ARGS], and tag: both, fit for a log name
     fam=${arg%%:*}
@@ -79,8 +79,11 @@ for s in "$@"; do
         ;;
     tables:*)
         family_args
-        # The extra arguments name the log, so several tables steps of one family keep their logs.
+        # The extra arguments name the log and the JSON tables' folder, so several tables steps of
+        # one family (other stages, timing modes) keep their logs and tables apart.
+        tables_dir=$tag
         step "tables-$tag" 300 "$(tables "$fam" $extra)"
+        tables_dir=
         ;;
     loo:*) step "tables-$arg-loo" 300 "$(tables "$arg" --leave-one-out)" ;;
     benches*)
