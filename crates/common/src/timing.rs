@@ -3,8 +3,8 @@
 //! sequence is captured once as a CUDA graph and the graph is replayed (for launch-bound ops), or
 //! runs go back to back in batches between one pair of events, as a model's layers follow each
 //! other (where a kernel's launch may overlap the tail of the one before: `--back-to-back`). The
-//! runner may also split a stage's samples into rounds, interleaved with the other stages' (`--rounds`),
-//! so that the clock's drift under the power cap reaches every stage alike.
+//! runner may also split a stage's samples into rounds interleaved with the other stages'
+//! (`--rounds`), so that the clock's drift under the power cap reaches every stage alike.
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use std::sync::Arc;
@@ -31,9 +31,9 @@ pub struct TimingConfig {
     /// sits between it and the run before); more run back to back between one pair, each sample the
     /// batch's mean (what a stream of consecutive launches sustains).
     pub batch: usize,
-    /// Rounds a table's stages are timed in, each round every stage in turn with this share of the
-    /// time budget (`target_ms`, `min_reps`), the samples of all rounds pooled: 1 times each stage
-    /// once, all its samples together.
+    /// Rounds a table's stages are timed in: each round times every stage in turn with 1/rounds of
+    /// its budget ([`TimingConfig::round`]), and a stage's samples of all rounds are pooled. 1 times
+    /// each stage once, all its samples together.
     pub rounds: usize,
 }
 
