@@ -1182,6 +1182,35 @@ mod tests {
         assert!(checked >= 8 + 15 * 3, "{checked} entries checked");
     }
 
+    /// The host's view of each persistent stage's switches (the plan's predicates, or the stage
+    /// list's defines) is what the kernel is compiled with: the `#define`s of its `.cu` and the
+    /// defines the stage list passes. A plan list that drifts from the files fails here.
+    #[test]
+    fn host_switches_match_the_kernel_files() {
+        let mut checked = 0;
+        for v in LinearBf16.variants().into_iter().chain(LinearBf16.leave_one_out()) {
+            let common::Source::Kernel(path) = v.source else { continue };
+            let file = SOURCES.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("{path}"));
+            if !file.text.contains("#include \"matmul_wgmma_persistent.cuh\"") {
+                continue;
+            }
+            let on = |name: &str| v.has(name) || file.text.lines().any(|l| l.trim() == format!("#define {name} 1"));
+            let plan = v.plan::<Plan>().unwrap();
+            let sw = Switches::of(plan, &v);
+            let id = v.id();
+            assert_eq!(sw.ping_pong, on("WS_PINGPONG"), "{id}: WS_PINGPONG");
+            assert_eq!(sw.copies_bias, on("EPI_BIAS_SMEM"), "{id}: EPI_BIAS_SMEM");
+            assert_eq!(sw.stages_store, on("EPI_STAGED"), "{id}: EPI_STAGED");
+            assert_eq!(sw.dependent_launch, on("WS_PDL"), "{id}: WS_PDL");
+            assert_eq!(sw.weights_early, on("WS_WEIGHTS_EARLY"), "{id}: WS_WEIGHTS_EARLY");
+            assert_eq!(plan.cluster() == 2, on("WS_MULTICAST"), "{id}: WS_MULTICAST");
+            assert_eq!(plan == Plan::TmaStore, on("EPI_TMA_STORE"), "{id}: EPI_TMA_STORE");
+            checked += 1;
+        }
+        // Stages 9-31 and stage 28's seven leave-one-out rows.
+        assert_eq!(checked, 23 + 7);
+    }
+
     /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,
     /// and each launched as its switches say (a kernel without `WS_PDL` never waits for the one
     /// before it, so it must not be launched as its dependent).
