@@ -308,6 +308,13 @@ struct Checked {
     verification: Verification,
 }
 
+impl Checked {
+    /// The row of a checked stage whose timing did not complete.
+    fn untimed(self, status: Status) -> VariantOutcome {
+        (status, None, self.resources, Some(self.verification))
+    }
+}
+
 /// What the first check of a stage leaves: a stage to time, or its row's outcome already.
 enum Check {
     Ready(Checked),
@@ -328,7 +335,7 @@ fn run_variant(
     };
     match sample_stage(gpu, problem, cfg) {
         Ok(samples) => recheck(gpu, problem, Timing::of(samples), checked),
-        Err(status) => (status, None, checked.resources, Some(checked.verification)),
+        Err(status) => checked.untimed(status),
     }
 }
 
@@ -385,7 +392,7 @@ fn run_in_rounds(
                 }
                 Err(status) => {
                     let (checked, _) = pending[i].take().expect("a pending stage");
-                    done[i] = Some((status, None, checked.resources, Some(checked.verification)));
+                    done[i] = Some(checked.untimed(status));
                 }
             }
             progress(Progress::StageDone);

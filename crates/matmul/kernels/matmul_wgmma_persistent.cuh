@@ -32,7 +32,7 @@
 //   WS_WEIGHTS_EARLY (27-31): with WS_PDL, the producer issues the W tiles of the block's first
 //     WG_STAGES K steps before it waits for the previous grid (the weights are no grid's output:
 //     the caller's contract), so their fetch from DRAM also runs under that grid's tail; the
-//     consumers wait for the previous grid on their own.
+//     consumers wait for the previous grid on their own;
 //   WS_PDL_LAST_TILE (30, 31): with WS_PDL, a block lets the next grid launch only when its
 //     producer starts the block's last tile, not as the block starts: the next grid is then
 //     pending only for the run's last tile round, not for all of it.
