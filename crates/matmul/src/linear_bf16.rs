@@ -44,8 +44,13 @@ const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
 const EPI_STAGING_BYTES: u32 = 16 * 32 * 4;
 /// The bias copies (`Switches::copies_bias`) are cp.async copies of 16 bytes from 16-byte aligned addresses.
 const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
-/// The ping-pong stages' tile width (`Switches::ping_pong`; the header's `#error`).
-const PING_PONG_BN: &str = "WS_BN <= 192 with WS_PINGPONG";
+/// The tile width where a consumer holds two 64-row accumulator sets: the ping-pong stages
+/// (`Switches::ping_pong`) and 256-row tiles (the header's `#error`s).
+const TWO_SETS_BN: &str = "WS_BN <= 192 with two accumulator sets a consumer (WS_PINGPONG, WS_BM 256)";
+/// The widths [`wave_fit_width`] picks from for 256-row tiles (two sets of 64 x WS_BN a consumer).
+const TWO_SETS_WIDTHS: [u32; 2] = [192, 128];
+/// The widths it picks from for 128-row tiles.
+const ONE_SET_WIDTHS: [u32; 3] = [256, 192, 128];
 
 /// Stage 28's switches, set by the stage list rather than its `.cu`, so that leave-one-out can take
 /// each away (`ladder run matmul --op linear-bf16 --leave-one-out`).
@@ -88,7 +93,7 @@ enum Plan {
     /// 128), three consumer warpgroups (entries `linear_bf16_tall`, `_gelu`, `_residual`).
     Tall,
     /// `17_ping_pong.cu`: stage 15 with each consumer warpgroup on every other tile, whole
-    /// (128 x `WS_BN`, a tunable; [`ping_pong_width`] for the residual tail), the two taking turns
+    /// (128 x `WS_BN`, a tunable; [`two_sets_width`] for the residual tail), the two taking turns
     /// on the tensor cores (entries `linear_bf16_ping_pong`, `_gelu`, `_residual`).
     PingPong,
     /// `18_bias_smem.cu`: stage 15 with each tile's bias copied into shared memory during its MMAs
@@ -133,6 +138,10 @@ enum Plan {
     /// `31_ping_pong_last_tile_trigger.cu`: stage 28 with stage 30's trigger (entries
     /// `linear_bf16_ping_pong_last_tile_trigger`, `_gelu`, `_residual`).
     PingPongLastTileTrigger,
+    /// `32_cooperative_256.cu`: stage 30 on 256 x `WS_BN` tiles (`WS_BM` a define of the stage
+    /// list), each consumer 128 rows in two accumulator sets, the width picked by the wave model
+    /// from [`TWO_SETS_WIDTHS`] (entries `linear_bf16_cooperative_256`, `_gelu`, `_residual`).
+    Cooperative256,
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -158,6 +167,7 @@ impl Plan {
                 | Plan::WeightsEarly
                 | Plan::DeepRing
                 | Plan::LastTileTrigger
+                | Plan::Cooperative256
         )
     }
     /// Whether the kernel applies the GELU and residual tails in its store.
@@ -201,6 +211,7 @@ impl Plan {
                 | Plan::DeepRing
                 | Plan::LastTileTrigger
                 | Plan::PingPongLastTileTrigger
+                | Plan::Cooperative256
         )
     }
     /// Whether the kernel waits for the previous grid with `griddepcontrol` and is launched as its
@@ -217,11 +228,12 @@ impl Plan {
                 | Plan::DeepRing
                 | Plan::LastTileTrigger
                 | Plan::PingPongLastTileTrigger
+                | Plan::Cooperative256
         )
     }
     /// Whether the ring is as deep as fits beside the rest of shared memory, `WG_STAGES` at most.
     fn ring_fills_shared_memory(self) -> bool {
-        matches!(self, Plan::TmaStore | Plan::DeepRing)
+        matches!(self, Plan::TmaStore | Plan::DeepRing | Plan::Cooperative256)
     }
     /// Whether the stage's switches are the stage list's defines (stage 28 and its leave-one-out
     /// rows) rather than `#define`s in its `.cu` (every other stage).
@@ -521,6 +533,14 @@ fn stages() -> Vec<Variant> {
             Plan::PingPongLastTileTrigger,
             "stage 28 letting the next kernel launch only when a block starts its last tile, not as it starts",
         ),
+        wave_fit(
+            32,
+            "cooperative-256",
+            "linear-bf16/32_cooperative_256.cu",
+            Plan::Cooperative256,
+            "stage 30 on 256-row tiles (cuBLASLt's shape), each consumer 128 rows in two accumulator sets",
+        )
+        .with_defines(vec![Define::new("WS_BM", "256"), Define::new("WS_BN", "128")]),
         Variant::library(
             FAMILY,
             OP,
@@ -534,21 +554,22 @@ fn stages() -> Vec<Variant> {
     ]
 }
 
-/// Stage 11's tile width for an M x N output on `sms` SMs: of 128, 192 and 256, the one with the
-/// fewest rounds x width, where a round is one tile on every SM (`ceil(tiles / sms)` rounds run one
-/// after another); ties go to the wider tile, which loads fewer bytes per flop.
-pub fn wave_fit_width(m: usize, n: usize, sms: u32) -> u32 {
+/// Stage 11's tile width for an M x N output of `tile_m`-row tiles on `sms` SMs: of `widths`
+/// (widest first), the one with the fewest rounds x width, where a round is one tile on every SM
+/// (`ceil(tiles / sms)` rounds run one after another); ties go to the wider tile, which loads fewer
+/// bytes per flop.
+pub fn wave_fit_width(m: usize, n: usize, sms: u32, tile_m: u32, widths: &[u32]) -> u32 {
     let cost = |w: u32| {
-        let tiles = m.div_ceil(TILE_M) * n.div_ceil(w as usize);
+        let tiles = m.div_ceil(tile_m as usize) * n.div_ceil(w as usize);
         tiles.div_ceil(sms.max(1) as usize) * w as usize
     };
-    [256, 192, 128].into_iter().min_by_key(|&w| cost(w)).expect("three widths")
+    widths.iter().copied().min_by_key(|&w| cost(w)).unwrap_or(128)
 }
 
-/// The ping-pong stages' tile width for a tail: `width`, except that the residual entry runs
-/// 128 wide, since beside two 64 x 192 accumulator sets its residual loads spill (ptxas: 804-1488
-/// bytes).
-fn ping_pong_width(width: u32, tail: Tail) -> u32 {
+/// The tile width for a tail where a consumer holds two accumulator sets (the ping-pong stages,
+/// 256-row tiles): `width`, except that the residual entry runs 128 wide, since beside two
+/// 64 x 192 sets its residual loads spill (ptxas: 456-1488 bytes).
+fn two_sets_width(width: u32, tail: Tail) -> u32 {
     if tail == Tail::Residual {
         width.min(128)
     } else {
@@ -584,12 +605,13 @@ fn entry_base(plan: Plan) -> &'static str {
         Plan::DeepRing => "linear_bf16_deep_ring",
         Plan::LastTileTrigger => "linear_bf16_last_tile_trigger",
         Plan::PingPongLastTileTrigger => "linear_bf16_ping_pong_last_tile_trigger",
+        Plan::Cooperative256 => "linear_bf16_cooperative_256",
         // Not TMA stages: their entries are chosen in `prepare`'s own arms.
         Plan::Mma | Plan::Lt => "",
     }
 }
 
-/// A numeric define of the stage list (stage 16's tile shape).
+/// A numeric define of the stage list (the tile shape of stages 16 and 32).
 fn define_u32(v: &Variant, name: &str) -> Result<u32> {
     let value = v.define(name).ok_or_else(|| Error::constraint(format!("a {name} define"), "none"))?;
     value.parse().map_err(|_| Error::constraint(format!("{name} a number"), value.to_string()))
@@ -760,8 +782,15 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
             // 128 x WS_BN (a tunable); the wave-fitted stages: the wave model's width; stage 16: the
-            // stage list's WS_BM x WS_BN; the ping-pong stages: 128 x WS_BN (a tunable).
-            let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count);
+            // stage list's WS_BM x WS_BN; the ping-pong stages: 128 x WS_BN (a tunable); stage 32:
+            // the stage list's WS_BM, the wave model's width.
+            let tile_m = if v.define("WS_BM").is_some() { define_u32(v, "WS_BM")? } else { TILE_M as u32 };
+            require([128, 192, 256].contains(&tile_m), "WS_BM in {128, 192, 256}", || format!("WS_BM = {tile_m}"))?;
+            // A consumer warpgroup per 64 rows, or two of 128 rows (two accumulator sets each).
+            let consumers = if tile_m == 256 { 2 } else { tile_m / 64 };
+            let two_sets = sw.ping_pong || tile_m == 256;
+            let widths: &[u32] = if two_sets { &TWO_SETS_WIDTHS } else { &ONE_SET_WIDTHS };
+            let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count, tile_m, widths);
             // Stage 15 on: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
                 Tail::None => base.to_string(),
@@ -772,19 +801,17 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Plan::Wgmma => 128,
                 Plan::WarpSpecialized => 256,
                 Plan::Tall => define_u32(v, "WS_BN")?,
+                p if p.fitted() && two_sets => two_sets_width(fit(), d.tail),
                 p if p.fitted() => fit(),
-                _ if sw.ping_pong => ping_pong_width(v.tunable("WS_BN")?, d.tail),
+                _ if two_sets => two_sets_width(v.tunable("WS_BN")?, d.tail),
                 _ => v.tunable("WS_BN")?,
             };
             let entry = if plan.entry_per_tail() { per_tail(entry_base(plan)) } else { entry_base(plan).to_string() };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
-            // The ping-pong stages: a consumer holds two 64 x WS_BN accumulator sets.
-            require(!sw.ping_pong || tile_n <= 192, PING_PONG_BN, || format!("WS_BN = {tile_n}"))?;
+            require(!two_sets || tile_n <= 192, TWO_SETS_BN, || format!("WS_BN = {tile_n}"))?;
             // Stage 7: one mbarrier a stage and two consumer warpgroups; the others a full and an
-            // empty mbarrier a stage, a producer warpgroup and one consumer per 64 tile rows.
-            let tile_m = if plan == Plan::Tall { define_u32(v, "WS_BM")? } else { TILE_M as u32 };
-            require([128, 192].contains(&tile_m), "WS_BM in {128, 192}", || format!("WS_BM = {tile_m}"))?;
-            let (threads, bars) = if plan == Plan::Wgmma { (256, 1) } else { (128 * (1 + tile_m / 64), 2) };
+            // empty mbarrier a stage, a producer warpgroup and the consumers.
+            let (threads, bars) = if plan == Plan::Wgmma { (256, 1) } else { (128 * (1 + consumers), 2) };
             // Per ring stage a tile_m x 64 bf16 tile of inp and a tile_n x 64 one of W, and its
             // mbarriers; stage 13's output slots, two per consumer per EPI_SLOTS; 1 KiB to align
             // the ring for the 128-byte swizzle.
@@ -794,18 +821,18 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             // The ping-pong stages' two turn mbarriers; the tile's bias copy per consumer; the staged
             // store's buffer per consumer warp.
             let turns = if sw.ping_pong { 16 } else { 0 };
-            let bias_copies = if sw.copies_bias { (tile_m / 64) * tile_n * 4 } else { 0 };
-            let staging = if sw.stages_store { (tile_m / 64) * 4 * EPI_STAGING_BYTES } else { 0 };
+            let bias_copies = if sw.copies_bias { consumers * tile_n * 4 } else { 0 };
+            let staging = if sw.stages_store { consumers * 4 * EPI_STAGING_BYTES } else { 0 };
             let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies + staging;
-            // Stage 13's ring is as deep as WG_STAGES allows beside its slots, stage 29's beside the
-            // bias copies and the staging buffers.
+            // Stage 13's ring is as deep as WG_STAGES allows beside its slots, stages 29's and 32's
+            // beside the bias copies and the staging buffers.
             let stages = if plan.ring_fills_shared_memory() {
                 stages.min(gpu.info().shared_memory_per_block_optin.saturating_sub(fixed) / stage_bytes).max(1)
             } else {
                 stages
             };
-            // The wave-fitted stages are compiled at the width (their WS_BN define), 13 and 29 at
-            // their ring depth.
+            // The wave-fitted stages are compiled at the width (their WS_BN define), 13, 29 and 32
+            // at their ring depth.
             let fitted;
             let v = if plan.fitted() {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
@@ -1207,8 +1234,8 @@ mod tests {
             assert_eq!(plan == Plan::TmaStore, on("EPI_TMA_STORE"), "{id}: EPI_TMA_STORE");
             checked += 1;
         }
-        // Stages 9-31 and stage 28's seven leave-one-out rows.
-        assert_eq!(checked, 23 + 7);
+        // Stages 9-32 and stage 28's seven leave-one-out rows.
+        assert_eq!(checked, 24 + 7);
     }
 
     /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,
@@ -1247,10 +1274,24 @@ mod tests {
     fn wave_fit_picks_the_sweeps_best_width() {
         // On 132 SMs at M = 4096: the widths the sweep of stages 9 and 10 measured fastest.
         let sms = 132;
-        assert_eq!(wave_fit_width(4096, 768, sms), 192, "attn proj, MLP down: 128 tiles, one wave");
-        assert_eq!(wave_fit_width(4096, 2304, sms), 192, "QKV");
-        assert_eq!(wave_fit_width(4096, 4096, sms), 256, "4096^3");
-        assert_eq!(wave_fit_width(4096, 50304, sms), 256, "the padded LM head: a tie, the wider tile");
-        assert_eq!(wave_fit_width(1, 1, sms), 128, "one tile at any width: the narrowest computes least");
+        let fit = |m, n| wave_fit_width(m, n, sms, 128, &ONE_SET_WIDTHS);
+        assert_eq!(fit(4096, 768), 192, "attn proj, MLP down: 128 tiles, one wave");
+        assert_eq!(fit(4096, 2304), 192, "QKV");
+        assert_eq!(fit(4096, 4096), 256, "4096^3");
+        assert_eq!(fit(4096, 50304), 256, "the padded LM head: a tie, the wider tile");
+        assert_eq!(fit(1, 1), 128, "one tile at any width: the narrowest computes least");
+    }
+
+    /// Stage 32's widths: 256-row tiles, two accumulator sets a consumer, so at most 192 wide.
+    #[test]
+    fn wave_fit_of_256_row_tiles() {
+        let fit = |m, n| wave_fit_width(m, n, 132, 256, &TWO_SETS_WIDTHS);
+        assert_eq!(fit(4096, 4096), 128, "4096^3: 512 tiles in 4 rounds, as 128 x 256 makes");
+        assert_eq!(fit(8192, 8192), 128, "8192^3: 16 rounds of 128 against 11 of 192");
+        assert_eq!(fit(4096, 2304), 192, "QKV: 3 rounds of 128 or 2 of 192, a tie");
+        assert_eq!(fit(4096, 50304), 192, "the padded LM head: a tie");
+        assert_eq!(fit(4096, 768), 128, "N = 768: one round either way (96 or 64 tiles)");
+        assert_eq!(fit(4100, 2308), 192, "the GPU test's ragged shape for 192: 3 rounds of 128 or 2 of 192");
+        assert_eq!(two_sets_width(192, Tail::Residual), 128, "the residual entry spills at 192");
     }
 }

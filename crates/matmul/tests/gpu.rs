@@ -92,20 +92,20 @@ fn bad_bias_alignment(gpu: &Gpu) {
     assert!(gpu.download(&out).unwrap().iter().all(|&x| x == 65.0), "aligned bias: wrong out");
 }
 
-/// Stages 25 to 31 may start while the kernel before them runs: a GEMM whose residual is the
+/// Stages 25 to 32 may start while the kernel before them runs: a GEMM whose residual is the
 /// output of the GEMM launched just before it must still read that output whole. The first GEMM
 /// (itself a dependent-launch stage, which lets its dependents launch as it starts, or in stages
-/// 30-31 as each block starts its last tile, here the straggler's second) has one more
-/// row panel of tiles than there are SMs, deep in K: one block computes a second tile long after
-/// the others have left their SMs to the second GEMM, whose K = 8 tiles reach their residual reads
-/// within a microsecond. Without `griddepcontrol.wait` the block that takes the last row panel
-/// reads the poisoned (NaN) rows the straggler has not written yet.
+/// 30-32 as each block starts its last tile, here the stragglers' last) has one more row panel of
+/// 256-row tiles than there are SMs (two more of 128 rows), deep in K: one or two blocks compute
+/// a tile long after the others have left their SMs to the second GEMM, whose K = 8 tiles reach
+/// their residual reads within a microsecond. Without `griddepcontrol.wait` the blocks that take
+/// the last row panels read the poisoned (NaN) rows the stragglers have not written yet.
 fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
     use common::data::uniform;
     use half::bf16;
     use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Args, LinearBf16Dims, Tail};
     let sms = gpu.info().sm_count as usize;
-    let (m, n, k1, k2) = (128 * (sms + 1), 128usize, 4096usize, 8usize);
+    let (m, n, k1, k2) = (256 * (sms + 1), 128usize, 4096usize, 8usize);
     let bits = |len: usize, seed: u64| -> Vec<u16> {
         uniform(len, -1.0, 1.0, seed).into_iter().map(|x| bf16::from_f32(x).to_bits()).collect()
     };
@@ -150,7 +150,7 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
         assert!(rel <= 1e-2, "{}: relative L2 error {rel:e}", v.id());
         tested += 1;
     }
-    assert_eq!(tested, 7, "stages 25 to 31 launch as dependents");
+    assert_eq!(tested, 8, "stages 25 to 32 launch as dependents");
 }
 
 fn main() -> std::process::ExitCode {
@@ -279,7 +279,8 @@ fn main() -> std::process::ExitCode {
             // stage 17's consumers taking turns over blocks
             // of one, two or many tiles with fewer K steps a tile than ring stages (K = 8, 64, 72),
             // and shapes where the wave model picks each width (4100 x 580: 192, 4096 x 772: 256,
-            // small: 128).
+            // small: 128; for stage 32's 256-row tiles 4100 x 2308: 192 with a partial last row
+            // panel and column, the residual entry 128).
             use common::{Generator, Grid, Sweep};
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
@@ -288,9 +289,15 @@ fn main() -> std::process::ExitCode {
             points.extend(LinearBf16.variants().into_iter().filter(|v| (14..90).contains(&v.stage)));
             let depths = Grid { axes: vec![Sweep { tunable: "WG_STAGES".into(), values: vec![3, 5] }] };
             points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 17).flat_map(|v| depths.derive(v)));
-            for (m, n, k) in
-                [(1, 4, 8), (129, 196, 136), (300, 12, 1000), (4100, 580, 72), (4096, 772, 64), (257, 388, 64)]
-            {
+            for (m, n, k) in [
+                (1, 4, 8),
+                (129, 196, 136),
+                (300, 12, 1000),
+                (4100, 580, 72),
+                (4096, 772, 64),
+                (257, 388, 64),
+                (4100, 2308, 72),
+            ] {
                 assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, m % 2), &points);
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 1 + (m % 2)), &points);
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 2 - (m % 2)), &points);
