@@ -73,77 +73,34 @@ enum Plan {
     Wgmma,
     /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
     WarpSpecialized,
-    /// `09_persistent.cu`: stage 8 on one block per SM walking the tiles in grouped order.
-    Persistent,
-    /// `10_epilogue.cu`: stage 9 with the bias + GELU or bias + residual tail in its store.
-    Epilogue,
-    /// `11_wave_fit.cu`, `12_epilogue_prefetch.cu`: stage 10 compiled at the tile width
-    /// [`wave_fit_width`] picks per shape (entry `linear_bf16_wave_fit`).
-    WaveFit,
-    /// `13_tma_store.cu`: stage 12 storing through shared-memory slots with the TMA, the ring as
-    /// deep as fits beside them (entry `linear_bf16_tma_store`).
-    TmaStore,
-    /// `14_multicast.cu`: stage 12 in clusters of 2 along M, the W tile multicast to both
-    /// (entry `linear_bf16_multicast`).
-    Multicast,
-    /// `15_lean_epilogue.cu`: stage 12 with one entry per tail and an unchecked store for interior
-    /// tiles (entries `linear_bf16_lean`, `_gelu`, `_residual`).
-    Lean,
-    /// `16_tall_tile.cu`: stage 15 on `WS_BM` x `WS_BN` tiles (defines of the stage list: 192 x
-    /// 128), three consumer warpgroups (entries `linear_bf16_tall`, `_gelu`, `_residual`).
-    Tall,
-    /// `17_ping_pong.cu`: stage 15 with each consumer warpgroup on every other tile, whole
-    /// (128 x `WS_BN`, a tunable; [`two_sets_width`] for the residual tail), the two taking turns
-    /// on the tensor cores (entries `linear_bf16_ping_pong`, `_gelu`, `_residual`).
-    PingPong,
-    /// `18_bias_smem.cu`: stage 15 with each tile's bias copied into shared memory during its MMAs
-    /// (entries `linear_bf16_bias_smem`, `_gelu`, `_residual`).
-    BiasSmem,
-    /// `19_ping_pong_bias.cu`: stage 17 with stage 18's bias copy (entries
-    /// `linear_bf16_ping_pong_bias`, `_gelu`, `_residual`).
-    PingPongBias,
-    /// `20_multicast_bias.cu`: stage 18 in clusters of 2 along M, the W tile multicast to both
-    /// (entries `linear_bf16_multicast_bias`, `_gelu`, `_residual`).
-    MulticastBias,
-    /// `21_staged_store.cu`: stage 18 storing interior tiles in whole lines through a staging
-    /// buffer per consumer warp (entries `linear_bf16_staged_store`, `_gelu`, `_residual`).
-    StagedStore,
-    /// `22_ping_pong_staged.cu`: stage 19 with stage 21's staged store (entries
-    /// `linear_bf16_ping_pong_staged`, `_gelu`, `_residual`).
-    PingPongStaged,
-    /// `23_ping_pong_multicast.cu`: stage 22 in clusters of 2 along M, the W tile multicast to
-    /// both (entries `linear_bf16_ping_pong_multicast`, `_gelu`, `_residual`).
-    PingPongMulticast,
-    /// `24_multicast_staged.cu`: stage 21 in clusters of 2 along M, the W tile multicast to both
-    /// (entries `linear_bf16_multicast_staged`, `_gelu`, `_residual`).
-    MulticastStaged,
-    /// `25_dependent_launch.cu`: stage 21 launched as a programmatic dependent of the kernel before
-    /// it (entries `linear_bf16_dependent_launch`, `_gelu`, `_residual`).
-    DependentLaunch,
-    /// `26_ping_pong_dependent.cu`: stage 22 launched as a programmatic dependent of the kernel
-    /// before it (entries `linear_bf16_ping_pong_dependent`, `_gelu`, `_residual`).
-    PingPongDependent,
-    /// `27_weights_early.cu`: stage 25 with the first W tiles loaded before the wait for the kernel
-    /// before it (entries `linear_bf16_weights_early`, `_gelu`, `_residual`).
-    WeightsEarly,
-    /// `28_ping_pong_weights_early.cu`: stage 26 with stage 27's early W loads (entries
-    /// `linear_bf16_ping_pong_weights_early`, `_gelu`, `_residual`).
-    PingPongWeightsEarly,
-    /// `29_deep_ring.cu`: stage 27 with the ring as deep as fits at the fitted width, at most
-    /// `WG_STAGES` (entries `linear_bf16_deep_ring`, `_gelu`, `_residual`).
-    DeepRing,
-    /// `30_last_tile_trigger.cu`: stage 27 letting the next kernel launch only when a block starts
-    /// its last tile (entries `linear_bf16_last_tile_trigger`, `_gelu`, `_residual`).
-    LastTileTrigger,
-    /// `31_ping_pong_last_tile_trigger.cu`: stage 28 with stage 30's trigger (entries
-    /// `linear_bf16_ping_pong_last_tile_trigger`, `_gelu`, `_residual`).
-    PingPongLastTileTrigger,
-    /// `32_cooperative_256.cu`: stage 30 on 256 x `WS_BN` tiles (`WS_BM` a define of the stage
-    /// list), each consumer 128 rows in two accumulator sets, the width picked by the wave model
-    /// from [`TWO_SETS_WIDTHS`] (entries `linear_bf16_cooperative_256`, `_gelu`, `_residual`).
-    Cooperative256,
+    /// Stages 9-32, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
+    /// stage compiles in is read from its `.cu`'s `#define`s and the stage list's defines
+    /// ([`Switches::of`]); the plan says what the host decides: the entry, how the tail is passed,
+    /// the tile width and the ring depth.
+    Persistent { entry: &'static str, tail: TailArgs, width: Width, ring: Ring },
     /// cuBLASLt on the bf16 operands.
     Lt,
+}
+
+/// How a persistent stage's tile width (`WS_BN`) is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Width {
+    /// The `WS_BN` tunable (a sweep axis): stages 9 and 10 and the ping-pong stages.
+    Tunable,
+    /// [`wave_fit_width`] per shape, compiled in as the `WS_BN` define (stage 11 on, but for 16 and
+    /// the ping-pong stages); the stage list's define is what the compile check builds.
+    Fitted,
+    /// The stage list's `WS_BN` define (stage 16).
+    Defined,
+}
+
+/// How deep a persistent stage's ring of shared-memory stages is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ring {
+    /// `WG_STAGES`.
+    Tunable,
+    /// As deep as fits beside the rest of shared memory, `WG_STAGES` at most (stages 13, 29, 32).
+    FillsSharedMemory,
 }
 
 impl Plan {
@@ -151,98 +108,55 @@ impl Plan {
     fn tma(self) -> bool {
         !matches!(self, Plan::Mma | Plan::Lt)
     }
-    /// Whether the stage picks its tile width by the wave model.
-    fn fitted(self) -> bool {
-        matches!(
-            self,
-            Plan::WaveFit
-                | Plan::TmaStore
-                | Plan::Multicast
-                | Plan::Lean
-                | Plan::BiasSmem
-                | Plan::MulticastBias
-                | Plan::StagedStore
-                | Plan::MulticastStaged
-                | Plan::DependentLaunch
-                | Plan::WeightsEarly
-                | Plan::DeepRing
-                | Plan::LastTileTrigger
-                | Plan::Cooperative256
-        )
-    }
-    /// Whether the kernel applies the GELU and residual tails in its store.
+    /// Whether the kernel applies the GELU and residual tails in its store (the library row too).
     fn fuses_tail(self) -> bool {
-        matches!(self, Plan::Epilogue | Plan::WaveFit | Plan::TmaStore | Plan::Multicast) || self.entry_per_tail()
+        matches!(self, Plan::Persistent { tail, .. } if tail != TailArgs::None) || self == Plan::Lt
     }
-    /// Whether the module has one entry per tail, each with its tail a constant (stage 15 on).
-    fn entry_per_tail(self) -> bool {
-        matches!(self, Plan::Lean | Plan::Tall) || self.copies_bias() || self.ping_pong()
-    }
-    /// Whether the consumers take turns, each on a tile of its own (two turn mbarriers).
-    fn ping_pong(self) -> bool {
-        matches!(
-            self,
-            Plan::PingPong
-                | Plan::PingPongBias
-                | Plan::PingPongStaged
-                | Plan::PingPongMulticast
-                | Plan::PingPongDependent
-                | Plan::PingPongWeightsEarly
-                | Plan::PingPongLastTileTrigger
-        )
-    }
-    /// Whether each consumer copies its tile's bias into shared memory with 16-byte cp.async.
-    fn copies_bias(self) -> bool {
-        // The staged store reads the bias from the copy.
-        matches!(self, Plan::BiasSmem | Plan::PingPongBias | Plan::MulticastBias) || self.stages_store()
-    }
-    /// Whether each consumer warp stages its interior stores through shared memory (stage 21 on).
-    fn stages_store(self) -> bool {
-        matches!(
-            self,
-            Plan::StagedStore
-                | Plan::PingPongStaged
-                | Plan::PingPongMulticast
-                | Plan::MulticastStaged
-                | Plan::DependentLaunch
-                | Plan::PingPongDependent
-                | Plan::WeightsEarly
-                | Plan::PingPongWeightsEarly
-                | Plan::DeepRing
-                | Plan::LastTileTrigger
-                | Plan::PingPongLastTileTrigger
-                | Plan::Cooperative256
-        )
-    }
-    /// Whether the kernel waits for the previous grid with `griddepcontrol` and is launched as its
-    /// programmatic dependent (`WS_PDL`).
-    fn dependent_launch(self) -> bool {
-        matches!(self, Plan::DependentLaunch | Plan::PingPongDependent) || self.weights_early()
-    }
-    /// Whether the kernel reads `weight` before the kernel before it has finished (`WS_WEIGHTS_EARLY`).
-    fn weights_early(self) -> bool {
-        matches!(
-            self,
-            Plan::WeightsEarly
-                | Plan::PingPongWeightsEarly
-                | Plan::DeepRing
-                | Plan::LastTileTrigger
-                | Plan::PingPongLastTileTrigger
-                | Plan::Cooperative256
-        )
-    }
-    /// Whether the ring is as deep as fits beside the rest of shared memory, `WG_STAGES` at most.
-    fn ring_fills_shared_memory(self) -> bool {
-        matches!(self, Plan::TmaStore | Plan::DeepRing | Plan::Cooperative256)
-    }
-    /// Whether the stage's switches are the stage list's defines (stage 28 and its leave-one-out
-    /// rows) rather than `#define`s in its `.cu` (every other stage).
-    fn switches_in_stage_list(self) -> bool {
-        self == Plan::PingPongWeightsEarly
+}
+
+/// The switches of a persistent stage's kernel that shape its launch and its limits: the
+/// `#define NAME 1` lines of its `.cu` and the stage list's defines (stage 28's switches are the
+/// latter, so that its leave-one-out rows can drop each one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Switches {
+    /// `WS_PINGPONG`: the consumers take turns, each on a tile of its own (two turn mbarriers).
+    ping_pong: bool,
+    /// `EPI_BIAS_SMEM`: each consumer copies its tile's bias with 16-byte cp.async.
+    copies_bias: bool,
+    /// `EPI_STAGED`: each consumer warp stages its interior stores through shared memory.
+    stages_store: bool,
+    /// `WS_PDL`: the kernel waits for the previous grid and is launched as its programmatic dependent.
+    dependent_launch: bool,
+    /// `WS_WEIGHTS_EARLY`: the kernel reads `weight` before the kernel before it has finished.
+    weights_early: bool,
+    /// `WS_MULTICAST`: clusters of 2 blocks along M, the W tile multicast to both.
+    multicast: bool,
+    /// `EPI_TMA_STORE`: the output stored by the TMA through a tensor map.
+    tma_store: bool,
+}
+
+impl Switches {
+    fn of(v: &Variant) -> Switches {
+        let file = match v.source {
+            common::Source::Kernel(path) => SOURCES.files.iter().find(|f| f.path == path).map(|f| f.text),
+            _ => None,
+        };
+        let on = |name: &str| {
+            v.has(name) || file.is_some_and(|text| text.lines().any(|l| l.trim() == format!("#define {name} 1")))
+        };
+        Switches {
+            ping_pong: on("WS_PINGPONG"),
+            copies_bias: on("EPI_BIAS_SMEM"),
+            stages_store: on("EPI_STAGED"),
+            dependent_launch: on("WS_PDL"),
+            weights_early: on("WS_WEIGHTS_EARLY"),
+            multicast: on("WS_MULTICAST"),
+            tma_store: on("EPI_TMA_STORE"),
+        }
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
     fn cluster(self) -> u32 {
-        if matches!(self, Plan::Multicast | Plan::MulticastBias | Plan::PingPongMulticast | Plan::MulticastStaged) {
+        if self.multicast {
             2
         } else {
             1
@@ -250,69 +164,57 @@ impl Plan {
     }
 }
 
-/// The switches of a TMA stage's kernel that shape its launch: what its plan says, or for a stage
-/// whose switches are the stage list's defines, those defines (a leave-one-out row lacks one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Switches {
-    ping_pong: bool,
-    copies_bias: bool,
-    stages_store: bool,
-    dependent_launch: bool,
-    weights_early: bool,
-}
-
-impl Switches {
-    fn of(plan: Plan, v: &Variant) -> Switches {
-        if plan.switches_in_stage_list() {
-            Switches {
-                ping_pong: v.has("WS_PINGPONG"),
-                copies_bias: v.has("EPI_BIAS_SMEM"),
-                stages_store: v.has("EPI_STAGED"),
-                dependent_launch: v.has("WS_PDL"),
-                weights_early: v.has("WS_WEIGHTS_EARLY"),
-            }
-        } else {
-            Switches {
-                ping_pong: plan.ping_pong(),
-                copies_bias: plan.copies_bias(),
-                stages_store: plan.stages_store(),
-                dependent_launch: plan.dependent_launch(),
-                weights_early: plan.weights_early(),
-            }
-        }
-    }
-}
-
-/// Stages 9 and 10: the persistent kernel, its tile width and ring depth a declared sweep space.
+/// A persistent stage (its tunables: the ring depth and the tile order's group).
 fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
         .with_plan(plan)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
-        .with_sweep("WS_BN", &[128, 192, 256])
-        .with_sweep("WG_STAGES", &[3, 4, 5])
-        .with_requirements(Requirements::SM90A)
-}
-
-/// The wave-fitted stages (`Plan::fitted`): the tile width is a define the plan sets per shape, not a
-/// tunable, so a sweep cannot set it behind the wave model's back (256 is what the compile check
-/// builds).
-fn wave_fit(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
-    Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
-        .with_plan(plan)
-        .with_defines(vec![Define::new("WS_BN", "256")])
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
         .with_requirements(Requirements::SM90A)
 }
 
+/// Stages 9 and 10: the tile width and ring depth a declared sweep space.
+fn swept(
+    stage: u32,
+    name: &'static str,
+    file: &'static str,
+    entry: (&'static str, TailArgs),
+    summary: &'static str,
+) -> Variant {
+    let plan = Plan::Persistent { entry: entry.0, tail: entry.1, width: Width::Tunable, ring: Ring::Tunable };
+    persistent(stage, name, file, plan, summary)
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
+        .with_sweep("WS_BN", &[128, 192, 256])
+        .with_sweep("WG_STAGES", &[3, 4, 5])
+}
+
+/// The wave-fitted stages: the tile width is a define the host sets per shape, not a tunable, so a
+/// sweep cannot set it behind the wave model's back (256 is what the compile check builds).
+fn wave_fit(
+    stage: u32,
+    name: &'static str,
+    file: &'static str,
+    entry: (&'static str, TailArgs),
+    ring: Ring,
+    summary: &'static str,
+) -> Variant {
+    let plan = Plan::Persistent { entry: entry.0, tail: entry.1, width: Width::Fitted, ring };
+    persistent(stage, name, file, plan, summary).with_defines(vec![Define::new("WS_BN", "256")])
+}
+
 /// The ping-pong stages: consumers taking turns on 128 x WS_BN tiles, the width and ring depth
 /// a declared sweep space (at 192 a stage of the ring is 40 KiB: 5 fit).
-fn ping_pong(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
-    Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
-        .with_plan(plan)
+fn ping_pong(
+    stage: u32,
+    name: &'static str,
+    file: &'static str,
+    entry: &'static str,
+    summary: &'static str,
+) -> Variant {
+    let plan = Plan::Persistent { entry, tail: TailArgs::Residual, width: Width::Tunable, ring: Ring::Tunable };
+    persistent(stage, name, file, plan, summary)
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 192)])
         .with_sweep("WS_BN", &[128, 192])
         .with_sweep("WG_STAGES", &[3, 4, 5])
-        .with_requirements(Requirements::SM90A)
 }
 
 fn stages() -> Vec<Variant> {
@@ -359,39 +261,42 @@ fn stages() -> Vec<Variant> {
         .with_plan(Plan::WarpSpecialized)
         .with_tunables(&[("WG_STAGES", 4)])
         .with_requirements(Requirements::SM90A),
-        persistent(
+        swept(
             9,
             "persistent",
             "linear-bf16/09_persistent.cu",
-            Plan::Persistent,
+            ("linear_bf16_persistent", TailArgs::None),
             "stage 8 on one block per SM looping over tiles in groups of 8 row panels (L2 reuse), loads running into the next tile",
         ),
-        persistent(
+        swept(
             10,
             "epilogue",
             "linear-bf16/10_epilogue.cu",
-            Plan::Epilogue,
+            ("linear_bf16_epilogue", TailArgs::ResidualAndCode),
             "stage 9 with bias + GELU or bias + residual applied to the accumulators before the store",
         ),
         wave_fit(
             11,
             "wave-fit",
             "linear-bf16/11_wave_fit.cu",
-            Plan::WaveFit,
+            ("linear_bf16_wave_fit", TailArgs::ResidualAndCode),
+            Ring::Tunable,
             "stage 10 with the tile width (128, 192 or 256) picked per shape by a wave-quantization model",
         ),
         wave_fit(
             12,
             "epilogue-prefetch",
             "linear-bf16/12_epilogue_prefetch.cu",
-            Plan::WaveFit,
+            ("linear_bf16_wave_fit", TailArgs::ResidualAndCode),
+            Ring::Tunable,
             "stage 11 with each chunk of 8 column groups' bias and residual pairs loaded before its stores",
         ),
         wave_fit(
             13,
             "tma-store",
             "linear-bf16/13_tma_store.cu",
-            Plan::TmaStore,
+            ("linear_bf16_tma_store", TailArgs::ResidualAndCode),
+            Ring::FillsSharedMemory,
             "stage 12 storing through shared-memory slots with the TMA, the next tile's MMAs overlapping the stores",
         )
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("EPI_SLOTS", 2)])
@@ -400,112 +305,120 @@ fn stages() -> Vec<Variant> {
             14,
             "multicast",
             "linear-bf16/14_multicast.cu",
-            Plan::Multicast,
+            ("linear_bf16_multicast", TailArgs::ResidualAndCode),
+            Ring::Tunable,
             "stage 12 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
         wave_fit(
             15,
             "lean-epilogue",
             "linear-bf16/15_lean_epilogue.cu",
-            Plan::Lean,
+            ("linear_bf16_lean", TailArgs::Residual),
+            Ring::Tunable,
             "stage 12 with one entry per tail, interior tiles stored unchecked, GELU on tanh.approx",
         ),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        persistent(
             16,
             "tall-tile",
             "linear-bf16/16_tall_tile.cu",
-            Precision::Bf16,
+            Plan::Persistent {
+                entry: "linear_bf16_tall",
+                tail: TailArgs::Residual,
+                width: Width::Defined,
+                ring: Ring::Tunable,
+            },
             "stage 15 on 192 x 128 tiles of three consumer warpgroups: exact waves at GPT-2's shapes on 132 SMs",
         )
-        .with_plan(Plan::Tall)
         .with_defines(vec![Define::new("WS_BM", "192"), Define::new("WS_BN", "128")])
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
-        .with_sweep("WG_STAGES", &[3, 4, 5])
-        .with_requirements(Requirements::SM90A),
+        .with_sweep("WG_STAGES", &[3, 4, 5]),
         ping_pong(
             17,
             "ping-pong",
             "linear-bf16/17_ping_pong.cu",
-            Plan::PingPong,
+            "linear_bf16_ping_pong",
             "stage 15 with each consumer on every other 128 x 192 tile whole, one's store under the other's MMAs",
         ),
         wave_fit(
             18,
             "bias-smem",
             "linear-bf16/18_bias_smem.cu",
-            Plan::BiasSmem,
+            ("linear_bf16_bias_smem", TailArgs::Residual),
+            Ring::Tunable,
             "stage 15 with each tile's bias copied into shared memory by cp.async while its MMAs run",
         ),
         ping_pong(
             19,
             "ping-pong-bias",
             "linear-bf16/19_ping_pong_bias.cu",
-            Plan::PingPongBias,
+            "linear_bf16_ping_pong_bias",
             "stage 17 (consumers taking turns on 128 x 192 tiles) with stage 18's bias copy",
         ),
         wave_fit(
             20,
             "multicast-bias",
             "linear-bf16/20_multicast_bias.cu",
-            Plan::MulticastBias,
+            ("linear_bf16_multicast_bias", TailArgs::Residual),
+            Ring::Tunable,
             "stage 18 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
         wave_fit(
             21,
             "staged-store",
             "linear-bf16/21_staged_store.cu",
-            Plan::StagedStore,
+            ("linear_bf16_staged_store", TailArgs::Residual),
+            Ring::Tunable,
             "stage 18 with interior tiles staged per warp in shared memory and stored as whole 128-byte lines",
         ),
         ping_pong(
             22,
             "ping-pong-staged",
             "linear-bf16/22_ping_pong_staged.cu",
-            Plan::PingPongStaged,
+            "linear_bf16_ping_pong_staged",
             "stage 19 (consumers taking turns, bias copied) with stage 21's whole-line staged store",
         ),
         ping_pong(
             23,
             "ping-pong-multicast",
             "linear-bf16/23_ping_pong_multicast.cu",
-            Plan::PingPongMulticast,
+            "linear_bf16_ping_pong_multicast",
             "stage 22 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
         wave_fit(
             24,
             "multicast-staged",
             "linear-bf16/24_multicast_staged.cu",
-            Plan::MulticastStaged,
+            ("linear_bf16_multicast_staged", TailArgs::Residual),
+            Ring::Tunable,
             "stage 21 in clusters of 2 along M: each block loads half the shared W tile, multicast to both",
         ),
         wave_fit(
             25,
             "dependent-launch",
             "linear-bf16/25_dependent_launch.cu",
-            Plan::DependentLaunch,
+            ("linear_bf16_dependent_launch", TailArgs::Residual),
+            Ring::Tunable,
             "stage 21 as a programmatic dependent launch: its launch and prologue under the previous kernel's tail",
         ),
         ping_pong(
             26,
             "ping-pong-dependent",
             "linear-bf16/26_ping_pong_dependent.cu",
-            Plan::PingPongDependent,
+            "linear_bf16_ping_pong_dependent",
             "stage 22 as a programmatic dependent launch: its launch and prologue under the previous kernel's tail",
         ),
         wave_fit(
             27,
             "weights-early",
             "linear-bf16/27_weights_early.cu",
-            Plan::WeightsEarly,
+            ("linear_bf16_weights_early", TailArgs::Residual),
+            Ring::Tunable,
             "stage 25 loading the first W tiles before it waits for the previous kernel (weights are no kernel's output)",
         ),
         ping_pong(
             28,
             "ping-pong-weights-early",
             "linear-bf16/28_ping_pong_weights_early.cu",
-            Plan::PingPongWeightsEarly,
+            "linear_bf16_ping_pong_weights_early",
             "stage 26 loading the first W tiles before it waits for the previous kernel (weights are no kernel's output)",
         )
         .with_defines(STAGE_28_SWITCHES.iter().map(|&s| Define::on(s)).collect::<Vec<_>>())
@@ -515,7 +428,8 @@ fn stages() -> Vec<Variant> {
             29,
             "deep-ring",
             "linear-bf16/29_deep_ring.cu",
-            Plan::DeepRing,
+            ("linear_bf16_deep_ring", TailArgs::Residual),
+            Ring::FillsSharedMemory,
             "stage 27 with the ring as deep as fits at the fitted width: 6 stages at 128 wide, 5 at 192, 4 at 256",
         )
         .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", 8)]),
@@ -523,21 +437,23 @@ fn stages() -> Vec<Variant> {
             30,
             "last-tile-trigger",
             "linear-bf16/30_last_tile_trigger.cu",
-            Plan::LastTileTrigger,
+            ("linear_bf16_last_tile_trigger", TailArgs::Residual),
+            Ring::Tunable,
             "stage 27 letting the next kernel launch only when a block starts its last tile, not as it starts",
         ),
         ping_pong(
             31,
             "ping-pong-last-tile-trigger",
             "linear-bf16/31_ping_pong_last_tile_trigger.cu",
-            Plan::PingPongLastTileTrigger,
+            "linear_bf16_ping_pong_last_tile_trigger",
             "stage 28 letting the next kernel launch only when a block starts its last tile, not as it starts",
         ),
         wave_fit(
             32,
             "cooperative-256",
             "linear-bf16/32_cooperative_256.cu",
-            Plan::Cooperative256,
+            ("linear_bf16_cooperative_256", TailArgs::Residual),
+            Ring::FillsSharedMemory,
             "stage 30 on 256-row tiles (cuBLASLt's shape), each consumer 128 rows in two accumulator sets",
         )
         .with_defines(vec![Define::new("WS_BM", "256"), Define::new("WS_BN", "128")]),
@@ -583,29 +499,7 @@ fn entry_base(plan: Plan) -> &'static str {
     match plan {
         Plan::Wgmma => "linear_bf16_wgmma",
         Plan::WarpSpecialized => "linear_bf16_ws",
-        Plan::Persistent => "linear_bf16_persistent",
-        Plan::Epilogue => "linear_bf16_epilogue",
-        Plan::WaveFit => "linear_bf16_wave_fit",
-        Plan::TmaStore => "linear_bf16_tma_store",
-        Plan::Multicast => "linear_bf16_multicast",
-        Plan::Lean => "linear_bf16_lean",
-        Plan::Tall => "linear_bf16_tall",
-        Plan::PingPong => "linear_bf16_ping_pong",
-        Plan::BiasSmem => "linear_bf16_bias_smem",
-        Plan::PingPongBias => "linear_bf16_ping_pong_bias",
-        Plan::MulticastBias => "linear_bf16_multicast_bias",
-        Plan::StagedStore => "linear_bf16_staged_store",
-        Plan::PingPongStaged => "linear_bf16_ping_pong_staged",
-        Plan::PingPongMulticast => "linear_bf16_ping_pong_multicast",
-        Plan::MulticastStaged => "linear_bf16_multicast_staged",
-        Plan::DependentLaunch => "linear_bf16_dependent_launch",
-        Plan::PingPongDependent => "linear_bf16_ping_pong_dependent",
-        Plan::WeightsEarly => "linear_bf16_weights_early",
-        Plan::PingPongWeightsEarly => "linear_bf16_ping_pong_weights_early",
-        Plan::DeepRing => "linear_bf16_deep_ring",
-        Plan::LastTileTrigger => "linear_bf16_last_tile_trigger",
-        Plan::PingPongLastTileTrigger => "linear_bf16_ping_pong_last_tile_trigger",
-        Plan::Cooperative256 => "linear_bf16_cooperative_256",
+        Plan::Persistent { entry, .. } => entry,
         // Not TMA stages: their entries are chosen in `prepare`'s own arms.
         Plan::Mma | Plan::Lt => "",
     }
@@ -650,7 +544,7 @@ pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
     let plan = v.plan::<Plan>()?;
     require(d.tail == Tail::None || d.bias, TAIL_BIAS, || format!("{:?} without a bias", d.tail))?;
-    let fuses = plan.fuses_tail() || plan == Plan::Lt;
+    let fuses = plan.fuses_tail();
     require(d.tail == Tail::None || fuses, TAIL_FUSED, || format!("{:?}", d.tail))?;
     if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
         require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
@@ -658,7 +552,7 @@ pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     if plan.tma() {
         require(d.k.is_multiple_of(8), TMA_K, || format!("K = {}", d.k))?;
     }
-    if plan == Plan::TmaStore {
+    if Switches::of(v).tma_store {
         require(d.n.is_multiple_of(4), TMA_N, || format!("N = {}", d.n))?;
     }
     Ok(())
@@ -681,7 +575,7 @@ enum Stage {
 }
 
 /// The tail's arguments a TMA stage's entry takes after the bias.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TailArgs {
     /// None (stages 7-9).
     None,
@@ -755,7 +649,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
     gpu.supports(v)?;
     check_shape(v, d)?;
     let plan = v.plan::<Plan>()?;
-    let sw = Switches::of(plan, v);
+    let sw = Switches::of(v);
     let stage = match plan {
         Plan::Mma => {
             // cp.async copies 16-byte pieces: rows of K bf16 are 16-byte aligned only when K % 8 == 0.
@@ -777,6 +671,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         }
         // Every other plan is a TMA stage (`entry_base` names each one's entry).
         _ => {
+            // Stages 7 and 8 take no tail and have their tile width in their file.
+            let (tail, width, ring) = match plan {
+                Plan::Persistent { tail, width, ring, .. } => (tail, Some(width), ring),
+                _ => (TailArgs::None, None, Ring::Tunable),
+            };
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
@@ -797,16 +696,18 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 Tail::Gelu => format!("{base}_gelu"),
                 Tail::Residual => format!("{base}_residual"),
             };
-            let tile_n = match plan {
-                Plan::Wgmma => 128,
-                Plan::WarpSpecialized => 256,
-                Plan::Tall => define_u32(v, "WS_BN")?,
-                p if p.fitted() && two_sets => two_sets_width(fit(), d.tail),
-                p if p.fitted() => fit(),
+            let tile_n = match (plan, width) {
+                (Plan::Wgmma, _) => 128,
+                (Plan::WarpSpecialized, _) => 256,
+                (_, Some(Width::Defined)) => define_u32(v, "WS_BN")?,
+                (_, Some(Width::Fitted)) if two_sets => two_sets_width(fit(), d.tail),
+                (_, Some(Width::Fitted)) => fit(),
                 _ if two_sets => two_sets_width(v.tunable("WS_BN")?, d.tail),
                 _ => v.tunable("WS_BN")?,
             };
-            let entry = if plan.entry_per_tail() { per_tail(entry_base(plan)) } else { entry_base(plan).to_string() };
+            let fitted = width == Some(Width::Fitted);
+            let entry =
+                if tail == TailArgs::Residual { per_tail(entry_base(plan)) } else { entry_base(plan).to_string() };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
             require(!two_sets || tile_n <= 192, TWO_SETS_BN, || format!("WS_BN = {tile_n}"))?;
             // Stage 7: one mbarrier a stage and two consumer warpgroups; the others a full and an
@@ -816,8 +717,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             // mbarriers; stage 13's output slots, two per consumer per EPI_SLOTS; 1 KiB to align
             // the ring for the 128-byte swizzle.
             let stage_bytes = (tile_m + tile_n) * WG_BK * 2 + 8 * bars;
-            let slots = if plan == Plan::TmaStore { v.tunable("EPI_SLOTS")? } else { 0 };
-            require(plan != Plan::TmaStore || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
+            let slots = if sw.tma_store { v.tunable("EPI_SLOTS")? } else { 0 };
+            require(!sw.tma_store || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
             // The ping-pong stages' two turn mbarriers; the tile's bias copy per consumer; the staged
             // store's buffer per consumer warp.
             let turns = if sw.ping_pong { 16 } else { 0 };
@@ -826,28 +727,28 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies + staging;
             // Stage 13's ring is as deep as WG_STAGES allows beside its slots, stages 29's and 32's
             // beside the bias copies and the staging buffers.
-            let stages = if plan.ring_fills_shared_memory() {
+            let stages = if ring == Ring::FillsSharedMemory {
                 stages.min(gpu.info().shared_memory_per_block_optin.saturating_sub(fixed) / stage_bytes).max(1)
             } else {
                 stages
             };
             // The wave-fitted stages are compiled at the width (their WS_BN define), 13, 29 and 32
             // at their ring depth.
-            let fitted;
-            let v = if plan.fitted() {
+            let compiled;
+            let v = if fitted {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
                 let defines: Vec<Define> =
                     v.defines.iter().filter(|x| x.name != "WS_BN").cloned().chain([width]).collect();
                 let mut f = v.clone().with_defines(defines);
                 f.set_tunable("WG_STAGES", stages)?;
-                fitted = f;
-                &fitted
+                compiled = f;
+                &compiled
             } else if sw.ping_pong && v.tunable("WS_BN")? != tile_n {
                 // The ping-pong stages with the residual tail: compiled at the narrower width.
                 let mut f = v.clone();
                 f.set_tunable("WS_BN", tile_n)?;
-                fitted = f;
-                &fitted
+                compiled = f;
+                &compiled
             } else {
                 v
             };
@@ -862,14 +763,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 }
             };
             let entry = entry.as_str();
-            let launch = if matches!(plan, Plan::Persistent | Plan::Epilogue | Plan::Tall)
-                || plan.ping_pong()
-                || plan.fitted()
-            {
+            let launch = if matches!(plan, Plan::Persistent { .. }) {
                 // One block per SM (the ring takes most of an SM's shared memory), at most one per
                 // tile; with clusters, one cluster per entry of the schedule (stage 14: pairs of
                 // tiles), at most as many as run at once.
-                let ctas = plan.cluster();
+                let ctas = sw.cluster();
                 let entries = tiles_m.div_ceil(ctas) * tiles_n;
                 let blocks = ctas * entries.min(gpu.info().sm_count / ctas);
                 if ctas == 1 {
@@ -884,17 +782,12 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             } else {
                 gpu.prepare_launch(&SOURCES, v, entry, shape((tiles_n, tiles_m, 1)))?
             };
-            let store = if plan == Plan::TmaStore { Store::Tma } else { Store::Direct };
-            let tail = match plan {
-                p if p.entry_per_tail() => TailArgs::Residual,
-                p if p.fuses_tail() => TailArgs::ResidualAndCode,
-                _ => TailArgs::None,
-            };
+            let store = if sw.tma_store { Store::Tma } else { Store::Direct };
             // With clusters each block loads its share of the W tile's rows.
             Stage::Tma {
                 launch,
                 a_rows: tile_m,
-                b_rows: (tile_n / plan.cluster()) as usize,
+                b_rows: (tile_n / sw.cluster()) as usize,
                 tail,
                 store,
                 bias_aligned: sw.copies_bias,
@@ -906,7 +799,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 
 /// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
 /// patterns, `bias` N fp32 (present exactly when prepared with one), `residual` M·N fp32 (present
-/// exactly with the residual tail). Stages 27-31 read `weight` while the kernel before them in
+/// exactly with the residual tail). Stages 27-32 read `weight` while the kernel before them in
 /// the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
 /// output (prepared weights never are).
 pub struct LinearBf16Args<'a> {
@@ -1082,7 +975,7 @@ impl Op for LinearBf16 {
         if plan.is_some_and(Plan::tma) {
             l.push(Limit { constraint: TMA_K, past: shape(3, 8, 12, 1), inside: Some(shape(3, 8, 16, 1)) });
         }
-        if plan == Some(Plan::TmaStore) {
+        if Switches::of(v).tma_store {
             l.push(Limit { constraint: TMA_N, past: shape(3, 6, 16, 1), inside: Some(shape(3, 8, 16, 1)) });
         }
         l
@@ -1194,7 +1087,7 @@ mod tests {
             let common::Source::Kernel(path) = v.source else { panic!("{}: a TMA stage without a file", v.id()) };
             let file = SOURCES.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("{path}"));
             let base = entry_base(plan);
-            let entries = if plan.entry_per_tail() {
+            let entries = if matches!(plan, Plan::Persistent { tail: TailArgs::Residual, .. }) {
                 vec![base.to_string(), format!("{base}_gelu"), format!("{base}_residual")]
             } else {
                 vec![base.to_string()]
@@ -1209,33 +1102,36 @@ mod tests {
         assert!(checked >= 8 + 15 * 3, "{checked} entries checked");
     }
 
-    /// The host's view of each persistent stage's switches (the plan's predicates, or the stage
-    /// list's defines) is what the kernel is compiled with: the `#define`s of its `.cu` and the
-    /// defines the stage list passes. A plan list that drifts from the files fails here.
+    /// The host reads a persistent stage's switches from its `.cu` (`Switches::of`): every
+    /// `#define` there is a switch in the one form it reads, `#define NAME 1`, and the stages read
+    /// as their headers describe them.
     #[test]
-    fn host_switches_match_the_kernel_files() {
-        let mut checked = 0;
-        for v in LinearBf16.variants().into_iter().chain(LinearBf16.leave_one_out()) {
-            let common::Source::Kernel(path) = v.source else { continue };
-            let file = SOURCES.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("{path}"));
-            if !file.text.contains("#include \"matmul_wgmma_persistent.cuh\"") {
+    fn switches_are_read_from_the_kernel_files() {
+        let mut files = 0;
+        for v in LinearBf16.variants() {
+            let (Ok(Plan::Persistent { .. }), common::Source::Kernel(path)) = (v.plan::<Plan>(), v.source) else {
                 continue;
+            };
+            let file = SOURCES.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("{path}"));
+            for line in file.text.lines().filter(|l| l.trim_start().starts_with("#define")) {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                assert!(words.len() == 3 && words[2] == "1", "{path}: `{line}` is not `#define NAME 1`");
             }
-            let on = |name: &str| v.has(name) || file.text.lines().any(|l| l.trim() == format!("#define {name} 1"));
-            let plan = v.plan::<Plan>().unwrap();
-            let sw = Switches::of(plan, &v);
-            let id = v.id();
-            assert_eq!(sw.ping_pong, on("WS_PINGPONG"), "{id}: WS_PINGPONG");
-            assert_eq!(sw.copies_bias, on("EPI_BIAS_SMEM"), "{id}: EPI_BIAS_SMEM");
-            assert_eq!(sw.stages_store, on("EPI_STAGED"), "{id}: EPI_STAGED");
-            assert_eq!(sw.dependent_launch, on("WS_PDL"), "{id}: WS_PDL");
-            assert_eq!(sw.weights_early, on("WS_WEIGHTS_EARLY"), "{id}: WS_WEIGHTS_EARLY");
-            assert_eq!(plan.cluster() == 2, on("WS_MULTICAST"), "{id}: WS_MULTICAST");
-            assert_eq!(plan == Plan::TmaStore, on("EPI_TMA_STORE"), "{id}: EPI_TMA_STORE");
-            checked += 1;
+            files += 1;
         }
-        // Stages 9-32 and stage 28's seven leave-one-out rows.
-        assert_eq!(checked, 24 + 7);
+        assert_eq!(files, 24, "stages 9-32");
+        let of = |stage: u32| Switches::of(&LinearBf16.variants().into_iter().find(|v| v.stage == stage).unwrap());
+        let none = Switches::default();
+        assert_eq!(of(9), none);
+        assert_eq!(of(13), Switches { tma_store: true, ..none });
+        let staged = Switches { copies_bias: true, stages_store: true, ..none };
+        assert_eq!(of(23), Switches { ping_pong: true, multicast: true, ..staged });
+        let early = Switches { dependent_launch: true, weights_early: true, ..staged };
+        assert_eq!(of(28), Switches { ping_pong: true, ..early }, "from the stage list's defines");
+        assert_eq!(of(32), early);
+        let dependents: Vec<u32> =
+            LinearBf16.variants().iter().filter(|v| Switches::of(v).dependent_launch).map(|v| v.stage).collect();
+        assert_eq!(dependents, (25..=32).collect::<Vec<_>>());
     }
 
     /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,
@@ -1244,21 +1140,21 @@ mod tests {
     #[test]
     fn stage_28_leaves_out_each_switch_and_what_builds_on_it() {
         let all = LinearBf16.variants().into_iter().find(|v| v.stage == 28).unwrap();
-        let plan = all.plan::<Plan>().unwrap();
         let on = Switches {
             ping_pong: true,
             copies_bias: true,
             stages_store: true,
             dependent_launch: true,
             weights_early: true,
+            ..Switches::default()
         };
-        assert_eq!(Switches::of(plan, &all), on);
+        assert_eq!(Switches::of(&all), on);
         let rows = LinearBf16.leave_one_out();
         let names: Vec<&str> = rows.iter().map(|v| v.name.as_ref()).collect();
         let want: Vec<String> = STAGE_28_SWITCHES.iter().map(|s| format!("all-{s}")).collect();
         assert_eq!(names, want, "stage 28 is the one stage with toggles");
         let row = |name: &str| rows.iter().find(|v| v.name == name).unwrap();
-        let off = |name: &str| Switches::of(plan, row(name));
+        let off = |name: &str| Switches::of(row(name));
         assert_eq!(off("all-WS_PDL"), Switches { dependent_launch: false, weights_early: false, ..on });
         assert_eq!(off("all-WS_WEIGHTS_EARLY"), Switches { weights_early: false, ..on });
         assert_eq!(off("all-WS_PINGPONG"), Switches { ping_pong: false, ..on });
