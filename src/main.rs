@@ -814,14 +814,18 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     }
                     if let Some(dir) = &baseline_dir {
                         match common::baseline::load(dir, &table)? {
-                            Some(before) => {
-                                let changes = common::compare::compare(&before, &table)?;
-                                extra.push_str(&format!(
+                            // A baseline timed in another mode is named, not compared, and the
+                            // run's own table still prints.
+                            Some(before) => match common::compare::compare(&before, &table) {
+                                Ok(changes) => extra.push_str(&format!(
                                     "\nAgainst baseline {}:\n\n{}",
                                     dir.display(),
                                     common::compare::markdown(&before, &table, &changes)
-                                ));
-                            }
+                                )),
+                                Err(e) => {
+                                    extra.push_str(&format!("\n(baseline in {} not compared: {e})\n", dir.display()))
+                                }
+                            },
                             None => extra.push_str(&format!("\n(no baseline of this table in {})\n", dir.display())),
                         }
                     }

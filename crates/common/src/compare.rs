@@ -27,14 +27,29 @@ fn median_and_range(t: &Table, stage: u32, name: &str) -> Option<(f64, f64, f64)
         .map(|t| (t.median_ms, t.min_ms, t.max_ms))
 }
 
+/// How a table's runs were timed: as graph replays or not, and how many runs per pair of events
+/// (`--back-to-back`). Two modes time different things (a stage launched as a programmatic
+/// dependent, or cuBLASLt, starts under the previous run's tail only back to back), so runs in
+/// different modes do not compare. The rounds (`--rounds`) only pool samples of the same quantity.
+fn timing_mode(t: &Table) -> String {
+    let mode = if t.graph { "graph replays" } else { "direct launches" };
+    format!("{mode}, {} run(s) per pair of events", t.batch)
+}
+
 /// The stages of `after` (and any only `before` has) against `before`. Both must be the same op at
-/// the same shape.
+/// the same shape, timed in the same mode.
 pub fn compare(before: &Table, after: &Table) -> Result<Vec<Change>> {
     let key = |t: &Table| (t.family.clone(), t.op.clone(), t.shape.clone());
     if key(before) != key(after) {
         return Err(Error::constraint(
             "two runs of one op at one shape",
             format!("{:?} against {:?}", key(before), key(after)),
+        ));
+    }
+    if timing_mode(before) != timing_mode(after) {
+        return Err(Error::constraint(
+            "two runs timed in one mode (graph or not, runs per pair of events)",
+            format!("{} against {}", timing_mode(before), timing_mode(after)),
         ));
     }
     let mut stages: Vec<(u32, String)> = after.rows.iter().map(|r| (r.stage, r.name.clone())).collect();
@@ -64,9 +79,18 @@ pub fn compare(before: &Table, after: &Table) -> Result<Vec<Change>> {
 /// The comparison as Markdown, with a header naming both runs.
 pub fn markdown(before: &Table, after: &Table, changes: &[Change]) -> String {
     let mut md = format!(
-        "{}/{}  shape {}: before on {} (seed {}), after on {} (seed {})\n\n\
+        "{}/{}  shape {}: before on {} (seed {}), after on {} (seed {}); {}, {} and {} round(s)\n\n\
          | stage | name | before | after | change | moved beyond both runs' min-max |\n|---|---|---|---|---|---|\n",
-        after.family, after.op, after.shape, before.device, before.seed, after.device, after.seed
+        after.family,
+        after.op,
+        after.shape,
+        before.device,
+        before.seed,
+        after.device,
+        after.seed,
+        timing_mode(after),
+        before.rounds,
+        after.rounds
     );
     for c in changes {
         let t = |x: Option<f64>| x.map_or("-".to_string(), fmt_time);
@@ -133,5 +157,21 @@ mod tests {
         let after = table("N=1", vec![row(0, 1.0, 1.0, 1.0, Status::Passed)]);
         assert_eq!(compare(&before, &after).unwrap()[0].delta, None);
         assert!(compare(&before, &table("N=2", vec![])).is_err());
+    }
+
+    #[test]
+    fn runs_in_other_timing_modes_do_not_compare() {
+        let before = table("N=1", vec![row(0, 10.0, 9.0, 11.0, Status::Passed)]);
+        let mut graph = before.clone();
+        graph.graph = true;
+        let mut back_to_back = before.clone();
+        back_to_back.batch = 20;
+        for other in [&graph, &back_to_back] {
+            let err = compare(&before, other).unwrap_err().to_string();
+            assert!(err.contains("one mode"), "{err}");
+        }
+        let mut rounds = before.clone();
+        rounds.rounds = 5;
+        assert!(compare(&before, &rounds).is_ok(), "rounds pool samples of the same quantity");
     }
 }
