@@ -700,12 +700,10 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 (Plan::Wgmma, _) => 128,
                 (Plan::WarpSpecialized, _) => 256,
                 (_, Some(Width::Defined)) => define_u32(v, "WS_BN")?,
-                (_, Some(Width::Fitted)) if two_sets => two_sets_width(fit(), d.tail),
                 (_, Some(Width::Fitted)) => fit(),
-                _ if two_sets => two_sets_width(v.tunable("WS_BN")?, d.tail),
                 _ => v.tunable("WS_BN")?,
             };
-            let fitted = width == Some(Width::Fitted);
+            let tile_n = if two_sets { two_sets_width(tile_n, d.tail) } else { tile_n };
             let entry =
                 if tail == TailArgs::Residual { per_tail(entry_base(plan)) } else { entry_base(plan).to_string() };
             require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
@@ -732,26 +730,22 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             } else {
                 stages
             };
-            // The wave-fitted stages are compiled at the width (their WS_BN define), 13, 29 and 32
-            // at their ring depth.
-            let compiled;
-            let v = if fitted {
+            // The kernel is compiled at the width and ring depth chosen here: the wave-fitted
+            // stages' WS_BN define, a two-set stage's narrower residual width in place of its
+            // WS_BN tunable, the ring of 13, 29 and 32 as deep as fits.
+            let mut compiled = v.clone();
+            if width == Some(Width::Fitted) {
                 let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
                 let defines: Vec<Define> =
                     v.defines.iter().filter(|x| x.name != "WS_BN").cloned().chain([width]).collect();
-                let mut f = v.clone().with_defines(defines);
-                f.set_tunable("WG_STAGES", stages)?;
-                compiled = f;
-                &compiled
-            } else if sw.ping_pong && v.tunable("WS_BN")? != tile_n {
-                // The ping-pong stages with the residual tail: compiled at the narrower width.
-                let mut f = v.clone();
-                f.set_tunable("WS_BN", tile_n)?;
-                compiled = f;
-                &compiled
-            } else {
-                v
-            };
+                compiled = compiled.with_defines(defines);
+            } else if v.tunable("WS_BN").is_ok_and(|w| w != tile_n) {
+                compiled.set_tunable("WS_BN", tile_n)?;
+            }
+            if v.tunable("WG_STAGES")? != stages {
+                compiled.set_tunable("WG_STAGES", stages)?;
+            }
+            let v = &compiled;
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(tile_m));
             let smem = stages * stage_bytes + fixed;
             let shape = |grid| {
