@@ -130,6 +130,33 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
+    /// What ptxas allocates for each stage, without a GPU: every kernel stage of the ops compiled by
+    /// NVRTC for one architecture, a row per entry point (registers, spills, stack, static shared
+    /// memory, named barriers). Read it before spending device time on a stage.
+    Resources {
+        /// A family name, or `all`.
+        family: String,
+        #[arg(long)]
+        op: Option<String>,
+        /// Stage range `a..b` (inclusive) or one stage `a`.
+        #[arg(long, value_parser = common::variant::parse_stages)]
+        stages: Option<(u32, u32)>,
+        /// NAME=value,... tunables set on every selected stage that declares all of them (the
+        /// others are left out): a configuration the host picks at some shape, or a sweep point.
+        #[arg(long)]
+        config: Option<String>,
+        /// Also the leave-one-out rows of toggle ladders.
+        #[arg(long)]
+        leave_one_out: bool,
+        /// Also every point of each stage's declared sweep space.
+        #[arg(long)]
+        sweep_points: bool,
+        /// sm_90a (default), sm_90 or sm_80: stages with Hopper-only instructions are n/a on the last two.
+        #[arg(long, default_value = "sm_90a")]
+        arch: String,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
     /// The GPT-2 model.
     Gpt2 {
         #[command(subcommand)]
@@ -609,6 +636,25 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             print!("{}", common::matrix::render(&tables, Format::from(format), anchor));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Resources { family, op, stages, config, leave_one_out, sweep_points, arch, format } => {
+            let arch = common::Arch::parse(&arch)?;
+            let config = config.as_deref().map(parse_config).transpose()?.unwrap_or_default();
+            let tc = common::nvrtc::toolchain()?;
+            let mut any = false;
+            for op in select_ops(&family, op.as_deref())? {
+                let variants = resource_variants(op, stages, &config, leave_one_out, sweep_points);
+                let rows = common::resources::measure(&tc, op, &variants, arch);
+                any |= !rows.is_empty();
+                print!("{}", common::resources::render(&rows, Format::from(format)));
+            }
+            let configured = || {
+                let range = stages.map_or("all".to_string(), |(a, b)| format!("{a}..{b}"));
+                let set: Vec<String> = config.iter().map(|(n, v)| format!("{n}={v}")).collect();
+                format!("stages {range} of '{family}' declaring tunables [{}]", set.join(","))
+            };
+            common::require(any, "at least one kernel stage selected", configured)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::LaunchOverhead { launches, batch } => {
             let gpu = Gpu::open()?;
             let o = common::overhead::measure(&gpu, launches, batch.max(1))?;
@@ -985,6 +1031,28 @@ fn verify_variants(
     let mut v = base.with_config(config)?;
     v.name = name.to_string().into();
     Ok(vec![v])
+}
+
+/// The stages `ladder resources` compiles: those of `op` in `stages` (with the leave-one-out rows
+/// and declared sweep points when asked) that declare every tunable of `config`, with it set.
+fn resource_variants(
+    op: &dyn Op,
+    stages: Option<(u32, u32)>,
+    config: &[(String, u32)],
+    leave_one_out: bool,
+    sweep_points: bool,
+) -> Vec<common::Variant> {
+    let declared = op.variants();
+    let points = declared.iter().filter(|_| sweep_points).flat_map(|v| Grid::declared(v).derive(v));
+    let rows = op.leave_one_out().into_iter().filter(|_| leave_one_out);
+    declared
+        .iter()
+        .cloned()
+        .chain(rows)
+        .chain(points)
+        .filter(|v| stages.is_none_or(|(a, b)| (a..=b).contains(&v.stage)))
+        .filter_map(|v| v.with_config(config).ok())
+        .collect()
 }
 
 /// The first line of an error message (NVRTC logs and driver errors run long).

@@ -115,10 +115,65 @@ fn broken_source_is_a_compile_error_with_the_log(tc: &common::Toolchain) {
     assert!(text.contains("undeclared_name"), "NVRTC's log is missing: {text}");
 }
 
+/// The resource report (`ladder resources`) reads ptxas's log of this NVRTC: for the first and the
+/// last kernel stage of every op, one row per entry point of the module's PTX, with a register count
+/// ptxas could have allocated; and a kernel held to 32 registers that needs more reports its spills.
+fn resource_report_reads_every_entry(tc: &common::Toolchain) {
+    for family in kernel_ladder::families() {
+        for op in family.ops() {
+            let kernels: Vec<Variant> =
+                op.variants().into_iter().filter(|v| matches!(v.source, Source::Kernel(_))).collect();
+            let ends: Vec<Variant> = kernels.first().into_iter().chain(kernels.last()).cloned().collect();
+            for r in common::resources::measure(tc, op, &ends, Arch::SM90A) {
+                let id = format!("{}/{}/{:02}", r.family, r.op, r.stage);
+                let v = ends.iter().find(|v| v.stage == r.stage).unwrap();
+                let Source::Kernel(path) = v.source else { unreachable!() };
+                let src = family.sources().find(path).unwrap();
+                let ptx =
+                    tc.compile(&v.id(), src, &family.sources().headers().unwrap(), &v.compile_defines(), Arch::SM90A);
+                let ptx = ptx.unwrap_or_else(|e| panic!("{e}")).ptx;
+                let mut in_ptx: Vec<&str> = ptx
+                    .lines()
+                    .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+                    .map(|l| l.split('(').next().unwrap_or_default().trim())
+                    .collect();
+                let entries = r.entries.as_ref().unwrap_or_else(|e| panic!("{id}: {e}"));
+                let mut reported: Vec<&str> = entries.iter().map(|e| e.entry.as_str()).collect();
+                in_ptx.sort_unstable();
+                reported.sort_unstable();
+                assert_eq!(reported, in_ptx, "{id}: entries reported against the PTX's");
+                for e in entries {
+                    assert!((1..=255).contains(&e.registers), "{id} {}: {} registers", e.entry, e.registers);
+                }
+            }
+        }
+    }
+    let pressed = KernelSource {
+        path: "pressed/00_pressed.cu",
+        text: "extern \"C\" __global__ void __launch_bounds__(1024, 2) pressed(float* x, int n) {
+    float v[96];
+#pragma unroll
+    for (int i = 0; i < 96; ++i) v[i] = x[i * n + threadIdx.x];
+    float s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int i = 0; i < 96; ++i) s += v[i] * v[(i + r) % 96];
+    x[threadIdx.x] = s;
+}
+",
+    };
+    let e = tc.resources("test/pressed/00-pressed", &pressed, &[], &[], Arch::SM90A).unwrap();
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].registers <= 32, "{e:?}");
+    assert!(e[0].spill_store_bytes > 0 && e[0].spill_load_bytes > 0 && e[0].stack_bytes > 0, "{e:?}");
+}
+
 fn main() -> std::process::ExitCode {
     Suite::new()
         .nvrtc("kernels_compile", compile_everything)
         .nvrtc("broken_source_is_a_compile_error_with_the_log", broken_source_is_a_compile_error_with_the_log)
+        .nvrtc("resource_report_reads_every_entry", resource_report_reads_every_entry)
         .cpu("every_family_has_a_kernel_stage", every_family_has_a_kernel_stage)
         .cpu("library_rows_numbered_from_90", library_rows_numbered_from_90)
         .cpu("stage_lists_match_kernel_files", stage_lists_match_kernel_files)

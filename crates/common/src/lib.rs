@@ -28,6 +28,7 @@ pub mod module;
 pub mod nvrtc;
 pub mod overhead;
 pub mod report;
+pub mod resources;
 pub mod runner;
 pub mod shape;
 pub mod sweep;
@@ -42,7 +43,7 @@ pub use family::{Bound, Family, Limit, Op, OpInfo, Prepared, PreparedStage, Prob
 pub use gpu::{copy_htod_2d, DeviceInfo, Gpu};
 pub use launch::{device_ptr, Arg, Launch, LaunchShape, ResourceUse};
 pub use module::{KernelSource, Sources};
-pub use nvrtc::{Arch, Toolchain};
+pub use nvrtc::{Arch, EntryResources, Toolchain};
 pub use shape::Shape;
 pub use variant::{
     Define, Generator, Grid, LeaveOneOut, Precision, Requirements, Source, Sweep, Tolerance, Tunable, Variant,

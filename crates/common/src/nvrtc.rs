@@ -7,11 +7,69 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::nvrtc::sys;
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::module::KernelSource;
 use crate::variant::Define;
+
+/// What ptxas allocated for one entry point of a module (`--ptxas-options=-v`): the resource
+/// report to read before timing a stage, available without a GPU. Dynamic shared memory is not in
+/// it: the host sizes it at launch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EntryResources {
+    pub entry: String,
+    /// Registers per thread as compiled (a `setmaxnreg` kernel's warpgroups change theirs at run time).
+    pub registers: u32,
+    pub spill_store_bytes: u32,
+    pub spill_load_bytes: u32,
+    /// Per-thread stack: spills, and arrays indexed at run time.
+    pub stack_bytes: u32,
+    pub static_shared_bytes: u32,
+    /// Named barriers the entry may use (`bar.sync id`): 16 is the SM's limit.
+    pub barriers: u32,
+}
+
+impl EntryResources {
+    /// Every entry point in a ptxas log, in the log's order. A function that is not an entry (a
+    /// `noinline` device function) has properties but no `Used N registers` line of its own here
+    /// and is skipped.
+    pub fn parse(log: &str) -> Vec<EntryResources> {
+        let number_before = |line: &str, what: &str| -> Option<u32> {
+            let at = line.find(what)?;
+            line[..at].split(|c: char| !c.is_ascii_digit()).rev().find(|w| !w.is_empty())?.parse().ok()
+        };
+        let mut entries: Vec<EntryResources> = Vec::new();
+        let mut current: Option<EntryResources> = None;
+        // The function the next `bytes stack frame` line describes (an entry, or a device function).
+        let mut properties_of = String::new();
+        for line in log.lines() {
+            if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+                entries.extend(current.take());
+                let name = rest.split('\'').next().unwrap_or_default();
+                current = Some(EntryResources { entry: name.to_string(), ..Default::default() });
+            } else if let Some(name) = line.split("Function properties for ").nth(1) {
+                properties_of = name.trim().to_string();
+            } else if let Some(e) = current.as_mut() {
+                if line.contains("bytes stack frame") {
+                    if properties_of != e.entry {
+                        continue;
+                    }
+                    e.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
+                    e.spill_store_bytes = number_before(line, "bytes spill stores").unwrap_or(0);
+                    e.spill_load_bytes = number_before(line, "bytes spill loads").unwrap_or(0);
+                } else if line.contains("Used ") && line.contains(" registers") {
+                    e.registers = number_before(line, " registers").unwrap_or(0);
+                    e.barriers = number_before(line, " barriers").unwrap_or(0);
+                    e.static_shared_bytes = number_before(line, " bytes smem").unwrap_or(0);
+                }
+            }
+        }
+        entries.extend(current);
+        entries
+    }
+}
 
 /// A compilation target: `sm_XY`, or `sm_XYa` with the architecture-specific features (wgmma,
 /// setmaxnreg) that only run on exactly that chip.
@@ -29,6 +87,18 @@ impl Arch {
 
     pub fn name(&self) -> String {
         format!("sm_{}{}{}", self.major, self.minor, if self.arch_specific { "a" } else { "" })
+    }
+
+    /// `sm_XY` or `sm_XYa` (one digit each): the form [`Arch::name`] writes.
+    pub fn parse(name: &str) -> Result<Arch> {
+        let bad = || Error::constraint("an architecture sm_XY or sm_XYa (sm_80, sm_90, sm_90a)", format!("'{name}'"));
+        let rest = name.strip_prefix("sm_").ok_or_else(bad)?;
+        let (digits, arch_specific) = rest.strip_suffix('a').map_or((rest, false), |d| (d, true));
+        let mut d = digits.chars().map(|c| c.to_digit(10));
+        match (d.next(), d.next(), d.next()) {
+            (Some(Some(major)), Some(Some(minor)), None) => Ok(Arch { major, minor, arch_specific }),
+            _ => Err(bad()),
+        }
     }
 }
 
@@ -151,6 +221,30 @@ impl Toolchain {
         let compiled = self.compile_uncached(variant, source, headers, &options, arch)?;
         self.cache_write(&key, &compiled);
         Ok(compiled)
+    }
+
+    /// `source` compiled as [`Toolchain::compile`] would (uncached, the image discarded) with ptxas
+    /// reporting: what it allocated for each entry point, read from the log. Needs no GPU.
+    pub fn resources(
+        &self,
+        variant: &str,
+        source: &KernelSource,
+        headers: &[KernelSource],
+        defines: &[Define],
+        arch: Arch,
+    ) -> Result<Vec<EntryResources>> {
+        let mut options = self.options(defines, arch);
+        options.push("--ptxas-options=-v".to_string());
+        let compiled = self.compile_uncached(variant, source, headers, &options, arch)?;
+        let entries = EntryResources::parse(&compiled.log);
+        if entries.is_empty() {
+            return Err(Error::Compile {
+                variant: variant.to_string(),
+                arch: arch.name(),
+                log: format!("ptxas reported no entry point; its log:\n{}", compiled.log),
+            });
+        }
+        Ok(entries)
     }
 
     fn options(&self, defines: &[Define], arch: Arch) -> Vec<String> {
@@ -297,4 +391,54 @@ pub fn cache_dir() -> Option<PathBuf> {
 pub fn toolchain() -> Result<Arc<Toolchain>> {
     static TC: std::sync::OnceLock<std::result::Result<Arc<Toolchain>, String>> = std::sync::OnceLock::new();
     TC.get_or_init(|| Toolchain::locate().map(Arc::new).map_err(|e| e.to_string())).clone().map_err(Error::Toolchain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptxas_report_is_read_per_entry() {
+        // ptxas's layout (CUDA 13): a device function's properties, then two entries, one spilling.
+        let log = "ptxas info    : 0 bytes gmem
+ptxas info    : Function properties for _Z6helperv
+ptxas         .     24 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Compiling entry function 'lean_residual' for 'sm_90a'
+ptxas info    : Function properties for lean_residual
+ptxas         .     624 bytes stack frame, 624 bytes spill stores, 456 bytes spill loads
+ptxas info    : Used 168 registers, used 16 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compile time = 265.069 ms
+ptxas info    : Compiling entry function 'lean' for 'sm_90a'
+ptxas info    : Function properties for lean
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 90 registers, 400 bytes cmem[0]
+";
+        let e = EntryResources::parse(log);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert_eq!(
+            e[0],
+            EntryResources {
+                entry: "lean_residual".into(),
+                registers: 168,
+                spill_store_bytes: 624,
+                spill_load_bytes: 456,
+                stack_bytes: 624,
+                static_shared_bytes: 1024,
+                barriers: 16,
+            }
+        );
+        assert_eq!(e[1], EntryResources { entry: "lean".into(), registers: 90, ..Default::default() });
+        assert!(EntryResources::parse("nvrtc: no ptxas lines").is_empty());
+    }
+
+    #[test]
+    fn architectures_parse_as_they_are_named() {
+        for arch in [Arch::SM80, Arch::SM90, Arch::SM90A] {
+            assert_eq!(Arch::parse(&arch.name()).unwrap(), arch);
+        }
+        for bad in ["90a", "sm_9", "sm_900", "sm_9x", "sm_90b", ""] {
+            let e = Arch::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("sm_XY or sm_XYa"), "{bad}: {e}");
+        }
+    }
 }
