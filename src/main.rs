@@ -145,6 +145,11 @@ enum Command {
         /// others are left out): a configuration the host picks at some shape, or a sweep point.
         #[arg(long)]
         config: Option<String>,
+        /// NAME=value,... stage-list defines replaced on every selected stage that has all of them
+        /// (the others are left out): what the host sets per shape where a define, not a tunable,
+        /// carries it (a wave-fitted stage's WS_BN).
+        #[arg(long = "define")]
+        defines: Option<String>,
         /// Also the leave-one-out rows of toggle ladders.
         #[arg(long)]
         leave_one_out: bool,
@@ -636,21 +641,27 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             print!("{}", common::matrix::render(&tables, Format::from(format), anchor));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Resources { family, op, stages, config, leave_one_out, sweep_points, arch, format } => {
+        Command::Resources { family, op, stages, config, defines, leave_one_out, sweep_points, arch, format } => {
             let arch = common::Arch::parse(&arch)?;
             let config = config.as_deref().map(parse_config).transpose()?.unwrap_or_default();
+            let defines = defines.as_deref().map(parse_config).transpose()?.unwrap_or_default();
             let tc = common::nvrtc::toolchain()?;
             let mut any = false;
             for op in select_ops(&family, op.as_deref())? {
-                let variants = resource_variants(op, stages, &config, leave_one_out, sweep_points);
+                let variants = resource_variants(op, stages, &config, &defines, leave_one_out, sweep_points);
                 let rows = common::resources::measure(&tc, op, &variants, arch);
                 any |= !rows.is_empty();
                 print!("{}", common::resources::render(&rows, Format::from(format)));
             }
             let configured = || {
                 let range = stages.map_or("all".to_string(), |(a, b)| format!("{a}..{b}"));
-                let set: Vec<String> = config.iter().map(|(n, v)| format!("{n}={v}")).collect();
-                format!("stages {range} of '{family}' declaring tunables [{}]", set.join(","))
+                let set = |pairs: &[(String, u32)]| pairs.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>();
+                let (tunables, defined) = (set(&config), set(&defines));
+                format!(
+                    "stages {range} of '{family}' with tunables [{}] and defines [{}]",
+                    tunables.join(","),
+                    defined.join(",")
+                )
             };
             common::require(any, "at least one kernel stage selected", configured)?;
             Ok(ExitCode::SUCCESS)
@@ -1034,11 +1045,13 @@ fn verify_variants(
 }
 
 /// The stages `ladder resources` compiles: those of `op` in `stages` (with the leave-one-out rows
-/// and declared sweep points when asked) that declare every tunable of `config`, with it set.
+/// and declared sweep points when asked) that declare every tunable of `config` and have every
+/// define of `defines`, with them set.
 fn resource_variants(
     op: &dyn Op,
     stages: Option<(u32, u32)>,
     config: &[(String, u32)],
+    defines: &[(String, u32)],
     leave_one_out: bool,
     sweep_points: bool,
 ) -> Vec<common::Variant> {
@@ -1052,6 +1065,18 @@ fn resource_variants(
         .chain(points)
         .filter(|v| stages.is_none_or(|(a, b)| (a..=b).contains(&v.stage)))
         .filter_map(|v| v.with_config(config).ok())
+        .filter(|v| defines.iter().all(|(name, _)| v.define(name).is_some()))
+        .map(|v| {
+            let replaced: Vec<common::Define> = v
+                .defines
+                .iter()
+                .map(|d| match defines.iter().find(|(name, _)| d.name == name.as_str()) {
+                    Some((_, value)) => common::Define { name: d.name.clone(), value: value.to_string().into() },
+                    None => d.clone(),
+                })
+                .collect();
+            v.with_defines(replaced)
+        })
         .collect()
 }
 

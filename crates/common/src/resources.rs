@@ -18,7 +18,8 @@ pub struct StageResources {
     pub op: String,
     pub stage: u32,
     pub name: String,
-    /// The tunables it was compiled with, `NAME=value` in declaration order.
+    /// What it was compiled with beside its switches: the stage list's numeric defines (a tile
+    /// shape), then the tunables in declaration order.
     pub config: Vec<(String, u32)>,
     pub arch: String,
     /// What ptxas allocated per entry point, or why there is nothing: a compile error, or a
@@ -53,7 +54,13 @@ pub fn measure(tc: &Toolchain, op: &dyn Op, variants: &[Variant], arch: Arch) ->
                 op: v.op.to_string(),
                 stage: v.stage,
                 name: v.name.to_string(),
-                config: v.config(),
+                config: v
+                    .defines
+                    .iter()
+                    .filter(|d| d.value != "1")
+                    .filter_map(|d| Some((d.name.to_string(), d.value.parse().ok()?)))
+                    .chain(v.config())
+                    .collect(),
                 arch: arch.name(),
                 entries,
             })
