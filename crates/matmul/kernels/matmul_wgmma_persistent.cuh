@@ -1,14 +1,14 @@
-// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-33
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-34
 // (each stage's header says what it adds). A grid of one block per SM walks the output tiles in
 // groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load (the smem ring and its phases
 // continue across tiles), the consumer warpgroups (WS_BM / 64 of them, 64 rows each; two of 128
 // rows at WS_BM 256) issue wgmma.m64nWS_BNk16 and store. The tile is WS_BM x WS_BN: WS_BM is 128,
-// 192 in stage 16, 256 in stage 32;
+// 192 in stage 16, 256 in stage 32, 64 in stage 34;
 // WS_BN is 128, 192 or 256: 256 has the most reuse per loaded byte; 192 divides GPT-2's 768 into 4
 // columns, so N = 768 at M = 4096 is 128 tiles (one wave on 132 SMs) instead of 96 at 256. With
-// TAIL (stages 10-33), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
+// TAIL (stages 10-34), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
 // product, 2 adds `residual`; stage 9 instantiates it without. Switches of the later stages:
-//   EPI_PREFETCH (12, 14-33): a chunk's bias and residual loads batched before its stores;
+//   EPI_PREFETCH (12, 14-34): a chunk's bias and residual loads batched before its stores;
 //   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
 //     (`map_out`) while the consumer goes on;
 //   WS_MULTICAST (14, 20, 23, 24): clusters of 2 along M walk pairs of vertically adjacent tiles,
@@ -16,25 +16,25 @@
 //     into both, and a ring stage is refilled only once the consumers of both blocks have released
 //     it (with WS_PINGPONG the two blocks' walks are the same, so the same consumer of each reads
 //     it);
-//   EPI_LEAN (15-33): tiles wholly inside the output stored without checks, GELU on tanh.approx;
-//   WS_PINGPONG (17, 19, 22, 23, 26, 28, 31): each consumer takes every other tile of the walk whole
-//     (two 64-row accumulator sets), the two taking turns on the tensor cores, one's store under
-//     the other's MMAs;
-//   EPI_BIAS_SMEM (18-33): each consumer copies its tile's bias into shared memory (cp.async)
+//   EPI_LEAN (15-34): tiles wholly inside the output stored without checks, GELU on tanh.approx;
+//   WS_PINGPONG (17, 19, 22, 23, 26, 28, 31, 34): each consumer takes every other tile of the walk
+//     whole (two 64-row accumulator sets; one on stage 34's 64-row tiles), the two taking turns on
+//     the tensor cores, one's store under the other's MMAs;
+//   EPI_BIAS_SMEM (18-34): each consumer copies its tile's bias into shared memory (cp.async)
 //     while the MMAs run, and its store reads it there;
-//   EPI_STAGED (21-33): an interior tile's accumulators pass through a shared staging buffer per
+//   EPI_STAGED (21-34): an interior tile's accumulators pass through a shared staging buffer per
 //     warp, 32 columns at a time, so that the tail's loads and the stores are row-contiguous
 //     float4s: each warp instruction covers four whole 128-byte lines instead of 32 bytes of 8;
-//   WS_PDL (25-33): programmatic dependent launch. Every block lets the next grid in the stream
+//   WS_PDL (25-34): programmatic dependent launch. Every block lets the next grid in the stream
 //     launch as soon as it starts, and waits for the previous grid (its completion and the
 //     visibility of its writes) after the prologue and before its first global access, so the
 //     launch and the prologue of one GEMM run under the tail of the one before. Rust launches these
 //     stages with the programmatic-serialization attribute;
-//   WS_WEIGHTS_EARLY (27-33): with WS_PDL, the producer issues the W tiles of the block's first
+//   WS_WEIGHTS_EARLY (27-34): with WS_PDL, the producer issues the W tiles of the block's first
 //     WG_STAGES K steps before it waits for the previous grid (the weights are no grid's output:
 //     the caller's contract), so their fetch from DRAM also runs under that grid's tail; the
 //     consumers wait for the previous grid on their own;
-//   WS_PDL_LAST_TILE (30-33): with WS_PDL, a block lets the next grid launch only when its
+//   WS_PDL_LAST_TILE (30-34): with WS_PDL, a block lets the next grid launch only when its
 //     producer starts the block's last tile, not as the block starts: the next grid is then
 //     pending only for the run's last tile round, not for all of it;
 //   WS_STREAM_K (33): the schedule's last `sk.tiles` tiles are shared out by K steps: their steps,
@@ -60,17 +60,22 @@
 
 // The tile's rows: 128 (two consumer warpgroups of 64 rows) in stages 9-15; stage 16's stage list
 // sets 192 (three consumers of 64 rows), stage 32's 256 (two consumers of 128 rows, each holding
-// two 64-row accumulator sets).
+// two 64-row accumulator sets), stage 34's 64 (two ping-pong consumers, each on tiles of its own).
 #ifndef WS_BM
 #define WS_BM 128
 #endif
-#if WS_BM != 128 && WS_BM != 192 && WS_BM != 256
-#error "WS_BM must be 128, 192 or 256 (consumer warpgroups of 64 rows, or two of 128 at 256)"
+#if WS_BM != 64 && WS_BM != 128 && WS_BM != 192 && WS_BM != 256
+#error "WS_BM must be 64, 128, 192 or 256 (consumer warpgroups of 64 rows, or two of 128 at 256)"
 #endif
 #if WS_BM == 256
 #define WS_CONSUMERS 2
 #if WS_BN == 256 || defined(WS_PINGPONG) || defined(WS_MULTICAST) || defined(EPI_TMA_STORE)
 #error "WS_BM 256: two cooperative consumers of two 64 x WS_BN sets each, WS_BN <= 192, storing from registers"
+#endif
+#elif WS_BM == 64
+#define WS_CONSUMERS 2
+#if !defined(WS_PINGPONG) || defined(WS_MULTICAST)
+#error "WS_BM 64: two ping-pong consumers taking turns on 64-row tiles, without clusters"
 #endif
 #else
 #define WS_CONSUMERS (WS_BM / 64)
@@ -95,10 +100,10 @@
 #if WS_CONSUMERS != 2 || defined(EPI_TMA_STORE)
 #error "WS_PINGPONG takes two consumers of 128-row tiles, storing from registers"
 #endif
-#if WS_BN == 256
-#error "WS_BN <= 192 with WS_PINGPONG: a consumer holds two 64 x WS_BN accumulator sets"
+#if WS_BN == 256 && WS_BM != 64
+#error "WS_BN <= 192 with WS_PINGPONG on 128-row tiles: a consumer holds two 64 x WS_BN accumulator sets"
 #endif
-#define WS_SETS 2         // 64-row accumulator sets per consumer: it takes the whole 128-row tile
+#define WS_SETS (WS_BM / 64)  // 64-row accumulator sets per consumer: it takes the whole tile
 #define WS_STAGE_USERS 1  // consumers that read each ring stage
 #else
 #define WS_SETS (WS_BM / 64 / WS_CONSUMERS)  // 2 at WS_BM 256: a consumer's 128 rows
@@ -155,7 +160,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-// Stages 15-32: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
+// Stages 15-32 and 34: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
 #define LEAN_ENTRY(name, tail)                                                                               \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
@@ -220,7 +225,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #ifndef EPI_BIAS_SMEM
 #error "EPI_STAGED reads the bias from EPI_BIAS_SMEM's copy"
 #endif
-// Stages 21-33: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
+// Stages 21-34: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
 #define EPI_STAGING_BYTES (16 * 128)
 #undef WS_EPI_BYTES
 #define WS_EPI_BYTES (WS_CONSUMERS * 4 * EPI_STAGING_BYTES)
@@ -376,7 +381,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         if (tid == 0) {
             int it = 0;
 #ifdef WS_WEIGHTS_EARLY
-            // Stages 27-33: the first item's first ring stages get their W tiles (and the whole
+            // Stages 27-34: the first item's first ring stages get their W tiles (and the whole
             // stage's byte count) now; their A tiles follow the wait, in the loop below.
             int early = 0;
 #ifdef WS_STREAM_K
@@ -418,7 +423,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 const bool last = i + stride >= entries;
 #endif
 #ifdef WS_PDL_LAST_TILE
-                // Stages 30-33: the block's last item; the first invocation in a block is the one
+                // Stages 30-34: the block's last item; the first invocation in a block is the one
                 // that counts, and this thread is the only one to make it.
                 if (last) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
@@ -453,7 +458,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
 #ifdef WS_WEIGHTS_EARLY
-    // Stages 27-33: the consumers wait for the previous grid here (the producer did on its own).
+    // Stages 27-34: the consumers wait for the previous grid here (the producer did on its own).
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
     // A consumer's release of a ring stage: to its own block, or with clusters to both (either
@@ -485,7 +490,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     const float* bias_s = reinterpret_cast<const float*>(smem_raw + (bias_copy - smem_u32(smem_raw)));
 #endif
 #ifdef EPI_STAGED
-    // Stages 21-33: this warp's staging buffer, after the bias copies (a shared-window address:
+    // Stages 21-34: this warp's staging buffer, after the bias copies (a shared-window address:
     // 32-bit, so the store's few loop-invariant addresses cost one register each).
     const unsigned staging = base + WG_STAGES * WS_STAGE_BYTES + WS_BIAS_BYTES + (4 * c + warp) * EPI_STAGING_BYTES;
     // Their store reads the bias copy unconditionally (a branch on the bias costs the 192-wide
@@ -563,14 +568,14 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // row offsets per thread, the column an immediate. `epilogue` is a constant in each of
         // stage 15's entries, so only its own tail is compiled in.
 #ifdef EPI_STAGED
-        // Stages 21-33's float4 stores need every row 16-byte aligned.
+        // Stages 21-34's float4 stores need every row 16-byte aligned.
         const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && (N & 3) == 0;
 #else
         const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && pairs;
 #endif
         if (interior) {
 #ifdef EPI_STAGED
-            // Stages 21-33: per 32 columns, the warp writes its 16 rows of accumulators into
+            // Stages 21-34: per 32 columns, the warp writes its 16 rows of accumulators into
             // its staging buffer in the wgmma layout (8-byte pieces; 16-byte piece p of row r at
             // p ^ (r % 8), so a write takes the two wavefronts 256 bytes need), then reads them
             // back a row-contiguous float4 per lane (8 lanes a 128-byte row, 4 rows an

@@ -76,7 +76,7 @@ enum Plan {
     Wgmma,
     /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
     WarpSpecialized,
-    /// Stages 9-33, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
+    /// Stages 9-34, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
     /// stage compiles in is read from its `.cu`'s `#define`s and the stage list's defines
     /// ([`Switches::of`]); the plan says what the host decides: the entry, how the tail is passed,
     /// the tile width and the ring depth.
@@ -473,6 +473,16 @@ fn stages() -> Vec<Variant> {
         )
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("SK_FIXUP", 2)])
         .with_sweep("SK_FIXUP", &[1, 2, 4, 8]),
+        wave_fit(
+            34,
+            "ping-pong-64",
+            "linear-bf16/34_ping_pong_64.cu",
+            ("linear_bf16_ping_pong_64", TailArgs::Residual),
+            Ring::Tunable,
+            "stage 31 on 64-row tiles, one accumulator set a consumer: at N = 768 two tiles an SM, half the store hidden",
+        )
+        .with_defines(vec![Define::new("WS_BM", "64"), Define::new("WS_BN", "256")])
+        .with_sweep("WG_STAGES", &[3, 4, 5, 6]),
         Variant::library(
             FAMILY,
             OP,
@@ -729,13 +739,17 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
             // 128 x WS_BN (a tunable); the wave-fitted stages: the wave model's width; stage 16: the
-            // stage list's WS_BM x WS_BN; the ping-pong stages: 128 x WS_BN (a tunable); stage 32:
-            // the stage list's WS_BM, the wave model's width.
+            // stage list's WS_BM x WS_BN; the ping-pong stages: 128 x WS_BN (a tunable); stages 32
+            // and 34: the stage list's WS_BM, the wave model's width.
             let tile_m = if v.define("WS_BM").is_some() { define_u32(v, "WS_BM")? } else { TILE_M as u32 };
-            require([128, 192, 256].contains(&tile_m), "WS_BM in {128, 192, 256}", || format!("WS_BM = {tile_m}"))?;
-            // A consumer warpgroup per 64 rows, or two of 128 rows (two accumulator sets each).
-            let consumers = if tile_m == 256 { 2 } else { tile_m / 64 };
-            let two_sets = sw.ping_pong || tile_m == 256;
+            let rows_ok = [128, 192, 256].contains(&tile_m) || (tile_m == 64 && sw.ping_pong);
+            require(rows_ok, "WS_BM in {128, 192, 256}, or 64 with ping-pong consumers", || {
+                format!("WS_BM = {tile_m}")
+            })?;
+            // A consumer warpgroup per 64 rows, or two of 128 rows (two accumulator sets each), or
+            // two taking turns on 64-row tiles (stage 34).
+            let consumers = if tile_m == 256 || tile_m == 64 { 2 } else { tile_m / 64 };
+            let two_sets = (sw.ping_pong && tile_m == 128) || tile_m == 256;
             let widths: &[u32] = if two_sets { &TWO_SETS_WIDTHS } else { &ONE_SET_WIDTHS };
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count, tile_m, widths);
             // Stage 33: the width and the tiles shared out by K steps, from one model.
@@ -861,7 +875,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 
 /// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
 /// patterns, `bias` N fp32 (present exactly when prepared with one), `residual` M·N fp32 (present
-/// exactly with the residual tail). Stages 27-33 read `weight` while the kernel before them in
+/// exactly with the residual tail). Stages 27-34 read `weight` while the kernel before them in
 /// the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
 /// output (prepared weights never are).
 pub struct LinearBf16Args<'a> {
@@ -874,13 +888,13 @@ pub struct LinearBf16Args<'a> {
 
 impl Prepared {
     /// Whether the call is launched as a programmatic dependent of the kernel before it in the
-    /// stream (stages 25-33): it may start under that kernel's tail.
+    /// stream (stages 25-34): it may start under that kernel's tail.
     pub fn dependent_launch(&self) -> bool {
         matches!(&self.stage, Stage::Tma { launch, .. } if launch.shape().dependent)
     }
 
     /// Whether the call reads `weight` before the kernel before it in the stream has finished
-    /// (stages 27-33): `weight` must not be written by that kernel.
+    /// (stages 27-34): `weight` must not be written by that kernel.
     pub fn reads_weight_early(&self) -> bool {
         self.weight_early
     }
@@ -1185,7 +1199,7 @@ mod tests {
             }
             files += 1;
         }
-        assert_eq!(files, 25, "stages 9-33");
+        assert_eq!(files, 26, "stages 9-34");
         let of = |stage: u32| Switches::of(&LinearBf16.variants().into_iter().find(|v| v.stage == stage).unwrap());
         let none = Switches::default();
         assert_eq!(of(9), none);
@@ -1197,7 +1211,8 @@ mod tests {
         assert_eq!(of(32), early);
         let dependents: Vec<u32> =
             LinearBf16.variants().iter().filter(|v| Switches::of(v).dependent_launch).map(|v| v.stage).collect();
-        assert_eq!(dependents, (25..=33).collect::<Vec<_>>());
+        assert_eq!(dependents, (25..=34).collect::<Vec<_>>());
+        assert_eq!(of(34), Switches { ping_pong: true, ..early });
         assert_eq!(of(33), Switches { stream_k: true, ..early });
     }
 
@@ -1256,6 +1271,16 @@ mod tests {
         assert_eq!(fit(4096, 768), 128, "N = 768: one round either way (96 or 64 tiles)");
         assert_eq!(fit(4100, 2308), 192, "the GPU test's ragged shape for 192: 3 rounds of 128 or 2 of 192");
         assert_eq!(two_sets_width(192, Tail::Residual), 128, "the residual entry spills at 192");
+    }
+
+    /// Stage 34's widths: 64-row tiles, one accumulator set a consumer.
+    #[test]
+    fn wave_fit_of_64_row_tiles() {
+        let fit = |m, n| wave_fit_width(m, n, 132, 64, &ONE_SET_WIDTHS);
+        assert_eq!(fit(4096, 768), 192, "N = 768: 256 tiles, two an SM on 124 SMs");
+        assert_eq!(fit(4096, 2304), 192, "QKV: 6 rounds of 192, 5 of 256");
+        assert_eq!(fit(4096, 3072), 256, "MLP up: a three-way tie, the widest");
+        assert_eq!(fit(4096, 4096), 256, "4096^3: 8 rounds of 256");
     }
 
     /// Stage 33's model at the default shapes on 132 SMs: stream-K where a partial last wave is

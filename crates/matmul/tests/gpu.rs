@@ -92,10 +92,10 @@ fn bad_bias_alignment(gpu: &Gpu) {
     assert!(gpu.download(&out).unwrap().iter().all(|&x| x == 65.0), "aligned bias: wrong out");
 }
 
-/// Stages 25 to 33 may start while the kernel before them runs: a GEMM whose residual is the
+/// Stages 25 to 34 may start while the kernel before them runs: a GEMM whose residual is the
 /// output of the GEMM launched just before it must still read that output whole. The first GEMM
 /// (itself a dependent-launch stage, which lets its dependents launch as it starts, or in stages
-/// 30-33 as each block starts its last item, here the stragglers' last) has one more row panel of
+/// 30-34 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
 /// 256-row tiles than there are SMs (two more of 128 rows), deep in K: one or two blocks compute
 /// a tile long after the others have left their SMs to the second GEMM, whose K = 8 tiles reach
 /// their residual reads within a microsecond. Without `griddepcontrol.wait` the blocks that take
@@ -150,7 +150,7 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
         assert!(rel <= 1e-2, "{}: relative L2 error {rel:e}", v.id());
         tested += 1;
     }
-    assert_eq!(tested, 9, "stages 25 to 33 launch as dependents");
+    assert_eq!(tested, 10, "stages 25 to 34 launch as dependents");
 }
 
 fn main() -> std::process::ExitCode {
