@@ -482,7 +482,7 @@ fn stages() -> Vec<Variant> {
             "stage 31 on 64-row tiles, one accumulator set a consumer: at N = 768 two tiles an SM, half the store hidden",
         )
         .with_defines(vec![Define::new("WS_BM", "64"), Define::new("WS_BN", "256")])
-        .with_sweep("WG_STAGES", &[3, 4, 5, 6]),
+        .with_sweep("WG_STAGES", &[3, 4, 5]),
         Variant::library(
             FAMILY,
             OP,
