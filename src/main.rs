@@ -226,6 +226,13 @@ enum Command {
         /// `fastest` plans use the one saved at the model's shape).
         #[arg(long)]
         save_best: bool,
+        /// Time the points back to back, N per pair of events (as `ladder run --back-to-back`).
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        back_to_back: u32,
+        /// Time the points in N interleaved rounds, samples pooled (as `ladder run --rounds`): a
+        /// drift of the clock reaches every point alike.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+        rounds: u32,
         #[arg(long)]
         quick: bool,
         #[arg(long)]
@@ -576,9 +583,24 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             println!("{passed} verified, {failed} failed, {skipped} n/a");
             Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Sweep { family, op, stage, defines, shape, all_shapes, out, save_best, quick, seed } => {
+        Command::Sweep {
+            family,
+            op,
+            stage,
+            defines,
+            shape,
+            all_shapes,
+            out,
+            save_best,
+            back_to_back,
+            rounds,
+            quick,
+            seed,
+        } => {
             let ops = select_ops(&family, op.as_deref())?;
-            let timing = if quick { TimingConfig::quick() } else { TimingConfig::default() };
+            let mut timing = if quick { TimingConfig::quick() } else { TimingConfig::default() };
+            timing.batch = back_to_back as usize;
+            timing.rounds = rounds as usize;
             let req = instruments::SweepRequest {
                 ops,
                 stage,

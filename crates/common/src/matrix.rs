@@ -95,7 +95,9 @@ fn summary_cells(line: &Line) -> [String; 3] {
 }
 
 /// The caption of one op's matrix: the op, the device and how its times were taken.
-fn caption(t: &Table) -> String {
+/// How a table's times were taken: `each run between its own events`, `CUDA-graph replays` or
+/// `N runs back to back per pair of events`, and `, N interleaved rounds` past one.
+pub fn mode(t: &Table) -> String {
     let mode = match (t.graph, t.batch > 1) {
         (false, false) => "each run between its own events".to_string(),
         (true, false) => "CUDA-graph replays".to_string(),
@@ -104,7 +106,11 @@ fn caption(t: &Table) -> String {
         }
     };
     let rounds = if t.rounds > 1 { format!(", {} interleaved rounds", t.rounds) } else { String::new() };
-    format!("{}/{} on {} ({mode}{rounds})", t.family, t.op, t.device)
+    format!("{mode}{rounds}")
+}
+
+fn caption(t: &Table) -> String {
+    format!("{}/{} on {} ({})", t.family, t.op, t.device, mode(t))
 }
 
 /// The matrices of `tables`: one per op and timing mode, in the order the tables come, each line a

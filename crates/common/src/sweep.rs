@@ -16,6 +16,8 @@ pub struct SweepSummary {
     pub op: String,
     pub shape: String,
     pub device: String,
+    /// How the points were timed ([`crate::matrix::mode`]).
+    pub mode: String,
     pub stage: u32,
     /// The declared stage's name.
     pub name: String,
@@ -52,6 +54,7 @@ impl SweepSummary {
             op: table.op.clone(),
             shape: table.shape.clone(),
             device: table.device.clone(),
+            mode: crate::matrix::mode(table),
             stage: base.stage,
             name: base.name.to_string(),
             axes: axes.to_vec(),
@@ -133,14 +136,15 @@ impl SweepSummary {
 
     fn title(&self) -> String {
         format!(
-            "sweep {}/{}/{:02}-{} over {}  shape {}  on {}",
+            "sweep {}/{}/{:02}-{} over {}  shape {}  on {} ({})",
             self.family,
             self.op,
             self.stage,
             self.name,
             self.axes.join(" x "),
             self.shape,
-            self.device
+            self.device,
+            self.mode
         )
     }
 
@@ -248,6 +252,7 @@ mod tests {
         assert!(matches!(s.points[3].status, Status::Skipped(_)), "n/a points last");
         let text = s.text();
         assert!(text.contains("T=256 *") && text.contains("2.00x the declared"), "{text}");
+        assert!(text.lines().next().unwrap().ends_with("(each run between its own events)"), "{text}");
         let tuned = s.tuned().unwrap();
         assert_eq!(tuned.config, vec![("T".to_string(), 1024), ("U".to_string(), 4)]);
         assert_eq!(tuned.default_ms, Some(2.0));

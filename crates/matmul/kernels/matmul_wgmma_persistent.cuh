@@ -1,14 +1,14 @@
-// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-32
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-34
 // (each stage's header says what it adds). A grid of one block per SM walks the output tiles in
 // groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load (the smem ring and its phases
 // continue across tiles), the consumer warpgroups (WS_BM / 64 of them, 64 rows each; two of 128
 // rows at WS_BM 256) issue wgmma.m64nWS_BNk16 and store. The tile is WS_BM x WS_BN: WS_BM is 128,
-// 192 in stage 16, 256 in stage 32;
+// 192 in stage 16, 256 in stage 32, 64 in stage 34;
 // WS_BN is 128, 192 or 256: 256 has the most reuse per loaded byte; 192 divides GPT-2's 768 into 4
 // columns, so N = 768 at M = 4096 is 128 tiles (one wave on 132 SMs) instead of 96 at 256. With
-// TAIL (stages 10-32), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
+// TAIL (stages 10-34), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
 // product, 2 adds `residual`; stage 9 instantiates it without. Switches of the later stages:
-//   EPI_PREFETCH (12, 14-32): a chunk's bias and residual loads batched before its stores;
+//   EPI_PREFETCH (12, 14-34): a chunk's bias and residual loads batched before its stores;
 //   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
 //     (`map_out`) while the consumer goes on;
 //   WS_MULTICAST (14, 20, 23, 24): clusters of 2 along M walk pairs of vertically adjacent tiles,
@@ -16,27 +16,34 @@
 //     into both, and a ring stage is refilled only once the consumers of both blocks have released
 //     it (with WS_PINGPONG the two blocks' walks are the same, so the same consumer of each reads
 //     it);
-//   EPI_LEAN (15-32): tiles wholly inside the output stored without checks, GELU on tanh.approx;
-//   WS_PINGPONG (17, 19, 22, 23, 26, 28, 31): each consumer takes every other tile of the walk whole
-//     (two 64-row accumulator sets), the two taking turns on the tensor cores, one's store under
-//     the other's MMAs;
-//   EPI_BIAS_SMEM (18-32): each consumer copies its tile's bias into shared memory (cp.async)
+//   EPI_LEAN (15-34): tiles wholly inside the output stored without checks, GELU on tanh.approx;
+//   WS_PINGPONG (17, 19, 22, 23, 26, 28, 31, 34): each consumer takes every other tile of the walk
+//     whole (two 64-row accumulator sets; one on stage 34's 64-row tiles), the two taking turns on
+//     the tensor cores, one's store under the other's MMAs;
+//   EPI_BIAS_SMEM (18-34): each consumer copies its tile's bias into shared memory (cp.async)
 //     while the MMAs run, and its store reads it there;
-//   EPI_STAGED (21-32): an interior tile's accumulators pass through a shared staging buffer per
+//   EPI_STAGED (21-34): an interior tile's accumulators pass through a shared staging buffer per
 //     warp, 32 columns at a time, so that the tail's loads and the stores are row-contiguous
 //     float4s: each warp instruction covers four whole 128-byte lines instead of 32 bytes of 8;
-//   WS_PDL (25-32): programmatic dependent launch. Every block lets the next grid in the stream
+//   WS_PDL (25-34): programmatic dependent launch. Every block lets the next grid in the stream
 //     launch as soon as it starts, and waits for the previous grid (its completion and the
 //     visibility of its writes) after the prologue and before its first global access, so the
 //     launch and the prologue of one GEMM run under the tail of the one before. Rust launches these
 //     stages with the programmatic-serialization attribute;
-//   WS_WEIGHTS_EARLY (27-32): with WS_PDL, the producer issues the W tiles of the block's first
+//   WS_WEIGHTS_EARLY (27-34): with WS_PDL, the producer issues the W tiles of the block's first
 //     WG_STAGES K steps before it waits for the previous grid (the weights are no grid's output:
 //     the caller's contract), so their fetch from DRAM also runs under that grid's tail; the
 //     consumers wait for the previous grid on their own;
-//   WS_PDL_LAST_TILE (30-32): with WS_PDL, a block lets the next grid launch only when its
+//   WS_PDL_LAST_TILE (30-34): with WS_PDL, a block lets the next grid launch only when its
 //     producer starts the block's last tile, not as the block starts: the next grid is then
-//     pending only for the run's last tile round, not for all of it.
+//     pending only for the run's last tile round, not for all of it;
+//   WS_STREAM_K (33): the schedule's last `sk.tiles` tiles are shared out by K steps: their steps,
+//     numbered tile by tile, are cut into gridDim.x contiguous ranges (one per block, lengths
+//     differing by at most one), run after the block's data-parallel tiles. A tile cut between
+//     blocks is finished by the block holding its first K step (the end of that block's range);
+//     every other block that holds a part of it writes its accumulators to its slot of
+//     `sk.partials` and raises its flag, which the finishing block waits for, adds in block order
+//     and lowers again for the next launch.
 #pragma once
 #include "matmul_wgmma.cuh"
 
@@ -53,17 +60,22 @@
 
 // The tile's rows: 128 (two consumer warpgroups of 64 rows) in stages 9-15; stage 16's stage list
 // sets 192 (three consumers of 64 rows), stage 32's 256 (two consumers of 128 rows, each holding
-// two 64-row accumulator sets).
+// two 64-row accumulator sets), stage 34's 64 (two ping-pong consumers, each on tiles of its own).
 #ifndef WS_BM
 #define WS_BM 128
 #endif
-#if WS_BM != 128 && WS_BM != 192 && WS_BM != 256
-#error "WS_BM must be 128, 192 or 256 (consumer warpgroups of 64 rows, or two of 128 at 256)"
+#if WS_BM != 64 && WS_BM != 128 && WS_BM != 192 && WS_BM != 256
+#error "WS_BM must be 64, 128, 192 or 256 (consumer warpgroups of 64 rows, or two of 128 at 256)"
 #endif
 #if WS_BM == 256
 #define WS_CONSUMERS 2
 #if WS_BN == 256 || defined(WS_PINGPONG) || defined(WS_MULTICAST) || defined(EPI_TMA_STORE)
 #error "WS_BM 256: two cooperative consumers of two 64 x WS_BN sets each, WS_BN <= 192, storing from registers"
+#endif
+#elif WS_BM == 64
+#define WS_CONSUMERS 2
+#if !defined(WS_PINGPONG) || defined(WS_MULTICAST)
+#error "WS_BM 64: two ping-pong consumers taking turns on 64-row tiles, without clusters"
 #endif
 #else
 #define WS_CONSUMERS (WS_BM / 64)
@@ -88,10 +100,10 @@
 #if WS_CONSUMERS != 2 || defined(EPI_TMA_STORE)
 #error "WS_PINGPONG takes two consumers of 128-row tiles, storing from registers"
 #endif
-#if WS_BN == 256
-#error "WS_BN <= 192 with WS_PINGPONG: a consumer holds two 64 x WS_BN accumulator sets"
+#if WS_BN == 256 && WS_BM != 64
+#error "WS_BN <= 192 with WS_PINGPONG on 128-row tiles: a consumer holds two 64 x WS_BN accumulator sets"
 #endif
-#define WS_SETS 2         // 64-row accumulator sets per consumer: it takes the whole 128-row tile
+#define WS_SETS (WS_BM / 64)  // 64-row accumulator sets per consumer: it takes the whole tile
 #define WS_STAGE_USERS 1  // consumers that read each ring stage
 #else
 #define WS_SETS (WS_BM / 64 / WS_CONSUMERS)  // 2 at WS_BM 256: a consumer's 128 rows
@@ -148,12 +160,22 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-// Stages 15-32: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
+// Stages 15-32 and 34: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
 #define LEAN_ENTRY(name, tail)                                                                               \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
              const float* bias, const float* residual, int M, int N, int K) {                                \
         persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, tail);                             \
+    }
+
+// Stage 33: an entry whose tail is the constant `tail`, with the stream-K arguments.
+#define STREAM_K_ENTRY(name, tail)                                                                           \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
+        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
+             const float* bias, const float* residual, int M, int N, int K, float* sk_partials,              \
+             unsigned* sk_flags, int sk_tiles) {                                                             \
+        persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, tail, nullptr,                     \
+                              StreamK{sk_partials, sk_flags, sk_tiles});                                     \
     }
 
 #define EPI_CHUNK 8  // stage 12's and 13's column groups per batch of loads
@@ -186,6 +208,12 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define WS_BIAS_BYTES 0
 #endif
 
+#ifdef WS_STREAM_K
+#if WS_BM != 128 || defined(WS_PINGPONG) || defined(WS_MULTICAST) || defined(EPI_TMA_STORE) || !defined(EPI_BIAS_SMEM)
+#error "WS_STREAM_K: 128-row tiles of two cooperative consumers, stored from registers, the bias copied"
+#endif
+#endif
+
 #if defined(WS_PDL_LAST_TILE) && !defined(WS_PDL)
 #error "WS_PDL_LAST_TILE moves WS_PDL's trigger"
 #endif
@@ -197,7 +225,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #ifndef EPI_BIAS_SMEM
 #error "EPI_STAGED reads the bias from EPI_BIAS_SMEM's copy"
 #endif
-// Stages 21-32: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
+// Stages 21-34: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
 #define EPI_STAGING_BYTES (16 * 128)
 #undef WS_EPI_BYTES
 #define WS_EPI_BYTES (WS_CONSUMERS * 4 * EPI_STAGING_BYTES)
@@ -217,6 +245,65 @@ __device__ __forceinline__ float2 load_pair(const float* p, int col, int N, bool
     return make_float2(p[col], col + 1 < N ? p[col + 1] : 0.0f);
 }
 
+// Stage 33's stream-K arguments: per block and consumer, a slot of 64 x WS_BN partial sums and a
+// flag (zero between launches); the number of tiles at the end of the schedule shared out by K steps.
+struct StreamK {
+    float* partials;
+    unsigned* flags;
+    int tiles;
+};
+
+// One item of a block's work: schedule entry `entry`, K steps [kb, ke).
+struct Work {
+    int entry, kb, ke;
+};
+
+#ifdef WS_STREAM_K
+// Stage 33: a block's work in order (see WS_STREAM_K above). The producer and the consumers each
+// walk a copy, so they agree on every item.
+struct WorkList {
+    int dp, ktiles, next_dp, stride, pos, end, total, grid;
+    // The first stream-K step of block b: ranges of total / grid steps, the first total % grid of
+    // them one longer.
+    __device__ int range_begin(int b) const {
+        return b * (total / grid) + min(b, total % grid);
+    }
+    // The block whose range holds stream-K step p.
+    __device__ int owner(int p) const {
+        const int base = total / grid, longer = total % grid, split = longer * (base + 1);
+        return p < split ? p / (base + 1) : longer + (p - split) / base;  // base > 0 when p >= split
+    }
+    __device__ WorkList(int entries, int sk_tiles, int ktiles_, int block, int grid_) {
+        dp = entries - sk_tiles;
+        ktiles = ktiles_;
+        next_dp = block;
+        stride = grid_;
+        grid = grid_;
+        total = sk_tiles * ktiles;
+        pos = range_begin(block);
+        end = range_begin(block + 1);
+    }
+    __device__ bool next(Work& w) {
+        if (next_dp < dp) {
+            w = Work{next_dp, 0, ktiles};
+            next_dp += stride;
+            return true;
+        }
+        if (pos >= end) return false;
+        const int t = pos / ktiles;
+        w.entry = dp + t;
+        w.kb = pos - t * ktiles;
+        w.ke = min(ktiles, w.kb + (end - pos));
+        pos += w.ke - w.kb;
+        return true;
+    }
+    // Whether the item next() returned last was the block's last.
+    __device__ bool done() const {
+        return next_dp >= dp && pos >= end;
+    }
+};
+#endif
+
 // One K step of 16 for a consumer's 64 x WS_BN accumulators.
 __device__ __forceinline__ void wgmma_tile(float (&d)[WS_BN / 2], unsigned long long a, unsigned long long b) {
 #if WS_BN == 256
@@ -231,7 +318,8 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[WS_BN / 2], unsigned long 
 template <bool TAIL>
 __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMap& map_b, float* out,
                                                 const float* bias, const float* residual, int M, int N, int K,
-                                                int epilogue, const TmaMap* map_out = nullptr) {
+                                                int epilogue, const TmaMap* map_out = nullptr,
+                                                const StreamK sk = StreamK{nullptr, nullptr, 0}) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the 128-byte swizzle's alignment
     auto a_tile = [&](int s) { return base + (unsigned)s * WS_STAGE_BYTES; };
@@ -293,9 +381,23 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         if (tid == 0) {
             int it = 0;
 #ifdef WS_WEIGHTS_EARLY
-            // Stages 27-32: the first tile's first ring stages get their W tiles (and the whole
+            // Stages 27-34: the first item's first ring stages get their W tiles (and the whole
             // stage's byte count) now; their A tiles follow the wait, in the loop below.
             int early = 0;
+#ifdef WS_STREAM_K
+            // Stage 33: the first item may start mid-tile.
+            WorkList peek(entries, sk.tiles, ktiles, blockIdx.x, gridDim.x);
+            Work w0;
+            if (peek.next(w0)) {
+                int tm, tn;
+                schedule_tile(w0.entry, tiles_m, tiles_n, rank, tm, tn);
+                early = w0.ke - w0.kb < WG_STAGES ? w0.ke - w0.kb : WG_STAGES;
+                for (int j = 0; j < early; ++j) {
+                    mbar_expect_tx(full(j), WS_STAGE_BYTES);
+                    tma_load(b_tile(j), &map_b, full(j), (w0.kb + j) * WS_BK, tn * WS_BN);
+                }
+            }
+#else
             if (first < entries) {
                 int tm, tn;
                 schedule_tile(first, tiles_m, tiles_n, rank, tm, tn);
@@ -305,20 +407,29 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                     tma_load(b_tile(kt), &map_b, full(kt), kt * WS_BK, tn * WS_BN);
                 }
             }
+#endif
             // Only this thread of the producer warpgroup touches global memory (through the TMA).
             asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #else
             const int early = 0;
 #endif
+#ifdef WS_STREAM_K
+            WorkList work(entries, sk.tiles, ktiles, blockIdx.x, gridDim.x);
+            for (Work w; work.next(w);) {
+                const bool last = work.done();
+#else
             for (int i = first; i < entries; i += stride) {
+                const Work w{i, 0, ktiles};
+                const bool last = i + stride >= entries;
+#endif
 #ifdef WS_PDL_LAST_TILE
-                // Stages 30-32: the block's last tile; the first invocation in a block is the one
+                // Stages 30-34: the block's last item; the first invocation in a block is the one
                 // that counts, and this thread is the only one to make it.
-                if (i + stride >= entries) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+                if (last) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
                 int tm, tn;
-                schedule_tile(i, tiles_m, tiles_n, rank, tm, tn);
-                for (int kt = 0; kt < ktiles; ++kt, ++it) {
+                schedule_tile(w.entry, tiles_m, tiles_n, rank, tm, tn);
+                for (int kt = w.kb; kt < w.ke; ++kt, ++it) {
                     const int s = it % WG_STAGES;
                     if (it >= WG_STAGES) mbar_wait(empty(s), ((it / WG_STAGES) - 1) & 1);
                     if (it >= early) mbar_expect_tx(full(s), WS_STAGE_BYTES);
@@ -347,7 +458,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
 #ifdef WS_WEIGHTS_EARLY
-    // Stages 27-32: the consumers wait for the previous grid here (the producer did on its own).
+    // Stages 27-34: the consumers wait for the previous grid here (the producer did on its own).
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
     // A consumer's release of a ring stage: to its own block, or with clusters to both (either
@@ -379,7 +490,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     const float* bias_s = reinterpret_cast<const float*>(smem_raw + (bias_copy - smem_u32(smem_raw)));
 #endif
 #ifdef EPI_STAGED
-    // Stages 21-32: this warp's staging buffer, after the bias copies (a shared-window address:
+    // Stages 21-34: this warp's staging buffer, after the bias copies (a shared-window address:
     // 32-bit, so the store's few loop-invariant addresses cost one register each).
     const unsigned staging = base + WG_STAGES * WS_STAGE_BYTES + WS_BIAS_BYTES + (4 * c + warp) * EPI_STAGING_BYTES;
     // Their store reads the bias copy unconditionally (a branch on the bias costs the 192-wide
@@ -457,14 +568,14 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // row offsets per thread, the column an immediate. `epilogue` is a constant in each of
         // stage 15's entries, so only its own tail is compiled in.
 #ifdef EPI_STAGED
-        // Stages 21-32's float4 stores need every row 16-byte aligned.
+        // Stages 21-34's float4 stores need every row 16-byte aligned.
         const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && (N & 3) == 0;
 #else
         const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && pairs;
 #endif
         if (interior) {
 #ifdef EPI_STAGED
-            // Stages 21-32: per 32 columns, the warp writes its 16 rows of accumulators into
+            // Stages 21-34: per 32 columns, the warp writes its 16 rows of accumulators into
             // its staging buffer in the wgmma layout (8-byte pieces; 16-byte piece p of row r at
             // p ^ (r % 8), so a write takes the two wavefronts 256 bytes need), then reads them
             // back a row-contiguous float4 per lane (8 lanes a 128-byte row, 4 rows an
@@ -657,7 +768,15 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #ifdef WS_PINGPONG
     int walked = 0;  // the block's tiles so far, both consumers': consumer c takes the ones = c mod 2
 #endif
+#ifdef WS_STREAM_K
+    WorkList work(entries, sk.tiles, ktiles, blockIdx.x, gridDim.x);
+    for (Work w; work.next(w);) {
+        const bool stores = w.kb == 0;  // else this item's sums go to the block's slot
+#else
     for (int i = first; i < entries; i += stride) {
+        const Work w{i, 0, ktiles};
+        const bool stores = true;
+#endif
 #ifdef WS_PINGPONG
         // Stage 17: the other consumer's tile. Its K steps still take their turn in the ring.
         if ((walked++ & 1) != c) {
@@ -671,12 +790,12 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         if (walked > 1) mbar_wait(order(1 - c), ((walked - 2) >> 1) & 1);
 #endif
         int tm, tn;
-        schedule_tile(i, tiles_m, tiles_n, rank, tm, tn);
+        schedule_tile(w.entry, tiles_m, tiles_n, rank, tm, tn);
 #ifdef EPI_BIAS_SMEM
         // Stage 18: the tile's bias copied while the MMAs run, once every warp of this consumer is
         // done reading the previous tile's; zero-filled past N. The source is 16-byte aligned
         // (the host checks the bias pointer; tile columns start at multiples of 128).
-        if (bias != nullptr) {
+        if (bias != nullptr && stores) {
             named_barrier(1 + c, 128);
             for (int q = tid & 127; q < WS_BN / 4; q += 128) {
                 const int col = tn * WS_BN + 4 * q;
@@ -690,7 +809,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         for (int h = 0; h < WS_SETS; ++h)
 #pragma unroll
             for (int i = 0; i < WS_BN / 2; ++i) d[h][i] = 0.0f;
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        for (int kt = w.kb; kt < w.ke; ++kt, ++it) {
             const int s = it % WG_STAGES;
             mbar_wait(full(s), (it / WG_STAGES) & 1);
             const unsigned a = a_tile(s) + first_row * 128, b = b_tile(s);
@@ -703,17 +822,66 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             wgmma_commit();
             // The previous step's group is done: its stage can be refilled.
             wgmma_wait_one();
-            if (kt > 0 && (tid & 127) == 0) release(empty((it - 1) % WG_STAGES));
+            if (kt > w.kb && (tid & 127) == 0) release(empty((it - 1) % WG_STAGES));
         }
 #ifdef WS_PINGPONG
         if ((tid & 127) == 0) mbar_arrive(order(c));  // the other consumer's turn on the tensor cores
 #endif
         wgmma_wait_all();
         if ((tid & 127) == 0) release(empty((it - 1) % WG_STAGES));  // the tile's last stage
+#ifdef WS_STREAM_K
+        if (w.ke - w.kb < ktiles) {
+            // Stage 33: a tile cut between blocks. A consumer's slot holds its 64 x WS_BN sums as
+            // float4 groups, thread-minor (each warp instruction writes 512 contiguous bytes);
+            // L2 only (.cg), since another SM reads it.
+            const int lt = tid & 127;
+            auto slot = [&](int block) {
+                return reinterpret_cast<float4*>(sk.partials) + (size_t)(block * WS_CONSUMERS + c) * (WS_BN / 8) * 128;
+            };
+            unsigned* flag_of = sk.flags + c;
+            if (!stores) {
+                float4* p = slot(blockIdx.x);
+#pragma unroll
+                for (int j = 0; j < WS_BN / 2; j += 4)
+                    __stcg(p + (j / 4) * 128 + lt, make_float4(d[0][j], d[0][j + 1], d[0][j + 2], d[0][j + 3]));
+                named_barrier(1 + c, 128);  // the consumer's every store issued before the flag
+                if (lt == 0) {
+                    __threadfence();
+                    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(flag_of + blockIdx.x * WS_CONSUMERS)
+                                 : "memory");
+                }
+                continue;
+            }
+            // This block holds the tile's first K steps: the blocks after it up to the one holding
+            // its last step hold the rest, and wrote their sums at the start of their ranges.
+            const int first_step = (w.entry - work.dp) * ktiles;
+            const int holder = work.owner(first_step + ktiles - 1);
+            for (int b = blockIdx.x + 1; b <= holder; ++b) {
+                if (lt == 0) {
+                    unsigned* f = flag_of + b * WS_CONSUMERS;
+                    unsigned raised = 0;
+                    do {
+                        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(raised) : "l"(f) : "memory");
+                    } while (raised == 0);
+                    *f = 0;  // read once per launch: lowered for the next
+                }
+                named_barrier(1 + c, 128);
+                const float4* p = slot(b);
+#pragma unroll
+                for (int j = 0; j < WS_BN / 2; j += 4) {
+                    const float4 v = __ldcg(p + (j / 4) * 128 + lt);
+                    d[0][j] += v.x;
+                    d[0][j + 1] += v.y;
+                    d[0][j + 2] += v.z;
+                    d[0][j + 3] += v.w;
+                }
+            }
+        }
+#endif
 
         const int m0 = tm * WS_BM, n0 = tn * WS_BN;
 #ifdef EPI_BIAS_SMEM
-        if (bias != nullptr) {
+        if (bias != nullptr && stores) {
             cp_async_wait<0>();
             named_barrier(1 + c, 128);  // every thread's part of the copy has landed
         }

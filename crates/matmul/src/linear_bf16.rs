@@ -51,6 +51,9 @@ const TWO_SETS_BN: &str = "WS_BN <= 192 with two accumulator sets a consumer (WS
 const TWO_SETS_WIDTHS: [u32; 2] = [192, 128];
 /// The widths it picks from for 128-row tiles.
 const ONE_SET_WIDTHS: [u32; 3] = [256, 192, 128];
+/// The widths [`stream_k_fit`] picks from: stream-K takes care of the last wave, so the narrowest
+/// tile (the most bytes loaded per flop) is left out.
+const STREAM_K_WIDTHS: [u32; 2] = [256, 192];
 
 /// Stage 28's switches, set by the stage list rather than its `.cu`, so that leave-one-out can take
 /// each away (`ladder run matmul --op linear-bf16 --leave-one-out`).
@@ -73,7 +76,7 @@ enum Plan {
     Wgmma,
     /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
     WarpSpecialized,
-    /// Stages 9-32, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
+    /// Stages 9-34, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
     /// stage compiles in is read from its `.cu`'s `#define`s and the stage list's defines
     /// ([`Switches::of`]); the plan says what the host decides: the entry, how the tail is passed,
     /// the tile width and the ring depth.
@@ -133,6 +136,8 @@ struct Switches {
     multicast: bool,
     /// `EPI_TMA_STORE`: the output stored by the TMA through a tensor map.
     tma_store: bool,
+    /// `WS_STREAM_K`: the last tiles shared out by K steps, through a workspace of partial sums.
+    stream_k: bool,
 }
 
 impl Switches {
@@ -152,6 +157,7 @@ impl Switches {
             weights_early: on("WS_WEIGHTS_EARLY"),
             multicast: on("WS_MULTICAST"),
             tma_store: on("EPI_TMA_STORE"),
+            stream_k: on("WS_STREAM_K"),
         }
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
@@ -457,6 +463,26 @@ fn stages() -> Vec<Variant> {
             "stage 30 on 256-row tiles (cuBLASLt's shape), each consumer 128 rows in two accumulator sets",
         )
         .with_defines(vec![Define::new("WS_BM", "256"), Define::new("WS_BN", "128")]),
+        wave_fit(
+            33,
+            "stream-k",
+            "linear-bf16/33_stream_k.cu",
+            ("linear_bf16_stream_k", TailArgs::Residual),
+            Ring::Tunable,
+            "stage 30 with the last partial wave's tiles shared out by K steps over every SM (stream-K, fixed up in block order)",
+        )
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("SK_FIXUP", 2)])
+        .with_sweep("SK_FIXUP", &[1, 2, 4, 8]),
+        wave_fit(
+            34,
+            "ping-pong-64",
+            "linear-bf16/34_ping_pong_64.cu",
+            ("linear_bf16_ping_pong_64", TailArgs::Residual),
+            Ring::Tunable,
+            "stage 31 on 64-row tiles, one accumulator set a consumer: at N = 768 two tiles an SM, half the store hidden",
+        )
+        .with_defines(vec![Define::new("WS_BM", "64"), Define::new("WS_BN", "256")])
+        .with_sweep("WG_STAGES", &[3, 4, 5]),
         Variant::library(
             FAMILY,
             OP,
@@ -480,6 +506,29 @@ pub fn wave_fit_width(m: usize, n: usize, sms: u32, tile_m: u32, widths: &[u32])
         tiles.div_ceil(sms.max(1) as usize) * w as usize
     };
     widths.iter().copied().min_by_key(|&w| cost(w)).unwrap_or(128)
+}
+
+/// Stage 33's schedule for an M x N x K GEMM of 128-row tiles on `sms` SMs: of `widths` (widest
+/// first), the width and the number of tiles at the end of the schedule shared out by K steps, with
+/// the fewest K steps x width on the busiest SM. Data-parallel, a block runs `ceil(tiles / sms)`
+/// tiles of `K / 64` steps. Stream-K keeps the whole waves data-parallel and spreads the remaining
+/// tiles' steps over every SM (`ceil(rest x steps / sms)` more), at a price of `fixup_steps` steps
+/// for the partial sums a cut tile writes and reads; it is chosen only where that is cheaper.
+pub fn stream_k_fit(m: usize, n: usize, k: usize, sms: u32, widths: &[u32], fixup_steps: u32) -> (u32, u32) {
+    let sms = sms.max(1) as usize;
+    let steps = k.div_ceil(WG_BK as usize);
+    let plan = |w: u32| {
+        let tiles = m.div_ceil(TILE_M) * n.div_ceil(w as usize);
+        let data_parallel = tiles.div_ceil(sms) * steps;
+        let rest = tiles % sms;
+        let shared = (tiles / sms) * steps + (rest * steps).div_ceil(sms) + fixup_steps as usize;
+        if rest > 0 && shared < data_parallel {
+            (shared * w as usize, rest as u32)
+        } else {
+            (data_parallel * w as usize, 0)
+        }
+    };
+    widths.iter().map(|&w| (w, plan(w))).min_by_key(|&(_, (cost, _))| cost).map_or((128, 0), |(w, (_, sk))| (w, sk))
 }
 
 /// The tile width for a tail where a consumer holds two accumulator sets (the ping-pong stages,
@@ -570,8 +619,17 @@ enum Stage {
         store: Store,
         /// The bias is copied with cp.async (`Switches::copies_bias`): its address must be 16-byte aligned.
         bias_aligned: bool,
+        /// Stage 33's partial sums, flags and number of tiles shared out by K steps.
+        stream_k: Option<StreamKWorkspace>,
     },
     Lt(Lt),
+}
+
+/// Stage 33's workspace, owned by the prepared call (so two calls of it must not run at once).
+struct StreamKWorkspace {
+    partials: CudaSlice<f32>,
+    flags: CudaSlice<u32>,
+    tiles: u32,
 }
 
 /// The tail's arguments a TMA stage's entry takes after the bias.
@@ -681,15 +739,26 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             // Stage 7: 2 warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer
             // and 2 consumers on 128 x 256, a full and an empty mbarrier a stage. Stages 9 and 10:
             // 128 x WS_BN (a tunable); the wave-fitted stages: the wave model's width; stage 16: the
-            // stage list's WS_BM x WS_BN; the ping-pong stages: 128 x WS_BN (a tunable); stage 32:
-            // the stage list's WS_BM, the wave model's width.
+            // stage list's WS_BM x WS_BN; the ping-pong stages: 128 x WS_BN (a tunable); stages 32
+            // and 34: the stage list's WS_BM, the wave model's width.
             let tile_m = if v.define("WS_BM").is_some() { define_u32(v, "WS_BM")? } else { TILE_M as u32 };
-            require([128, 192, 256].contains(&tile_m), "WS_BM in {128, 192, 256}", || format!("WS_BM = {tile_m}"))?;
-            // A consumer warpgroup per 64 rows, or two of 128 rows (two accumulator sets each).
-            let consumers = if tile_m == 256 { 2 } else { tile_m / 64 };
-            let two_sets = sw.ping_pong || tile_m == 256;
+            let rows_ok = [128, 192, 256].contains(&tile_m) || (tile_m == 64 && sw.ping_pong);
+            require(rows_ok, "WS_BM in {128, 192, 256}, or 64 with ping-pong consumers", || {
+                format!("WS_BM = {tile_m}")
+            })?;
+            // A consumer warpgroup per 64 rows, or two of 128 rows (two accumulator sets each), or
+            // two taking turns on 64-row tiles (stage 34).
+            let consumers = if tile_m == 256 || tile_m == 64 { 2 } else { tile_m / 64 };
+            let two_sets = (sw.ping_pong && tile_m == 128) || tile_m == 256;
             let widths: &[u32] = if two_sets { &TWO_SETS_WIDTHS } else { &ONE_SET_WIDTHS };
             let fit = || wave_fit_width(d.m, d.n, gpu.info().sm_count, tile_m, widths);
+            // Stage 33: the width and the tiles shared out by K steps, from one model.
+            let stream_k = if sw.stream_k {
+                let fixup = v.tunable("SK_FIXUP")?;
+                Some(stream_k_fit(d.m, d.n, d.k, gpu.info().sm_count, &STREAM_K_WIDTHS, fixup))
+            } else {
+                None
+            };
             // Stage 15 on: the entry of the shape's tail.
             let per_tail = |base: &str| match d.tail {
                 Tail::None => base.to_string(),
@@ -700,7 +769,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 (Plan::Wgmma, _) => 128,
                 (Plan::WarpSpecialized, _) => 256,
                 (_, Some(Width::Defined)) => define_u32(v, "WS_BN")?,
-                (_, Some(Width::Fitted)) => fit(),
+                (_, Some(Width::Fitted)) => stream_k.map_or_else(fit, |(width, _)| width),
                 _ => v.tunable("WS_BN")?,
             };
             let tile_n = if two_sets { two_sets_width(tile_n, d.tail) } else { tile_n };
@@ -759,11 +828,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let entry = entry.as_str();
             let launch = if matches!(plan, Plan::Persistent { .. }) {
                 // One block per SM (the ring takes most of an SM's shared memory), at most one per
-                // tile; with clusters, one cluster per entry of the schedule (stage 14: pairs of
-                // tiles), at most as many as run at once.
+                // tile (stage 33 sharing tiles out by K steps: every SM); with clusters, one
+                // cluster per entry of the schedule (stage 14: pairs of tiles), at most as many as
+                // run at once.
                 let ctas = sw.cluster();
                 let entries = tiles_m.div_ceil(ctas) * tiles_n;
-                let blocks = ctas * entries.min(gpu.info().sm_count / ctas);
+                let shares = stream_k.is_some_and(|(_, tiles)| tiles > 0);
+                let blocks = if shares { gpu.info().sm_count } else { ctas * entries.min(gpu.info().sm_count / ctas) };
                 if ctas == 1 {
                     gpu.prepare_launch(&SOURCES, v, entry, shape((blocks, 1, 1)))?
                 } else {
@@ -777,9 +848,20 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 gpu.prepare_launch(&SOURCES, v, entry, shape((tiles_n, tiles_m, 1)))?
             };
             let store = if sw.tma_store { Store::Tma } else { Store::Direct };
+            // Stage 33's workspace: a slot of 64 x tile_n partial sums and a flag per block and
+            // consumer, the flags zero (each launch leaves them so).
+            let stream_k = match stream_k {
+                Some((_, tiles)) => {
+                    let slots = (launch.shape().grid.0 * consumers) as usize;
+                    let partials = gpu.zeros::<f32>(slots * 64 * tile_n as usize)?;
+                    Some(StreamKWorkspace { partials, flags: gpu.zeros::<u32>(slots)?, tiles })
+                }
+                None => None,
+            };
             // With clusters each block loads its share of the W tile's rows.
             Stage::Tma {
                 launch,
+                stream_k,
                 a_rows: tile_m,
                 b_rows: (tile_n / sw.cluster()) as usize,
                 tail,
@@ -793,7 +875,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 
 /// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
 /// patterns, `bias` N fp32 (present exactly when prepared with one), `residual` M·N fp32 (present
-/// exactly with the residual tail). Stages 27-32 read `weight` while the kernel before them in
+/// exactly with the residual tail). Stages 27-34 read `weight` while the kernel before them in
 /// the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
 /// output (prepared weights never are).
 pub struct LinearBf16Args<'a> {
@@ -806,13 +888,13 @@ pub struct LinearBf16Args<'a> {
 
 impl Prepared {
     /// Whether the call is launched as a programmatic dependent of the kernel before it in the
-    /// stream (stages 25-32): it may start under that kernel's tail.
+    /// stream (stages 25-34): it may start under that kernel's tail.
     pub fn dependent_launch(&self) -> bool {
         matches!(&self.stage, Stage::Tma { launch, .. } if launch.shape().dependent)
     }
 
     /// Whether the call reads `weight` before the kernel before it in the stream has finished
-    /// (stages 27-32): `weight` must not be written by that kernel.
+    /// (stages 27-34): `weight` must not be written by that kernel.
     pub fn reads_weight_early(&self) -> bool {
         self.weight_early
     }
@@ -856,14 +938,15 @@ impl Prepared {
                         Arg::int(d.k),
                     ],
                 ),
-                Stage::Tma { launch, a_rows, b_rows, tail, store, .. } => {
+                Stage::Tma { launch, a_rows, b_rows, tail, store, stream_k, .. } => {
                     let map_a = tensor_map(common::device_ptr(a.inp), false, d.m, d.k, (WG_BK, *a_rows))?;
                     let map_b = tensor_map(common::device_ptr(a.weight), false, d.n, d.k, (WG_BK, *b_rows as u32))?;
                     let map_out = match store {
                         Store::Tma => Some(tensor_map(common::device_ptr(a.out), true, d.m, d.n, OUT_BOX)?),
                         Store::Direct => None,
                     };
-                    // (map_a, map_b, out or map_out, bias[, residual], M, N, K[, tail code])
+                    // (map_a, map_b, out or map_out, bias[, residual], M, N, K[, tail code][, partials,
+                    // flags, shared tiles])
                     let mut args = vec![Arg::value(&map_a), Arg::value(&map_b)];
                     args.push(map_out.as_ref().map_or_else(|| Arg::buf(a.out), Arg::value));
                     args.push(Arg::Ptr(bias));
@@ -877,6 +960,9 @@ impl Prepared {
                             Tail::Gelu => 1,
                             Tail::Residual => 2,
                         }));
+                    }
+                    if let Some(sk) = stream_k {
+                        args.extend([Arg::buf(&sk.partials), Arg::buf(&sk.flags), Arg::U32(sk.tiles)]);
                     }
                     launch.enqueue(stream, &args)
                 }
@@ -1113,7 +1199,7 @@ mod tests {
             }
             files += 1;
         }
-        assert_eq!(files, 24, "stages 9-32");
+        assert_eq!(files, 26, "stages 9-34");
         let of = |stage: u32| Switches::of(&LinearBf16.variants().into_iter().find(|v| v.stage == stage).unwrap());
         let none = Switches::default();
         assert_eq!(of(9), none);
@@ -1125,7 +1211,9 @@ mod tests {
         assert_eq!(of(32), early);
         let dependents: Vec<u32> =
             LinearBf16.variants().iter().filter(|v| Switches::of(v).dependent_launch).map(|v| v.stage).collect();
-        assert_eq!(dependents, (25..=32).collect::<Vec<_>>());
+        assert_eq!(dependents, (25..=34).collect::<Vec<_>>());
+        assert_eq!(of(34), Switches { ping_pong: true, ..early });
+        assert_eq!(of(33), Switches { stream_k: true, ..early });
     }
 
     /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,
@@ -1183,5 +1271,115 @@ mod tests {
         assert_eq!(fit(4096, 768), 128, "N = 768: one round either way (96 or 64 tiles)");
         assert_eq!(fit(4100, 2308), 192, "the GPU test's ragged shape for 192: 3 rounds of 128 or 2 of 192");
         assert_eq!(two_sets_width(192, Tail::Residual), 128, "the residual entry spills at 192");
+    }
+
+    /// Stage 34's widths: 64-row tiles, one accumulator set a consumer.
+    #[test]
+    fn wave_fit_of_64_row_tiles() {
+        let fit = |m, n| wave_fit_width(m, n, 132, 64, &ONE_SET_WIDTHS);
+        assert_eq!(fit(4096, 768), 192, "N = 768: 256 tiles, two an SM on 124 SMs");
+        assert_eq!(fit(4096, 2304), 192, "QKV: 6 rounds of 192, 5 of 256");
+        assert_eq!(fit(4096, 3072), 256, "MLP up: a three-way tie, the widest");
+        assert_eq!(fit(4096, 4096), 256, "4096^3: 8 rounds of 256");
+    }
+
+    /// Stage 33's model at the default shapes on 132 SMs: stream-K where a partial last wave is
+    /// long (4096^3, 8192^3), data-parallel where one fixup costs more than it saves.
+    #[test]
+    fn stream_k_fit_at_the_default_shapes() {
+        let fit = |m, n, k| stream_k_fit(m, n, k, 132, &STREAM_K_WIDTHS, 2);
+        assert_eq!(fit(4096, 4096, 4096), (256, 116), "512 tiles: 3 waves whole, 116 tiles shared");
+        assert_eq!(fit(8192, 8192, 8192), (256, 68), "2048 tiles: 1986 + 2 steps of 256 beat 21 x 128 of 192");
+        assert_eq!(fit(4096, 2304, 768), (192, 0), "QKV: 120 of 132 in the last wave, nothing to gain");
+        assert_eq!(fit(4096, 3072, 768), (256, 0), "MLP up");
+        assert_eq!(fit(4096, 768, 768), (192, 0), "attn proj: one wave of 128 tiles");
+        assert_eq!(fit(4096, 768, 3072), (192, 0), "MLP down: 47 + 2 steps against 48");
+        assert_eq!(
+            fit(4096, 50304, 768),
+            (192, 68),
+            "the padded LM head: 765 steps of 192 against 576 of 256, 0.4% less"
+        );
+        assert_eq!(fit(100, 100, 512), (192, 1), "one tile of 8 steps, one a block, at the narrower width");
+        assert_eq!(stream_k_fit(4096, 4096, 4096, 132, &STREAM_K_WIDTHS, 64).1, 0, "a fixup as dear as a tile");
+    }
+
+    /// The kernel's `WorkList` (`matmul_wgmma_persistent.cuh`, `WS_STREAM_K`), transcribed: each
+    /// block's items (schedule entry, first K step, end K step) in order.
+    fn work_items(
+        entries: usize,
+        sk_tiles: usize,
+        ktiles: usize,
+        block: usize,
+        grid: usize,
+    ) -> Vec<(usize, usize, usize)> {
+        let dp = entries - sk_tiles;
+        let total = sk_tiles * ktiles;
+        let begin = |b: usize| b * (total / grid) + b.min(total % grid);
+        let mut items: Vec<_> = (block..dp).step_by(grid).map(|e| (e, 0, ktiles)).collect();
+        let (mut pos, end) = (begin(block), begin(block + 1));
+        while pos < end {
+            let t = pos / ktiles;
+            let kb = pos - t * ktiles;
+            let ke = ktiles.min(kb + end - pos);
+            items.push((dp + t, kb, ke));
+            pos += ke - kb;
+        }
+        items
+    }
+
+    /// The kernel's `WorkList::owner`: the block whose range holds stream-K step `p`.
+    fn owner(p: usize, total: usize, grid: usize) -> usize {
+        let (base, longer) = (total / grid, total % grid);
+        let split = longer * (base + 1);
+        if p < split {
+            p / (base + 1)
+        } else {
+            longer + (p - split) / base
+        }
+    }
+
+    /// What the kernel's fixup relies on, over schedules of every size: every K step of every tile
+    /// is run once; a block writes partial sums at most once, for its first stream-K item; a cut
+    /// tile is finished by the lowest block holding a part of it, as that block's last item, and
+    /// the blocks it waits for (after it, up to `owner` of the tile's last step) are exactly the
+    /// ones that wrote a part of it.
+    #[test]
+    fn stream_k_work_covers_every_step_once() {
+        for (entries, ktiles, grid) in
+            [(512, 64, 132), (2048, 128, 132), (1, 8, 132), (7, 3, 5), (33, 12, 16), (5, 1, 8)]
+        {
+            for sk_tiles in (0..=entries).filter(|s| *s == entries || *s <= 2 * grid) {
+                let mut runs = vec![0u32; entries * ktiles];
+                let mut holders: Vec<Vec<usize>> = vec![Vec::new(); entries];
+                let mut finisher = vec![None; entries];
+                for b in 0..grid {
+                    let items = work_items(entries, sk_tiles, ktiles, b, grid);
+                    for (i, &(e, kb, ke)) in items.iter().enumerate() {
+                        (kb..ke).for_each(|k| runs[e * ktiles + k] += 1);
+                        if ke - kb < ktiles {
+                            holders[e].push(b);
+                            if kb == 0 {
+                                assert_eq!(i, items.len() - 1, "block {b}: a cut tile it finishes is its last item");
+                                finisher[e] = Some(b);
+                            } else {
+                                let dp_items = items.iter().filter(|it| it.0 < entries - sk_tiles).count();
+                                assert_eq!(i, dp_items, "block {b}: only its first stream-K item writes partial sums");
+                            }
+                        }
+                    }
+                }
+                assert!(runs.iter().all(|&r| r == 1), "{entries} tiles, {sk_tiles} shared: a step run {runs:?} times");
+                let dp = entries - sk_tiles;
+                for (e, h) in holders.iter().enumerate().filter(|(_, h)| !h.is_empty()) {
+                    let f = finisher[e].expect("every cut tile has a block holding its first step");
+                    let last = owner((e - dp) * ktiles + ktiles - 1, sk_tiles * ktiles, grid);
+                    assert_eq!(
+                        *h,
+                        (f..=last).collect::<Vec<_>>(),
+                        "tile {e}: the finisher waits for exactly its other holders"
+                    );
+                }
+            }
+        }
     }
 }

@@ -92,10 +92,10 @@ fn bad_bias_alignment(gpu: &Gpu) {
     assert!(gpu.download(&out).unwrap().iter().all(|&x| x == 65.0), "aligned bias: wrong out");
 }
 
-/// Stages 25 to 32 may start while the kernel before them runs: a GEMM whose residual is the
+/// Stages 25 to 34 may start while the kernel before them runs: a GEMM whose residual is the
 /// output of the GEMM launched just before it must still read that output whole. The first GEMM
 /// (itself a dependent-launch stage, which lets its dependents launch as it starts, or in stages
-/// 30-32 as each block starts its last tile, here the stragglers' last) has one more row panel of
+/// 30-34 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
 /// 256-row tiles than there are SMs (two more of 128 rows), deep in K: one or two blocks compute
 /// a tile long after the others have left their SMs to the second GEMM, whose K = 8 tiles reach
 /// their residual reads within a microsecond. Without `griddepcontrol.wait` the blocks that take
@@ -114,7 +114,15 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
     let (dx1, dw1) = (gpu.upload(&x1).unwrap(), gpu.upload(&w1).unwrap());
     let (dx2, dw2, dbias) = (gpu.upload(&x2).unwrap(), gpu.upload(&w2).unwrap(), gpu.upload(&bias).unwrap());
     let mut tested = 0;
-    for v in LinearBf16.variants() {
+    // Stage 33 shares this GEMM's last 2 tiles out by K steps, so its blocks end within a step of
+    // each other; it runs a second time with the fixup priced out of reach, data-parallel, where
+    // two blocks are the stragglers the test needs.
+    let data_parallel = LinearBf16.variants().into_iter().filter(|v| v.tunable("SK_FIXUP").is_ok()).map(|v| {
+        let mut v = v.with_config(&[("SK_FIXUP".to_string(), 1 << 20)]).unwrap();
+        v.name = format!("{}[data-parallel]", v.name).into();
+        v
+    });
+    for v in LinearBf16.variants().into_iter().chain(data_parallel.collect::<Vec<_>>()) {
         let first = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k: k1, bias: false, tail: Tail::None }).unwrap();
         if !first.dependent_launch() {
             continue;
@@ -150,7 +158,7 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
         assert!(rel <= 1e-2, "{}: relative L2 error {rel:e}", v.id());
         tested += 1;
     }
-    assert_eq!(tested, 8, "stages 25 to 32 launch as dependents");
+    assert_eq!(tested, 11, "stages 25 to 34 launch as dependents, stage 33 twice");
 }
 
 fn main() -> std::process::ExitCode {
@@ -280,7 +288,8 @@ fn main() -> std::process::ExitCode {
             // of one, two or many tiles with fewer K steps a tile than ring stages (K = 8, 64, 72),
             // and shapes where the wave model picks each width (4100 x 580: 192, 4096 x 772: 256,
             // small: 128; for stage 32's 256-row tiles 4100 x 2308: 192 with a partial last row
-            // panel and column, the residual entry 128).
+            // panel and column, the residual entry 128; stage 33 sharing the small shapes' few tiles
+            // out by K steps, up to one step a block, so that a tile is summed from many blocks).
             use common::{Generator, Grid, Sweep};
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
