@@ -517,7 +517,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
         Command::Verify { family, op, shape, smallest, no_library, name, config, sweep_points, profiled } => {
             let ops = select_ops(&family, op.as_deref())?;
             let overrides = shape.as_deref().map(Shape::parse).transpose()?;
-            let config = config.as_deref().map(parse_config).transpose()?.unwrap_or_default();
+            let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
             let gpu = Gpu::open()?;
             let (mut passed, mut failed, mut skipped) = (0, 0, 0);
             for op in ops {
@@ -622,7 +622,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
         }
         Command::Profile { family, op, stage, shape, config, out } => {
             let op = *select_ops(&family, Some(&op))?.first().expect("select_ops returns one or an error");
-            let config = config.as_deref().map(parse_config).transpose()?.unwrap_or_default();
+            let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
             let base = op.variants().into_iter().find(|v| v.stage == stage).ok_or_else(|| {
                 let known: Vec<String> = op.variants().iter().map(|v| format!("{}:{}", v.stage, v.name)).collect();
                 Error::Unknown { what: "stage", name: stage.to_string(), known: known.join(", ") }
@@ -665,8 +665,8 @@ fn execute(command: Command) -> common::Result<ExitCode> {
         }
         Command::Resources { family, op, stages, config, defines, leave_one_out, sweep_points, arch, format } => {
             let arch = common::Arch::parse(&arch)?;
-            let config = config.as_deref().map(parse_config).transpose()?.unwrap_or_default();
-            let defines = defines.as_deref().map(parse_config).transpose()?.unwrap_or_default();
+            let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
+            let defines = defines.as_deref().map(|d| parse_settings("--define", d)).transpose()?.unwrap_or_default();
             let tc = common::nvrtc::toolchain()?;
             let mut any = false;
             for op in select_ops(&family, op.as_deref())? {
@@ -1024,12 +1024,13 @@ fn select_ops(family: &str, op: Option<&str>) -> common::Result<Vec<&'static dyn
     Ok(ops)
 }
 
-/// `NAME=value,...` with unsigned values: a stage's tunables.
-fn parse_config(s: &str) -> common::Result<Vec<(String, u32)>> {
+/// `NAME=value,...` with unsigned values (tunables, or stage-list defines); errors name `flag`.
+fn parse_settings(flag: &str, s: &str) -> common::Result<Vec<(String, u32)>> {
     s.split(',')
         .filter(|p| !p.trim().is_empty())
         .map(|pair| {
-            let bad = || Error::constraint("--config as NAME=value,... with unsigned values", format!("'{pair}'"));
+            let bad =
+                || Error::constraint(format!("{flag} as NAME=value,... with unsigned values"), format!("'{pair}'"));
             let (n, v) = pair.split_once('=').ok_or_else(bad)?;
             let v = v.trim().parse::<u32>().map_err(|_| bad())?;
             Ok((n.trim().to_string(), v))
