@@ -1038,6 +1038,16 @@ fn parse_settings(flag: &str, s: &str) -> common::Result<Vec<(String, u32)>> {
         .collect()
 }
 
+/// The stages of `op`, then (when asked) its leave-one-out rows, then every point of each stage's
+/// declared sweep space: the rows `ladder verify` and `ladder resources` pick from.
+fn stage_rows(op: &dyn Op, leave_one_out: bool, sweep_points: bool) -> Vec<common::Variant> {
+    let declared = op.variants();
+    let points: Vec<common::Variant> =
+        declared.iter().filter(|_| sweep_points).flat_map(|v| Grid::declared(v).derive(v)).collect();
+    let rows = op.leave_one_out().into_iter().filter(|_| leave_one_out);
+    declared.into_iter().chain(rows).chain(points).collect()
+}
+
 /// The stages `ladder verify` runs: every stage and leave-one-out row of `op` (and with
 /// `sweep_points` every point of each stage's declared sweep space), or the one named `name` (a
 /// sweep point `base[T=v]` names its declared stage) with `config` set.
@@ -1048,12 +1058,8 @@ fn verify_variants(
     name: Option<&str>,
     config: &[(String, u32)],
 ) -> common::Result<Vec<common::Variant>> {
-    let points = op.variants().into_iter().filter(|_| sweep_points).flat_map(|v| Grid::declared(&v).derive(&v));
-    let all: Vec<common::Variant> = op
-        .variants()
+    let all: Vec<common::Variant> = stage_rows(op, true, sweep_points)
         .into_iter()
-        .chain(op.leave_one_out())
-        .chain(points)
         .filter(|v| !(no_library && matches!(v.source, Source::Library(_))))
         .collect();
     let Some(name) = name else { return Ok(all) };
@@ -1078,14 +1084,8 @@ fn resource_variants(
     leave_one_out: bool,
     sweep_points: bool,
 ) -> Vec<common::Variant> {
-    let declared = op.variants();
-    let points = declared.iter().filter(|_| sweep_points).flat_map(|v| Grid::declared(v).derive(v));
-    let rows = op.leave_one_out().into_iter().filter(|_| leave_one_out);
-    declared
-        .iter()
-        .cloned()
-        .chain(rows)
-        .chain(points)
+    stage_rows(op, leave_one_out, sweep_points)
+        .into_iter()
         .filter(|v| stages.is_none_or(|(a, b)| (a..=b).contains(&v.stage)))
         .filter_map(|v| v.with_config(config).ok())
         .filter(|v| defines.iter().all(|(name, _)| v.define(name).is_some()))

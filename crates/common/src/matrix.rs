@@ -94,7 +94,6 @@ fn summary_cells(line: &Line) -> [String; 3] {
     [unit(line.table).to_string(), best.unwrap_or_else(|| "-".into()), ratio.unwrap_or_else(|| "-".into())]
 }
 
-/// The caption of one op's matrix: the op, the device and how its times were taken.
 /// How a table's times were taken: `each run between its own events`, `CUDA-graph replays` or
 /// `N runs back to back per pair of events`, and `, N interleaved rounds` past one.
 pub fn mode(t: &Table) -> String {
@@ -109,6 +108,7 @@ pub fn mode(t: &Table) -> String {
     format!("{mode}{rounds}")
 }
 
+/// The caption of one op's matrix: the op, the device and how its times were taken.
 fn caption(t: &Table) -> String {
     format!("{}/{} on {} ({})", t.family, t.op, t.device, mode(t))
 }
