@@ -1,14 +1,15 @@
-// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-34
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-35
 // (each stage's header says what it adds). A grid of one block per SM walks the output tiles in
 // groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load (the smem ring and its phases
 // continue across tiles), the consumer warpgroups (WS_BM / 64 of them, 64 rows each; two of 128
-// rows at WS_BM 256) issue wgmma.m64nWS_BNk16 and store. The tile is WS_BM x WS_BN: WS_BM is 128,
+// rows at WS_BM 256; two of WS_BN / 2 columns in stage 35) issue wgmma.m64nWS_BNk16 (m64n(WS_BN/2)k16
+// in stage 35) and store. The tile is WS_BM x WS_BN: WS_BM is 128,
 // 192 in stage 16, 256 in stage 32, 64 in stage 34;
 // WS_BN is 128, 192 or 256: 256 has the most reuse per loaded byte; 192 divides GPT-2's 768 into 4
 // columns, so N = 768 at M = 4096 is 128 tiles (one wave on 132 SMs) instead of 96 at 256. With
-// TAIL (stages 10-34), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
+// TAIL (stages 10-35), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
 // product, 2 adds `residual`; stage 9 instantiates it without. Switches of the later stages:
-//   EPI_PREFETCH (12, 14-34): a chunk's bias and residual loads batched before its stores;
+//   EPI_PREFETCH (12, 14-35): a chunk's bias and residual loads batched before its stores;
 //   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
 //     (`map_out`) while the consumer goes on;
 //   WS_MULTICAST (14, 20, 23, 24): clusters of 2 along M walk pairs of vertically adjacent tiles,
@@ -16,25 +17,25 @@
 //     into both, and a ring stage is refilled only once the consumers of both blocks have released
 //     it (with WS_PINGPONG the two blocks' walks are the same, so the same consumer of each reads
 //     it);
-//   EPI_LEAN (15-34): tiles wholly inside the output stored without checks, GELU on tanh.approx;
+//   EPI_LEAN (15-35): tiles wholly inside the output stored without checks, GELU on tanh.approx;
 //   WS_PINGPONG (17, 19, 22, 23, 26, 28, 31, 34): each consumer takes every other tile of the walk
 //     whole (two 64-row accumulator sets; one on stage 34's 64-row tiles), the two taking turns on
 //     the tensor cores, one's store under the other's MMAs;
-//   EPI_BIAS_SMEM (18-34): each consumer copies its tile's bias into shared memory (cp.async)
+//   EPI_BIAS_SMEM (18-35): each consumer copies its tile's bias into shared memory (cp.async)
 //     while the MMAs run, and its store reads it there;
-//   EPI_STAGED (21-34): an interior tile's accumulators pass through a shared staging buffer per
+//   EPI_STAGED (21-35): an interior tile's accumulators pass through a shared staging buffer per
 //     warp, 32 columns at a time, so that the tail's loads and the stores are row-contiguous
 //     float4s: each warp instruction covers four whole 128-byte lines instead of 32 bytes of 8;
-//   WS_PDL (25-34): programmatic dependent launch. Every block lets the next grid in the stream
+//   WS_PDL (25-35): programmatic dependent launch. Every block lets the next grid in the stream
 //     launch as soon as it starts, and waits for the previous grid (its completion and the
 //     visibility of its writes) after the prologue and before its first global access, so the
 //     launch and the prologue of one GEMM run under the tail of the one before. Rust launches these
 //     stages with the programmatic-serialization attribute;
-//   WS_WEIGHTS_EARLY (27-34): with WS_PDL, the producer issues the W tiles of the block's first
+//   WS_WEIGHTS_EARLY (27-35): with WS_PDL, the producer issues the W tiles of the block's first
 //     WG_STAGES K steps before it waits for the previous grid (the weights are no grid's output:
 //     the caller's contract), so their fetch from DRAM also runs under that grid's tail; the
 //     consumers wait for the previous grid on their own;
-//   WS_PDL_LAST_TILE (30-34): with WS_PDL, a block lets the next grid launch only when its
+//   WS_PDL_LAST_TILE (30-35): with WS_PDL, a block lets the next grid launch only when its
 //     producer starts the block's last tile, not as the block starts: the next grid is then
 //     pending only for the run's last tile round, not for all of it;
 //   WS_STREAM_K (33): the schedule's last `sk.tiles` tiles are shared out by K steps: their steps,
@@ -43,7 +44,13 @@
 //     blocks is finished by the block holding its first K step (the end of that block's range);
 //     every other block that holds a part of it writes its accumulators to its slot of
 //     `sk.partials` and raises its flag, which the finishing block waits for, adds in block order
-//     and lowers again for the next launch.
+//     and lowers again for the next launch;
+//   WS_COLSPLIT (35): the two consumers split the 128 x WS_BN tile's columns instead of its rows:
+//     each holds both 64-row sets of its WS_BN / 2 columns (wgmma.m64n(WS_BN/2)k16) and reads every
+//     ring stage whole, as the row split does, so the loads are unchanged. Consumer 1 starts its
+//     first tile once consumer 0 has run WS_LAG K steps of it (the `lead` mbarrier), so consumer 0
+//     finishes each tile WS_LAG steps earlier and its half of the store runs under consumer 1's last
+//     MMAs, and consumer 1's under consumer 0's next tile.
 #pragma once
 #include "matmul_wgmma.cuh"
 
@@ -105,9 +112,28 @@
 #endif
 #define WS_SETS (WS_BM / 64)  // 64-row accumulator sets per consumer: it takes the whole tile
 #define WS_STAGE_USERS 1  // consumers that read each ring stage
+#elif defined(WS_COLSPLIT)
+#define WS_SETS 2  // both 64-row halves of the tile, over the consumer's half of the columns
+#define WS_STAGE_USERS WS_CONSUMERS
 #else
 #define WS_SETS (WS_BM / 64 / WS_CONSUMERS)  // 2 at WS_BM 256: a consumer's 128 rows
 #define WS_STAGE_USERS WS_CONSUMERS
+#endif
+
+// The columns of a consumer's accumulator sets: the tile's, or half of them with WS_COLSPLIT.
+#ifdef WS_COLSPLIT
+#if WS_BM != 128 || defined(WS_PINGPONG) || defined(WS_MULTICAST) || defined(EPI_TMA_STORE) || defined(WS_STREAM_K) || !defined(EPI_STAGED)
+#error "WS_COLSPLIT: 128-row tiles of two cooperative consumers, stored from registers through the staging buffers"
+#endif
+#ifndef WS_LAG
+#error "WS_LAG is a tunable: the stage list sets it"
+#endif
+#if WS_LAG < 0 || WS_LAG > WG_STAGES
+#error "WS_LAG <= WG_STAGES: consumer 0 runs its lead on the stages the producer fills before any is released"
+#endif
+#define WS_CN (WS_BN / 2)
+#else
+#define WS_CN WS_BN
 #endif
 
 #ifdef WS_MULTICAST
@@ -160,7 +186,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-// Stages 15-32 and 34: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
+// Stages 15-32, 34 and 35: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
 #define LEAN_ENTRY(name, tail)                                                                               \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
@@ -179,6 +205,13 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
     }
 
 #define EPI_CHUNK 8  // stage 12's and 13's column groups per batch of loads
+// The register stores' batch: EPI_CHUNK groups, or 4 where a consumer's WS_CN / 8 groups are not a
+// multiple of EPI_CHUNK (stage 35 at 192 wide: 12 groups of 8 columns).
+#if (WS_CN / 8) % EPI_CHUNK == 0
+#define EPI_GROUPS EPI_CHUNK
+#else
+#define EPI_GROUPS 4
+#endif
 
 #ifdef EPI_TMA_STORE
 #ifndef EPI_SLOTS
@@ -225,7 +258,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #ifndef EPI_BIAS_SMEM
 #error "EPI_STAGED reads the bias from EPI_BIAS_SMEM's copy"
 #endif
-// Stages 21-34: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
+// Stages 21-35: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
 #define EPI_STAGING_BYTES (16 * 128)
 #undef WS_EPI_BYTES
 #define WS_EPI_BYTES (WS_CONSUMERS * 4 * EPI_STAGING_BYTES)
@@ -304,14 +337,18 @@ struct WorkList {
 };
 #endif
 
-// One K step of 16 for a consumer's 64 x WS_BN accumulators.
-__device__ __forceinline__ void wgmma_tile(float (&d)[WS_BN / 2], unsigned long long a, unsigned long long b) {
-#if WS_BN == 256
+// One K step of 16 for a consumer's 64 x WS_CN accumulators.
+__device__ __forceinline__ void wgmma_tile(float (&d)[WS_CN / 2], unsigned long long a, unsigned long long b) {
+#if WS_CN == 256
     wgmma_m64n256k16(d, a, b);
-#elif WS_BN == 192
+#elif WS_CN == 192
     wgmma_m64n192k16(d, a, b);
-#else
+#elif WS_CN == 128
     wgmma_m64n128k16(d, a, b);
+#elif WS_CN == 96
+    wgmma_m64n96k16(d, a, b);
+#else
+    wgmma_m64n64k16(d, a, b);
 #endif
 }
 
@@ -330,6 +367,10 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #ifdef WS_PINGPONG
     // Stage 17: consumer w's turn on the tensor cores ends (it has issued a tile's MMAs).
     auto order = [&](int w) { return bars + 8u * (2 * WG_STAGES + w); };
+#endif
+#ifdef WS_COLSPLIT
+    // Stage 35: consumer 0 has run its lead of WS_LAG K steps (one phase, once a launch).
+    const unsigned lead = bars + 8u * (2 * WG_STAGES);
 #endif
 
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
@@ -360,6 +401,9 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         mbar_init(order(0), 1);
         mbar_init(order(1), 1);
 #endif
+#ifdef WS_COLSPLIT
+        mbar_init(lead, 1);
+#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
 #ifdef WS_MULTICAST
@@ -381,7 +425,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         if (tid == 0) {
             int it = 0;
 #ifdef WS_WEIGHTS_EARLY
-            // Stages 27-34: the first item's first ring stages get their W tiles (and the whole
+            // Stages 27-35: the first item's first ring stages get their W tiles (and the whole
             // stage's byte count) now; their A tiles follow the wait, in the loop below.
             int early = 0;
 #ifdef WS_STREAM_K
@@ -423,7 +467,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 const bool last = i + stride >= entries;
 #endif
 #ifdef WS_PDL_LAST_TILE
-                // Stages 30-34: the block's last item; the first invocation in a block is the one
+                // Stages 30-35: the block's last item; the first invocation in a block is the one
                 // that counts, and this thread is the only one to make it.
                 if (last) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
@@ -458,7 +502,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
 #ifdef WS_WEIGHTS_EARLY
-    // Stages 27-34: the consumers wait for the previous grid here (the producer did on its own).
+    // Stages 27-35: the consumers wait for the previous grid here (the producer did on its own).
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
     // A consumer's release of a ring stage: to its own block, or with clusters to both (either
@@ -472,10 +516,15 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #endif
     };
     const int c = wg - 1;
-#ifdef WS_PINGPONG
-    const int first_row = 0;  // consumer c takes every other tile whole
+#if defined(WS_PINGPONG) || defined(WS_COLSPLIT)
+    const int first_row = 0;  // consumer c takes every other tile whole, or all its rows
 #else
     const int first_row = 64 * WS_SETS * c;  // consumer c takes rows 64 c .. 64 c + 63 (128 c .. at WS_BM 256)
+#endif
+#ifdef WS_COLSPLIT
+    const int first_col = WS_CN * c;  // consumer c takes columns WS_CN c .. WS_CN c + WS_CN - 1
+#else
+    const int first_col = 0;
 #endif
     const int warp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
 #ifndef EPI_TMA_STORE
@@ -487,10 +536,11 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #ifdef EPI_BIAS_SMEM
     // Stage 18: this consumer's copy of the tile's bias, read by its store from shared memory.
     const unsigned bias_copy = base + WG_STAGES * WS_STAGE_BYTES + c * WS_BN * 4;
-    const float* bias_s = reinterpret_cast<const float*>(smem_raw + (bias_copy - smem_u32(smem_raw)));
+    // Its store reads the consumer's columns of the copy.
+    const float* bias_s = reinterpret_cast<const float*>(smem_raw + (bias_copy - smem_u32(smem_raw))) + first_col;
 #endif
 #ifdef EPI_STAGED
-    // Stages 21-34: this warp's staging buffer, after the bias copies (a shared-window address:
+    // Stages 21-35: this warp's staging buffer, after the bias copies (a shared-window address:
     // 32-bit, so the store's few loop-invariant addresses cost one register each).
     const unsigned staging = base + WG_STAGES * WS_STAGE_BYTES + WS_BIAS_BYTES + (4 * c + warp) * EPI_STAGING_BYTES;
     // Their store reads the bias copy unconditionally (a branch on the bias costs the 192-wide
@@ -501,9 +551,9 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         named_barrier(1 + c, 128);
     }
 #endif
-    // The store of 64 rows of tile (m0, n0), from row r0, out of `d`: a consumer's accumulators of
-    // one wgmma row block.
-    auto store = [&](const float(&d)[WS_BN / 2], int m0, int n0, int r0) {
+    // The store of 64 rows and WS_CN columns from (r0, n0) of the tile at row m0, out of `d`: a
+    // consumer's accumulators of one wgmma row block.
+    auto store = [&](const float(&d)[WS_CN / 2], int m0, int n0, int r0) {
 #if defined(EPI_TMA_STORE)
         // Stage 13: per chunk of EPI_COLS columns, the bias and residual pairs loaded first (stage
         // 12), then the results written into the next of this consumer's slots in the TMA's
@@ -514,7 +564,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         const bool add_residual = epilogue == EPI_RESIDUAL;
         const bool issuer = (tid & 127) == 0;
 #pragma unroll
-        for (int q = 0; q < WS_BN / EPI_COLS; ++q) {
+        for (int q = 0; q < WS_CN / EPI_COLS; ++q) {
             const int col0 = n0 + q * EPI_COLS;
             if (col0 >= N || r0 >= M) break;  // the same for the whole warpgroup
             float2 bv[EPI_CHUNK], rv[EPI_CHUNK][2];
@@ -568,14 +618,14 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // row offsets per thread, the column an immediate. `epilogue` is a constant in each of
         // stage 15's entries, so only its own tail is compiled in.
 #ifdef EPI_STAGED
-        // Stages 21-34's float4 stores need every row 16-byte aligned.
-        const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && (N & 3) == 0;
+        // Stages 21-35's float4 stores need every row 16-byte aligned.
+        const bool interior = m0 + WS_BM <= M && n0 + WS_CN <= N && (N & 3) == 0;
 #else
-        const bool interior = m0 + WS_BM <= M && n0 + WS_BN <= N && pairs;
+        const bool interior = m0 + WS_BM <= M && n0 + WS_CN <= N && pairs;
 #endif
         if (interior) {
 #ifdef EPI_STAGED
-            // Stages 21-34: per 32 columns, the warp writes its 16 rows of accumulators into
+            // Stages 21-35: per 32 columns, the warp writes its 16 rows of accumulators into
             // its staging buffer in the wgmma layout (8-byte pieces; 16-byte piece p of row r at
             // p ^ (r % 8), so a write takes the two wavefronts 256 bytes need), then reads them
             // back a row-contiguous float4 per lane (8 lanes a 128-byte row, 4 rows an
@@ -588,7 +638,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             // the residual cost 16 registers the 192-wide ping-pong consumer does not have.
             const int at0 = (r0 + 16 * warp + lr) * N + n0 + 4 * q;
 #pragma unroll
-            for (int j0 = 0; j0 < WS_BN / 8; j0 += 4) {
+            for (int j0 = 0; j0 < WS_CN / 8; j0 += 4) {
                 float4 rv[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
@@ -646,10 +696,10 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #endif
             const bool has_bias = bias != nullptr;
 #pragma unroll
-            for (int j0 = 0; j0 < WS_BN / 8; j0 += EPI_CHUNK) {
-                float2 bv[EPI_CHUNK], rv[EPI_CHUNK][2];
+            for (int j0 = 0; j0 < WS_CN / 8; j0 += EPI_GROUPS) {
+                float2 bv[EPI_GROUPS], rv[EPI_GROUPS][2];
 #pragma unroll
-                for (int jj = 0; jj < EPI_CHUNK; ++jj) {
+                for (int jj = 0; jj < EPI_GROUPS; ++jj) {
                     const int col = 8 * (j0 + jj);
                     bv[jj] = has_bias ? *reinterpret_cast<const float2*>(bias_t + col) : make_float2(0.0f, 0.0f);
 #pragma unroll
@@ -658,7 +708,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                                                  : make_float2(0.0f, 0.0f);
                 }
 #pragma unroll
-                for (int jj = 0; jj < EPI_CHUNK; ++jj) {
+                for (int jj = 0; jj < EPI_GROUPS; ++jj) {
                     const int j = j0 + jj;
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
@@ -677,13 +727,13 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         } else
 #endif
         {
-            // Stage 12: the tile's columns in chunks of EPI_CHUNK groups of 8, every bias and residual
+            // Stage 12: the tile's columns in chunks of EPI_GROUPS groups of 8, every bias and residual
             // pair of a chunk loaded before the chunk's first store, so their latencies overlap.
 #pragma unroll
-            for (int j0 = 0; j0 < WS_BN / 8; j0 += EPI_CHUNK) {
-                float2 bv[EPI_CHUNK], rv[EPI_CHUNK][2];
+            for (int j0 = 0; j0 < WS_CN / 8; j0 += EPI_GROUPS) {
+                float2 bv[EPI_GROUPS], rv[EPI_GROUPS][2];
 #pragma unroll
-                for (int jj = 0; jj < EPI_CHUNK; ++jj) {
+                for (int jj = 0; jj < EPI_GROUPS; ++jj) {
                     const int col = n0 + 8 * (j0 + jj) + 2 * t;
 #ifdef EPI_BIAS_SMEM
                     // The copy is zero past N.
@@ -700,7 +750,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                     }
                 }
 #pragma unroll
-                for (int jj = 0; jj < EPI_CHUNK; ++jj) {
+                for (int jj = 0; jj < EPI_GROUPS; ++jj) {
                     const int j = j0 + jj;
                     const int col = n0 + 8 * j + 2 * t;
                     if (col >= N) continue;
@@ -732,7 +782,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // Stages 9-11: each group's bias and residual loads after the previous group's stores
         // (which the compiler must assume may alias them): one load latency per group.
 #pragma unroll
-        for (int j = 0; j < WS_BN / 8; ++j) {
+        for (int j = 0; j < WS_CN / 8; ++j) {
             const int col = n0 + 8 * j + 2 * t;
             if (col >= N) continue;
             const float b0 = bias != nullptr ? bias[col] : 0.0f;
@@ -804,15 +854,22 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             cp_async_commit();
         }
 #endif
-        float d[WS_SETS][WS_BN / 2];
+        float d[WS_SETS][WS_CN / 2];
 #pragma unroll
         for (int h = 0; h < WS_SETS; ++h)
 #pragma unroll
-            for (int i = 0; i < WS_BN / 2; ++i) d[h][i] = 0.0f;
+            for (int i = 0; i < WS_CN / 2; ++i) d[h][i] = 0.0f;
+#ifdef WS_COLSPLIT
+        // Stage 35: consumer 1 begins once consumer 0 has run its lead; from then on the two stay
+        // about that far apart (they do the same work in the same order).
+        if (WS_LAG > 0 && c == 1 && it == 0) mbar_wait(lead, 0);
+#endif
         for (int kt = w.kb; kt < w.ke; ++kt, ++it) {
             const int s = it % WG_STAGES;
             mbar_wait(full(s), (it / WG_STAGES) & 1);
-            const unsigned a = a_tile(s) + first_row * 128, b = b_tile(s);
+            // The B tile's rows are 128 bytes: a consumer's columns start first_col rows in, a
+            // multiple of the swizzle's 8-row period.
+            const unsigned a = a_tile(s) + first_row * 128, b = b_tile(s) + first_col * 128;
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < WS_BK / 16; ++kk)
@@ -823,6 +880,11 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             // The previous step's group is done: its stage can be refilled.
             wgmma_wait_one();
             if (kt > w.kb && (tid & 127) == 0) release(empty((it - 1) % WG_STAGES));
+#ifdef WS_COLSPLIT
+            // The block's first tile only (it counts the block's steps): consumer 0's WS_LAG-th
+            // step, or the tile's last if it has fewer.
+            if (WS_LAG > 0 && c == 0 && it == min(WS_LAG, ktiles) - 1 && (tid & 127) == 0) mbar_arrive(lead);
+#endif
         }
 #ifdef WS_PINGPONG
         if ((tid & 127) == 0) mbar_arrive(order(c));  // the other consumer's turn on the tensor cores
@@ -887,7 +949,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         }
 #endif
 #pragma unroll
-        for (int h = 0; h < WS_SETS; ++h) store(d[h], m0, n0, m0 + first_row + 64 * h);
+        for (int h = 0; h < WS_SETS; ++h) store(d[h], m0, n0 + first_col, m0 + first_row + 64 * h);
     }
 #ifdef EPI_TMA_STORE
     if ((tid & 127) == 0) bulk_wait_all();  // the slots stay valid until the TMA is done with them

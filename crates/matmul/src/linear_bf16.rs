@@ -76,7 +76,7 @@ enum Plan {
     Wgmma,
     /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
     WarpSpecialized,
-    /// Stages 9-34, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
+    /// Stages 9-35, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
     /// stage compiles in is read from its `.cu`'s `#define`s and the stage list's defines
     /// ([`Switches::of`]); the plan says what the host decides: the entry, how the tail is passed,
     /// the tile width and the ring depth.
@@ -138,6 +138,9 @@ struct Switches {
     tma_store: bool,
     /// `WS_STREAM_K`: the last tiles shared out by K steps, through a workspace of partial sums.
     stream_k: bool,
+    /// `WS_COLSPLIT`: the consumers split the tile's columns, one `WS_LAG` K steps behind (a lead
+    /// mbarrier).
+    column_split: bool,
 }
 
 impl Switches {
@@ -158,6 +161,7 @@ impl Switches {
             multicast: on("WS_MULTICAST"),
             tma_store: on("EPI_TMA_STORE"),
             stream_k: on("WS_STREAM_K"),
+            column_split: on("WS_COLSPLIT"),
         }
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
@@ -483,6 +487,16 @@ fn stages() -> Vec<Variant> {
         )
         .with_defines(vec![Define::new("WS_BM", "64"), Define::new("WS_BN", "256")])
         .with_sweep("WG_STAGES", &[3, 4, 5]),
+        wave_fit(
+            35,
+            "column-split",
+            "linear-bf16/35_column_split.cu",
+            ("linear_bf16_column_split", TailArgs::Residual),
+            Ring::FillsSharedMemory,
+            "stage 30 with the consumers splitting the tile's columns, one WS_LAG K steps behind: half the store under the other half's MMAs",
+        )
+        .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", 8), ("WS_LAG", 2)])
+        .with_sweep("WS_LAG", &[0, 1, 2, 3, 4]),
         Variant::library(
             FAMILY,
             OP,
@@ -786,9 +800,15 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             let stage_bytes = (tile_m + tile_n) * WG_BK * 2 + 8 * bars;
             let slots = if sw.tma_store { v.tunable("EPI_SLOTS")? } else { 0 };
             require(!sw.tma_store || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
-            // The ping-pong stages' two turn mbarriers; the tile's bias copy per consumer; the staged
-            // store's buffer per consumer warp.
-            let turns = if sw.ping_pong { 16 } else { 0 };
+            // The ping-pong stages' two turn mbarriers or stage 35's lead mbarrier; the tile's bias
+            // copy per consumer; the staged store's buffer per consumer warp.
+            let turns = if sw.ping_pong {
+                16
+            } else if sw.column_split {
+                8
+            } else {
+                0
+            };
             let bias_copies = if sw.copies_bias { consumers * tile_n * 4 } else { 0 };
             let staging = if sw.stages_store { consumers * 4 * EPI_STAGING_BYTES } else { 0 };
             let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies + staging;
@@ -815,6 +835,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 compiled.set_tunable("WG_STAGES", stages)?;
             }
             let v = &compiled;
+            if sw.column_split {
+                // Consumer 0 runs its lead on the stages filled before any is released.
+                let lag = v.tunable("WS_LAG")?;
+                require(lag <= stages, "WS_LAG <= WG_STAGES (the ring's depth)", || {
+                    format!("WS_LAG = {lag}, WG_STAGES = {stages}")
+                })?;
+            }
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(tile_m));
             let smem = stages * stage_bytes + fixed;
             let shape = |grid| {
@@ -875,7 +902,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 
 /// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
 /// patterns, `bias` N fp32 (present exactly when prepared with one), `residual` M·N fp32 (present
-/// exactly with the residual tail). Stages 27-34 read `weight` while the kernel before them in
+/// exactly with the residual tail). Stages 27-35 read `weight` while the kernel before them in
 /// the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
 /// output (prepared weights never are).
 pub struct LinearBf16Args<'a> {
@@ -888,13 +915,13 @@ pub struct LinearBf16Args<'a> {
 
 impl Prepared {
     /// Whether the call is launched as a programmatic dependent of the kernel before it in the
-    /// stream (stages 25-34): it may start under that kernel's tail.
+    /// stream (stages 25-35): it may start under that kernel's tail.
     pub fn dependent_launch(&self) -> bool {
         matches!(&self.stage, Stage::Tma { launch, .. } if launch.shape().dependent)
     }
 
     /// Whether the call reads `weight` before the kernel before it in the stream has finished
-    /// (stages 27-34): `weight` must not be written by that kernel.
+    /// (stages 27-35): `weight` must not be written by that kernel.
     pub fn reads_weight_early(&self) -> bool {
         self.weight_early
     }
@@ -1199,7 +1226,7 @@ mod tests {
             }
             files += 1;
         }
-        assert_eq!(files, 26, "stages 9-34");
+        assert_eq!(files, 27, "stages 9-35");
         let of = |stage: u32| Switches::of(&LinearBf16.variants().into_iter().find(|v| v.stage == stage).unwrap());
         let none = Switches::default();
         assert_eq!(of(9), none);
@@ -1211,9 +1238,10 @@ mod tests {
         assert_eq!(of(32), early);
         let dependents: Vec<u32> =
             LinearBf16.variants().iter().filter(|v| Switches::of(v).dependent_launch).map(|v| v.stage).collect();
-        assert_eq!(dependents, (25..=34).collect::<Vec<_>>());
+        assert_eq!(dependents, (25..=35).collect::<Vec<_>>());
         assert_eq!(of(34), Switches { ping_pong: true, ..early });
         assert_eq!(of(33), Switches { stream_k: true, ..early });
+        assert_eq!(of(35), Switches { column_split: true, ..early });
     }
 
     /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,

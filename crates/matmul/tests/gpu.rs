@@ -92,10 +92,10 @@ fn bad_bias_alignment(gpu: &Gpu) {
     assert!(gpu.download(&out).unwrap().iter().all(|&x| x == 65.0), "aligned bias: wrong out");
 }
 
-/// Stages 25 to 34 may start while the kernel before them runs: a GEMM whose residual is the
+/// Stages 25 to 35 may start while the kernel before them runs: a GEMM whose residual is the
 /// output of the GEMM launched just before it must still read that output whole. The first GEMM
 /// (itself a dependent-launch stage, which lets its dependents launch as it starts, or in stages
-/// 30-34 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
+/// 30-35 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
 /// 256-row tiles than there are SMs (two more of 128 rows), deep in K: one or two blocks compute
 /// a tile long after the others have left their SMs to the second GEMM, whose K = 8 tiles reach
 /// their residual reads within a microsecond. Without `griddepcontrol.wait` the blocks that take
@@ -158,7 +158,7 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
         assert!(rel <= 1e-2, "{}: relative L2 error {rel:e}", v.id());
         tested += 1;
     }
-    assert_eq!(tested, 11, "stages 25 to 34 launch as dependents, stage 33 twice");
+    assert_eq!(tested, 12, "stages 25 to 35 launch as dependents, stage 33 twice");
 }
 
 fn main() -> std::process::ExitCode {
@@ -289,7 +289,9 @@ fn main() -> std::process::ExitCode {
             // and shapes where the wave model picks each width (4100 x 580: 192, 4096 x 772: 256,
             // small: 128; for stage 32's 256-row tiles 4100 x 2308: 192 with a partial last row
             // panel and column, the residual entry 128; stage 33 sharing the small shapes' few tiles
-            // out by K steps, up to one step a block, so that a tile is summed from many blocks).
+            // out by K steps, up to one step a block, so that a tile is summed from many blocks;
+            // stage 35's consumers on column halves at leads of 0, 2 and 4 K steps, 4 being the
+            // whole ring at 256 wide, over tiles of fewer K steps than the lead).
             use common::{Generator, Grid, Sweep};
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
@@ -298,6 +300,10 @@ fn main() -> std::process::ExitCode {
             points.extend(LinearBf16.variants().into_iter().filter(|v| (14..90).contains(&v.stage)));
             let depths = Grid { axes: vec![Sweep { tunable: "WG_STAGES".into(), values: vec![3, 5] }] };
             points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 17).flat_map(|v| depths.derive(v)));
+            let lags = Grid { axes: vec![Sweep { tunable: "WS_LAG".into(), values: vec![0, 4] }] };
+            let lagged: Vec<_> = LinearBf16.variants().iter().flat_map(|v| lags.derive(v)).collect();
+            assert_eq!(lagged.len(), 2, "stage 35 without a lead and with the longest its sweep declares");
+            points.extend(lagged);
             for (m, n, k) in [
                 (1, 4, 8),
                 (129, 196, 136),
