@@ -1087,18 +1087,10 @@ fn resource_variants(
     stage_rows(op, leave_one_out, sweep_points)
         .into_iter()
         .filter(|v| stages.is_none_or(|(a, b)| (a..=b).contains(&v.stage)))
-        .filter_map(|v| v.with_config(config).ok())
-        .filter(|v| defines.iter().all(|(name, _)| v.define(name).is_some()))
-        .map(|v| {
-            let replaced: Vec<common::Define> = v
-                .defines
-                .iter()
-                .map(|d| match defines.iter().find(|(name, _)| d.name == name.as_str()) {
-                    Some((_, value)) => common::Define { name: d.name.clone(), value: value.to_string().into() },
-                    None => d.clone(),
-                })
-                .collect();
-            v.with_defines(replaced)
+        .filter_map(|v| {
+            let mut v = v.with_config(config).ok()?;
+            defines.iter().try_for_each(|(name, value)| v.set_define(name, *value)).ok()?;
+            Some(v)
         })
         .collect()
 }

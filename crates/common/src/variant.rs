@@ -327,6 +327,20 @@ impl Variant {
         Ok(())
     }
 
+    /// Replaces the value of stage-list define `name` (what a host sets per shape where a define,
+    /// not a tunable, carries it); an unknown name is an error listing the known ones.
+    pub fn set_define(&mut self, name: &str, value: u32) -> Result<()> {
+        let mut all = self.defines.to_vec();
+        let slot = all.iter_mut().find(|d| d.name == name).ok_or_else(|| Error::Unknown {
+            what: "define",
+            name: name.to_string(),
+            known: self.defines.iter().map(|d| d.name.to_string()).collect::<Vec<_>>().join(", "),
+        })?;
+        slot.value = Cow::Owned(value.to_string());
+        self.defines = Cow::Owned(all);
+        Ok(())
+    }
+
     /// Every define NVRTC receives: the switches, then the tunables.
     pub fn compile_defines(&self) -> Vec<Define> {
         let tunables =
@@ -520,6 +534,16 @@ mod tests {
         let d = base().compile_defines();
         assert!(d.iter().any(|d| d.name == "WARPS" && d.value == "4"));
         assert!(base().tunable("NOPE").is_err());
+    }
+
+    #[test]
+    fn set_define_replaces_in_place_and_refuses_unknown_names() {
+        let mut v = base();
+        v.set_define("Y", 192).unwrap();
+        let d = v.compile_defines();
+        let pairs: Vec<(&str, &str)> = d.iter().map(|d| (d.name.as_ref(), d.value.as_ref())).collect();
+        assert_eq!(pairs, [("X", "1"), ("Y", "192"), ("WARPS", "4")]);
+        assert!(matches!(v.set_define("WARPS", 8), Err(Error::Unknown { .. })), "a tunable is not a define");
     }
 
     #[test]

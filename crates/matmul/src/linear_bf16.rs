@@ -824,10 +824,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             // WS_BN tunable, the ring of 13, 29 and 32 as deep as fits.
             let mut compiled = v.clone();
             if width == Some(Width::Fitted) {
-                let width = Define { name: "WS_BN".into(), value: tile_n.to_string().into() };
-                let defines: Vec<Define> =
-                    v.defines.iter().filter(|x| x.name != "WS_BN").cloned().chain([width]).collect();
-                compiled = compiled.with_defines(defines);
+                compiled.set_define("WS_BN", tile_n)?;
             } else if v.tunable("WS_BN").is_ok_and(|w| w != tile_n) {
                 compiled.set_tunable("WS_BN", tile_n)?;
             }
