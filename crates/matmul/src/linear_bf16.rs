@@ -802,7 +802,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             require(!sw.tma_store || slots >= 1, "EPI_SLOTS >= 1", || format!("EPI_SLOTS = {slots}"))?;
             // The ping-pong stages' two turn mbarriers or stage 35's lead mbarrier; the tile's bias
             // copy per consumer; the staged store's buffer per consumer warp.
-            let turns = if sw.ping_pong {
+            let consumer_barriers = if sw.ping_pong {
                 16
             } else if sw.column_split {
                 8
@@ -811,7 +811,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             };
             let bias_copies = if sw.copies_bias { consumers * tile_n * 4 } else { 0 };
             let staging = if sw.stages_store { consumers * 4 * EPI_STAGING_BYTES } else { 0 };
-            let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + turns + bias_copies + staging;
+            let fixed = 1024 + 2 * slots * EPI_SLOT_BYTES + consumer_barriers + bias_copies + staging;
             // Stage 13's ring is as deep as WG_STAGES allows beside its slots, stages 29's and 32's
             // beside the bias copies and the staging buffers.
             let stages = if ring == Ring::FillsSharedMemory {
