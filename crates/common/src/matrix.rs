@@ -155,16 +155,14 @@ pub fn render(tables: &[Table], format: Format, anchor: Option<u32>) -> String {
             .collect();
         match format {
             Format::Csv => {
-                let mut w = csv::Writer::from_writer(Vec::new());
                 let names = cols.iter().map(|(s, n)| format!("{s:02}-{n}"));
                 let head = ["family", "op", "mode", "shape"].map(String::from).into_iter().chain(names);
-                // Writing into a Vec cannot fail.
-                let _ = w.write_record(head.chain(["unit", "best", "ratio"].map(String::from)));
-                for (l, row) in lines.iter().zip(body) {
+                let head: Vec<String> = head.chain(["unit", "best", "ratio"].map(String::from)).collect();
+                let rows = lines.iter().zip(body).map(|(l, row)| {
                     let t = l.table;
-                    let _ = w.write_record([t.family.clone(), t.op.clone(), caption(t)].into_iter().chain(row));
-                }
-                out.push_str(&String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default());
+                    [t.family.clone(), t.op.clone(), caption(t)].into_iter().chain(row).collect::<Vec<String>>()
+                });
+                out.push_str(&crate::report::csv_text(std::iter::once(head).chain(rows)));
             }
             Format::Markdown => {
                 out.push_str(&format!("{}\n\n", caption(group[0])));

@@ -176,13 +176,26 @@ pub fn note_lines(table: &Table) -> Vec<String> {
     notes.into_iter().map(|(note, names)| format!("note ({}): {note}", names.join(", "))).collect()
 }
 
+/// `records` as CSV text (each record a row of fields; the csv crate quotes what needs it).
+pub fn csv_text<R, F>(records: impl IntoIterator<Item = R>) -> String
+where
+    R: IntoIterator<Item = F>,
+    F: AsRef<[u8]>,
+{
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for r in records {
+        // Writing into a Vec cannot fail.
+        let _ = w.write_record(r);
+    }
+    String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
+}
+
 pub fn render(table: &Table, format: Format) -> String {
     let mut body: Vec<Vec<String>> = table.rows.iter().map(cells).collect();
     body.extend(anchor_cells(table));
     match format {
         Format::Json => serde_json::to_string_pretty(table).unwrap_or_default(),
         Format::Csv => {
-            let mut w = csv::Writer::from_writer(Vec::new());
             let head = ["family", "op", "shape"].into_iter().chain(COLUMNS);
             let mut records: Vec<Vec<String>> = vec![head.map(String::from).collect()];
             for row in body {
@@ -190,11 +203,7 @@ pub fn render(table: &Table, format: Format) -> String {
                     [table.family.clone(), table.op.clone(), table.shape.clone()].into_iter().chain(row).collect(),
                 );
             }
-            for r in records {
-                // Writing into a Vec cannot fail.
-                let _ = w.write_record(&r);
-            }
-            String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
+            csv_text(records)
         }
         Format::Markdown => {
             let mut out = header(table).iter().map(|l| format!("{l}  \n")).collect::<String>();

@@ -112,13 +112,11 @@ pub fn render(rows: &[StageResources], format: Format) -> String {
     match format {
         Format::Json => serde_json::to_string_pretty(rows).unwrap_or_default() + "\n",
         Format::Csv => {
-            let mut w = csv::Writer::from_writer(Vec::new());
-            // Writing into a Vec cannot fail.
-            let _ = w.write_record(["family", "op", "arch"].iter().chain(HEAD.iter()));
-            for row in body {
-                let _ = w.write_record([&first.family, &first.op, &first.arch].into_iter().cloned().chain(row));
-            }
-            String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
+            let head: Vec<String> = ["family", "op", "arch"].iter().chain(HEAD.iter()).map(|s| s.to_string()).collect();
+            let rows = body.into_iter().map(|row| {
+                [&first.family, &first.op, &first.arch].into_iter().cloned().chain(row).collect::<Vec<String>>()
+            });
+            crate::report::csv_text(std::iter::once(head).chain(rows))
         }
         Format::Table | Format::Markdown => {
             let mut table = comfy_table::Table::new();
