@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU-side runner packed into .gpu-bundle/run.sh by scripts/gpu-bundle.
-#   run.sh tests [FILTER]        every test executable with LADDER_REQUIRE_GPU=1; one line each
-#                                (a test the harness ignored is flagged: none should be, with a
-#                                device), then "N passed, N failed"; logs in $LOG_DIR/tests/
+#   run.sh tests [FILTER [ARGS...]]  every test executable (whose name contains FILTER) with
+#                                LADDER_REQUIRE_GPU=1 and ARGS (a test-name filter, --skip NAME);
+#                                one line each (a test the harness ignored is flagged: none should
+#                                be, with a device), then "N passed, N failed"; logs in $LOG_DIR/tests/
 #   run.sh ladder ARGS...        the ladder CLI
 #   run.sh bench NAME [ARGS...]  one criterion bench executable (NAME as in benches/, e.g.
 #                                norm.bench.norm), with criterion's output under $LOG_DIR/criterion
@@ -27,6 +28,7 @@ shift || true
 case "$cmd" in
 tests)
     filter="${1:-}"
+    shift || true
     mkdir -p "$LOG_DIR/tests"
     passed=0
     failed=0
@@ -34,7 +36,7 @@ tests)
         name=$(basename "$t")
         [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
         start=$(date +%s)
-        if timeout "${TEST_TIMEOUT:-300}" "$t" --test-threads=1 >"$LOG_DIR/tests/$name.log" 2>&1; then
+        if timeout "${TEST_TIMEOUT:-300}" "$t" --test-threads=1 "$@" >"$LOG_DIR/tests/$name.log" 2>&1; then
             status=ok
             passed=$((passed + 1))
         else

@@ -150,6 +150,10 @@ enum Command {
         /// carries it (a wave-fitted stage's WS_BN).
         #[arg(long = "define")]
         defines: Option<String>,
+        /// NAME,... switches (`-DNAME=1`) turned on in every selected stage: what the host sets per
+        /// call rather than per stage (linear-bf16's OUT_BF16 for a bf16 output, stages 15 on).
+        #[arg(long = "switch", value_delimiter = ',')]
+        switches: Vec<String>,
         /// Also the leave-one-out rows of toggle ladders.
         #[arg(long)]
         leave_one_out: bool,
@@ -663,14 +667,26 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             print!("{}", common::matrix::render(&tables, Format::from(format), anchor));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Resources { family, op, stages, config, defines, leave_one_out, sweep_points, arch, format } => {
+        Command::Resources {
+            family,
+            op,
+            stages,
+            config,
+            defines,
+            switches,
+            leave_one_out,
+            sweep_points,
+            arch,
+            format,
+        } => {
             let arch = common::Arch::parse(&arch)?;
             let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
             let defines = defines.as_deref().map(|d| parse_settings("--define", d)).transpose()?.unwrap_or_default();
             let tc = common::nvrtc::toolchain()?;
             let mut any = false;
             for op in select_ops(&family, op.as_deref())? {
-                let variants = resource_variants(op, stages, &config, &defines, leave_one_out, sweep_points);
+                let mut variants = resource_variants(op, stages, &config, &defines, leave_one_out, sweep_points);
+                variants.iter_mut().for_each(|v| switches.iter().for_each(|s| v.switch_on(s)));
                 let rows = common::resources::measure(&tc, op, &variants, arch);
                 any |= !rows.is_empty();
                 print!("{}", common::resources::render(&rows, Format::from(format)));
@@ -680,9 +696,10 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 let set = |pairs: &[(String, u32)]| pairs.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>();
                 let (tunables, defined) = (set(&config), set(&defines));
                 format!(
-                    "stages {range} of '{family}' with tunables [{}] and defines [{}]",
+                    "stages {range} of '{family}' with tunables [{}], defines [{}] and switches [{}]",
                     tunables.join(","),
-                    defined.join(",")
+                    defined.join(","),
+                    switches.join(",")
                 )
             };
             common::require(any, "at least one kernel stage selected", configured)?;

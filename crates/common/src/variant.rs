@@ -341,6 +341,16 @@ impl Variant {
         Ok(())
     }
 
+    /// Turns switch `name` on (`-DNAME=1`), added after the stage list's defines: what a host sets
+    /// per call where the call, not the stage, decides (an output's type). Already on: unchanged.
+    pub fn switch_on(&mut self, name: &str) {
+        if !self.has(name) {
+            let mut all = self.defines.to_vec();
+            all.push(Define { name: Cow::Owned(name.to_string()), value: Cow::Borrowed("1") });
+            self.defines = Cow::Owned(all);
+        }
+    }
+
     /// Every define NVRTC receives: the switches, then the tunables.
     pub fn compile_defines(&self) -> Vec<Define> {
         let tunables =
@@ -544,6 +554,17 @@ mod tests {
         let pairs: Vec<(&str, &str)> = d.iter().map(|d| (d.name.as_ref(), d.value.as_ref())).collect();
         assert_eq!(pairs, [("X", "1"), ("Y", "192"), ("WARPS", "4")]);
         assert!(matches!(v.set_define("WARPS", 8), Err(Error::Unknown { .. })), "a tunable is not a define");
+    }
+
+    #[test]
+    fn switch_on_adds_a_switch_once() {
+        let mut v = base();
+        v.switch_on("Z");
+        v.switch_on("Z");
+        v.switch_on("X");
+        let d = v.compile_defines();
+        let pairs: Vec<(&str, &str)> = d.iter().map(|d| (d.name.as_ref(), d.value.as_ref())).collect();
+        assert_eq!(pairs, [("X", "1"), ("Y", "1"), ("Z", "1"), ("WARPS", "4")]);
     }
 
     #[test]
