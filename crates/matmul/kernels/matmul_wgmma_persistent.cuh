@@ -45,6 +45,10 @@
 //     every other block that holds a part of it writes its accumulators to its slot of
 //     `sk.partials` and raises its flag, which the finishing block waits for, adds in block order
 //     and lowers again for the next launch;
+//   OUT_BF16 (15-35, set by the host for `out = 16`): `out`, `bias` and `residual` are bf16 (raw
+//     bits; a 16-bit output takes a bias of its own type in cuBLASLt too), the tail computed in
+//     fp32 and rounded to nearest even once, as it is stored; the lean store paths only (stages
+//     9-14 and the TMA store write fp32);
 //   WS_COLSPLIT (35): the two consumers split the 128 x WS_BN tile's columns instead of its rows:
 //     each holds both 64-row sets of its WS_BN / 2 columns (wgmma.m64n(WS_BN/2)k16) and reads every
 //     ring stage whole, as the row split does, so the loads are unchanged. Consumer 1 starts its
@@ -189,16 +193,16 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 // Stages 15-32, 34 and 35: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
 #define LEAN_ENTRY(name, tail)                                                                               \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
-        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
-             const float* bias, const float* residual, int M, int N, int K) {                                \
+        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, out_t* out,        \
+             const out_t* bias, const out_t* residual, int M, int N, int K) {                                \
         persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, tail);                             \
     }
 
 // Stage 33: an entry whose tail is the constant `tail`, with the stream-K arguments.
 #define STREAM_K_ENTRY(name, tail)                                                                           \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
-        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,        \
-             const float* bias, const float* residual, int M, int N, int K, float* sk_partials,              \
+        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, out_t* out,        \
+             const out_t* bias, const out_t* residual, int M, int N, int K, float* sk_partials,              \
              unsigned* sk_flags, int sk_tiles) {                                                             \
         persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, tail, nullptr,                     \
                               StreamK{sk_partials, sk_flags, sk_tiles});                                     \
@@ -278,6 +282,45 @@ __device__ __forceinline__ float2 load_pair(const float* p, int col, int N, bool
     return make_float2(p[col], col + 1 < N ? p[col + 1] : 0.0f);
 }
 
+#ifdef OUT_BF16
+#ifndef EPI_LEAN
+#error "OUT_BF16: the lean store paths only (stages 15-35)"
+#endif
+// `out` and `residual` as bf16 bit patterns (the Rust side's `u16`), converted with
+// ladder_convert.cuh's pair helpers (one cvt.rn.bf16x2.f32 a pair; the low half first in memory).
+typedef unsigned short out_t;
+__device__ __forceinline__ void store_out1(out_t* p, float x) { *p = (out_t)(pack_bf16x2(x, 0.0f) & 0xffffu); }
+__device__ __forceinline__ void store_out2(out_t* p, float x, float y) {
+    *reinterpret_cast<unsigned*>(p) = pack_bf16x2(x, y);
+}
+__device__ __forceinline__ void store_out4(out_t* p, float4 v) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+}
+__device__ __forceinline__ float load_out1(const out_t* p) { return __uint_as_float((unsigned)*p << 16); }
+__device__ __forceinline__ float2 load_out2(const out_t* p) { return unpack_bf16x2(*reinterpret_cast<const unsigned*>(p)); }
+__device__ __forceinline__ float4 load_out4(const out_t* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = unpack_bf16x2(u.x), hi = unpack_bf16x2(u.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+#else
+typedef float out_t;
+__device__ __forceinline__ void store_out1(out_t* p, float x) { *p = x; }
+__device__ __forceinline__ void store_out2(out_t* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
+__device__ __forceinline__ void store_out4(out_t* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ float load_out1(const out_t* p) { return *p; }
+__device__ __forceinline__ float2 load_out2(const out_t* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float4 load_out4(const out_t* p) { return *reinterpret_cast<const float4*>(p); }
+#endif
+
+// A residual pair as `load_pair` reads the bias: elements col and col + 1 (zero past N, and a
+// null `p` reads as zeros), one load when `aligned`.
+__device__ __forceinline__ float2 load_out_pair(const out_t* p, int col, int N, bool aligned) {
+    if (p == nullptr || col >= N) return make_float2(0.0f, 0.0f);
+    if (col + 1 < N && aligned) return load_out2(p + col);
+    return make_float2(load_out1(p + col), col + 1 < N ? load_out1(p + col + 1) : 0.0f);
+}
+
 // Stage 33's stream-K arguments: per block and consumer, a slot of 64 x WS_BN partial sums and a
 // flag (zero between launches); the number of tiles at the end of the schedule shared out by K steps.
 struct StreamK {
@@ -353,8 +396,8 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[WS_CN / 2], unsigned long 
 }
 
 template <bool TAIL>
-__device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMap& map_b, float* out,
-                                                const float* bias, const float* residual, int M, int N, int K,
+__device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMap& map_b, out_t* out,
+                                                const out_t* bias, const out_t* residual, int M, int N, int K,
                                                 int epilogue, const TmaMap* map_out = nullptr,
                                                 const StreamK sk = StreamK{nullptr, nullptr, 0}) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -537,7 +580,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     // Stage 18: this consumer's copy of the tile's bias, read by its store from shared memory.
     const unsigned bias_copy = base + WG_STAGES * WS_STAGE_BYTES + c * WS_BN * 4;
     // Its store reads the consumer's columns of the copy.
-    const float* bias_s = reinterpret_cast<const float*>(smem_raw + (bias_copy - smem_u32(smem_raw))) + first_col;
+    const out_t* bias_s = reinterpret_cast<const out_t*>(smem_raw + (bias_copy - smem_u32(smem_raw))) + first_col;
 #endif
 #ifdef EPI_STAGED
     // Stages 21-35: this warp's staging buffer, after the bias copies (a shared-window address:
@@ -618,20 +661,72 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // row offsets per thread, the column an immediate. `epilogue` is a constant in each of
         // stage 15's entries, so only its own tail is compiled in.
 #ifdef EPI_STAGED
-        // Stages 21-35's float4 stores need every row 16-byte aligned.
-        const bool interior = m0 + WS_BM <= M && n0 + WS_CN <= N && (N & 3) == 0;
+#if defined(OUT_BF16) && WS_CN % 64 == 0
+        // A bf16 output without the residual tail is packed before it is staged (below): rows of
+        // 8 bf16 a lane, 16-byte aligned when N % 8 == 0. (`epilogue` is each entry's constant.)
+        const bool packed = !add_residual;
+#else
+        const bool packed = false;
+#endif
+        // Stages 21-35's float4 stores need every row 16-byte aligned (8-byte with OUT_BF16), the
+        // packed bf16 store's 16-byte pieces 16-byte aligned.
+        const bool interior = m0 + WS_BM <= M && n0 + WS_CN <= N && (N & (packed ? 7 : 3)) == 0;
 #else
         const bool interior = m0 + WS_BM <= M && n0 + WS_CN <= N && pairs;
 #endif
         if (interior) {
 #ifdef EPI_STAGED
+#if defined(OUT_BF16) && WS_CN % 64 == 0
+          if (packed) {
+            // A bf16 output: per 64 columns, each lane applies the bias (its bf16 pairs from the
+            // copy) and GELU to its accumulators in the wgmma layout, rounds each pair to bf16 once
+            // and writes it (4 bytes; 16-byte piece p of row r at p ^ (r % 8): the 32 lanes hit 32
+            // banks) into its warp's staging buffer, 16 rows of 128 bytes; then each lane reads back
+            // 16 bytes, 8 columns of one row (8 lanes a row, 4 rows an instruction), and stores
+            // them: whole 128-byte lines, half the store instructions of the 8-byte path below.
+            const int lr = lane >> 3, q = lane & 7;  // read phase: rows lr + 4 i, 16-byte piece q
+            const int at0 = (r0 + 16 * warp + lr) * N + n0 + 8 * q;
+#pragma unroll
+            for (int j0 = 0; j0 < WS_CN / 8; j0 += 8) {
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj) {
+                    const float2 bv = load_out2(bias_s + 8 * (j0 + jj) + 2 * t);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float x = d[4 * (j0 + jj) + 2 * h] + bv.x, y = d[4 * (j0 + jj) + 2 * h + 1] + bv.y;
+                        if (TAIL && epilogue == EPI_GELU) {
+                            x = epi_gelu(x);
+                            y = epi_gelu(y);
+                        }
+                        const unsigned at = staging + (g + 8 * h) * 128 + ((jj ^ g) * 16) + 4 * t;
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(x, y)) : "memory");
+                    }
+                }
+                __syncwarp();
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    // Row lr + 4 i (lr < 4): its swizzle is lr, or lr ^ 4 for odd i.
+                    const unsigned at = staging + (lr + 4 * i) * 128 + ((q ^ lr ^ (4 * (i & 1))) * 16);
+                    uint4 v;
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                                 : "r"(at)
+                                 : "memory");
+                    *reinterpret_cast<uint4*>(out + at0 + i * 4 * N + 8 * j0) = v;
+                }
+                __syncwarp();  // every lane has read the buffer before the next columns' writes
+            }
+          } else
+#endif
+          {
             // Stages 21-35: per 32 columns, the warp writes its 16 rows of accumulators into
             // its staging buffer in the wgmma layout (8-byte pieces; 16-byte piece p of row r at
             // p ^ (r % 8), so a write takes the two wavefronts 256 bytes need), then reads them
             // back a row-contiguous float4 per lane (8 lanes a 128-byte row, 4 rows an
             // instruction, conflict-free), adds the bias (one broadcast float4) and the tail, and
             // stores whole lines. The residual's float4s are loaded first, so their latency runs
-            // under the staging.
+            // under the staging. With OUT_BF16 a lane's 4 values are 8 bytes: an instruction
+            // covers the same 4 rows' whole 32-byte sectors, half of each line.
             const int lr = lane >> 3, q = lane & 7;  // read phase: rows lr + 4 i, 16-byte piece q
             // Element (lr + 4 i, 8 j0 + 4 q) of the warp's rows is at at0 + i * 4 * N + 8 j0: 32-bit
             // offsets (M * N < 2^31), not pointers, since four rows' pointers for the output and
@@ -642,7 +737,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 float4 rv[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
-                    rv[i] = add_residual ? *reinterpret_cast<const float4*>(residual + at0 + i * 4 * N + 8 * j0)
+                    rv[i] = add_residual ? load_out4(residual + at0 + i * 4 * N + 8 * j0)
                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 // Rows g and g + 8 (the same swizzle, g < 8), columns 8 jj + 2 t: 16-byte piece
                 // 2 jj + t / 2, at (2 jj + t / 2) ^ g = 2 jj ^ (t / 2 ^ g).
@@ -658,7 +753,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                                      : "memory");
                     }
                 __syncwarp();
-                const float4 bv = *reinterpret_cast<const float4*>(bias_s + 8 * j0 + 4 * q);
+                const float4 bv = load_out4(bias_s + 8 * j0 + 4 * q);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     // Row lr + 4 i (lr < 4): its swizzle is lr, or lr ^ 4 for odd i.
@@ -682,17 +777,18 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                     v.y += rv[i].y;
                     v.z += rv[i].z;
                     v.w += rv[i].w;
-                    *reinterpret_cast<float4*>(out + at0 + i * 4 * N + 8 * j0) = v;
+                    store_out4(out + at0 + i * 4 * N + 8 * j0, v);
                 }
                 __syncwarp();  // every lane has read the buffer before the next columns' writes
             }
+          }
 #else
             const size_t row0 = (size_t)(r0 + 16 * warp + g) * N + n0 + 2 * t;
             const size_t rows[2] = {row0, row0 + (size_t)8 * N};
 #ifdef EPI_BIAS_SMEM
-            const float* bias_t = bias_s + 2 * t;
+            const out_t* bias_t = bias_s + 2 * t;
 #else
-            const float* bias_t = bias + n0 + 2 * t;
+            const out_t* bias_t = bias + n0 + 2 * t;
 #endif
             const bool has_bias = bias != nullptr;
 #pragma unroll
@@ -701,11 +797,10 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #pragma unroll
                 for (int jj = 0; jj < EPI_GROUPS; ++jj) {
                     const int col = 8 * (j0 + jj);
-                    bv[jj] = has_bias ? *reinterpret_cast<const float2*>(bias_t + col) : make_float2(0.0f, 0.0f);
+                    bv[jj] = has_bias ? load_out2(bias_t + col) : make_float2(0.0f, 0.0f);
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
-                        rv[jj][h] = add_residual ? *reinterpret_cast<const float2*>(residual + rows[h] + col)
-                                                 : make_float2(0.0f, 0.0f);
+                        rv[jj][h] = add_residual ? load_out2(residual + rows[h] + col) : make_float2(0.0f, 0.0f);
                 }
 #pragma unroll
                 for (int jj = 0; jj < EPI_GROUPS; ++jj) {
@@ -719,7 +814,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                         }
                         x += rv[jj][h].x;
                         y += rv[jj][h].y;
-                        *reinterpret_cast<float2*>(out + rows[h] + 8 * j) = make_float2(x, y);
+                        store_out2(out + rows[h] + 8 * j, x, y);
                     }
                 }
             }
@@ -737,15 +832,14 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                     const int col = n0 + 8 * (j0 + jj) + 2 * t;
 #ifdef EPI_BIAS_SMEM
                     // The copy is zero past N.
-                    bv[jj] = bias != nullptr ? *reinterpret_cast<const float2*>(bias_s + col - n0)
-                                             : make_float2(0.0f, 0.0f);
+                    bv[jj] = bias != nullptr ? load_out2(bias_s + col - n0) : make_float2(0.0f, 0.0f);
 #else
-                    bv[jj] = load_pair(bias, col, N, true);
+                    bv[jj] = load_out_pair(bias, col, N, true);
 #endif
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int row = r0 + 16 * warp + g + 8 * h;
-                        rv[jj][h] = add_residual && row < M ? load_pair(residual + (size_t)row * N, col, N, pairs)
+                        rv[jj][h] = add_residual && row < M ? load_out_pair(residual + (size_t)row * N, col, N, pairs)
                                                             : make_float2(0.0f, 0.0f);
                     }
                 }
@@ -758,7 +852,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                     for (int h = 0; h < 2; ++h) {
                         const int row = r0 + 16 * warp + g + 8 * h;
                         if (row >= M) continue;
-                        float* o = out + (size_t)row * N + col;
+                        out_t* o = out + (size_t)row * N + col;
                         float x = d[4 * j + 2 * h] + bv[jj].x, y = d[4 * j + 2 * h + 1] + bv[jj].y;
                         if constexpr (TAIL) {
                             if (epilogue == EPI_GELU) {
@@ -769,10 +863,10 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                         x += rv[jj][h].x;
                         y += rv[jj][h].y;
                         if (pairs) {
-                            *reinterpret_cast<float2*>(o) = make_float2(x, y);
+                            store_out2(o, x, y);
                         } else {
-                            o[0] = x;
-                            if (col + 1 < N) o[1] = y;
+                            store_out1(o, x);
+                            if (col + 1 < N) store_out1(o + 1, y);
                         }
                     }
                 }
@@ -847,9 +941,11 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         // (the host checks the bias pointer; tile columns start at multiples of 128).
         if (bias != nullptr && stores) {
             named_barrier(1 + c, 128);
-            for (int q = tid & 127; q < WS_BN / 4; q += 128) {
-                const int col = tn * WS_BN + 4 * q;
-                cp_async_bytes(bias_copy + 16 * q, bias + min(col, N - 1) / 4 * 4, max(0, min(16, 4 * (N - col))));
+            constexpr int per16 = 16 / sizeof(out_t);  // elements a 16-byte copy moves
+            for (int q = tid & 127; q < WS_BN / per16; q += 128) {
+                const int col = tn * WS_BN + per16 * q;
+                const int bytes = max(0, min(16, (int)sizeof(out_t) * (N - col)));
+                cp_async_bytes(bias_copy + 16 * q, bias + min(col, N - 1) / per16 * per16, bytes);
             }
             cp_async_commit();
         }

@@ -1,15 +1,18 @@
 //! The tensor-core ladder past the report (issue 12): `out[M,N] = inp[M,K] · W[N,K]ᵀ (+ bias[N])`
 //! with bf16 operands in llm.c's layout (both K-major, the weights prepared once by the caller),
-//! fp32 accumulation and fp32 output. Stages continue `linear`'s numbering (its stage 4, WMMA M3, is
+//! fp32 accumulation and fp32 or bf16 output. Stages continue `linear`'s numbering (its stage 4, WMMA M3, is
 //! where the report stopped); the library row is cuBLASLt on the same bf16 operands, with its BIAS
 //! epilogue when the shape has a bias and the bare GEMM when it does not.
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
-//! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias).
+//! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias),
+//! `out` (the output's bits: 32, the default, or 16 for bf16; the bias and a residual then are bf16
+//! too, as cuBLASLt requires of a 16-bit output's bias and as llm.c keeps its parameters).
 //! Stage 10, every later stage and the library row fuse a tail; stages 5-9 are `n/a` at `epi` > 0.
+//! Stage 15 on (the lean stores) and the library row store bf16; stages 5-14 are `n/a` at `out=16`.
 
 use common::check::Verification;
-use common::cudarc::driver::{sys, CudaSlice, CudaStream};
+use common::cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Arg, Bound, Define, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo,
@@ -20,7 +23,7 @@ use half::bf16;
 
 use crate::gemm::{check_dims, Dims, ELEMS_MK, ELEMS_MN, ELEMS_NK};
 use crate::linear::{inputs, verify_rows};
-use crate::lt::{Lt, LtEpilogue, LtOperands};
+use crate::lt::{Lt, LtEpilogue, LtOperands, LtOutput};
 use crate::reference::{gelu_tanh, linear_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
 
@@ -141,6 +144,8 @@ struct Switches {
     /// `WS_COLSPLIT`: the consumers split the tile's columns, one `WS_LAG` K steps behind (a lead
     /// mbarrier).
     column_split: bool,
+    /// `EPI_LEAN`: the lean store paths, the ones that also store bf16 (`OUT_BF16`).
+    lean: bool,
 }
 
 impl Switches {
@@ -162,6 +167,7 @@ impl Switches {
             tma_store: on("EPI_TMA_STORE"),
             stream_k: on("WS_STREAM_K"),
             column_split: on("WS_COLSPLIT"),
+            lean: on("EPI_LEAN"),
         }
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
@@ -584,7 +590,52 @@ pub enum Tail {
     Residual,
 }
 
-/// The sizes of one call, whether it adds a bias, and its tail.
+/// The element type of `out`, of the bias and of the residual the residual tail adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    F32,
+    /// bf16 (bit patterns in `u16`), rounded to nearest even from the fp32 result of the tail.
+    Bf16,
+}
+
+impl Output {
+    fn bytes(self) -> u64 {
+        match self {
+            Output::F32 => 4,
+            Output::Bf16 => 2,
+        }
+    }
+}
+
+/// The element types `out` (and the bias and residual) may have: `f32`, or `u16` holding bf16 bits.
+pub trait OutElement: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + 'static {
+    const OUTPUT: Output;
+    /// `x` rounded to this type (nearest even).
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl OutElement for f32 {
+    const OUTPUT: Output = Output::F32;
+    fn from_f32(x: f32) -> f32 {
+        x
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl OutElement for u16 {
+    const OUTPUT: Output = Output::Bf16;
+    fn from_f32(x: f32) -> u16 {
+        bf16::from_f32(x).to_bits()
+    }
+    fn to_f32(self) -> f32 {
+        bf16::from_bits(self).to_f32()
+    }
+}
+
+/// The sizes of one call, whether it adds a bias, its tail, and its output's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearBf16Dims {
     pub m: usize,
@@ -592,6 +643,7 @@ pub struct LinearBf16Dims {
     pub k: usize,
     pub bias: bool,
     pub tail: Tail,
+    pub out: Output,
 }
 
 impl LinearBf16Dims {
@@ -602,6 +654,8 @@ impl LinearBf16Dims {
 
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
 const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stage 10 and every later one do)";
+/// `OUT_BF16` is written for the lean store paths only (the header's `#error`).
+const OUT_STORES: &str = "out = 32 (this stage stores fp32; stage 15 on and the library row store bf16 too)";
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     check_dims(d.gemm())?;
@@ -609,6 +663,8 @@ pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     require(d.tail == Tail::None || d.bias, TAIL_BIAS, || format!("{:?} without a bias", d.tail))?;
     let fuses = plan.fuses_tail();
     require(d.tail == Tail::None || fuses, TAIL_FUSED, || format!("{:?}", d.tail))?;
+    let stores_bf16 = plan == Plan::Lt || (matches!(plan, Plan::Persistent { .. }) && Switches::of(v).lean);
+    require(d.out == Output::F32 || stores_bf16, OUT_STORES, || "out = 16".to_string())?;
     if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
         require(d.m <= 65535 * TILE_M, GRID_M, || format!("M = {}", d.m))?;
     }
@@ -739,7 +795,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 (true, Tail::Gelu) => LtEpilogue::GeluBias,
                 (true, _) => LtEpilogue::Bias,
             };
-            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, epi, d.gemm())?)
+            let out = match d.out {
+                Output::F32 => LtOutput::F32,
+                Output::Bf16 => LtOutput::Bf16,
+            };
+            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, out, epi, d.gemm())?)
         }
         // Every other plan is a TMA stage (`entry_base` names each one's entry).
         _ => {
@@ -831,6 +891,9 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             if v.tunable("WG_STAGES")? != stages {
                 compiled.set_tunable("WG_STAGES", stages)?;
             }
+            if d.out == Output::Bf16 {
+                compiled.switch_on("OUT_BF16");
+            }
             let v = &compiled;
             if sw.column_split {
                 // Consumer 0 runs its lead on the stages filled before any is released.
@@ -897,17 +960,17 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
     Ok(Prepared { stage, d, weight_early: sw.weights_early })
 }
 
-/// The buffers of one call (row-major): `out` M·N fp32, `inp` M·K and `weight` N·K bf16 bit
-/// patterns, `bias` N fp32 (present exactly when prepared with one), `residual` M·N fp32 (present
-/// exactly with the residual tail). Stages 27-35 read `weight` while the kernel before them in
+/// The buffers of one call (row-major): `out` M·N of the prepared output type `T` (`f32`, or `u16`
+/// bf16 bits), `inp` M·K and `weight` N·K bf16 bit patterns, `bias` N of `T` (present exactly when
+/// prepared with one), `residual` M·N of `T` (present exactly with the residual tail). Stages 27-35 read `weight` while the kernel before them in
 /// the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
 /// output (prepared weights never are).
-pub struct LinearBf16Args<'a> {
-    pub out: &'a mut CudaSlice<f32>,
+pub struct LinearBf16Args<'a, T: OutElement = f32> {
+    pub out: &'a mut CudaSlice<T>,
     pub inp: &'a CudaSlice<u16>,
     pub weight: &'a CudaSlice<u16>,
-    pub bias: Option<&'a CudaSlice<f32>>,
-    pub residual: Option<&'a CudaSlice<f32>>,
+    pub bias: Option<&'a CudaSlice<T>>,
+    pub residual: Option<&'a CudaSlice<T>>,
 }
 
 impl Prepared {
@@ -923,8 +986,11 @@ impl Prepared {
         self.weight_early
     }
 
-    pub fn enqueue(&self, stream: &CudaStream, a: LinearBf16Args) -> Result<()> {
+    pub fn enqueue<T: OutElement>(&self, stream: &CudaStream, a: LinearBf16Args<T>) -> Result<()> {
         let d = self.d;
+        require(T::OUTPUT == d.out, "out of the type prepared (out = 32: f32, out = 16: u16 bf16 bits)", || {
+            format!("{:?} buffers for {:?}", T::OUTPUT, d.out)
+        })?;
         require_len("inp", a.inp.len(), d.m * d.k)?;
         require_len("weight", a.weight.len(), d.n * d.k)?;
         require_len("out", a.out.len(), d.m * d.n)?;
@@ -1018,6 +1084,12 @@ pub fn shape_with_tail(m: i64, n: i64, k: i64, epi: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", 1), ("epi", epi)])
 }
 
+/// `s` with a bf16 output (`out = 16`).
+pub fn bf16_out(mut s: Shape) -> Shape {
+    s.set("out", 16);
+    s
+}
+
 fn dims(s: &Shape) -> Result<LinearBf16Dims> {
     let max = i32::MAX as i64;
     let b = s.get("bias").unwrap_or(1);
@@ -1028,16 +1100,21 @@ fn dims(s: &Shape) -> Result<LinearBf16Dims> {
         2 => Tail::Residual,
         e => return Err(Error::constraint("epi in {0, 1, 2}", format!("epi = {e}"))),
     };
-    Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1, tail })
+    let out = match s.get("out").unwrap_or(32) {
+        32 => Output::F32,
+        16 => Output::Bf16,
+        o => return Err(Error::constraint("out in {32, 16}", format!("out = {o}"))),
+    };
+    Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1, tail, out })
 }
 
 static INFO: OpInfo = OpInfo {
     family: FAMILY,
     name: OP,
     description:
-        "out[M,N] = inp[M,K] . W[N,K]^T + bias[N], bf16 operands (weights prepared once), fp32 accumulate and out",
+        "out[M,N] = inp[M,K] . W[N,K]^T + bias[N], bf16 operands (weights prepared once), fp32 accumulate, fp32 or bf16 out",
     sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi"],
+    shape_keys: &["M", "N", "K", "bias", "epi", "out"],
     stages,
 };
 
@@ -1060,6 +1137,10 @@ impl Op for LinearBf16 {
             shape_with_tail(4096, 768, 768, 2),
             shape_with_tail(4096, 768, 3072, 2),
         ]);
+        // The four projections and MLP up with GELU storing bf16 (llm.c's activations): half the
+        // output's bytes, against cuBLASLt storing bf16.
+        let bf16: Vec<Shape> = s[..4].iter().chain(&s[8..9]).cloned().map(bf16_out).collect();
+        s.extend(bf16);
         s
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
@@ -1087,62 +1168,76 @@ impl Op for LinearBf16 {
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = dims(s)?;
         check_dims(d.gemm())?;
-        // The operands rounded to bf16 once, here (what a caller's weight preparation does); the
-        // reference runs in f64 on exactly those values.
-        let (x, w, b) = inputs(d.gemm(), seed);
-        let round = |v: Vec<f32>| -> (Vec<f32>, Vec<u16>) {
-            let bits: Vec<u16> = v.iter().map(|&f| bf16::from_f32(f).to_bits()).collect();
-            (bits.iter().map(|&u| bf16::from_bits(u).to_f32()).collect(), bits)
-        };
-        let ((x, x16), (w, w16)) = (round(x), round(w));
-        let rows = sampled_rows(d.m, d.n, d.k);
-        let mut reference = linear_rows(&x, &w, d.bias.then_some(&b[..]), d.n, d.k, &rows);
-        let residual = (d.tail == Tail::Residual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3));
-        match (d.tail, &residual) {
-            (Tail::Gelu, _) => reference.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
-            (Tail::Residual, Some(r)) => {
-                for (o, &row) in reference.chunks_mut(d.n).zip(&rows) {
-                    o.iter_mut().zip(&r[row * d.n..(row + 1) * d.n]).for_each(|(x, &y)| *x += y as f64);
-                }
-            }
-            _ => {}
+        match d.out {
+            Output::F32 => problem::<f32>(gpu, d, seed),
+            Output::Bf16 => problem::<u16>(gpu, d, seed),
         }
-        let copies = rotation_copies(gpu, (2 * (d.m * d.k + d.n * d.k) + 4 * d.m * d.n) as u64);
-        Ok(Box::new(LinearBf16Problem {
-            d,
-            inp: Rotated::upload(gpu, &x16, copies)?,
-            w: Rotated::upload(gpu, &w16, copies)?,
-            bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
-            residual: residual.map(|r| gpu.upload(&r)).transpose()?,
-            out: Rotated::outputs(gpu, d.m * d.n, copies)?,
-            rows,
-            reference,
-            copies,
-            prepared: Current::default(),
-        }))
     }
 }
 
-struct LinearBf16Problem {
+/// A call's inputs, output copies and f64 reference, with `out` and the residual of type `T`.
+fn problem<T: OutElement>(gpu: &Gpu, d: LinearBf16Dims, seed: u64) -> Result<Box<dyn Problem>> {
+    // The operands rounded to bf16 once, here (what a caller's weight preparation does); the
+    // reference runs in f64 on exactly those values.
+    let (x, w, b) = inputs(d.gemm(), seed);
+    let round = |v: Vec<f32>| -> (Vec<f32>, Vec<u16>) {
+        let bits: Vec<u16> = v.iter().map(|&f| bf16::from_f32(f).to_bits()).collect();
+        (bits.iter().map(|&u| bf16::from_bits(u).to_f32()).collect(), bits)
+    };
+    let ((x, x16), (w, w16)) = (round(x), round(w));
+    let rows = sampled_rows(d.m, d.n, d.k);
+    // The bias in the output's type, rounded once; the reference adds exactly those values.
+    let b: Vec<T> = b.into_iter().map(T::from_f32).collect();
+    let b_wide: Vec<f32> = b.iter().map(|&x| x.to_f32()).collect();
+    let mut reference = linear_rows(&x, &w, d.bias.then_some(&b_wide[..]), d.n, d.k, &rows);
+    // The residual in the output's type; the reference adds exactly those values.
+    let residual: Option<Vec<T>> = (d.tail == Tail::Residual)
+        .then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3).into_iter().map(T::from_f32).collect());
+    match (d.tail, &residual) {
+        (Tail::Gelu, _) => reference.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
+        (Tail::Residual, Some(r)) => {
+            for (o, &row) in reference.chunks_mut(d.n).zip(&rows) {
+                o.iter_mut().zip(&r[row * d.n..(row + 1) * d.n]).for_each(|(x, &y)| *x += y.to_f32() as f64);
+            }
+        }
+        _ => {}
+    }
+    let out_bytes = d.out.bytes() as usize;
+    let copies = rotation_copies(gpu, (2 * (d.m * d.k + d.n * d.k) + out_bytes * d.m * d.n) as u64);
+    Ok(Box::new(LinearBf16Problem::<T> {
+        d,
+        inp: Rotated::upload(gpu, &x16, copies)?,
+        w: Rotated::upload(gpu, &w16, copies)?,
+        bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
+        residual: residual.map(|r| gpu.upload(&r)).transpose()?,
+        out: Rotated::outputs(gpu, d.m * d.n, copies)?,
+        rows,
+        reference,
+        copies,
+        prepared: Current::default(),
+    }))
+}
+
+struct LinearBf16Problem<T: OutElement> {
     d: LinearBf16Dims,
     inp: Rotated<u16>,
     w: Rotated<u16>,
-    bias: Option<CudaSlice<f32>>,
-    residual: Option<CudaSlice<f32>>,
-    out: Rotated<f32>,
+    bias: Option<CudaSlice<T>>,
+    residual: Option<CudaSlice<T>>,
+    out: Rotated<T>,
     rows: Vec<usize>,
     reference: Vec<f64>,
     copies: usize,
     prepared: Current<Prepared>,
 }
 
-impl Problem for LinearBf16Problem {
+impl<T: OutElement> Problem for LinearBf16Problem<T> {
     fn workload(&self) -> Workload {
         let (m, n, k) = (self.d.m as u64, self.d.n as u64, self.d.k as u64);
         let nb = if self.d.bias { n } else { 0 };
         let residual = if self.d.tail == Tail::Residual { m * n } else { 0 };
         Workload {
-            bytes: 2 * (m * k + n * k) + 4 * (m * n + nb + residual),
+            bytes: 2 * (m * k + n * k) + self.d.out.bytes() * (m * n + nb + residual),
             flops: 2 * m * n * k + if self.d.bias { m * n } else { 0 },
             bound: Bound::Compute(Precision::Bf16),
         }
@@ -1169,7 +1264,7 @@ impl Problem for LinearBf16Problem {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        let out = gpu.download(self.out.get(copy))?;
+        let out: Vec<f32> = gpu.download(self.out.get(copy))?.into_iter().map(T::to_f32).collect();
         Ok(verify_rows(v, &out, &self.reference, &self.rows, self.d.gemm()))
     }
 }
@@ -1228,7 +1323,7 @@ mod tests {
         let none = Switches::default();
         assert_eq!(of(9), none);
         assert_eq!(of(13), Switches { tma_store: true, ..none });
-        let staged = Switches { copies_bias: true, stages_store: true, ..none };
+        let staged = Switches { copies_bias: true, stages_store: true, lean: true, ..none };
         assert_eq!(of(23), Switches { ping_pong: true, multicast: true, ..staged });
         let early = Switches { dependent_launch: true, weights_early: true, ..staged };
         assert_eq!(of(28), Switches { ping_pong: true, ..early }, "from the stage list's defines");
@@ -1253,6 +1348,7 @@ mod tests {
             stages_store: true,
             dependent_launch: true,
             weights_early: true,
+            lean: true,
             ..Switches::default()
         };
         assert_eq!(Switches::of(&all), on);
@@ -1268,9 +1364,37 @@ mod tests {
         assert_eq!(off("all-EPI_STAGED"), Switches { stages_store: false, ..on });
         let no_copy = Switches { copies_bias: false, stages_store: false, ..on };
         assert_eq!(off("all-EPI_BIAS_SMEM"), no_copy);
-        assert_eq!(off("all-EPI_LEAN"), no_copy);
+        assert_eq!(off("all-EPI_LEAN"), Switches { lean: false, ..no_copy });
+        assert_eq!(off("all-EPI_PREFETCH"), Switches { lean: false, ..no_copy });
         assert!(!row("all-EPI_PREFETCH").has("EPI_LEAN") && !row("all-EPI_LEAN").has("EPI_BIAS_SMEM"));
         assert!(rows.iter().all(|v| v.compared_with.as_deref() == Some("ping-pong-weights-early")));
+    }
+
+    /// A bf16 output is stored by the lean stores (`EPI_LEAN`, stage 15 on; the header's `#error`
+    /// refuses it elsewhere) and the library row: the others, and stage 28's rows without the lean
+    /// store, refuse `out = 16` with the typed error; `out` takes 32 or 16 only.
+    #[test]
+    fn bf16_output_is_the_lean_stores_and_the_library() {
+        let s = bf16_out(shape(129, 132, 136, 1));
+        let accepts = |v: &Variant| LinearBf16.validate(v, &s).is_ok();
+        let (yes, no): (Vec<Variant>, Vec<Variant>) = LinearBf16.variants().into_iter().partition(accepts);
+        let stages = |vs: &[Variant]| vs.iter().map(|v| v.stage).collect::<Vec<_>>();
+        assert_eq!(stages(&yes), (15..=35).chain([90]).collect::<Vec<_>>());
+        assert_eq!(stages(&no), (5..=14).collect::<Vec<_>>());
+        for v in &no {
+            let e = LinearBf16.validate(v, &s).unwrap_err();
+            assert!(matches!(&e, Error::Constraint { constraint, .. } if constraint == OUT_STORES), "{}: {e}", v.id());
+        }
+        let lean: Vec<String> =
+            LinearBf16.leave_one_out().into_iter().filter(accepts).map(|v| v.name.to_string()).collect();
+        let kept: Vec<String> = ["WS_PINGPONG", "EPI_BIAS_SMEM", "EPI_STAGED", "WS_PDL", "WS_WEIGHTS_EARLY"]
+            .map(|s| format!("all-{s}"))
+            .into();
+        assert_eq!(lean, kept, "without EPI_PREFETCH or EPI_LEAN the store is fp32 only");
+        let mut odd = shape(129, 132, 136, 1);
+        odd.set("out", 8);
+        assert!(matches!(dims(&odd), Err(Error::Constraint { .. })));
+        assert_eq!(dims(&shape(1, 2, 8, 0)).unwrap().out, Output::F32, "fp32 without the key");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! cuBLASLt through cudarc's `cublaslt::result` layer: `out = epilogue(inp · Wᵀ + bias) (+ residual)`
-//! with fp32 output, bias and residual and TF32 or fp16 operands. cudarc's safe `Matmul` trait
+//! with TF32, fp16 or bf16 operands and an fp32 output, bias and residual, or (bf16 operands) a bf16
+//! output, bias and residual: cuBLASLt takes a 16-bit output's bias in the output's type only
+//! (an fp32 bias beside a bf16 D is `CUBLAS_STATUS_INVALID_VALUE` at the heuristic, H100, CUDA 13). cudarc's safe `Matmul` trait
 //! uses one buffer for C and D and one element type for everything, which rules out a residual as C
 //! and fp16 operands with an fp32 output; descriptors are therefore built here, once per
 //! (operands, epilogue, shape) at prepare, with the heuristic's first algorithm.
@@ -12,7 +14,7 @@ use common::{DriverContext, Error, Gpu, Result};
 
 use crate::gemm::Dims;
 
-/// The operand precision of a cuBLASLt row (accumulation and output are fp32 in both).
+/// The operand precision of a cuBLASLt row (accumulation is fp32 in all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum LtOperands {
     /// fp32 operands rounded to TF32 on the tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`).
@@ -20,6 +22,13 @@ pub(crate) enum LtOperands {
     /// fp16 operands (converted by the caller), `CUBLAS_COMPUTE_32F`.
     Fp16,
     /// bf16 operands as given (prepared once by the caller), `CUBLAS_COMPUTE_32F`.
+    Bf16,
+}
+
+/// The type of `out`, of the bias and of the residual read as C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LtOutput {
+    F32,
     Bf16,
 }
 
@@ -75,6 +84,7 @@ pub(crate) struct Lt {
     plan: Option<Plan>,
     d: Dims,
     ops: LtOperands,
+    out: LtOutput,
     epi: LtEpilogue,
 }
 
@@ -89,7 +99,7 @@ impl Drop for Lt {
 }
 
 impl Lt {
-    pub(crate) fn prepare(gpu: &Gpu, ops: LtOperands, epi: LtEpilogue, d: Dims) -> Result<Lt> {
+    pub(crate) fn prepare(gpu: &Gpu, ops: LtOperands, out: LtOutput, epi: LtEpilogue, d: Dims) -> Result<Lt> {
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::Blas {
@@ -100,13 +110,17 @@ impl Lt {
         gpu.context().bind_to_thread().ctx("bind the context")?;
         let workspace = gpu.zeros::<u8>(WORKSPACE_BYTES)?;
         let handle = ltr::create_handle().map_err(lt_err("create handle"))?;
-        let mut lt = Lt { handle, workspace, plan: None, d, ops, epi };
+        let mut lt = Lt { handle, workspace, plan: None, d, ops, out, epi };
         lt.plan = Some(lt.plan()?);
         Ok(lt)
     }
 
     fn plan(&self) -> Result<Plan> {
         let (ops, epi, d) = (self.ops, self.epi, self.d);
+        let out_type = match self.out {
+            LtOutput::F32 => sys::cudaDataType_t::CUDA_R_32F,
+            LtOutput::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
+        };
         let (dtype, compute) = match ops {
             LtOperands::Tf32 => {
                 (sys::cudaDataType_t::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
@@ -131,12 +145,12 @@ impl Lt {
                 LtEpilogue::GeluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
             };
             set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &e)?;
-            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32t)?;
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out_type)?;
         }
         let (m, n, k) = (d.m as u64, d.n as u64, d.k as u64);
         plan.a = ltr::create_matrix_layout(dtype, k, n, k as i64).map_err(lt_err("create layout A"))?;
         plan.b = ltr::create_matrix_layout(dtype, k, m, k as i64).map_err(lt_err("create layout B"))?;
-        plan.c = ltr::create_matrix_layout(f32t, n, m, n as i64).map_err(lt_err("create layout C/D"))?;
+        plan.c = ltr::create_matrix_layout(out_type, n, m, n as i64).map_err(lt_err("create layout C/D"))?;
         let pref = ltr::create_matmul_pref().map_err(lt_err("create preference"))?;
         // SAFETY: all descriptors are live; the preference is destroyed right after the query.
         let heuristic = unsafe {
@@ -151,7 +165,8 @@ impl Lt {
             let _ = ltr::destroy_matmul_pref(pref);
             r
         };
-        let heuristic = heuristic.map_err(lt_err(&format!("algorithm heuristic for {m}x{n}x{k} {ops:?} {epi:?}")))?;
+        let heuristic = heuristic
+            .map_err(lt_err(&format!("algorithm heuristic for {m}x{n}x{k} {ops:?} {:?} {epi:?}", self.out)))?;
         plan.algo = Some(heuristic.algo);
         Ok(plan)
     }
@@ -160,7 +175,8 @@ impl Lt {
     ///
     /// # Safety
     /// `a`, `b` must address M·K and N·K elements of the operand type, `out` (and `residual`
-    /// when non-zero) M·N fp32, `bias` N fp32 (non-zero unless the epilogue is `None`).
+    /// when non-zero) M·N of the output type, `bias` N of the output type (non-zero unless the
+    /// epilogue is `None`).
     pub(crate) unsafe fn enqueue(
         &self,
         stream: &CudaStream,

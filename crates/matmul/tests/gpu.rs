@@ -66,10 +66,10 @@ fn bad_buffers(gpu: &Gpu) {
 /// error that launches nothing (a `CudaSlice` of its own allocation is always aligned, so the
 /// misaligned one is made from a raw pointer).
 fn bad_bias_alignment(gpu: &Gpu) {
-    use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Args, LinearBf16Dims, Tail};
+    use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Args, LinearBf16Dims, Output, Tail};
     let (m, n, k) = (8usize, 16usize, 64usize);
     let v = LinearBf16.variants().into_iter().find(|v| v.name == "bias-smem").expect("stage 18");
-    let p = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k, bias: true, tail: Tail::None }).unwrap();
+    let p = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k, bias: true, tail: Tail::None, out: Output::F32 }).unwrap();
     let (x, w) = (gpu.upload(&vec![0x3f80u16; m * k]).unwrap(), gpu.upload(&vec![0x3f80u16; n * k]).unwrap());
     let wide = gpu.upload(&vec![1.0f32; n + 4]).unwrap();
     let stream = gpu.stream();
@@ -90,6 +90,26 @@ fn bad_bias_alignment(gpu: &Gpu) {
     call(&mut out, &bias).unwrap_or_else(|e| panic!("aligned bias refused: {e}"));
     gpu.synchronize().unwrap();
     assert!(gpu.download(&out).unwrap().iter().all(|&x| x == 65.0), "aligned bias: wrong out");
+    // A call prepared for a bf16 output refuses fp32 buffers, and the reverse, launching nothing.
+    let bf16_dims = LinearBf16Dims { out: Output::Bf16, m, n, k, bias: true, tail: Tail::None };
+    let p16 = lb::prepare(gpu, &v, bf16_dims).unwrap();
+    let mut poisoned = gpu.alloc_poisoned::<f32>(m * n).unwrap();
+    let wrong = p16
+        .enqueue(stream, LinearBf16Args { out: &mut poisoned, inp: &x, weight: &w, bias: Some(&bias), residual: None });
+    assert!(constraint(wrong).contains("out of the type prepared"));
+    let bias16 = gpu.upload(&vec![0x3f80u16; n]).unwrap(); // bf16 1.0: a bf16 output's bias is bf16
+    let mut out16 = gpu.alloc_poisoned::<u16>(m * n).unwrap();
+    let wrong =
+        p.enqueue(stream, LinearBf16Args { out: &mut out16, inp: &x, weight: &w, bias: Some(&bias16), residual: None });
+    assert!(constraint(wrong).contains("out of the type prepared"));
+    gpu.synchronize().unwrap();
+    assert!(gpu.download(&poisoned).unwrap().iter().all(|x| x.is_nan()), "a refused call wrote out");
+    assert!(gpu.download(&out16).unwrap().iter().all(|&x| x == 0xffff), "a refused call wrote out");
+    // The bf16 store of the same call: 65 is exact in bf16.
+    p16.enqueue(stream, LinearBf16Args { out: &mut out16, inp: &x, weight: &w, bias: Some(&bias16), residual: None })
+        .unwrap();
+    gpu.synchronize().unwrap();
+    assert!(gpu.download(&out16).unwrap().iter().all(|&x| x == 0x4282), "bf16 out: wrong bits (65.0 is 0x4282)");
 }
 
 /// Stages 25 to 35 may start while the kernel before them runs: a GEMM whose residual is the
@@ -103,7 +123,7 @@ fn bad_bias_alignment(gpu: &Gpu) {
 fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
     use common::data::uniform;
     use half::bf16;
-    use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Args, LinearBf16Dims, Tail};
+    use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Args, LinearBf16Dims, Output, Tail};
     let sms = gpu.info().sm_count as usize;
     let (m, n, k1, k2) = (256 * (sms + 1), 128usize, 4096usize, 8usize);
     let bits = |len: usize, seed: u64| -> Vec<u16> {
@@ -123,11 +143,12 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
         v
     });
     for v in LinearBf16.variants().into_iter().chain(data_parallel.collect::<Vec<_>>()) {
-        let first = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k: k1, bias: false, tail: Tail::None }).unwrap();
+        let dims = |k, bias, tail| LinearBf16Dims { m, n, k, bias, tail, out: Output::F32 };
+        let first = lb::prepare(gpu, &v, dims(k1, false, Tail::None)).unwrap();
         if !first.dependent_launch() {
             continue;
         }
-        let second = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k: k2, bias: true, tail: Tail::Residual }).unwrap();
+        let second = lb::prepare(gpu, &v, dims(k2, true, Tail::Residual)).unwrap();
         assert!(second.dependent_launch(), "{}: both GEMMs launch as dependents", v.id());
         let (mut out1, mut out2) =
             (gpu.alloc_poisoned::<f32>(m * n).unwrap(), gpu.alloc_poisoned::<f32>(m * n).unwrap());
@@ -319,6 +340,31 @@ fn main() -> std::process::ExitCode {
             }
             proptest(16, (1i64..512, 1i64..128, 1i64..64, 0i64..3), |(m, n4, k8, e)| {
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, 4 * n4, 8 * k8, e), &points)
+            })
+        })
+        .gpu("linear_bf16_out_bf16_any_shape", |gpu| {
+            // The stages that store bf16 (15 on, stage 28's leave-one-out rows that keep the lean
+            // store, the library row) at `out = 16` with every tail at ragged shapes: the staged
+            // interior's 8-byte stores next to the edge tiles' pairs and single elements (odd N),
+            // a bf16 residual, 4-wide and unaligned rows (N % 4 != 0 leaves the staged path), the
+            // wave model's three widths (small shapes: 128, 4100 x 580: 192, 4096 x 772: 256).
+            use common::{Generator, Grid, Sweep};
+            use matmul::linear_bf16::{bf16_out, shape, shape_with_tail, LinearBf16};
+            let mut rows: Vec<_> = LinearBf16.variants().into_iter().filter(|v| v.stage >= 15).collect();
+            rows.extend(LinearBf16.leave_one_out());
+            let lags = Grid { axes: vec![Sweep { tunable: "WS_LAG".into(), values: vec![4] }] };
+            rows.extend(LinearBf16.variants().iter().flat_map(|v| lags.derive(v)));
+            for (m, n, k) in
+                [(1, 1, 8), (129, 196, 136), (300, 7, 1000), (4100, 580, 72), (257, 389, 64), (4096, 772, 64)]
+            {
+                for e in 0..3 {
+                    let s = if e == 0 { shape(m, n, k, m % 2) } else { shape_with_tail(m, n, k, e) };
+                    assert_stages_pass(gpu, &LinearBf16, &bf16_out(s), &rows);
+                }
+            }
+            proptest(8, (1i64..512, 1i64..512, 1i64..64, 0i64..3), |(m, n, k8, e)| {
+                let s = if e == 0 { shape(m, n, 8 * k8, 1) } else { shape_with_tail(m, n, 8 * k8, e) };
+                assert_stages_pass(gpu, &LinearBf16, &bf16_out(s), &rows)
             })
         })
         .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
