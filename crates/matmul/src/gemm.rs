@@ -7,7 +7,7 @@ use common::blas::{self, Blas, GemmPrecision};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::{require, Arg, Gpu, Launch, LaunchShape, Limit, Precision, Result, Shape, Variant};
 
-use crate::lt::{Lt, LtEpilogue, LtOperands, LtOutput};
+use crate::lt::{Lt, LtEpilogue, LtOperands, Output};
 use crate::{FAMILY, SOURCES};
 
 /// The WMMA tile edge; the WMMA stages pad M, N and K to multiples of it.
@@ -395,7 +395,7 @@ impl CublasLt {
                 return Err(common::Error::constraint("fp32 operands for the fp32 linear ops' cuBLASLt rows", "bf16"))
             }
         };
-        Ok(CublasLt { lt: Lt::prepare(gpu, ops, LtOutput::F32, epi, d)?, half })
+        Ok(CublasLt { lt: Lt::prepare(gpu, ops, Output::F32, epi, d)?, half })
     }
 
     /// # Safety

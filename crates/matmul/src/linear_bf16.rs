@@ -1,8 +1,8 @@
 //! The tensor-core ladder past the report (issue 12): `out[M,N] = inp[M,K] · W[N,K]ᵀ (+ bias[N])`
 //! with bf16 operands in llm.c's layout (both K-major, the weights prepared once by the caller),
-//! fp32 accumulation and fp32 or bf16 output. Stages continue `linear`'s numbering (its stage 4, WMMA M3, is
-//! where the report stopped); the library row is cuBLASLt on the same bf16 operands, with its BIAS
-//! epilogue when the shape has a bias and the bare GEMM when it does not.
+//! fp32 accumulation and fp32 or bf16 output. Stages continue `linear`'s numbering (its stage 4,
+//! WMMA M3, is where the report stopped); the library row is cuBLASLt on the same bf16 operands,
+//! with its BIAS epilogue when the shape has a bias and the bare GEMM when it does not.
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
 //! of the biased product, 2 the biased product plus a residual `[M, N]`; 1 and 2 need the bias),
@@ -23,7 +23,8 @@ use half::bf16;
 
 use crate::gemm::{check_dims, Dims, ELEMS_MK, ELEMS_MN, ELEMS_NK};
 use crate::linear::{inputs, verify_rows};
-use crate::lt::{Lt, LtEpilogue, LtOperands, LtOutput};
+pub use crate::lt::Output;
+use crate::lt::{Lt, LtEpilogue, LtOperands};
 use crate::reference::{gelu_tanh, linear_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
 
@@ -590,23 +591,6 @@ pub enum Tail {
     Residual,
 }
 
-/// The element type of `out`, of the bias and of the residual the residual tail adds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
-    F32,
-    /// bf16 (bit patterns in `u16`), rounded to nearest even from the fp32 result of the tail.
-    Bf16,
-}
-
-impl Output {
-    fn bytes(self) -> u64 {
-        match self {
-            Output::F32 => 4,
-            Output::Bf16 => 2,
-        }
-    }
-}
-
 /// The element types `out` (and the bias and residual) may have: `f32`, or `u16` holding bf16 bits.
 pub trait OutElement: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + 'static {
     const OUTPUT: Output;
@@ -795,11 +779,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 (true, Tail::Gelu) => LtEpilogue::GeluBias,
                 (true, _) => LtEpilogue::Bias,
             };
-            let out = match d.out {
-                Output::F32 => LtOutput::F32,
-                Output::Bf16 => LtOutput::Bf16,
-            };
-            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, out, epi, d.gemm())?)
+            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, d.out, epi, d.gemm())?)
         }
         // Every other plan is a TMA stage (`entry_base` names each one's entry).
         _ => {
@@ -962,8 +942,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 
 /// The buffers of one call (row-major): `out` M·N of the prepared output type `T` (`f32`, or `u16`
 /// bf16 bits), `inp` M·K and `weight` N·K bf16 bit patterns, `bias` N of `T` (present exactly when
-/// prepared with one), `residual` M·N of `T` (present exactly with the residual tail). Stages 27-35 read `weight` while the kernel before them in
-/// the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
+/// prepared with one), `residual` M·N of `T` (present exactly with the residual tail). Stages 27-35
+/// read `weight` while the kernel before them in the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
 /// output (prepared weights never are).
 pub struct LinearBf16Args<'a, T: OutElement = f32> {
     pub out: &'a mut CudaSlice<T>,

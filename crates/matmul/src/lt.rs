@@ -25,11 +25,22 @@ pub(crate) enum LtOperands {
     Bf16,
 }
 
-/// The type of `out`, of the bias and of the residual read as C.
+/// The element type of `out`, of the bias and of the residual (read as C): the output type of
+/// `linear-bf16`'s `out` shape key, and fp32 in the fp32 ops' rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum LtOutput {
+pub enum Output {
     F32,
+    /// bf16 (bit patterns in `u16`), rounded to nearest even from the fp32 result of the tail.
     Bf16,
+}
+
+impl Output {
+    pub(crate) fn bytes(self) -> u64 {
+        match self {
+            Output::F32 => 4,
+            Output::Bf16 => 2,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -84,7 +95,7 @@ pub(crate) struct Lt {
     plan: Option<Plan>,
     d: Dims,
     ops: LtOperands,
-    out: LtOutput,
+    out: Output,
     epi: LtEpilogue,
 }
 
@@ -99,7 +110,7 @@ impl Drop for Lt {
 }
 
 impl Lt {
-    pub(crate) fn prepare(gpu: &Gpu, ops: LtOperands, out: LtOutput, epi: LtEpilogue, d: Dims) -> Result<Lt> {
+    pub(crate) fn prepare(gpu: &Gpu, ops: LtOperands, out: Output, epi: LtEpilogue, d: Dims) -> Result<Lt> {
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::Blas {
@@ -118,8 +129,8 @@ impl Lt {
     fn plan(&self) -> Result<Plan> {
         let (ops, epi, d) = (self.ops, self.epi, self.d);
         let out_type = match self.out {
-            LtOutput::F32 => sys::cudaDataType_t::CUDA_R_32F,
-            LtOutput::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
+            Output::F32 => sys::cudaDataType_t::CUDA_R_32F,
+            Output::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
         };
         let (dtype, compute) = match ops {
             LtOperands::Tf32 => {
