@@ -274,14 +274,6 @@ __device__ __forceinline__ void cp_async_bytes(unsigned dst, const void* src, in
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
-// Elements col and col + 1 of the row at `p` (zero past N, and a null `p` reads as zeros), as one
-// 8-byte load when `aligned` (col is even; the row starts 8-byte aligned) and both are inside.
-__device__ __forceinline__ float2 load_pair(const float* p, int col, int N, bool aligned) {
-    if (p == nullptr || col >= N) return make_float2(0.0f, 0.0f);
-    if (col + 1 < N && aligned) return *reinterpret_cast<const float2*>(p + col);
-    return make_float2(p[col], col + 1 < N ? p[col + 1] : 0.0f);
-}
-
 #ifdef OUT_BF16
 #ifndef EPI_LEAN
 #error "OUT_BF16: the lean store paths only (stages 15-35)"
@@ -313,12 +305,27 @@ __device__ __forceinline__ float2 load_out2(const out_t* p) { return *reinterpre
 __device__ __forceinline__ float4 load_out4(const out_t* p) { return *reinterpret_cast<const float4*>(p); }
 #endif
 
-// A residual pair as `load_pair` reads the bias: elements col and col + 1 (zero past N, and a
-// null `p` reads as zeros), one load when `aligned`.
-__device__ __forceinline__ float2 load_out_pair(const out_t* p, int col, int N, bool aligned) {
+// Elements col and col + 1 of a bias or residual row at `p` (zero past N, and a null `p` reads as
+// zeros), as one load when `aligned` (col is even; the row starts aligned to a pair) and both are
+// inside.
+__device__ __forceinline__ float2 load_pair(const out_t* p, int col, int N, bool aligned) {
     if (p == nullptr || col >= N) return make_float2(0.0f, 0.0f);
     if (col + 1 < N && aligned) return load_out2(p + col);
     return make_float2(load_out1(p + col), col + 1 < N ? load_out1(p + col + 1) : 0.0f);
+}
+
+// The staged stores' read phase: 16-byte piece q of row lr + 4 i (lr < 4) of a warp's staging
+// buffer, 16 rows of 128 bytes in the 128-byte swizzle (piece p of row r at p ^ (r % 8), so row
+// lr + 4 i's swizzle is lr, or lr ^ 4 for odd i). 8 lanes read a row and an instruction 4 rows,
+// without bank conflicts.
+__device__ __forceinline__ uint4 staged_read(unsigned staging, int lr, int q, int i) {
+    const unsigned at = staging + (lr + 4 * i) * 128 + ((q ^ lr ^ (4 * (i & 1))) * 16);
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(at)
+                 : "memory");
+    return v;
 }
 
 // Stage 33's stream-K arguments: per block and consumer, a slot of 64 x WS_BN partial sums and a
@@ -704,16 +711,8 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 }
                 __syncwarp();
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    // Row lr + 4 i (lr < 4): its swizzle is lr, or lr ^ 4 for odd i.
-                    const unsigned at = staging + (lr + 4 * i) * 128 + ((q ^ lr ^ (4 * (i & 1))) * 16);
-                    uint4 v;
-                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                                 : "r"(at)
-                                 : "memory");
-                    *reinterpret_cast<uint4*>(out + at0 + i * 4 * N + 8 * j0) = v;
-                }
+                for (int i = 0; i < 4; ++i)
+                    *reinterpret_cast<uint4*>(out + at0 + i * 4 * N + 8 * j0) = staged_read(staging, lr, q, i);
                 __syncwarp();  // every lane has read the buffer before the next columns' writes
             }
           } else
@@ -756,13 +755,9 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 const float4 bv = load_out4(bias_s + 8 * j0 + 4 * q);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    // Row lr + 4 i (lr < 4): its swizzle is lr, or lr ^ 4 for odd i.
-                    const unsigned at = staging + (lr + 4 * i) * 128 + ((q ^ lr ^ (4 * (i & 1))) * 16);
-                    float4 v;
-                    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                                 : "r"(at)
-                                 : "memory");
+                    const uint4 u = staged_read(staging, lr, q, i);
+                    float4 v = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                                           __uint_as_float(u.w));
                     v.x += bv.x;
                     v.y += bv.y;
                     v.z += bv.z;
@@ -834,12 +829,12 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                     // The copy is zero past N.
                     bv[jj] = bias != nullptr ? load_out2(bias_s + col - n0) : make_float2(0.0f, 0.0f);
 #else
-                    bv[jj] = load_out_pair(bias, col, N, true);
+                    bv[jj] = load_pair(bias, col, N, true);
 #endif
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int row = r0 + 16 * warp + g + 8 * h;
-                        rv[jj][h] = add_residual && row < M ? load_out_pair(residual + (size_t)row * N, col, N, pairs)
+                        rv[jj][h] = add_residual && row < M ? load_pair(residual + (size_t)row * N, col, N, pairs)
                                                             : make_float2(0.0f, 0.0f);
                     }
                 }
