@@ -49,6 +49,13 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, unsign
         : "memory");
 }
 
+// The same box fetched into L2 only (no shared memory, no barrier): a later tma_load of it then
+// reads L2 instead of waiting on DRAM.
+__device__ __forceinline__ void tma_prefetch_l2(const TmaMap* map, int x, int y) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(map), "r"(x), "r"(y)
+                 : "memory");
+}
+
 // tma_load into the same shared offset and barrier of every block of the cluster in `mask`, each
 // barrier completing on the bytes it receives.
 __device__ __forceinline__ void tma_load_multicast(unsigned dst, const TmaMap* map, unsigned bar, int x, int y,

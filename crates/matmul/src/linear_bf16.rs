@@ -80,7 +80,7 @@ enum Plan {
     Wgmma,
     /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
     WarpSpecialized,
-    /// Stages 9-35, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
+    /// Stages 9-36, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
     /// stage compiles in is read from its `.cu`'s `#define`s and the stage list's defines
     /// ([`Switches::of`]); the plan says what the host decides: the entry, how the tail is passed,
     /// the tile width and the ring depth.
@@ -147,6 +147,9 @@ struct Switches {
     column_split: bool,
     /// `EPI_LEAN`: the lean store paths, the ones that also store bf16 (`OUT_BF16`).
     lean: bool,
+    /// `WS_L2_PREFETCH`: the producer fetches the operands of its walk's K steps up to
+    /// `WS_L2_WINDOW` into L2 once its ring's first loads are issued.
+    l2_prefetch: bool,
 }
 
 impl Switches {
@@ -169,6 +172,7 @@ impl Switches {
             stream_k: on("WS_STREAM_K"),
             column_split: on("WS_COLSPLIT"),
             lean: on("EPI_LEAN"),
+            l2_prefetch: on("WS_L2_PREFETCH"),
         }
     }
     /// Blocks per thread-block cluster (stacked along M, sharing the W tile).
@@ -504,6 +508,16 @@ fn stages() -> Vec<Variant> {
         )
         .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", 8), ("WS_LAG", 2)])
         .with_sweep("WS_LAG", &[0, 1, 2, 3, 4]),
+        wave_fit(
+            36,
+            "l2-prefetch",
+            "linear-bf16/36_l2_prefetch.cu",
+            ("linear_bf16_l2_prefetch", TailArgs::Residual),
+            Ring::Tunable,
+            "stage 30 with the operands of the first WS_L2_WINDOW K steps fetched into L2 at the start, each box by one block (TMA prefetches)",
+        )
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_L2_WINDOW", 12)])
+        .with_sweep("WS_L2_WINDOW", &[6, 8, 12, 24, 48]),
         Variant::library(
             FAMILY,
             OP,
@@ -882,6 +896,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                     format!("WS_LAG = {lag}, WG_STAGES = {stages}")
                 })?;
             }
+            if sw.l2_prefetch {
+                // A window no longer than the ring prefetches only what the ring loads at once.
+                let window = v.tunable("WS_L2_WINDOW")?;
+                require(window > stages, "WS_L2_WINDOW > WG_STAGES (the ring's depth)", || {
+                    format!("WS_L2_WINDOW = {window}, WG_STAGES = {stages}")
+                })?;
+            }
             let (tiles_n, tiles_m) = ((d.n as u32).div_ceil(tile_n), (d.m as u32).div_ceil(tile_m));
             let smem = stages * stage_bytes + fixed;
             let shape = |grid| {
@@ -942,7 +963,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 
 /// The buffers of one call (row-major): `out` M·N of the prepared output type `T` (`f32`, or `u16`
 /// bf16 bits), `inp` M·K and `weight` N·K bf16 bit patterns, `bias` N of `T` (present exactly when
-/// prepared with one), `residual` M·N of `T` (present exactly with the residual tail). Stages 27-35
+/// prepared with one), `residual` M·N of `T` (present exactly with the residual tail). Stages 27-36
 /// read `weight` while the kernel before them in the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
 /// output (prepared weights never are).
 pub struct LinearBf16Args<'a, T: OutElement = f32> {
@@ -955,13 +976,13 @@ pub struct LinearBf16Args<'a, T: OutElement = f32> {
 
 impl Prepared {
     /// Whether the call is launched as a programmatic dependent of the kernel before it in the
-    /// stream (stages 25-35): it may start under that kernel's tail.
+    /// stream (stages 25-36): it may start under that kernel's tail.
     pub fn dependent_launch(&self) -> bool {
         matches!(&self.stage, Stage::Tma { launch, .. } if launch.shape().dependent)
     }
 
     /// Whether the call reads `weight` before the kernel before it in the stream has finished
-    /// (stages 27-35): `weight` must not be written by that kernel.
+    /// (stages 27-36): `weight` must not be written by that kernel.
     pub fn reads_weight_early(&self) -> bool {
         self.weight_early
     }
@@ -1298,7 +1319,7 @@ mod tests {
             }
             files += 1;
         }
-        assert_eq!(files, 27, "stages 9-35");
+        assert_eq!(files, 28, "stages 9-36");
         let of = |stage: u32| Switches::of(&LinearBf16.variants().into_iter().find(|v| v.stage == stage).unwrap());
         let none = Switches::default();
         assert_eq!(of(9), none);
@@ -1310,10 +1331,11 @@ mod tests {
         assert_eq!(of(32), early);
         let dependents: Vec<u32> =
             LinearBf16.variants().iter().filter(|v| Switches::of(v).dependent_launch).map(|v| v.stage).collect();
-        assert_eq!(dependents, (25..=35).collect::<Vec<_>>());
+        assert_eq!(dependents, (25..=36).collect::<Vec<_>>());
         assert_eq!(of(34), Switches { ping_pong: true, ..early });
         assert_eq!(of(33), Switches { stream_k: true, ..early });
         assert_eq!(of(35), Switches { column_split: true, ..early });
+        assert_eq!(of(36), Switches { l2_prefetch: true, ..early });
     }
 
     /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,
@@ -1359,7 +1381,7 @@ mod tests {
         let accepts = |v: &Variant| LinearBf16.validate(v, &s).is_ok();
         let (yes, no): (Vec<Variant>, Vec<Variant>) = LinearBf16.variants().into_iter().partition(accepts);
         let stages = |vs: &[Variant]| vs.iter().map(|v| v.stage).collect::<Vec<_>>();
-        assert_eq!(stages(&yes), (15..=35).chain([90]).collect::<Vec<_>>());
+        assert_eq!(stages(&yes), (15..=36).chain([90]).collect::<Vec<_>>());
         assert_eq!(stages(&no), (5..=14).collect::<Vec<_>>());
         for v in &no {
             let e = LinearBf16.validate(v, &s).unwrap_err();
