@@ -964,8 +964,9 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 /// The buffers of one call (row-major): `out` M·N of the prepared output type `T` (`f32`, or `u16`
 /// bf16 bits), `inp` M·K and `weight` N·K bf16 bit patterns, `bias` N of `T` (present exactly when
 /// prepared with one), `residual` M·N of `T` (present exactly with the residual tail). Stages 27-36
-/// read `weight` while the kernel before them in the stream may still run ([`Prepared::reads_weight_early`]): it must not be that kernel's
-/// output (prepared weights never are).
+/// read `weight` while the kernel before them in the stream may still run
+/// ([`Prepared::reads_weight_early`]): it must not be that kernel's output (prepared weights never
+/// are).
 pub struct LinearBf16Args<'a, T: OutElement = f32> {
     pub out: &'a mut CudaSlice<T>,
     pub inp: &'a CudaSlice<u16>,
