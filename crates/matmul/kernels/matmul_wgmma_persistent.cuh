@@ -1,15 +1,15 @@
-// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-36
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-37
 // (each stage's header says what it adds). A grid of one block per SM walks the output tiles in
-// groups of WS_GROUP_M row panels; warpgroup 0 issues every TMA load (the smem ring and its phases
-// continue across tiles), the consumer warpgroups (WS_BM / 64 of them, 64 rows each; two of 128
-// rows at WS_BM 256; two of WS_BN / 2 columns in stage 35) issue wgmma.m64nWS_BNk16 (m64n(WS_BN/2)k16
-// in stage 35) and store. The tile is WS_BM x WS_BN: WS_BM is 128,
-// 192 in stage 16, 256 in stage 32, 64 in stage 34;
+// groups of WS_GROUP_M row panels (a tunable; in stage 37 a define the host fits to the shape);
+// warpgroup 0 issues every TMA load (the smem ring and its phases continue across tiles), the
+// consumer warpgroups (WS_BM / 64 of them, 64 rows each; two of 128 rows at WS_BM 256; two of
+// WS_BN / 2 columns in stage 35) issue wgmma.m64nWS_BNk16 (m64n(WS_BN/2)k16 in stage 35) and
+// store. The tile is WS_BM x WS_BN: WS_BM is 128, 192 in stage 16, 256 in stage 32, 64 in stage 34;
 // WS_BN is 128, 192 or 256: 256 has the most reuse per loaded byte; 192 divides GPT-2's 768 into 4
 // columns, so N = 768 at M = 4096 is 128 tiles (one wave on 132 SMs) instead of 96 at 256. With
-// TAIL (stages 10-36), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
+// TAIL (stages 10-37), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
 // product, 2 adds `residual`; stage 9 instantiates it without. Switches of the later stages:
-//   EPI_PREFETCH (12, 14-36): a chunk's bias and residual loads batched before its stores;
+//   EPI_PREFETCH (12, 14-37): a chunk's bias and residual loads batched before its stores;
 //   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
 //     (`map_out`) while the consumer goes on;
 //   WS_MULTICAST (14, 20, 23, 24): clusters of 2 along M walk pairs of vertically adjacent tiles,
@@ -17,25 +17,25 @@
 //     into both, and a ring stage is refilled only once the consumers of both blocks have released
 //     it (with WS_PINGPONG the two blocks' walks are the same, so the same consumer of each reads
 //     it);
-//   EPI_LEAN (15-36): tiles wholly inside the output stored without checks, GELU on tanh.approx;
-//   WS_PINGPONG (17, 19, 22, 23, 26, 28, 31, 34): each consumer takes every other tile of the walk
-//     whole (two 64-row accumulator sets; one on stage 34's 64-row tiles), the two taking turns on
-//     the tensor cores, one's store under the other's MMAs;
-//   EPI_BIAS_SMEM (18-36): each consumer copies its tile's bias into shared memory (cp.async)
+//   EPI_LEAN (15-37): tiles wholly inside the output stored without checks, GELU on tanh.approx;
+//   WS_PINGPONG (17, 19, 22, 23, 26, 28, 31, 34, 37): each consumer takes every other tile of the
+//     walk whole (two 64-row accumulator sets; one on stage 34's 64-row tiles), the two taking
+//     turns on the tensor cores, one's store under the other's MMAs;
+//   EPI_BIAS_SMEM (18-37): each consumer copies its tile's bias into shared memory (cp.async)
 //     while the MMAs run, and its store reads it there;
-//   EPI_STAGED (21-36): an interior tile's accumulators pass through a shared staging buffer per
+//   EPI_STAGED (21-37): an interior tile's accumulators pass through a shared staging buffer per
 //     warp, 32 columns at a time, so that the tail's loads and the stores are row-contiguous
 //     float4s: each warp instruction covers four whole 128-byte lines instead of 32 bytes of 8;
-//   WS_PDL (25-36): programmatic dependent launch. Every block lets the next grid in the stream
+//   WS_PDL (25-37): programmatic dependent launch. Every block lets the next grid in the stream
 //     launch as soon as it starts, and waits for the previous grid (its completion and the
 //     visibility of its writes) after the prologue and before its first global access, so the
 //     launch and the prologue of one GEMM run under the tail of the one before. Rust launches these
 //     stages with the programmatic-serialization attribute;
-//   WS_WEIGHTS_EARLY (27-36): with WS_PDL, the producer issues the W tiles of the block's first
+//   WS_WEIGHTS_EARLY (27-37): with WS_PDL, the producer issues the W tiles of the block's first
 //     WG_STAGES K steps before it waits for the previous grid (the weights are no grid's output:
 //     the caller's contract), so their fetch from DRAM also runs under that grid's tail; the
 //     consumers wait for the previous grid on their own;
-//   WS_PDL_LAST_TILE (30-36): with WS_PDL, a block lets the next grid launch only when its
+//   WS_PDL_LAST_TILE (30-37): with WS_PDL, a block lets the next grid launch only when its
 //     producer starts the block's last tile, not as the block starts: the next grid is then
 //     pending only for the run's last tile round, not for all of it;
 //   WS_STREAM_K (33): the schedule's last `sk.tiles` tiles are shared out by K steps: their steps,
@@ -45,7 +45,7 @@
 //     every other block that holds a part of it writes its accumulators to its slot of
 //     `sk.partials` and raises its flag, which the finishing block waits for, adds in block order
 //     and lowers again for the next launch;
-//   OUT_BF16 (15-36, set by the host for `out = 16`): `out`, `bias` and `residual` are bf16 (raw
+//   OUT_BF16 (15-37, set by the host for `out = 16`): `out`, `bias` and `residual` are bf16 (raw
 //     bits; a 16-bit output takes a bias of its own type in cuBLASLt too), the tail computed in
 //     fp32 and rounded to nearest even once, as it is stored; the lean store paths only (stages
 //     9-14 and the TMA store write fp32);
@@ -110,7 +110,10 @@
 #define WS_B_BYTES (WS_BN * WS_BK * 2)
 #define WS_STAGE_BYTES (WS_A_BYTES + WS_B_BYTES)
 #ifndef WS_GROUP_M
-#error "WS_GROUP_M is a tunable: the stage list sets it"
+#error "WS_GROUP_M is a tunable (stage 37: a define the host fits to the shape): the stage list sets it"
+#endif
+#if WS_GROUP_M < 1
+#error "WS_GROUP_M >= 1: the walk takes at least one row panel at a time"
 #endif
 
 #ifdef WS_PINGPONG
@@ -196,7 +199,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-// Stages 15-32 and 34-36: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
+// Stages 15-32 and 34-37: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
 #define LEAN_ENTRY(name, tail)                                                                               \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, out_t* out,        \
@@ -280,7 +283,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #ifndef EPI_BIAS_SMEM
 #error "EPI_STAGED reads the bias from EPI_BIAS_SMEM's copy"
 #endif
-// Stages 21-36: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
+// Stages 21-37: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
 #define EPI_STAGING_BYTES (16 * 128)
 #undef WS_EPI_BYTES
 #define WS_EPI_BYTES (WS_CONSUMERS * 4 * EPI_STAGING_BYTES)
@@ -294,7 +297,7 @@ __device__ __forceinline__ void cp_async_bytes(unsigned dst, const void* src, in
 
 #ifdef OUT_BF16
 #ifndef EPI_LEAN
-#error "OUT_BF16: the lean store paths only (stages 15-36)"
+#error "OUT_BF16: the lean store paths only (stages 15-37)"
 #endif
 // `out` and `residual` as bf16 bit patterns (the Rust side's `u16`), converted with
 // ladder_convert.cuh's pair helpers (one cvt.rn.bf16x2.f32 a pair; the low half first in memory).
@@ -493,7 +496,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         if (tid == 0) {
             int it = 0;
 #ifdef WS_WEIGHTS_EARLY
-            // Stages 27-36: the first item's first ring stages get their W tiles (and the whole
+            // Stages 27-37: the first item's first ring stages get their W tiles (and the whole
             // stage's byte count) now; their A tiles follow the wait, in the loop below.
             int early = 0;
 #ifdef WS_STREAM_K
@@ -551,7 +554,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 const bool last = i + stride >= entries;
 #endif
 #ifdef WS_PDL_LAST_TILE
-                // Stages 30-36: the block's last item; the first invocation in a block is the one
+                // Stages 30-37: the block's last item; the first invocation in a block is the one
                 // that counts, and this thread is the only one to make it.
                 if (last) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
@@ -592,7 +595,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
 #ifdef WS_WEIGHTS_EARLY
-    // Stages 27-36: the consumers wait for the previous grid here (the producer did on its own).
+    // Stages 27-37: the consumers wait for the previous grid here (the producer did on its own).
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
     // A consumer's release of a ring stage: to its own block, or with clusters to both (either
@@ -630,7 +633,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     const out_t* bias_s = reinterpret_cast<const out_t*>(smem_raw + (bias_copy - smem_u32(smem_raw))) + first_col;
 #endif
 #ifdef EPI_STAGED
-    // Stages 21-36: this warp's staging buffer, after the bias copies (a shared-window address:
+    // Stages 21-37: this warp's staging buffer, after the bias copies (a shared-window address:
     // 32-bit, so the store's few loop-invariant addresses cost one register each).
     const unsigned staging = base + WG_STAGES * WS_STAGE_BYTES + WS_BIAS_BYTES + (4 * c + warp) * EPI_STAGING_BYTES;
     // Their store reads the bias copy unconditionally (a branch on the bias costs the 192-wide
@@ -715,7 +718,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #else
         const bool packed = false;
 #endif
-        // Stages 21-36's float4 stores need every row 16-byte aligned (8-byte with OUT_BF16), the
+        // Stages 21-37's float4 stores need every row 16-byte aligned (8-byte with OUT_BF16), the
         // packed bf16 store's 16-byte pieces 16-byte aligned.
         const bool interior = m0 + WS_BM <= M && n0 + WS_CN <= N && (N & (packed ? 7 : 3)) == 0;
 #else
@@ -758,7 +761,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
           } else
 #endif
           {
-            // Stages 21-36: per 32 columns, the warp writes its 16 rows of accumulators into
+            // Stages 21-37: per 32 columns, the warp writes its 16 rows of accumulators into
             // its staging buffer in the wgmma layout (8-byte pieces; 16-byte piece p of row r at
             // p ^ (r % 8), so a write takes the two wavefronts 256 bytes need), then reads them
             // back a row-contiguous float4 per lane (8 lanes a 128-byte row, 4 rows an

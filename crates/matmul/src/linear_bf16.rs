@@ -55,6 +55,11 @@ const TWO_SETS_BN: &str = "WS_BN <= 192 with two accumulator sets a consumer (WS
 const TWO_SETS_WIDTHS: [u32; 2] = [192, 128];
 /// The widths it picks from for 128-row tiles.
 const ONE_SET_WIDTHS: [u32; 3] = [256, 192, 128];
+/// The tile order's group (`WS_GROUP_M`) the persistent stages declare, and what [`group_fit`]
+/// keeps where the weights fit in L2.
+const DECLARED_GROUP_M: u32 = 8;
+/// The header's `#error`s on the group.
+const GROUP_M: &str = "WS_GROUP_M >= 1, a multiple of the blocks per cluster";
 /// The widths [`stream_k_fit`] picks from: stream-K takes care of the last wave, so the narrowest
 /// tile (the most bytes loaded per flop) is left out.
 const STREAM_K_WIDTHS: [u32; 2] = [256, 192];
@@ -80,11 +85,11 @@ enum Plan {
     Wgmma,
     /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
     WarpSpecialized,
-    /// Stages 9-36, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
+    /// Stages 9-37, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
     /// stage compiles in is read from its `.cu`'s `#define`s and the stage list's defines
     /// ([`Switches::of`]); the plan says what the host decides: the entry, how the tail is passed,
-    /// the tile width and the ring depth.
-    Persistent { entry: &'static str, tail: TailArgs, width: Width, ring: Ring },
+    /// the tile width, the ring depth and the tile order's group.
+    Persistent { entry: &'static str, tail: TailArgs, width: Width, ring: Ring, group: Group },
     /// cuBLASLt on the bf16 operands.
     Lt,
 }
@@ -108,6 +113,18 @@ enum Ring {
     Tunable,
     /// As deep as fits beside the rest of shared memory, `WG_STAGES` at most (stages 13, 29, 32).
     FillsSharedMemory,
+}
+
+/// How a persistent stage's tile order groups its row panels (`WS_GROUP_M`: the walk takes that
+/// many rows of tiles at a time, column by column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Group {
+    /// The `WS_GROUP_M` tunable (8 declared: the sweeps found 4 to 32 within noise where the
+    /// operands fit in L2).
+    Tunable,
+    /// [`group_fit`] per shape, compiled in as the `WS_GROUP_M` define (stage 37); the stage
+    /// list's define is what the compile check builds.
+    Fitted,
 }
 
 impl Plan {
@@ -201,7 +218,13 @@ fn swept(
     entry: (&'static str, TailArgs),
     summary: &'static str,
 ) -> Variant {
-    let plan = Plan::Persistent { entry: entry.0, tail: entry.1, width: Width::Tunable, ring: Ring::Tunable };
+    let plan = Plan::Persistent {
+        entry: entry.0,
+        tail: entry.1,
+        width: Width::Tunable,
+        ring: Ring::Tunable,
+        group: Group::Tunable,
+    };
     persistent(stage, name, file, plan, summary)
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
         .with_sweep("WS_BN", &[128, 192, 256])
@@ -218,7 +241,7 @@ fn wave_fit(
     ring: Ring,
     summary: &'static str,
 ) -> Variant {
-    let plan = Plan::Persistent { entry: entry.0, tail: entry.1, width: Width::Fitted, ring };
+    let plan = Plan::Persistent { entry: entry.0, tail: entry.1, width: Width::Fitted, ring, group: Group::Tunable };
     persistent(stage, name, file, plan, summary).with_defines(vec![Define::new("WS_BN", "256")])
 }
 
@@ -231,11 +254,40 @@ fn ping_pong(
     entry: &'static str,
     summary: &'static str,
 ) -> Variant {
-    let plan = Plan::Persistent { entry, tail: TailArgs::Residual, width: Width::Tunable, ring: Ring::Tunable };
+    let plan = Plan::Persistent {
+        entry,
+        tail: TailArgs::Residual,
+        width: Width::Tunable,
+        ring: Ring::Tunable,
+        group: Group::Tunable,
+    };
     persistent(stage, name, file, plan, summary)
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 192)])
         .with_sweep("WS_BN", &[128, 192])
         .with_sweep("WG_STAGES", &[3, 4, 5])
+}
+
+/// A ping-pong stage whose tile order's group is [`group_fit`]'s per shape: a define the host sets,
+/// not a tunable, so a sweep cannot set it behind the model's back (8 is what the compile check
+/// builds).
+fn group_fitted(
+    stage: u32,
+    name: &'static str,
+    file: &'static str,
+    entry: &'static str,
+    summary: &'static str,
+) -> Variant {
+    let plan = Plan::Persistent {
+        entry,
+        tail: TailArgs::Residual,
+        width: Width::Tunable,
+        ring: Ring::Tunable,
+        group: Group::Fitted,
+    };
+    ping_pong(stage, name, file, entry, summary)
+        .with_plan(plan)
+        .with_tunables(&[("WG_STAGES", 4), ("WS_BN", 192)])
+        .with_defines(vec![Define::new("WS_GROUP_M", "8")])
 }
 
 fn stages() -> Vec<Variant> {
@@ -347,6 +399,7 @@ fn stages() -> Vec<Variant> {
                 tail: TailArgs::Residual,
                 width: Width::Defined,
                 ring: Ring::Tunable,
+                group: Group::Tunable,
             },
             "stage 15 on 192 x 128 tiles of three consumer warpgroups: exact waves at GPT-2's shapes on 132 SMs",
         )
@@ -518,6 +571,13 @@ fn stages() -> Vec<Variant> {
         )
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_L2_WINDOW", 12)])
         .with_sweep("WS_L2_WINDOW", &[6, 8, 12, 24, 48]),
+        group_fitted(
+            37,
+            "group-fit",
+            "linear-bf16/37_group_fit.cu",
+            "linear_bf16_group_fit",
+            "stage 31 with the tile order's group of row panels fitted to L2: where W overflows it, each W tile read from DRAM as few times as the L2 allows",
+        ),
         Variant::library(
             FAMILY,
             OP,
@@ -541,6 +601,21 @@ pub fn wave_fit_width(m: usize, n: usize, sms: u32, tile_m: u32, widths: &[u32])
         tiles.div_ceil(sms.max(1) as usize) * w as usize
     };
     widths.iter().copied().min_by_key(|&w| cost(w)).unwrap_or(128)
+}
+
+/// Stage 37's tile-order group for an M x N x K GEMM of `tile_m`-row tiles on a GPU of `l2_bytes`
+/// of L2: the row panels the walk takes at a time, column by column. Each pass of the walk over the
+/// columns fetches W from DRAM again, `ceil(tiles_m / group)` passes, unless W stays in L2 between
+/// them. Where W (N x K bf16) fits in the L2, the declared group stands (at 4096^3, W 64% of the
+/// L2, a group of 25 measured 2-6% slower than 8). Where it does not, the group is the most row
+/// panels whose A rows (group x tile_m x K bf16, read again for every column) fit in half the L2,
+/// all of them where they fit: W then comes from DRAM once.
+pub fn group_fit(m: usize, n: usize, k: usize, tile_m: u32, l2_bytes: u64) -> u32 {
+    if n * k * 2 <= l2_bytes as usize {
+        return DECLARED_GROUP_M;
+    }
+    let panels = l2_bytes as usize / 2 / (tile_m as usize * k * 2).max(1);
+    panels.clamp(1, m.div_ceil(tile_m as usize).max(1)) as u32
 }
 
 /// Stage 33's schedule for an M x N x K GEMM of 128-row tiles on `sms` SMs: of `widths` (widest
@@ -798,9 +873,9 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         // Every other plan is a TMA stage (`entry_base` names each one's entry).
         _ => {
             // Stages 7 and 8 take no tail and have their tile width in their file.
-            let (tail, width, ring) = match plan {
-                Plan::Persistent { tail, width, ring, .. } => (tail, Some(width), ring),
-                _ => (TailArgs::None, None, Ring::Tunable),
+            let (tail, width, ring, group) = match plan {
+                Plan::Persistent { tail, width, ring, group, .. } => (tail, Some(width), ring, group),
+                _ => (TailArgs::None, None, Ring::Tunable, Group::Tunable),
             };
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
@@ -888,7 +963,18 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             if d.out == Output::Bf16 {
                 compiled.switch_on("OUT_BF16");
             }
+            if group == Group::Fitted {
+                compiled.set_define("WS_GROUP_M", group_fit(d.m, d.n, d.k, tile_m, gpu.info().l2_bytes))?;
+            }
             let v = &compiled;
+            if matches!(plan, Plan::Persistent { .. }) {
+                // The schedule walks groups of row panels, pairs of them with clusters of 2.
+                let group_m = match v.define("WS_GROUP_M") {
+                    Some(_) => define_u32(v, "WS_GROUP_M")?,
+                    None => v.tunable("WS_GROUP_M")?,
+                };
+                require(group_m >= 1 && group_m % sw.cluster() == 0, GROUP_M, || format!("WS_GROUP_M = {group_m}"))?;
+            }
             if sw.column_split {
                 // Consumer 0 runs its lead on the stages filled before any is released.
                 let lag = v.tunable("WS_LAG")?;
@@ -963,7 +1049,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
 
 /// The buffers of one call (row-major): `out` M·N of the prepared output type `T` (`f32`, or `u16`
 /// bf16 bits), `inp` M·K and `weight` N·K bf16 bit patterns, `bias` N of `T` (present exactly when
-/// prepared with one), `residual` M·N of `T` (present exactly with the residual tail). Stages 27-36
+/// prepared with one), `residual` M·N of `T` (present exactly with the residual tail). Stages 27-37
 /// read `weight` while the kernel before them in the stream may still run
 /// ([`Prepared::reads_weight_early`]): it must not be that kernel's output (prepared weights never
 /// are).
@@ -977,13 +1063,13 @@ pub struct LinearBf16Args<'a, T: OutElement = f32> {
 
 impl Prepared {
     /// Whether the call is launched as a programmatic dependent of the kernel before it in the
-    /// stream (stages 25-36): it may start under that kernel's tail.
+    /// stream (stages 25-37): it may start under that kernel's tail.
     pub fn dependent_launch(&self) -> bool {
         matches!(&self.stage, Stage::Tma { launch, .. } if launch.shape().dependent)
     }
 
     /// Whether the call reads `weight` before the kernel before it in the stream has finished
-    /// (stages 27-36): `weight` must not be written by that kernel.
+    /// (stages 27-37): `weight` must not be written by that kernel.
     pub fn reads_weight_early(&self) -> bool {
         self.weight_early
     }
@@ -1320,7 +1406,7 @@ mod tests {
             }
             files += 1;
         }
-        assert_eq!(files, 28, "stages 9-36");
+        assert_eq!(files, 29, "stages 9-37");
         let of = |stage: u32| Switches::of(&LinearBf16.variants().into_iter().find(|v| v.stage == stage).unwrap());
         let none = Switches::default();
         assert_eq!(of(9), none);
@@ -1332,11 +1418,12 @@ mod tests {
         assert_eq!(of(32), early);
         let dependents: Vec<u32> =
             LinearBf16.variants().iter().filter(|v| Switches::of(v).dependent_launch).map(|v| v.stage).collect();
-        assert_eq!(dependents, (25..=36).collect::<Vec<_>>());
+        assert_eq!(dependents, (25..=37).collect::<Vec<_>>());
         assert_eq!(of(34), Switches { ping_pong: true, ..early });
         assert_eq!(of(33), Switches { stream_k: true, ..early });
         assert_eq!(of(35), Switches { column_split: true, ..early });
         assert_eq!(of(36), Switches { l2_prefetch: true, ..early });
+        assert_eq!(of(37), of(31), "stage 37 is stage 31's kernel; the host fits its group");
     }
 
     /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,
@@ -1382,7 +1469,7 @@ mod tests {
         let accepts = |v: &Variant| LinearBf16.validate(v, &s).is_ok();
         let (yes, no): (Vec<Variant>, Vec<Variant>) = LinearBf16.variants().into_iter().partition(accepts);
         let stages = |vs: &[Variant]| vs.iter().map(|v| v.stage).collect::<Vec<_>>();
-        assert_eq!(stages(&yes), (15..=36).chain([90]).collect::<Vec<_>>());
+        assert_eq!(stages(&yes), (15..=37).chain([90]).collect::<Vec<_>>());
         assert_eq!(stages(&no), (5..=14).collect::<Vec<_>>());
         for v in &no {
             let e = LinearBf16.validate(v, &s).unwrap_err();
@@ -1433,6 +1520,26 @@ mod tests {
         assert_eq!(fit(4096, 2304), 192, "QKV: 6 rounds of 192, 5 of 256");
         assert_eq!(fit(4096, 3072), 256, "MLP up: a three-way tie, the widest");
         assert_eq!(fit(4096, 4096), 256, "4096^3: 8 rounds of 256");
+    }
+
+    /// Stage 37's group on the H100's 50 MiB of L2: every row panel at the LM heads, as many 2 MiB
+    /// panels as fit in half the L2 at 8192^3, and the declared 8 where W fits in the L2.
+    #[test]
+    fn group_fit_at_the_default_shapes() {
+        let l2 = 50 << 20;
+        let fit = |m, n, k| group_fit(m, n, k, 128, l2);
+        assert_eq!(fit(4096, 50304, 768), 32, "the padded LM head: W 77 MB, A 6.3 MB: every row panel");
+        assert_eq!(fit(4096, 50257, 768), 32, "the odd LM head");
+        assert_eq!(fit(8192, 8192, 8192), 12, "8192^3: W 128 MiB; 12 panels of 2 MiB");
+        for (n, k) in [(2304, 768), (768, 768), (3072, 768), (768, 3072), (4096, 4096)] {
+            assert_eq!(
+                fit(4096, n, k),
+                DECLARED_GROUP_M,
+                "GPT-2's block shapes and 4096^3: W fits, the declared group"
+            );
+        }
+        assert_eq!(fit(100, 50304, 768), 1, "one row panel");
+        assert_eq!(group_fit(4096, 8192, 65536, 128, l2), 1, "a panel of 16 MiB: one at a time");
     }
 
     /// Stage 33's model at the default shapes on 132 SMs: stream-K where a partial last wave is

@@ -60,6 +60,20 @@ fn bad_buffers(gpu: &Gpu) {
         }
     }
     bad_bias_alignment(gpu);
+    bad_group(gpu);
+}
+
+/// A tile order of no row panels at a time (the kernel would divide by it), or, with clusters of 2,
+/// of an odd number (the schedule pairs the rows), is a typed error refused before anything compiles.
+fn bad_group(gpu: &Gpu) {
+    use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Dims, Output, Tail};
+    let d = LinearBf16Dims { m: 8, n: 16, k: 64, bias: true, tail: Tail::None, out: Output::F32 };
+    for (stage, group) in [(31, 0), (14, 3)] {
+        let v = LinearBf16.variants().into_iter().find(|v| v.stage == stage).expect("a persistent stage");
+        let bad = v.with_config(&[("WS_GROUP_M".to_string(), group)]).unwrap();
+        let refused = constraint(lb::prepare(gpu, &bad, d).map(|_| ()));
+        assert!(refused.contains("WS_GROUP_M >= 1, a multiple of the blocks per cluster"), "{refused}");
+    }
 }
 
 /// Stage 18 and the later ones copy the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
@@ -112,10 +126,10 @@ fn bad_bias_alignment(gpu: &Gpu) {
     assert!(gpu.download(&out16).unwrap().iter().all(|&x| x == 0x4282), "bf16 out: wrong bits (65.0 is 0x4282)");
 }
 
-/// Stages 25 to 35 may start while the kernel before them runs: a GEMM whose residual is the
+/// Stages 25 to 37 may start while the kernel before them runs: a GEMM whose residual is the
 /// output of the GEMM launched just before it must still read that output whole. The first GEMM
 /// (itself a dependent-launch stage, which lets its dependents launch as it starts, or in stages
-/// 30-35 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
+/// 30-37 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
 /// 256-row tiles than there are SMs (two more of 128 rows), deep in K: one or two blocks compute
 /// a tile long after the others have left their SMs to the second GEMM, whose K = 8 tiles reach
 /// their residual reads within a microsecond. Without `griddepcontrol.wait` the blocks that take
@@ -291,7 +305,7 @@ fn main() -> std::process::ExitCode {
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let widths = Grid { axes: vec![Sweep { tunable: "WS_BN".into(), values: vec![128, 192] }] };
             let points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| widths.derive(v)).collect();
-            assert_eq!(points.len(), 18, "stages 9, 10, 17, 19, 22, 23, 26, 28 and 31, two widths each");
+            assert_eq!(points.len(), 20, "stages 9, 10, 17, 19, 22, 23, 26, 28, 31 and 37, two widths each");
             for (m, n, k) in [(1, 1, 8), (129, 193, 136), (300, 7, 1000), (4096, 768, 768), (257, 385, 64)] {
                 assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, 1), &points);
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 1 + (m % 2)), &points);
@@ -316,7 +330,9 @@ fn main() -> std::process::ExitCode {
             // out by K steps, up to one step a block, so that a tile is summed from many blocks;
             // stage 35's consumers on column halves at leads of 0, 2 and 4 K steps, 4 being the
             // whole ring at 256 wide, over tiles of fewer K steps than the lead; stage 36's L2
-            // window running past a tile's K steps into the block's next tiles).
+            // window running past a tile's K steps into the block's next tiles; stage 31's tile
+            // order at groups of 1 and 3 row panels, what stage 37's model picks where W overflows
+            // L2 with wide K, and a group that does not divide the tile rows).
             use common::{Generator, Grid, Sweep};
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
@@ -329,6 +345,8 @@ fn main() -> std::process::ExitCode {
             let lagged: Vec<_> = LinearBf16.variants().iter().flat_map(|v| lags.derive(v)).collect();
             assert_eq!(lagged.len(), 2, "stage 35 without a lead and with the longest its sweep declares");
             points.extend(lagged);
+            let groups = Grid { axes: vec![Sweep { tunable: "WS_GROUP_M".into(), values: vec![1, 3] }] };
+            points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 31).flat_map(|v| groups.derive(v)));
             for (m, n, k) in [
                 (1, 4, 8),
                 (129, 196, 136),
