@@ -206,7 +206,7 @@ impl Switches {
 fn persistent(stage: u32, name: &'static str, file: &'static str, plan: Plan, summary: &'static str) -> Variant {
     Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
         .with_plan(plan)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8)])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", DECLARED_GROUP_M)])
         .with_requirements(Requirements::SM90A)
 }
 
@@ -226,7 +226,7 @@ fn swept(
         group: Group::Tunable,
     };
     persistent(stage, name, file, plan, summary)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 256)])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", DECLARED_GROUP_M), ("WS_BN", 256)])
         .with_sweep("WS_BN", &[128, 192, 256])
         .with_sweep("WG_STAGES", &[3, 4, 5])
 }
@@ -262,14 +262,14 @@ fn ping_pong(
         group: Group::Tunable,
     };
     persistent(stage, name, file, plan, summary)
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_BN", 192)])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", DECLARED_GROUP_M), ("WS_BN", 192)])
         .with_sweep("WS_BN", &[128, 192])
         .with_sweep("WG_STAGES", &[3, 4, 5])
 }
 
 /// A ping-pong stage whose tile order's group is [`group_fit`]'s per shape: a define the host sets,
-/// not a tunable, so a sweep cannot set it behind the model's back (8 is what the compile check
-/// builds).
+/// not a tunable, so a sweep cannot set it behind the model's back (the compile check builds the
+/// declared group, `DECLARED_GROUP_M`).
 fn group_fitted(
     stage: u32,
     name: &'static str,
@@ -372,7 +372,7 @@ fn stages() -> Vec<Variant> {
             Ring::FillsSharedMemory,
             "stage 12 storing through shared-memory slots with the TMA, the next tile's MMAs overlapping the stores",
         )
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("EPI_SLOTS", 2)])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", DECLARED_GROUP_M), ("EPI_SLOTS", 2)])
         .with_sweep("EPI_SLOTS", &[1, 2, 3]),
         wave_fit(
             14,
@@ -506,7 +506,7 @@ fn stages() -> Vec<Variant> {
             Ring::FillsSharedMemory,
             "stage 27 with the ring as deep as fits at the fitted width: 6 stages at 128 wide, 5 at 192, 4 at 256",
         )
-        .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", 8)]),
+        .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", DECLARED_GROUP_M)]),
         wave_fit(
             30,
             "last-tile-trigger",
@@ -539,7 +539,7 @@ fn stages() -> Vec<Variant> {
             Ring::Tunable,
             "stage 30 with the last partial wave's tiles shared out by K steps over every SM (stream-K, fixed up in block order)",
         )
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("SK_FIXUP", 2)])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", DECLARED_GROUP_M), ("SK_FIXUP", 2)])
         .with_sweep("SK_FIXUP", &[1, 2, 4, 8]),
         wave_fit(
             34,
@@ -559,7 +559,7 @@ fn stages() -> Vec<Variant> {
             Ring::FillsSharedMemory,
             "stage 30 with the consumers splitting the tile's columns, one WS_LAG K steps behind: half the store under the other half's MMAs",
         )
-        .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", 8), ("WS_LAG", 2)])
+        .with_tunables(&[("WG_STAGES", 6), ("WS_GROUP_M", DECLARED_GROUP_M), ("WS_LAG", 2)])
         .with_sweep("WS_LAG", &[0, 1, 2, 3, 4]),
         wave_fit(
             36,
@@ -569,7 +569,7 @@ fn stages() -> Vec<Variant> {
             Ring::Tunable,
             "stage 30 with the operands of the first WS_L2_WINDOW K steps fetched into L2 at the start, each box by one block (TMA prefetches)",
         )
-        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", 8), ("WS_L2_WINDOW", 12)])
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", DECLARED_GROUP_M), ("WS_L2_WINDOW", 12)])
         .with_sweep("WS_L2_WINDOW", &[6, 8, 12, 24, 48]),
         group_fitted(
             37,
@@ -1540,6 +1540,12 @@ mod tests {
         }
         assert_eq!(fit(100, 50304, 768), 1, "one row panel");
         assert_eq!(group_fit(4096, 8192, 65536, 128, l2), 1, "a panel of 16 MiB: one at a time");
+        let stage_37 = LinearBf16.variants().into_iter().find(|v| v.stage == 37).unwrap();
+        assert_eq!(
+            stage_37.define("WS_GROUP_M"),
+            Some(DECLARED_GROUP_M.to_string().as_str()),
+            "the compile check's group"
+        );
     }
 
     /// Stage 33's model at the default shapes on 132 SMs: stream-K where a partial last wave is
