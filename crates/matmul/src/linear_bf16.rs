@@ -245,6 +245,11 @@ fn wave_fit(
     persistent(stage, name, file, plan, summary).with_defines(vec![Define::new("WS_BN", "256")])
 }
 
+/// A ping-pong stage's plan: an entry per tail, the width and ring depth its tunables.
+fn ping_pong_plan(entry: &'static str, group: Group) -> Plan {
+    Plan::Persistent { entry, tail: TailArgs::Residual, width: Width::Tunable, ring: Ring::Tunable, group }
+}
+
 /// The ping-pong stages: consumers taking turns on 128 x WS_BN tiles, the width and ring depth
 /// a declared sweep space (at 192 a stage of the ring is 40 KiB: 5 fit).
 fn ping_pong(
@@ -254,14 +259,7 @@ fn ping_pong(
     entry: &'static str,
     summary: &'static str,
 ) -> Variant {
-    let plan = Plan::Persistent {
-        entry,
-        tail: TailArgs::Residual,
-        width: Width::Tunable,
-        ring: Ring::Tunable,
-        group: Group::Tunable,
-    };
-    persistent(stage, name, file, plan, summary)
+    persistent(stage, name, file, ping_pong_plan(entry, Group::Tunable), summary)
         .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", DECLARED_GROUP_M), ("WS_BN", 192)])
         .with_sweep("WS_BN", &[128, 192])
         .with_sweep("WG_STAGES", &[3, 4, 5])
@@ -277,15 +275,8 @@ fn group_fitted(
     entry: &'static str,
     summary: &'static str,
 ) -> Variant {
-    let plan = Plan::Persistent {
-        entry,
-        tail: TailArgs::Residual,
-        width: Width::Tunable,
-        ring: Ring::Tunable,
-        group: Group::Fitted,
-    };
     ping_pong(stage, name, file, entry, summary)
-        .with_plan(plan)
+        .with_plan(ping_pong_plan(entry, Group::Fitted))
         .with_tunables(&[("WG_STAGES", 4), ("WS_BN", 192)])
         .with_defines(vec![Define::new("WS_GROUP_M", "8")])
 }
