@@ -865,8 +865,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
         _ => {
             // Stages 7 and 8 take no tail and have their tile width in their file.
             let (tail, width, ring, group) = match plan {
-                Plan::Persistent { tail, width, ring, group, .. } => (tail, Some(width), ring, group),
-                _ => (TailArgs::None, None, Ring::Tunable, Group::Tunable),
+                Plan::Persistent { tail, width, ring, group, .. } => (tail, Some(width), ring, Some(group)),
+                _ => (TailArgs::None, None, Ring::Tunable, None),
             };
             let stages = v.tunable("WG_STAGES")?;
             require(stages >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {stages}"))?;
@@ -954,18 +954,20 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             if d.out == Output::Bf16 {
                 compiled.switch_on("OUT_BF16");
             }
-            if group == Group::Fitted {
-                compiled.set_define("WS_GROUP_M", group_fit(d.m, d.n, d.k, tile_m, gpu.info().l2_bytes))?;
+            // The persistent stages' tile order walks groups of row panels, pairs of them with
+            // clusters of 2: stage 37's group fitted to the shape, the others' the tunable.
+            let group_m = match group {
+                Some(Group::Fitted) => Some(group_fit(d.m, d.n, d.k, tile_m, gpu.info().l2_bytes)),
+                Some(Group::Tunable) => Some(v.tunable("WS_GROUP_M")?),
+                None => None,
+            };
+            if let Some(g) = group_m {
+                require(g >= 1 && g % sw.cluster() == 0, GROUP_M, || format!("WS_GROUP_M = {g}"))?;
+            }
+            if let (Some(Group::Fitted), Some(g)) = (group, group_m) {
+                compiled.set_define("WS_GROUP_M", g)?;
             }
             let v = &compiled;
-            if matches!(plan, Plan::Persistent { .. }) {
-                // The schedule walks groups of row panels, pairs of them with clusters of 2.
-                let group_m = match v.define("WS_GROUP_M") {
-                    Some(_) => define_u32(v, "WS_GROUP_M")?,
-                    None => v.tunable("WS_GROUP_M")?,
-                };
-                require(group_m >= 1 && group_m % sw.cluster() == 0, GROUP_M, || format!("WS_GROUP_M = {group_m}"))?;
-            }
             if sw.column_split {
                 // Consumer 0 runs its lead on the stages filled before any is released.
                 let lag = v.tunable("WS_LAG")?;
