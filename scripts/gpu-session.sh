@@ -11,6 +11,7 @@
 #          | gpt2-check (Hugging Face reference, every named plan and a paged one) | gpt2-generate (text,
 #            each plan; sampled on the device, contiguous and paged cache)
 #          | overhead (host cost of a launch) | graph (every family, --graph --quick)
+#          | timeline:FAMILY:ARGS (ladder timeline) | verify:FAMILY[:ARGS] (ladder verify)
 #          | sweep:FAMILY[:ARGS] (ladder sweep) | report-sweep (the report's block-size sweep, best saved)
 #          | counters:FAMILY[:ARGS] (ladder run --counters: Nsight Compute per stage)
 #          | sanitize[:TARGETS] (scripts/sanitize: verification only under compute-sanitizer's four tools)
@@ -134,6 +135,16 @@ for s in "$@"; do
             --max-new-tokens 64 --top-k 40 --top-p 0.9 --temperature 0.8 --seed 3 --plan fastest-bf16:decode=4 --graph"
         ;;
     overhead) step overhead 60 "$bundle/run.sh ladder launch-overhead" ;;
+    timeline:*)
+        # ladder timeline FAMILY ARGS (colon-separated: FAMILY:ARGS): the kernel's own phase stamps.
+        family_args
+        step "timeline-$tag" 300 "$bundle/run.sh ladder timeline $fam $extra --format md"
+        ;;
+    verify:*)
+        # ladder verify FAMILY ARGS: every selected stage checked once at each default shape.
+        family_args
+        step "verify-$tag" 300 "$bundle/run.sh ladder verify $fam $extra"
+        ;;
     sweep:*)
         # ladder sweep FAMILY [ARGS] (colon-separated: FAMILY:ARGS), tables and charts under sweeps/.
         family_args

@@ -259,6 +259,29 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Where one launch spends its time, from stamps the kernel writes itself (a stage whose sources
+    /// have a `// Timeline:` line): each phase from the first block start, the first block, the mean
+    /// and the last block, the median over runs timed one at a time as the default table times them.
+    Timeline {
+        family: String,
+        #[arg(long)]
+        op: String,
+        /// Stage range `a..b` (inclusive) or one stage `a`: every kernel stage in it that stamps.
+        #[arg(long, value_parser = common::variant::parse_stages)]
+        stages: (u32, u32),
+        /// key=value,... overriding the op's first default shape (repeatable: one timeline each).
+        #[arg(long)]
+        shape: Vec<String>,
+        /// NAME=value,... tunables set on every selected stage that declares all of them.
+        #[arg(long)]
+        config: Option<String>,
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        runs: u32,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// The ablation table: verify and time every stage at the default shapes (or --shape).
     Run {
         /// A family name, or `all`.
@@ -643,6 +666,40 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             instruments::profile(op, &variant, &shape, &report)?;
             println!("{}", report.display());
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Timeline { family, op, stages, shape, config, runs, format, seed } => {
+            let op = *select_ops(&family, Some(&op))?.first().expect("select_ops returns one or an error");
+            let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
+            let first = op.default_shapes()[0].clone();
+            let shapes = if shape.is_empty() {
+                vec![first]
+            } else {
+                shape.iter().map(|s| first.overlay(&Shape::parse(s)?, op.shape_keys())).collect::<Result<_, _>>()?
+            };
+            let variants = resource_variants(op, Some(stages), &config, &[], false, false);
+            let stamping: Vec<_> =
+                variants.iter().filter(|v| common::timeline::slots(op.sources(), v).is_ok()).collect();
+            common::require(!stamping.is_empty(), "at least one selected kernel stage stamps a timeline", || {
+                format!("stages {}..{} of {}/{}", stages.0, stages.1, op.family(), op.name())
+            })?;
+            let gpu = Gpu::open()?;
+            let seed = seed.unwrap_or_else(common::data::fresh_seed);
+            let mut failed = 0;
+            for shape in &shapes {
+                let mut problem = op.problem(&gpu, shape, seed)?;
+                for v in &stamping {
+                    match common::timeline::record(&gpu, op, problem.as_mut(), v, shape, runs as usize, 5) {
+                        Ok(t) => print!("{}", common::timeline::render(&t, Format::from(format))),
+                        // A stage that refuses the shape is n/a; anything else (a failed check) fails.
+                        Err(e @ Error::Constraint { .. }) => println!("{}:{} at {shape}: n/a: {e}\n", v.stage, v.name),
+                        Err(e) => {
+                            failed += 1;
+                            println!("{}:{} at {shape}: FAILED: {}\n", v.stage, v.name, first_line(&e.to_string()));
+                        }
+                    }
+                }
+            }
+            Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         Command::Compare { before, after } => {
             let (b, a) = (common::baseline::read_table(&before)?, common::baseline::read_table(&after)?);

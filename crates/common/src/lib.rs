@@ -33,6 +33,7 @@ pub mod runner;
 pub mod shape;
 pub mod sweep;
 pub mod testing;
+pub mod timeline;
 pub mod timing;
 pub mod tuned;
 pub mod variant;

@@ -84,6 +84,16 @@ impl Gpu {
         Ok(module)
     }
 
+    /// The modules of `sources`' file `path` loaded so far that were compiled with switch `switch` on
+    /// (a prepared stage may have set defines per shape, so its module is found by file and switch:
+    /// the timeline reads its stamps from whichever of these a run launched).
+    pub fn loaded_with(&self, sources: &Sources, path: &str, switch: &'static str) -> Vec<Arc<CudaModule>> {
+        let prefix = format!("{}/{path}|", sources.family);
+        let on = format!("{:?}", crate::variant::Define::on(switch));
+        let cache = self.module_cache().lock().unwrap();
+        cache.iter().filter(|(k, _)| k.starts_with(&prefix) && k.contains(&on)).map(|(_, m)| m.clone()).collect()
+    }
+
     /// Copies `data` into the `__constant__` (or `__device__`) symbol `symbol` of `variant`'s module,
     /// after checking it fits; ordered on `stream`.
     pub fn write_symbol<T: cudarc::driver::DeviceRepr>(

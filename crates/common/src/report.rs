@@ -190,6 +190,23 @@ where
     String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
 }
 
+/// `head` and `rows` as a comfy table: Markdown's pipes for [`Format::Markdown`], aligned text with
+/// no borders otherwise (the caller handles CSV and JSON).
+pub fn text_table<H, R>(format: Format, head: H, rows: impl IntoIterator<Item = R>) -> comfy_table::Table
+where
+    H: Into<comfy_table::Row>,
+    R: Into<comfy_table::Row>,
+{
+    let mut table = comfy_table::Table::new();
+    table.load_style(if format == Format::Markdown {
+        comfy_table::presets::ASCII_MARKDOWN
+    } else {
+        comfy_table::presets::NOTHING
+    });
+    table.set_header(head).add_rows(rows);
+    table
+}
+
 pub fn render(table: &Table, format: Format) -> String {
     let mut body: Vec<Vec<String>> = table.rows.iter().map(cells).collect();
     body.extend(anchor_cells(table));

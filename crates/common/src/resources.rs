@@ -119,14 +119,7 @@ pub fn render(rows: &[StageResources], format: Format) -> String {
             crate::report::csv_text(std::iter::once(head).chain(rows))
         }
         Format::Table | Format::Markdown => {
-            let mut table = comfy_table::Table::new();
-            table.load_style(if format == Format::Markdown {
-                comfy_table::presets::ASCII_MARKDOWN
-            } else {
-                comfy_table::presets::NOTHING
-            });
-            table.set_header(HEAD).add_rows(body);
-            format!("{caption}\n\n{table}\n\n")
+            format!("{caption}\n\n{}\n\n", crate::report::text_table(format, HEAD, body))
         }
     }
 }

@@ -61,8 +61,12 @@
 //     kt % tiles_n == tn and the W boxes of those with kt % tiles_m == tm (the W boxes before the
 //     wait for the previous grid). The ring paces each SM's DRAM requests to its MMAs; the window
 //     asks DRAM for them at once, without adding to any one SM's TMA work more than a few boxes.
+// Timeline: 0 block start; 1 barriers ready; 2 producer past the previous grid; 3 producer's last load issued; 4 consumer 0's first stage landed; 5 consumer 0's last MMAs done; 6 consumer 0's last store issued; 7 consumer 1's first stage landed; 8 consumer 1's last MMAs done; 9 consumer 1's last store issued; 10 consumer 2's first stage landed; 11 consumer 2's last MMAs done; 12 consumer 2's last store issued
+// (`ladder timeline`: stamps written by thread 0 of the block, of the producer and of each consumer
+// warpgroup, in builds with LADDER_TIMELINE only; "last" is the block's last tile.)
 #pragma once
 #include "matmul_wgmma.cuh"
+#include "ladder_timeline.cuh"
 
 #ifndef WG_STAGES
 #error "WG_STAGES is a tunable: the stage list sets it"
@@ -445,6 +449,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #endif
 
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    if (tid == 0) ladder_stamp(0);
     const int tiles_m = (M + WS_BM - 1) / WS_BM, tiles_n = (N + WS_BN - 1) / WS_BN;
     const int entries = (tiles_m + WS_CTAS - 1) / WS_CTAS * tiles_n;  // the schedule's length
     const int ktiles = (K + WS_BK - 1) / WS_BK;
@@ -482,6 +487,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #else
     __syncthreads();
 #endif
+    if (tid == 0) ladder_stamp(1);
 #if defined(WS_PDL) && !defined(WS_WEIGHTS_EARLY)
     // Everything above touched only shared memory and the kernel's parameters. Every thread waits
     // for the previous grid, whose output may be this one's `inp`, `bias` or `residual`, and whose
@@ -544,6 +550,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #else
             const int early = 0;
 #endif
+            ladder_stamp(2);
 #ifdef WS_STREAM_K
             WorkList work(entries, sk.tiles, ktiles, blockIdx.x, gridDim.x);
             for (Work w; work.next(w);) {
@@ -582,6 +589,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #endif
                 }
             }
+            ladder_stamp(3);
         }
 #ifdef WS_MULTICAST
         // Matched by the consumers' at their end. The warp reconverges first: lanes parked in the
@@ -947,6 +955,9 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     };
 
     int it = 0;
+#ifdef LADDER_TIMELINE
+    bool landed = false;  // this consumer's first ring stage has landed (stamped once)
+#endif
 #ifdef WS_PINGPONG
     int walked = 0;  // the block's tiles so far, both consumers': consumer c takes the ones = c mod 2
 #endif
@@ -1001,6 +1012,10 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         for (int kt = w.kb; kt < w.ke; ++kt, ++it) {
             const int s = it % WG_STAGES;
             mbar_wait(full(s), (it / WG_STAGES) & 1);
+#ifdef LADDER_TIMELINE
+            if ((tid & 127) == 0 && !landed) ladder_stamp(4 + 3 * c);
+            landed = true;
+#endif
             // The B tile's rows are 128 bytes: a consumer's columns start first_col rows in, a
             // multiple of the swizzle's 8-row period.
             const unsigned a = a_tile(s) + first_row * 128, b = b_tile(s) + first_col * 128;
@@ -1025,6 +1040,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #endif
         wgmma_wait_all();
         if ((tid & 127) == 0) release(empty((it - 1) % WG_STAGES));  // the tile's last stage
+        if ((tid & 127) == 0) ladder_stamp(5 + 3 * c);
 #ifdef WS_STREAM_K
         if (w.ke - w.kb < ktiles) {
             // Stage 33: a tile cut between blocks. A consumer's slot holds its 64 x WS_BN sums as
@@ -1084,6 +1100,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #endif
 #pragma unroll
         for (int h = 0; h < WS_SETS; ++h) store(d[h], m0, n0 + first_col, m0 + first_row + 64 * h);
+        if ((tid & 127) == 0) ladder_stamp(6 + 3 * c);
     }
 #ifdef EPI_TMA_STORE
     if ((tid & 127) == 0) bulk_wait_all();  // the slots stay valid until the TMA is done with them

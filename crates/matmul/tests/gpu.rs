@@ -16,6 +16,46 @@ fn pass(gpu: &Gpu, op: &dyn Op, shape: &Shape) {
     assert_stages_pass(gpu, op, shape, &all_variants(op));
 }
 
+/// `ladder timeline` on the persistent stages: at a ragged shape of two or more tiles a block (and,
+/// for the cooperative stages, at one of a tile a block), every block stamps each phase of its
+/// producer and its two consumers, in the order the kernel runs them, inside the run's own event
+/// time; the third consumer's slots stay empty (two consumers), and the instrumented build verifies.
+fn timeline_stamps_every_phase_in_order(gpu: &Gpu) {
+    use common::timeline::record;
+    use matmul::linear_bf16::{shape, LinearBf16};
+    let sms = gpu.info().sm_count as usize;
+    // Stage 31's consumers take turns, so its second consumer needs a block of two tiles.
+    for ((m, n, k), stages) in [((4100, 2000, 136), &[29, 30, 31][..]), ((4096, 768, 64), &[29, 30][..])] {
+        let s = shape(m, n, k, 1);
+        let mut problem = LinearBf16.problem(gpu, &s, common::data::fresh_seed()).unwrap();
+        for v in LinearBf16.variants().into_iter().filter(|v| stages.contains(&v.stage)) {
+            let t = record(gpu, &LinearBf16, problem.as_mut(), &v, &s, 5, 2).unwrap();
+            let phase = |slot: usize| t.phases.iter().find(|p| p.slot == slot).unwrap();
+            assert!(t.blocks >= 1 && t.blocks <= sms, "{}: {} blocks", v.id(), t.blocks);
+            // Blocks 0, 1, the producer's two, then each consumer's three; consumer 2 never runs.
+            for slot in 0..10 {
+                assert_eq!(phase(slot).blocks, t.blocks, "{}: slot {slot} ({})", v.id(), phase(slot).name);
+            }
+            assert!((10..13).all(|slot| phase(slot).blocks == 0), "{}: a third consumer stamped", v.id());
+            let order = [0, 1, 2, 3];
+            for c in 0..2 {
+                let chain = [0, 1, 4 + 3 * c, 5 + 3 * c, 6 + 3 * c];
+                for pair in chain.windows(2).chain(order.windows(2)) {
+                    let (a, b) = (phase(pair[0]), phase(pair[1]));
+                    assert!(
+                        a.first_us <= b.first_us && a.last_us <= b.last_us,
+                        "{}: {} after {}",
+                        v.id(),
+                        a.name,
+                        b.name
+                    );
+                }
+            }
+            assert!(t.span_us > 0.0 && t.span_us < t.event.max_ms * 1e3, "{}: span {} us", v.id(), t.span_us);
+        }
+    }
+}
+
 fn bad_buffers(gpu: &Gpu) {
     let (m, n, k) = (8usize, 16usize, 24usize);
     let inp = gpu.upload(&vec![1.0f32; m * k]).unwrap();
@@ -389,6 +429,7 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &LinearBf16, &bf16_out(s), &rows)
             })
         })
+        .gpu("timeline_stamps_every_phase_in_order", timeline_stamps_every_phase_in_order)
         .gpu("bad_buffers_are_typed_errors_and_launch_nothing", bad_buffers)
         .gpu("dependent_launch_waits_for_the_previous_output", dependent_launch_waits_for_the_previous_output)
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &matmul::Matmul))
