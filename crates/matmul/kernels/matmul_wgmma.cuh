@@ -56,6 +56,12 @@ __device__ __forceinline__ void tma_prefetch_l2(const TmaMap* map, int x, int y)
                  : "memory");
 }
 
+// The tensor map itself (128 bytes in the kernel's parameters) fetched into the TMA unit's
+// descriptor cache, so that the first tma_load through it does not wait for that fetch (stage 38).
+__device__ __forceinline__ void tma_prefetch_descriptor(const TmaMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
 // tma_load into the same shared offset and barrier of every block of the cluster in `mask`, each
 // barrier completing on the bytes it receives.
 __device__ __forceinline__ void tma_load_multicast(unsigned dst, const TmaMap* map, unsigned bar, int x, int y,

@@ -1,4 +1,4 @@
-// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-37
+// matmul_wgmma_persistent.cuh: the persistent warp-specialized GEMM of linear-bf16 stages 9-40
 // (each stage's header says what it adds). A grid of one block per SM walks the output tiles in
 // groups of WS_GROUP_M row panels (a tunable; in stage 37 a define the host fits to the shape);
 // warpgroup 0 issues every TMA load (the smem ring and its phases continue across tiles), the
@@ -7,9 +7,9 @@
 // store. The tile is WS_BM x WS_BN: WS_BM is 128, 192 in stage 16, 256 in stage 32, 64 in stage 34;
 // WS_BN is 128, 192 or 256: 256 has the most reuse per loaded byte; 192 divides GPT-2's 768 into 4
 // columns, so N = 768 at M = 4096 is 128 tiles (one wave on 132 SMs) instead of 96 at 256. With
-// TAIL (stages 10-37), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
+// TAIL (stages 10-40), the store applies the layer's tail: `epilogue` 1 is GELU of the biased
 // product, 2 adds `residual`; stage 9 instantiates it without. Switches of the later stages:
-//   EPI_PREFETCH (12, 14-37): a chunk's bias and residual loads batched before its stores;
+//   EPI_PREFETCH (12, 14-40): a chunk's bias and residual loads batched before its stores;
 //   EPI_TMA_STORE (13): results into EPI_SLOTS shared slots of 64 x 64 fp32, stored by the TMA
 //     (`map_out`) while the consumer goes on;
 //   WS_MULTICAST (14, 20, 23, 24): clusters of 2 along M walk pairs of vertically adjacent tiles,
@@ -17,25 +17,25 @@
 //     into both, and a ring stage is refilled only once the consumers of both blocks have released
 //     it (with WS_PINGPONG the two blocks' walks are the same, so the same consumer of each reads
 //     it);
-//   EPI_LEAN (15-37): tiles wholly inside the output stored without checks, GELU on tanh.approx;
+//   EPI_LEAN (15-40): tiles wholly inside the output stored without checks, GELU on tanh.approx;
 //   WS_PINGPONG (17, 19, 22, 23, 26, 28, 31, 34, 37): each consumer takes every other tile of the
 //     walk whole (two 64-row accumulator sets; one on stage 34's 64-row tiles), the two taking
 //     turns on the tensor cores, one's store under the other's MMAs;
-//   EPI_BIAS_SMEM (18-37): each consumer copies its tile's bias into shared memory (cp.async)
+//   EPI_BIAS_SMEM (18-40): each consumer copies its tile's bias into shared memory (cp.async)
 //     while the MMAs run, and its store reads it there;
-//   EPI_STAGED (21-37): an interior tile's accumulators pass through a shared staging buffer per
+//   EPI_STAGED (21-40): an interior tile's accumulators pass through a shared staging buffer per
 //     warp, 32 columns at a time, so that the tail's loads and the stores are row-contiguous
 //     float4s: each warp instruction covers four whole 128-byte lines instead of 32 bytes of 8;
-//   WS_PDL (25-37): programmatic dependent launch. Every block lets the next grid in the stream
+//   WS_PDL (25-40): programmatic dependent launch. Every block lets the next grid in the stream
 //     launch as soon as it starts, and waits for the previous grid (its completion and the
 //     visibility of its writes) after the prologue and before its first global access, so the
 //     launch and the prologue of one GEMM run under the tail of the one before. Rust launches these
 //     stages with the programmatic-serialization attribute;
-//   WS_WEIGHTS_EARLY (27-37): with WS_PDL, the producer issues the W tiles of the block's first
+//   WS_WEIGHTS_EARLY (27-40): with WS_PDL, the producer issues the W tiles of the block's first
 //     WG_STAGES K steps before it waits for the previous grid (the weights are no grid's output:
 //     the caller's contract), so their fetch from DRAM also runs under that grid's tail; the
 //     consumers wait for the previous grid on their own;
-//   WS_PDL_LAST_TILE (30-37): with WS_PDL, a block lets the next grid launch only when its
+//   WS_PDL_LAST_TILE (30-40): with WS_PDL, a block lets the next grid launch only when its
 //     producer starts the block's last tile, not as the block starts: the next grid is then
 //     pending only for the run's last tile round, not for all of it;
 //   WS_STREAM_K (33): the schedule's last `sk.tiles` tiles are shared out by K steps: their steps,
@@ -45,7 +45,7 @@
 //     every other block that holds a part of it writes its accumulators to its slot of
 //     `sk.partials` and raises its flag, which the finishing block waits for, adds in block order
 //     and lowers again for the next launch;
-//   OUT_BF16 (15-37, set by the host for `out = 16`): `out`, `bias` and `residual` are bf16 (raw
+//   OUT_BF16 (15-40, set by the host for `out = 16`): `out`, `bias` and `residual` are bf16 (raw
 //     bits; a 16-bit output takes a bias of its own type in cuBLASLt too), the tail computed in
 //     fp32 and rounded to nearest even once, as it is stored; the lean store paths only (stages
 //     9-14 and the TMA store write fp32);
@@ -55,13 +55,26 @@
 //     first tile once consumer 0 has run WS_LAG K steps of it (the `lead` mbarrier), so consumer 0
 //     finishes each tile WS_LAG steps earlier and its half of the store runs under consumer 1's last
 //     MMAs, and consumer 1's under consumer 0's next tile;
+//   EPI_TMA_LAST (39): the block's last tile (the only one at the N = 768 shapes), with a bias or
+//     GELU tail, is stored by the TMA from the ring, which no load uses any more once its MMAs are
+//     done: each consumer writes its 64 x WS_BN results (tail applied) into boxes of 64 rows x 128
+//     bytes in the 128-byte swizzle and one thread issues a box store per 128 bytes of columns,
+//     instead of its warps staging and storing ~100 float4s a thread. Used where the host passes
+//     an output map (`out`'s rows a multiple of 16 bytes); otherwise, and with the residual tail,
+//     the staged store;
+//   WS_EARLY (40, a tunable): with WS_WEIGHTS_EARLY, the producer loads the W tiles of only the
+//     first WS_EARLY K steps before the wait (not the ring's depth), so that the first A tile is
+//     not queued behind the other W tiles where nothing is left to wait for;
+//   WS_TMAP_PREFETCH (38): thread 0 prefetches both tensor maps (prefetch.tensormap) as the block
+//     starts, before the barriers are initialized, so the first TMA load of each operand does not
+//     also wait for its descriptor's fetch;
 //   WS_L2_PREFETCH (36): once the ring's first loads are issued, the producer fetches into L2 (TMA
 //     prefetches) the operands of the K steps after them, up to step WS_L2_WINDOW of the block's
 //     walk; each box once over the grid: block (tm, tn) takes the A boxes of the K steps with
 //     kt % tiles_n == tn and the W boxes of those with kt % tiles_m == tm (the W boxes before the
 //     wait for the previous grid). The ring paces each SM's DRAM requests to its MMAs; the window
 //     asks DRAM for them at once, without adding to any one SM's TMA work more than a few boxes.
-// Timeline: 0 block start; 1 barriers ready; 2 producer past the previous grid; 3 producer's last load issued; 4 consumer 0's first stage landed; 5 consumer 0's last MMAs done; 6 consumer 0's last store issued; 7 consumer 1's first stage landed; 8 consumer 1's last MMAs done; 9 consumer 1's last store issued; 10 consumer 2's first stage landed; 11 consumer 2's last MMAs done; 12 consumer 2's last store issued
+// Timeline: 0 block start; 1 barriers ready; 2 producer past the previous grid; 3 producer's last load issued; 4 consumer 0's first stage landed; 5 consumer 0's last MMAs done; 6 consumer 0's last store issued; 7 consumer 1's first stage landed; 8 consumer 1's last MMAs done; 9 consumer 1's last store issued; 10 consumer 2's first stage landed; 11 consumer 2's last MMAs done; 12 consumer 2's last store issued; 13 consumer 0's last TMA store written; 14 consumer 1's last TMA store written
 // (`ladder timeline`: stamps written by thread 0 of the block, of the producer and of each consumer
 // warpgroup, in builds with LADDER_TIMELINE only; "last" is the block's last tile.)
 #pragma once
@@ -203,7 +216,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_GELU 1
 #define EPI_RESIDUAL 2
 
-// Stages 15-32 and 34-37: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
+// Stages 15-32, 34-38 and 40: an entry whose tail is the constant `tail` (0, EPI_GELU or EPI_RESIDUAL).
 #define LEAN_ENTRY(name, tail)                                                                               \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, out_t* out,        \
@@ -219,6 +232,17 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
              unsigned* sk_flags, int sk_tiles) {                                                             \
         persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, tail, nullptr,                     \
                               StreamK{sk_partials, sk_flags, sk_tiles});                                     \
+    }
+
+// Stage 39: an entry whose tail is the constant `tail`, with `out`'s tensor map (valid when
+// `out_map` is nonzero) for the block's last tile.
+#define TMA_LAST_ENTRY(name, tail)                                                                           \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                              \
+        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, out_t* out,        \
+             const out_t* bias, const out_t* residual, int M, int N, int K,                                  \
+             const __grid_constant__ TmaMap map_out, int out_map) {                                          \
+        persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, tail, &map_out,                    \
+                              StreamK{nullptr, nullptr, 0}, out_map != 0);                                   \
     }
 
 #define EPI_CHUNK 8  // stage 12's and 13's column groups per batch of loads
@@ -270,6 +294,16 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #if defined(WS_WEIGHTS_EARLY) && (!defined(WS_PDL) || defined(WS_MULTICAST))
 #error "WS_WEIGHTS_EARLY splits WS_PDL's wait by role, for blocks that load their whole W tile"
 #endif
+// The W tiles loaded before the wait for the previous grid: the ring's depth (stages 27-39), or
+// stage 40's tunable WS_EARLY.
+#ifdef WS_EARLY
+#if !defined(WS_WEIGHTS_EARLY) || defined(WS_STREAM_K) || WS_EARLY < 1 || WS_EARLY > WG_STAGES
+#error "WS_EARLY: 1 to WG_STAGES W tiles of whole-tile walks before the wait (WS_WEIGHTS_EARLY)"
+#endif
+#define WS_EARLY_TILES WS_EARLY
+#else
+#define WS_EARLY_TILES WG_STAGES
+#endif
 
 #ifdef WS_L2_PREFETCH
 #if !defined(WS_WEIGHTS_EARLY) || defined(WS_STREAM_K)
@@ -283,11 +317,26 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #endif
 #endif
 
+#ifdef EPI_TMA_LAST
+#if WS_BM != 128 || WS_CONSUMERS != 2 || defined(WS_PINGPONG) || defined(WS_MULTICAST) || defined(WS_STREAM_K) || defined(WS_COLSPLIT) || defined(EPI_TMA_STORE) || !defined(EPI_STAGED)
+#error "EPI_TMA_LAST: two cooperative consumers of 64 rows on whole tiles, the staged store elsewhere"
+#endif
+// Stage 39: a box of the output map is 64 rows of 128 bytes (32 fp32 or 64 bf16 columns), 8 KiB;
+// a consumer's 64 x WS_BN results take WS_BN / EPI_BOX_COLS of them, both consumers' at most
+// 2 x 64 x 256 x 4 B = 128 KiB, inside the ring (WG_STAGES >= 3 stages of at least 32 KiB, checked
+// below) from its start.
+#define EPI_BOX_COLS (128 / (int)sizeof(out_t))
+#define EPI_LAST_BOX_BYTES (64 * 128)
+#define EPI_LAST_BYTES (2 * 64 * WS_BN * (int)sizeof(out_t))
+// Hardware barrier of both consumers (the producer's and the consumers' own are 0 and 1-2).
+#define WS_CONSUMERS_BARRIER 4
+#endif
+
 #ifdef EPI_STAGED
 #ifndef EPI_BIAS_SMEM
 #error "EPI_STAGED reads the bias from EPI_BIAS_SMEM's copy"
 #endif
-// Stages 21-37: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
+// Stages 21-40: each consumer warp's staging buffer, 16 rows x 32 fp32 columns (128-byte rows).
 #define EPI_STAGING_BYTES (16 * 128)
 #undef WS_EPI_BYTES
 #define WS_EPI_BYTES (WS_CONSUMERS * 4 * EPI_STAGING_BYTES)
@@ -301,7 +350,7 @@ __device__ __forceinline__ void cp_async_bytes(unsigned dst, const void* src, in
 
 #ifdef OUT_BF16
 #ifndef EPI_LEAN
-#error "OUT_BF16: the lean store paths only (stages 15-37)"
+#error "OUT_BF16: the lean store paths only (stages 15-40)"
 #endif
 // `out` and `residual` as bf16 bit patterns (the Rust side's `u16`), converted with
 // ladder_convert.cuh's pair helpers (one cvt.rn.bf16x2.f32 a pair; the low half first in memory).
@@ -431,7 +480,7 @@ template <bool TAIL>
 __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMap& map_b, out_t* out,
                                                 const out_t* bias, const out_t* residual, int M, int N, int K,
                                                 int epilogue, const TmaMap* map_out = nullptr,
-                                                const StreamK sk = StreamK{nullptr, nullptr, 0}) {
+                                                const StreamK sk = StreamK{nullptr, nullptr, 0}, bool out_map = false) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;  // the 128-byte swizzle's alignment
     auto a_tile = [&](int s) { return base + (unsigned)s * WS_STAGE_BYTES; };
@@ -450,6 +499,13 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     if (tid == 0) ladder_stamp(0);
+#ifdef WS_TMAP_PREFETCH
+    // Stage 38: both tensor maps on their way to the TMA unit before the barriers are set up.
+    if (tid == 0) {
+        tma_prefetch_descriptor(&map_a);
+        tma_prefetch_descriptor(&map_b);
+    }
+#endif
     const int tiles_m = (M + WS_BM - 1) / WS_BM, tiles_n = (N + WS_BN - 1) / WS_BN;
     const int entries = (tiles_m + WS_CTAS - 1) / WS_CTAS * tiles_n;  // the schedule's length
     const int ktiles = (K + WS_BK - 1) / WS_BK;
@@ -502,8 +558,8 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         if (tid == 0) {
             int it = 0;
 #ifdef WS_WEIGHTS_EARLY
-            // Stages 27-37: the first item's first ring stages get their W tiles (and the whole
-            // stage's byte count) now; their A tiles follow the wait, in the loop below.
+            // Stages 27-40: the first item's first ring stages (WS_EARLY_TILES of them) get their
+            // W tiles (and the whole stage's byte count) now; their A tiles follow the wait, in the loop below.
             int early = 0;
 #ifdef WS_STREAM_K
             // Stage 33: the first item may start mid-tile.
@@ -522,7 +578,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
             if (first < entries) {
                 int tm, tn;
                 schedule_tile(first, tiles_m, tiles_n, rank, tm, tn);
-                early = ktiles < WG_STAGES ? ktiles : WG_STAGES;
+                early = ktiles < WS_EARLY_TILES ? ktiles : WS_EARLY_TILES;
                 for (int kt = 0; kt < early; ++kt) {
                     mbar_expect_tx(full(kt), WS_STAGE_BYTES);
                     tma_load(b_tile(kt), &map_b, full(kt), kt * WS_BK, tn * WS_BN);
@@ -561,7 +617,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 const bool last = i + stride >= entries;
 #endif
 #ifdef WS_PDL_LAST_TILE
-                // Stages 30-37: the block's last item; the first invocation in a block is the one
+                // Stages 30-40: the block's last item; the first invocation in a block is the one
                 // that counts, and this thread is the only one to make it.
                 if (last) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
@@ -603,7 +659,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
 #ifdef WS_WEIGHTS_EARLY
-    // Stages 27-37: the consumers wait for the previous grid here (the producer did on its own).
+    // Stages 27-40: the consumers wait for the previous grid here (the producer did on its own).
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
     // A consumer's release of a ring stage: to its own block, or with clusters to both (either
@@ -641,7 +697,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
     const out_t* bias_s = reinterpret_cast<const out_t*>(smem_raw + (bias_copy - smem_u32(smem_raw))) + first_col;
 #endif
 #ifdef EPI_STAGED
-    // Stages 21-37: this warp's staging buffer, after the bias copies (a shared-window address:
+    // Stages 21-40: this warp's staging buffer, after the bias copies (a shared-window address:
     // 32-bit, so the store's few loop-invariant addresses cost one register each).
     const unsigned staging = base + WG_STAGES * WS_STAGE_BYTES + WS_BIAS_BYTES + (4 * c + warp) * EPI_STAGING_BYTES;
     // Their store reads the bias copy unconditionally (a branch on the bias costs the 192-wide
@@ -726,7 +782,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
 #else
         const bool packed = false;
 #endif
-        // Stages 21-37's float4 stores need every row 16-byte aligned (8-byte with OUT_BF16), the
+        // Stages 21-40's float4 stores need every row 16-byte aligned (8-byte with OUT_BF16), the
         // packed bf16 store's 16-byte pieces 16-byte aligned.
         const bool interior = m0 + WS_BM <= M && n0 + WS_CN <= N && (N & (packed ? 7 : 3)) == 0;
 #else
@@ -769,7 +825,7 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
           } else
 #endif
           {
-            // Stages 21-37: per 32 columns, the warp writes its 16 rows of accumulators into
+            // Stages 21-40: per 32 columns, the warp writes its 16 rows of accumulators into
             // its staging buffer in the wgmma layout (8-byte pieces; 16-byte piece p of row r at
             // p ^ (r % 8), so a write takes the two wavefronts 256 bytes need), then reads them
             // back a row-contiguous float4 per lane (8 lanes a 128-byte row, 4 rows an
@@ -1096,6 +1152,54 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
         if (bias != nullptr && stores) {
             cp_async_wait<0>();
             named_barrier(1 + c, 128);  // every thread's part of the copy has landed
+        }
+#endif
+#ifdef EPI_TMA_LAST
+        if (out_map && epilogue != EPI_RESIDUAL && i + stride >= entries) {
+            static_assert(EPI_LAST_BYTES <= WG_STAGES * WS_STAGE_BYTES, "the last tile's boxes fit in the ring");
+            // Stage 39: the block's last tile through the ring. Both consumers' MMAs are done
+            // before either overwrites a stage the other may still be reading.
+            named_barrier(WS_CONSUMERS_BARRIER, 256);
+            const unsigned boxes = base + (unsigned)c * (EPI_LAST_BYTES / 2);
+            const int r0 = m0 + first_row;
+#pragma unroll
+            for (int j = 0; j < WS_BN / 8; ++j) {
+                const float2 bv = load_out2(bias_s + 8 * j + 2 * t);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = 16 * warp + g + 8 * h;
+                    float x = d[0][4 * j + 2 * h] + bv.x, y = d[0][4 * j + 2 * h + 1] + bv.y;
+                    if (epilogue == EPI_GELU) {
+                        x = epi_gelu(x);
+                        y = epi_gelu(y);
+                    }
+                    // Column 8 j + 2 t sits in box (8 j + 2 t) / EPI_BOX_COLS, at byte b of its row;
+                    // 16-byte piece p of row r is at p ^ (r % 8) (the map's 128-byte swizzle).
+#ifdef OUT_BF16
+                    const unsigned at = boxes + (j / 8) * EPI_LAST_BOX_BYTES + r * 128 + (((j % 8) ^ (r & 7)) * 16) + 4 * t;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(x, y)) : "memory");
+#else
+                    const unsigned piece = (2 * (j % 4) + (t >> 1)) ^ (r & 7);
+                    const unsigned at = boxes + (j / 4) * EPI_LAST_BOX_BYTES + r * 128 + piece * 16 + (t & 1) * 8;
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+#endif
+                }
+            }
+            fence_proxy_async_shared();
+            named_barrier(1 + c, 128);
+            if ((tid & 127) == 0) {
+                if (r0 < M) {
+#pragma unroll
+                    for (int b = 0; b < WS_BN / EPI_BOX_COLS; ++b)
+                        if (n0 + b * EPI_BOX_COLS < N)
+                            tma_store(map_out, boxes + b * EPI_LAST_BOX_BYTES, n0 + b * EPI_BOX_COLS, r0);
+                    bulk_commit();
+                }
+                ladder_stamp(6 + 3 * c);
+                bulk_wait_all();  // the boxes stay valid until the TMA has written them
+                ladder_stamp(13 + c);
+            }
+            break;  // the block's last tile
         }
 #endif
 #pragma unroll

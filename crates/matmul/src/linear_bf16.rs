@@ -42,6 +42,10 @@ const WG_BK: u32 = 64;
 const TMA_N: &str = "N % 4 == 0";
 /// Stage 13's output boxes: 32 fp32 columns (128 bytes, the swizzle's span) by a consumer's 64 rows.
 const OUT_BOX: (u32, u32) = (32, 64);
+/// Stage 40's early W tiles (the header's `#error`).
+const EARLY_TILES: &str = "1 <= WS_EARLY <= WG_STAGES";
+/// Stage 39's ring holds the last tile's results (the header's static_assert).
+const LAST_TILE_RING: &str = "WG_STAGES * (128 + WS_BN) * 128 >= 128 * WS_BN * sizeof(out)";
 /// Stage 13's output slot: 64 rows x 64 fp32 columns (two boxes).
 const EPI_SLOT_BYTES: u32 = 64 * 64 * 4;
 /// The staged stores' buffer per consumer warp (`Switches::stages_store`): 16 rows x 32 fp32 columns.
@@ -157,6 +161,9 @@ struct Switches {
     multicast: bool,
     /// `EPI_TMA_STORE`: the output stored by the TMA through a tensor map.
     tma_store: bool,
+    /// `EPI_TMA_LAST`: the block's last tile stored by the TMA through a tensor map passed after
+    /// the pointer arguments, with whether it is valid.
+    tma_last: bool,
     /// `WS_STREAM_K`: the last tiles shared out by K steps, through a workspace of partial sums.
     stream_k: bool,
     /// `WS_COLSPLIT`: the consumers split the tile's columns, one `WS_LAG` K steps behind (a lead
@@ -186,6 +193,7 @@ impl Switches {
             weights_early: on("WS_WEIGHTS_EARLY"),
             multicast: on("WS_MULTICAST"),
             tma_store: on("EPI_TMA_STORE"),
+            tma_last: on("EPI_TMA_LAST"),
             stream_k: on("WS_STREAM_K"),
             column_split: on("WS_COLSPLIT"),
             lean: on("EPI_LEAN"),
@@ -569,6 +577,32 @@ fn stages() -> Vec<Variant> {
             "linear_bf16_group_fit",
             "stage 31 with the tile order's group of row panels fitted to L2: where W overflows it, each W tile read from DRAM as few times as the L2 allows",
         ),
+        wave_fit(
+            38,
+            "descriptor-prefetch",
+            "linear-bf16/38_descriptor_prefetch.cu",
+            ("linear_bf16_descriptor_prefetch", TailArgs::Residual),
+            Ring::Tunable,
+            "stage 30 with both tensor maps prefetched into the TMA unit as each block starts, ahead of the first loads",
+        ),
+        wave_fit(
+            39,
+            "tma-last-tile",
+            "linear-bf16/39_tma_last_tile.cu",
+            ("linear_bf16_tma_last_tile", TailArgs::Residual),
+            Ring::Tunable,
+            "stage 30 storing each block's last tile with the TMA out of the ring its MMAs no longer need (bias and GELU tails)",
+        ),
+        wave_fit(
+            40,
+            "weights-early-one",
+            "linear-bf16/40_weights_early_one.cu",
+            ("linear_bf16_weights_early_one", TailArgs::Residual),
+            Ring::Tunable,
+            "stage 30 loading only the first K step's W tile before it waits for the previous kernel, so the first A tile is not queued behind the rest",
+        )
+        .with_tunables(&[("WG_STAGES", 4), ("WS_GROUP_M", DECLARED_GROUP_M), ("WS_EARLY", 1)])
+        .with_sweep("WS_EARLY", &[1, 2, 3, 4]),
         Variant::library(
             FAMILY,
             OP,
@@ -782,6 +816,9 @@ enum TailArgs {
 enum Store {
     /// From registers, through the `out` pointer.
     Direct,
+    /// Through the `out` pointer, and the block's last tile with the TMA through a tensor map of
+    /// `out` (boxes of 64 rows x 128 bytes) where its rows are a multiple of 16 bytes (stage 39).
+    TmaLastTile,
     /// With the TMA, through a tensor map of `out` (boxes of `OUT_BOX`).
     Tma,
 }
@@ -828,6 +865,18 @@ fn tensor_map(
         .ctx("encode a TMA tensor map")?;
         Ok(map.assume_init())
     }
+}
+
+/// Stage 39's map of `out` for the last tile (boxes of 64 rows x 128 bytes: 32 fp32 or 64 bf16
+/// columns) and whether the kernel may use it: the TMA needs `out`'s rows a multiple of 16 bytes.
+fn last_tile_map(out: u64, d: LinearBf16Dims) -> Result<(sys::CUtensorMap, bool)> {
+    let wide = d.out == Output::F32;
+    let size = if wide { 4 } else { 2 };
+    if !(d.n * size).is_multiple_of(16) {
+        // SAFETY: CUtensorMap is plain bytes; the kernel reads it only when told it is valid.
+        return Ok((unsafe { std::mem::zeroed() }, false));
+    }
+    Ok((tensor_map(out, wide, d.m, d.n, (128 / size as u32, 64))?, true))
 }
 
 /// A stage prepared for one size.
@@ -939,6 +988,19 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             } else {
                 stages
             };
+            // Stage 40's W tiles before the wait: at least one, at most the ring's depth.
+            if let Ok(early) = v.tunable("WS_EARLY") {
+                require((1..=stages).contains(&early), EARLY_TILES, || {
+                    format!("WS_EARLY = {early}, WG_STAGES = {stages}")
+                })?;
+            }
+            // Stage 39 stores the last tile out of the ring: both consumers' 64 x tile_n results.
+            let out_bytes = if d.out == Output::F32 { 4 } else { 2 };
+            require(
+                !sw.tma_last || stages * (stage_bytes - 8 * bars) >= tile_m * tile_n * out_bytes,
+                LAST_TILE_RING,
+                || format!("WG_STAGES = {stages} at WS_BN = {tile_n}"),
+            )?;
             // The kernel is compiled at the width and ring depth chosen here: the wave-fitted
             // stages' WS_BN define, a two-set stage's narrower residual width in place of its
             // WS_BN tunable, the ring of 13, 29 and 32 as deep as fits.
@@ -1014,7 +1076,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
             } else {
                 gpu.prepare_launch(&SOURCES, v, entry, shape((tiles_n, tiles_m, 1)))?
             };
-            let store = if sw.tma_store { Store::Tma } else { Store::Direct };
+            let store = match (sw.tma_store, sw.tma_last) {
+                (true, _) => Store::Tma,
+                (false, true) => Store::TmaLastTile,
+                (false, false) => Store::Direct,
+            };
             // Stage 33's workspace: a slot of 64 x tile_n partial sums and a flag per block and
             // consumer, the flags zero (each launch leaves them so).
             let stream_k = match stream_k {
@@ -1114,7 +1180,7 @@ impl Prepared {
                     let map_b = tensor_map(common::device_ptr(a.weight), false, d.n, d.k, (WG_BK, *b_rows as u32))?;
                     let map_out = match store {
                         Store::Tma => Some(tensor_map(common::device_ptr(a.out), true, d.m, d.n, OUT_BOX)?),
-                        Store::Direct => None,
+                        Store::TmaLastTile | Store::Direct => None,
                     };
                     // (map_a, map_b, out or map_out, bias[, residual], M, N, K[, tail code][, partials,
                     // flags, shared tiles])
@@ -1134,6 +1200,15 @@ impl Prepared {
                     }
                     if let Some(sk) = stream_k {
                         args.extend([Arg::buf(&sk.partials), Arg::buf(&sk.flags), Arg::U32(sk.tiles)]);
+                    }
+                    // Stage 39: `out`'s map for the last tile, valid where its rows are whole 16-byte
+                    // pieces; otherwise a zeroed map the kernel does not use (it stores as stage 30).
+                    let last_tile_map = match store {
+                        Store::TmaLastTile => Some(last_tile_map(common::device_ptr(a.out), d)?),
+                        Store::Tma | Store::Direct => None,
+                    };
+                    if let Some((map, valid)) = &last_tile_map {
+                        args.extend([Arg::value(map), Arg::I32(i32::from(*valid))]);
                     }
                     launch.enqueue(stream, &args)
                 }
@@ -1399,7 +1474,7 @@ mod tests {
             }
             files += 1;
         }
-        assert_eq!(files, 29, "stages 9-37");
+        assert_eq!(files, 32, "stages 9-40");
         let of = |stage: u32| Switches::of(&LinearBf16.variants().into_iter().find(|v| v.stage == stage).unwrap());
         let none = Switches::default();
         assert_eq!(of(9), none);
@@ -1411,12 +1486,15 @@ mod tests {
         assert_eq!(of(32), early);
         let dependents: Vec<u32> =
             LinearBf16.variants().iter().filter(|v| Switches::of(v).dependent_launch).map(|v| v.stage).collect();
-        assert_eq!(dependents, (25..=37).collect::<Vec<_>>());
+        assert_eq!(dependents, (25..=40).collect::<Vec<_>>());
         assert_eq!(of(34), Switches { ping_pong: true, ..early });
         assert_eq!(of(33), Switches { stream_k: true, ..early });
         assert_eq!(of(35), Switches { column_split: true, ..early });
         assert_eq!(of(36), Switches { l2_prefetch: true, ..early });
         assert_eq!(of(37), of(31), "stage 37 is stage 31's kernel; the host fits its group");
+        assert_eq!(of(38), of(30), "stage 38's descriptor prefetch changes nothing in its launch");
+        assert_eq!(of(39), Switches { tma_last: true, ..of(30) });
+        assert_eq!(of(40), of(30), "stage 40 changes when its W tiles are issued, not its launch");
     }
 
     /// Stage 28's leave-one-out rows: one per switch, each without the switches that build on it,
@@ -1462,7 +1540,7 @@ mod tests {
         let accepts = |v: &Variant| LinearBf16.validate(v, &s).is_ok();
         let (yes, no): (Vec<Variant>, Vec<Variant>) = LinearBf16.variants().into_iter().partition(accepts);
         let stages = |vs: &[Variant]| vs.iter().map(|v| v.stage).collect::<Vec<_>>();
-        assert_eq!(stages(&yes), (15..=37).chain([90]).collect::<Vec<_>>());
+        assert_eq!(stages(&yes), (15..=40).chain([90]).collect::<Vec<_>>());
         assert_eq!(stages(&no), (5..=14).collect::<Vec<_>>());
         for v in &no {
             let e = LinearBf16.validate(v, &s).unwrap_err();

@@ -166,10 +166,10 @@ fn bad_bias_alignment(gpu: &Gpu) {
     assert!(gpu.download(&out16).unwrap().iter().all(|&x| x == 0x4282), "bf16 out: wrong bits (65.0 is 0x4282)");
 }
 
-/// Stages 25 to 37 may start while the kernel before them runs: a GEMM whose residual is the
+/// Stages 25 to 38 may start while the kernel before them runs: a GEMM whose residual is the
 /// output of the GEMM launched just before it must still read that output whole. The first GEMM
 /// (itself a dependent-launch stage, which lets its dependents launch as it starts, or in stages
-/// 30-37 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
+/// 30-38 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
 /// 256-row tiles than there are SMs (two more of 128 rows), deep in K: one or two blocks compute
 /// a tile long after the others have left their SMs to the second GEMM, whose K = 8 tiles reach
 /// their residual reads within a microsecond. Without `griddepcontrol.wait` the blocks that take
