@@ -328,7 +328,7 @@ __device__ __forceinline__ float gelu_tanh_approx(float x) {
 #define EPI_BOX_COLS (128 / (int)sizeof(out_t))
 #define EPI_LAST_BOX_BYTES (64 * 128)
 #define EPI_LAST_BYTES (2 * 64 * WS_BN * (int)sizeof(out_t))
-// Hardware barrier of both consumers (the producer's and the consumers' own are 0 and 1-2).
+// Hardware barrier of both consumers (__syncthreads takes 0, each consumer its own 1 + c).
 #define WS_CONSUMERS_BARRIER 4
 #endif
 

@@ -1183,7 +1183,7 @@ impl Prepared {
                         Store::TmaLastTile | Store::Direct => None,
                     };
                     // (map_a, map_b, out or map_out, bias[, residual], M, N, K[, tail code][, partials,
-                    // flags, shared tiles])
+                    // flags, shared tiles][, the last tile's map of out, whether it is valid])
                     let mut args = vec![Arg::value(&map_a), Arg::value(&map_b)];
                     args.push(map_out.as_ref().map_or_else(|| Arg::buf(a.out), Arg::value));
                     args.push(Arg::Ptr(bias));
