@@ -261,7 +261,8 @@ enum Command {
     },
     /// Where one launch spends its time, from stamps the kernel writes itself (a stage whose sources
     /// have a `// Timeline:` line): each phase from the first block start, the first block, the mean
-    /// and the last block, the median over runs timed one at a time as the default table times them.
+    /// and the last block, the median over runs timed one at a time, each behind a gate between its
+    /// own events (close to, not the same as, the default table's timing).
     Timeline {
         family: String,
         #[arg(long)]
