@@ -1,8 +1,7 @@
 // matmul_wgmma.cuh: Hopper's pieces shared by the wgmma stages of linear-bf16 (7 and later): the
-// tensor map passed by value, mbarriers (cluster-wide arrivals too), the TMA's 2-D tile load
-// (multicast too) and store (bulk async-groups, the proxy fence), named and cluster barriers,
-// shared-memory matrix descriptors of 128-byte swizzled K-major tiles, and the warpgroup MMA
-// instructions (m64nNk16 for N = 64, 96, 128, 192, 256; bf16 in, fp32 accumulate). Needs sm_90a.
+// tensor map passed by value, mbarriers, the TMA's 2-D tile load, named barriers, shared-memory
+// matrix descriptors of 128-byte swizzled K-major tiles, and the warpgroup MMA instructions
+// (m64nNk16 for N = 128, 192, 256; bf16 in, fp32 accumulate). Needs sm_90a.
 #pragma once
 #include <cuda_bf16.h>
 #include "ladder_mma.cuh"
@@ -49,75 +48,6 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, unsign
         : "memory");
 }
 
-// The same box fetched into L2 only (no shared memory, no barrier): a later tma_load of it then
-// reads L2 instead of waiting on DRAM.
-__device__ __forceinline__ void tma_prefetch_l2(const TmaMap* map, int x, int y) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(map), "r"(x), "r"(y)
-                 : "memory");
-}
-
-// The tensor map itself (128 bytes in the kernel's parameters) fetched into the TMA unit's
-// descriptor cache, so that the first tma_load through it does not wait for that fetch (stage 38).
-__device__ __forceinline__ void tma_prefetch_descriptor(const TmaMap* map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
-}
-
-// tma_load into the same shared offset and barrier of every block of the cluster in `mask`, each
-// barrier completing on the bytes it receives.
-__device__ __forceinline__ void tma_load_multicast(unsigned dst, const TmaMap* map, unsigned bar, int x, int y,
-                                                   unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-        "[%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-        "l"(map), "r"(x), "r"(y), "r"(bar), "h"(mask)
-        : "memory");
-}
-
-// This block's rank in its cluster.
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// Arrive on the mbarrier at shared offset `bar` of the cluster's block `cta` (this one included),
-// with the default release at CTA scope, as CUTLASS's cluster barrier does: what it orders is this
-// thread's completed wgmma reads before the producer's next TMA write, not memory other threads
-// read. (An explicit `.release.cluster` cost ~1 us per K step on the H100: stage 14 at 4096 x 768
-// x 768 took 30.8 us with it, 19.8 us without.)
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
-    asm volatile(
-        "{\n"
-        ".reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-        "}\n" ::"r"(bar),
-        "r"(cta)
-        : "memory");
-}
-// Every thread of every block of the cluster (not warp-aligned: a warp may arrive diverged).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-
-// The TMA's 2-D tile store: the box at shared `src` to (x = column, y = row) of the tensor map, in
-// this thread's current bulk async-group; parts of the box past the tensor are not written.
-__device__ __forceinline__ void tma_store(const TmaMap* map, unsigned src, int x, int y) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map), "r"(x),
-                 "r"(y), "r"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Wait until at most N of this thread's bulk async-groups still read their shared-memory source.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-// Wait until every bulk async-group of this thread has completed (its writes performed).
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// Make this thread's ordinary shared-memory writes visible to the async proxy (the TMA).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 // A barrier of `threads` threads on hardware barrier `id` (0 is __syncthreads').
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -136,36 +66,6 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-
-// One wgmma.m64n64k16 (bf16 in, fp32 accumulate into d), both operands K-major in shared
-// memory described by descriptors: a column-split consumer's half of a 128-wide tile (stage 35).
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigned long long b) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(1));
-}
-
-// One wgmma.m64n96k16 (bf16 in, fp32 accumulate into d), both operands K-major in shared
-// memory described by descriptors: a column-split consumer's half of a 192-wide tile (stage 35).
-__device__ __forceinline__ void wgmma_m64n96k16(float (&d)[48], unsigned long long a, unsigned long long b) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %50, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
-        "%48, %49, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-        : "l"(a), "l"(b), "r"(1));
-}
 
 // One wgmma.m64n128k16 (bf16 in, fp32 accumulate into d), both operands K-major in shared
 // memory described by descriptors.

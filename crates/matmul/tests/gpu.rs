@@ -17,26 +17,26 @@ fn pass(gpu: &Gpu, op: &dyn Op, shape: &Shape) {
 }
 
 /// `ladder timeline` on the persistent stages: at a ragged shape of two or more tiles a block (and,
-/// for the cooperative stages, at one of a tile a block), every block stamps each phase of its
+/// for the cooperative stage, at one of a tile a block), every block stamps each phase of its
 /// producer and its two consumers, in the order the kernel runs them, inside the run's own event
-/// time; the third consumer's slots stay empty (two consumers), and the instrumented build verifies.
+/// time, and the instrumented build verifies.
 fn timeline_stamps_every_phase_in_order(gpu: &Gpu) {
     use common::timeline::record;
     use matmul::linear_bf16::{shape, LinearBf16};
     let sms = gpu.info().sm_count as usize;
-    // Stage 31's consumers take turns, so its second consumer needs a block of two tiles.
-    for ((m, n, k), stages) in [((4100, 2000, 136), &[29, 30, 31][..]), ((4096, 768, 64), &[29, 30][..])] {
+    // Stage 16's consumers take turns, so its second consumer needs a block of two tiles.
+    for ((m, n, k), stages) in [((4100, 2000, 136), &[14, 16][..]), ((4096, 768, 64), &[14][..])] {
         let s = shape(m, n, k, 1);
         let mut problem = LinearBf16.problem(gpu, &s, common::data::fresh_seed()).unwrap();
         for v in LinearBf16.variants().into_iter().filter(|v| stages.contains(&v.stage)) {
             let t = record(gpu, &LinearBf16, problem.as_mut(), &v, &s, 5, 2).unwrap();
             let phase = |slot: usize| t.phases.iter().find(|p| p.slot == slot).unwrap();
             assert!(t.blocks >= 1 && t.blocks <= sms, "{}: {} blocks", v.id(), t.blocks);
-            // Blocks 0, 1, the producer's two, then each consumer's three; consumer 2 never runs.
+            // Blocks 0, 1, the producer's two, then each consumer's three.
+            assert_eq!(t.phases.len(), 10, "{}: the header's ten slots", v.id());
             for slot in 0..10 {
                 assert_eq!(phase(slot).blocks, t.blocks, "{}: slot {slot} ({})", v.id(), phase(slot).name);
             }
-            assert!((10..13).all(|slot| phase(slot).blocks == 0), "{}: a third consumer stamped", v.id());
             let order = [0, 1, 2, 3];
             for c in 0..2 {
                 let chain = [0, 1, 4 + 3 * c, 5 + 3 * c, 6 + 3 * c];
@@ -103,26 +103,24 @@ fn bad_buffers(gpu: &Gpu) {
     bad_group(gpu);
 }
 
-/// A tile order of no row panels at a time (the kernel would divide by it), or, with clusters of 2,
-/// of an odd number (the schedule pairs the rows), is a typed error refused before anything compiles.
+/// A tile order of no row panels at a time (the kernel would divide by it) is a typed error refused
+/// before anything compiles.
 fn bad_group(gpu: &Gpu) {
     use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Dims, Output, Tail};
     let d = LinearBf16Dims { m: 8, n: 16, k: 64, bias: true, tail: Tail::None, out: Output::F32 };
-    for (stage, group) in [(31, 0), (14, 3)] {
-        let v = LinearBf16.variants().into_iter().find(|v| v.stage == stage).expect("a persistent stage");
-        let bad = v.with_config(&[("WS_GROUP_M".to_string(), group)]).unwrap();
-        let refused = constraint(lb::prepare(gpu, &bad, d).map(|_| ()));
-        assert!(refused.contains("WS_GROUP_M >= 1, a multiple of the blocks per cluster"), "{refused}");
-    }
+    let v = LinearBf16.variants().into_iter().find(|v| v.stage == 15).expect("a persistent stage");
+    let bad = v.with_config(&[("WS_GROUP_M".to_string(), 0)]).unwrap();
+    let refused = constraint(lb::prepare(gpu, &bad, d).map(|_| ()));
+    assert!(refused.contains("WS_GROUP_M >= 1"), "{refused}");
 }
 
-/// Stage 18 and the later ones copy the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
+/// Stage 13 and the later ones copy the bias with 16-byte cp.async: a bias 4 bytes into an allocation is a typed
 /// error that launches nothing (a `CudaSlice` of its own allocation is always aligned, so the
 /// misaligned one is made from a raw pointer).
 fn bad_bias_alignment(gpu: &Gpu) {
     use matmul::linear_bf16::{self as lb, LinearBf16, LinearBf16Args, LinearBf16Dims, Output, Tail};
     let (m, n, k) = (8usize, 16usize, 64usize);
-    let v = LinearBf16.variants().into_iter().find(|v| v.name == "bias-smem").expect("stage 18");
+    let v = LinearBf16.variants().into_iter().find(|v| v.name == "staged-store").expect("stage 13");
     let p = lb::prepare(gpu, &v, LinearBf16Dims { m, n, k, bias: true, tail: Tail::None, out: Output::F32 }).unwrap();
     let (x, w) = (gpu.upload(&vec![0x3f80u16; m * k]).unwrap(), gpu.upload(&vec![0x3f80u16; n * k]).unwrap());
     let wide = gpu.upload(&vec![1.0f32; n + 4]).unwrap();
@@ -166,13 +164,12 @@ fn bad_bias_alignment(gpu: &Gpu) {
     assert!(gpu.download(&out16).unwrap().iter().all(|&x| x == 0x4282), "bf16 out: wrong bits (65.0 is 0x4282)");
 }
 
-/// Stages 25 to 38 may start while the kernel before them runs: a GEMM whose residual is the
+/// Stages 14 to 16 may start while the kernel before them runs: a GEMM whose residual is the
 /// output of the GEMM launched just before it must still read that output whole. The first GEMM
-/// (itself a dependent-launch stage, which lets its dependents launch as it starts, or in stages
-/// 30-38 as each block starts its last tile or item, here the stragglers' last) has one more row panel of
-/// 256-row tiles than there are SMs (two more of 128 rows), deep in K: one or two blocks compute
-/// a tile long after the others have left their SMs to the second GEMM, whose K = 8 tiles reach
-/// their residual reads within a microsecond. Without `griddepcontrol.wait` the blocks that take
+/// (itself a dependent-launch stage, which lets its dependents launch as each block starts its
+/// last tile, here the stragglers' last) has two more 128-row panels than twice the SMs, deep in
+/// K: two blocks compute a third tile long after the others have left their SMs to the second
+/// GEMM, whose K = 8 tiles reach their residual reads within a microsecond. Without `griddepcontrol.wait` the blocks that take
 /// the last row panels read the poisoned (NaN) rows the stragglers have not written yet.
 fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
     use common::data::uniform;
@@ -188,15 +185,7 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
     let (dx1, dw1) = (gpu.upload(&x1).unwrap(), gpu.upload(&w1).unwrap());
     let (dx2, dw2, dbias) = (gpu.upload(&x2).unwrap(), gpu.upload(&w2).unwrap(), gpu.upload(&bias).unwrap());
     let mut tested = 0;
-    // Stage 33 shares this GEMM's last 2 tiles out by K steps, so its blocks end within a step of
-    // each other; it runs a second time with the fixup priced out of reach, data-parallel, where
-    // two blocks are the stragglers the test needs.
-    let data_parallel = LinearBf16.variants().into_iter().filter(|v| v.tunable("SK_FIXUP").is_ok()).map(|v| {
-        let mut v = v.with_config(&[("SK_FIXUP".to_string(), 1 << 20)]).unwrap();
-        v.name = format!("{}[data-parallel]", v.name).into();
-        v
-    });
-    for v in LinearBf16.variants().into_iter().chain(data_parallel.collect::<Vec<_>>()) {
+    for v in LinearBf16.variants().into_iter().chain(LinearBf16.leave_one_out()) {
         let dims = |k, bias, tail| LinearBf16Dims { m, n, k, bias, tail, out: Output::F32 };
         let first = lb::prepare(gpu, &v, dims(k1, false, Tail::None)).unwrap();
         if !first.dependent_launch() {
@@ -233,10 +222,8 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
         assert!(rel <= 1e-2, "{}: relative L2 error {rel:e}", v.id());
         tested += 1;
     }
-    // Every hand-written stage from 25 on launches as a dependent, stage 33 twice (its data-parallel
-    // configuration too).
-    let dependents = LinearBf16.variants().iter().filter(|v| (25..90).contains(&v.stage)).count();
-    assert_eq!(tested, dependents + 1, "stages 25 on launch as dependents, stage 33 twice");
+    // Stages 14-16 launch as dependents, and the last rung's rows that keep WS_PDL (all but one).
+    assert_eq!(tested, 3 + matmul::linear_bf16::SWITCHES.len() - 1, "stages 14-16 and 8 leave-one-out rows");
 }
 
 fn main() -> std::process::ExitCode {
@@ -298,7 +285,7 @@ fn main() -> std::process::ExitCode {
         })
         .gpu("linear_bf16_default_shapes", |gpu| {
             // The GPT-2 shapes at M = 4096 (the LM head at 50257 and 50304), 4096^3 and 8192^3;
-            // every stage and stage 28's leave-one-out rows.
+            // every stage and the last rung's leave-one-out rows.
             let op = &matmul::linear_bf16::LinearBf16;
             let rows: Vec<_> = op.variants().into_iter().chain(op.leave_one_out()).collect();
             for s in op.default_shapes() {
@@ -306,12 +293,13 @@ fn main() -> std::process::ExitCode {
             }
         })
         .gpu("linear_bf16_leave_one_out_ragged", |gpu| {
-            // Stage 28's leave-one-out rows at ragged shapes with every tail: each switch's absence
-            // (the residual at 192 wide without ping-pong, the store without staging, the launch
-            // without the dependent attribute) is a kernel of its own.
-            use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
+            // The last rung's leave-one-out rows at ragged shapes with every tail: each switch's
+            // absence (the cooperative consumers at the wave model's width, the store without
+            // staging, the launch without the dependent attribute, the declared group) is a kernel
+            // of its own.
+            use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16, SWITCHES};
             let rows = LinearBf16.leave_one_out();
-            assert_eq!(rows.len(), 7, "stage 28's seven switches");
+            assert_eq!(rows.len(), SWITCHES.len(), "stage 16's nine switches");
             for (m, n, k, e) in [(129, 127, 136, 0), (300, 388, 1000, 1), (257, 300, 64, 2), (4100, 772, 72, 2)] {
                 let s = if e == 0 { shape(m, n, k, 1) } else { shape_with_tail(m, n, k, e) };
                 assert_stages_pass(gpu, &LinearBf16, &s, &rows);
@@ -345,7 +333,7 @@ fn main() -> std::process::ExitCode {
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
             let widths = Grid { axes: vec![Sweep { tunable: "WS_BN".into(), values: vec![128, 192] }] };
             let points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| widths.derive(v)).collect();
-            assert_eq!(points.len(), 20, "stages 9, 10, 17, 19, 22, 23, 26, 28, 31 and 37, two widths each");
+            assert_eq!(points.len(), 8, "stages 9, 10, 15 and 16, two widths each");
             for (m, n, k) in [(1, 1, 8), (129, 193, 136), (300, 7, 1000), (4096, 768, 768), (257, 385, 64)] {
                 assert_stages_pass(gpu, &LinearBf16, &shape(m, n, k, 1), &points);
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 1 + (m % 2)), &points);
@@ -355,38 +343,22 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("linear_bf16_fitted_stages_any_shape", |gpu| {
-            // Stage 13 at each slot count its sweep declares, every stage from 14 on, and 17 at two
-            // more ring depths its sweep declares, at N % 4 == 0 (stage 13's output map's limit) with
-            // ragged M, N and K: the TMA store clipping boxes at M and N, consumers whose rows all lie
-            // past M, the cluster pairs of stages 14, 20, 23, 24 with an odd number of tile rows (the
-            // second block past M), the unchecked interior tiles of stage 15 on (staged from 21 on)
-            // next to checked edge tiles, in bias-free shapes too (the staged stores then read a
-            // zeroed copy), 16's 192-row tiles with a partial last row, 29's 6- and 5-deep rings,
-            // stage 17's consumers taking turns over blocks
-            // of one, two or many tiles with fewer K steps a tile than ring stages (K = 8, 64, 72),
-            // and shapes where the wave model picks each width (4100 x 580: 192, 4096 x 772: 256,
-            // small: 128; for stage 32's 256-row tiles 4100 x 2308: 192 with a partial last row
-            // panel and column, the residual entry 128; stage 33 sharing the small shapes' few tiles
-            // out by K steps, up to one step a block, so that a tile is summed from many blocks;
-            // stage 35's consumers on column halves at leads of 0, 2 and 4 K steps, 4 being the
-            // whole ring at 256 wide, over tiles of fewer K steps than the lead; stage 36's L2
-            // window running past a tile's K steps into the block's next tiles; stage 31's tile
-            // order at groups of 1 and 3 row panels, what stage 37's model picks where W overflows
-            // L2 with wide K, and a group that does not divide the tile rows).
+            // Every stage from 11 on, 15 at two more ring depths its sweep declares and at tile
+            // orders of 1 and 3 row panels, with ragged M, N and K: consumers whose rows all lie past
+            // M, the unchecked interior tiles of stage 12 on (staged from 13 on) next to checked edge
+            // tiles, in bias-free shapes too (the staged stores then read a zeroed copy), the
+            // ping-pong consumers taking turns over blocks of one, two or many tiles with fewer K
+            // steps a tile than ring stages (K = 8, 64, 72), shapes where the wave model picks each
+            // width (4100 x 580: 192, 4096 x 772: 256, small: 128), and a group that does not
+            // divide the tile rows.
             use common::{Generator, Grid, Sweep};
             use matmul::linear_bf16::{shape, shape_with_tail, LinearBf16};
-            let slots = Grid { axes: vec![Sweep { tunable: "EPI_SLOTS".into(), values: vec![1, 2, 3] }] };
-            let mut points: Vec<_> = LinearBf16.variants().iter().flat_map(|v| slots.derive(v)).collect();
-            assert_eq!(points.len(), 3, "stage 13, three slot counts");
-            points.extend(LinearBf16.variants().into_iter().filter(|v| (14..90).contains(&v.stage)));
+            let mut points: Vec<_> =
+                LinearBf16.variants().into_iter().filter(|v| (11..90).contains(&v.stage)).collect();
             let depths = Grid { axes: vec![Sweep { tunable: "WG_STAGES".into(), values: vec![3, 5] }] };
-            points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 17).flat_map(|v| depths.derive(v)));
-            let lags = Grid { axes: vec![Sweep { tunable: "WS_LAG".into(), values: vec![0, 4] }] };
-            let lagged: Vec<_> = LinearBf16.variants().iter().flat_map(|v| lags.derive(v)).collect();
-            assert_eq!(lagged.len(), 2, "stage 35 without a lead and with the longest its sweep declares");
-            points.extend(lagged);
+            points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 15).flat_map(|v| depths.derive(v)));
             let groups = Grid { axes: vec![Sweep { tunable: "WS_GROUP_M".into(), values: vec![1, 3] }] };
-            points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 31).flat_map(|v| groups.derive(v)));
+            points.extend(LinearBf16.variants().iter().filter(|v| v.stage == 15).flat_map(|v| groups.derive(v)));
             for (m, n, k) in [
                 (1, 4, 8),
                 (129, 196, 136),
@@ -400,22 +372,19 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 1 + (m % 2)), &points);
                 assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, k, 2 - (m % 2)), &points);
             }
-            proptest(16, (1i64..512, 1i64..128, 1i64..64, 0i64..3), |(m, n4, k8, e)| {
-                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, 4 * n4, 8 * k8, e), &points)
+            proptest(16, (1i64..512, 1i64..512, 1i64..64, 0i64..3), |(m, n, k8, e)| {
+                assert_stages_pass(gpu, &LinearBf16, &shape_with_tail(m, n, 8 * k8, e), &points)
             })
         })
         .gpu("linear_bf16_out_bf16_any_shape", |gpu| {
-            // The stages that store bf16 (15 on, stage 28's leave-one-out rows that keep the lean
-            // store, the library row) at `out = 16` with every tail at ragged shapes: the staged
+            // The stages that store bf16 (12 on, the last rung's leave-one-out rows that keep the
+            // lean store, the library row) at `out = 16` with every tail at ragged shapes: the staged
             // interior's 8-byte stores next to the edge tiles' pairs and single elements (odd N),
             // a bf16 residual, 4-wide and unaligned rows (N % 4 != 0 leaves the staged path), the
             // wave model's three widths (small shapes: 128, 4100 x 580: 192, 4096 x 772: 256).
-            use common::{Generator, Grid, Sweep};
             use matmul::linear_bf16::{bf16_out, shape, shape_with_tail, LinearBf16};
-            let mut rows: Vec<_> = LinearBf16.variants().into_iter().filter(|v| v.stage >= 15).collect();
+            let mut rows: Vec<_> = LinearBf16.variants().into_iter().filter(|v| v.stage >= 12).collect();
             rows.extend(LinearBf16.leave_one_out());
-            let lags = Grid { axes: vec![Sweep { tunable: "WS_LAG".into(), values: vec![4] }] };
-            rows.extend(LinearBf16.variants().iter().flat_map(|v| lags.derive(v)));
             for (m, n, k) in
                 [(1, 1, 8), (129, 196, 136), (300, 7, 1000), (4100, 580, 72), (257, 389, 64), (4096, 772, 64)]
             {
@@ -434,7 +403,7 @@ fn main() -> std::process::ExitCode {
         .gpu("dependent_launch_waits_for_the_previous_output", dependent_launch_waits_for_the_previous_output)
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &matmul::Matmul))
         .gpu("graph_replay_every_stage", |gpu| {
-            let bf16 = matmul::linear_bf16::shape(129, 132, 136, 1); // N % 4 == 0: stage 13 applies
+            let bf16 = matmul::linear_bf16::shape(129, 132, 136, 1);
             for (op, shape) in [
                 (&Linear as &dyn Op, lin(129, 127, 130, 1)),
                 (&LinearEpilogue, epi(130, 515, 47, 2)),
