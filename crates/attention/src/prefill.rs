@@ -4,7 +4,7 @@
 //! reference report: five-kernel baseline, unrolling, reductions, a fused local window (a different
 //! function, checked against a windowed reference) and FlashAttention-2 in two forms.
 
-use common::check::{compare, Verification};
+use common::check::{compare, compare_scaled, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
@@ -12,7 +12,7 @@ use common::{
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
-use crate::reference::{causal_attention, Dims};
+use crate::reference::{causal_attention, score_magnitude, Dims};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "prefill";
@@ -441,6 +441,7 @@ impl Op for Prefill {
             host_qkv,
             full,
             windowed: None,
+            lse_magnitude: None,
             copies,
             prepared: Current::default(),
         }))
@@ -458,6 +459,9 @@ struct PrefillProblem {
     full: (Vec<f64>, Vec<f64>),
     /// Windowed attention's out, computed on first use by the local stage.
     windowed: Option<Vec<f64>>,
+    /// Each row's score magnitude (`reference::score_magnitude`), the scale lse is checked against;
+    /// computed on first use by a stage that writes lse.
+    lse_magnitude: Option<Vec<f64>>,
     copies: usize,
     prepared: Current<Prepared>,
 }
@@ -512,7 +516,12 @@ impl Problem for PrefillProblem {
         }
         let mut ver = Verification::new(v.tolerance()).add("out", &out, &self.full.0);
         if plan.writes_lse() {
-            ver = ver.add("lse", &gpu.download(self.lse.get(copy))?, &self.full.1);
+            // lse against the magnitude of its row's scores, not against itself: a row's lse can be
+            // ~0 (at T = 1 it is the one score q.k * scale) while its rounding error is not.
+            let (qkv, dims) = (&self.host_qkv, self.dims);
+            let magnitude = self.lse_magnitude.get_or_insert_with(|| score_magnitude(qkv, dims, None));
+            let lse = gpu.download(self.lse.get(copy))?;
+            ver.outputs.push(compare_scaled("lse", &lse, &self.full.1, magnitude));
         }
         Ok(ver)
     }

@@ -71,3 +71,34 @@ pub fn causal_attention(qkv: &[f32], d: Dims, window: Option<usize>) -> (Vec<f64
     }
     (out, lse)
 }
+
+/// The magnitude of each row's scaled scores, `[B, NH, T]`: `max over keys j of scale * sum_i |q_i k_ji|`
+/// (over the same keys as [`causal_attention`]). It sets the absolute error a logsumexp can carry:
+/// lse is softmax-weighted in its scores (d lse / d s_j = p_j, summing to 1), so rounding q and k
+/// (relative u) moves it by at most `u * scale * sum_i |q_i k_ji|` for the worst key, whatever
+/// the lse's own value. An lse near zero (at T = 1 it is the single score q.k * scale, which may be
+/// ~0) is therefore checked against this magnitude, not against itself.
+pub fn score_magnitude(qkv: &[f32], d: Dims, window: Option<usize>) -> Vec<f64> {
+    let Dims { b: bsz, t: tlen, c, nh } = d;
+    let hs = d.hs();
+    assert_eq!(qkv.len(), bsz * tlen * 3 * c, "qkv length");
+    assert!(nh * hs == c && window != Some(0), "C = NH * HS and W >= 1");
+    let scale = 1.0 / (hs as f64).sqrt();
+    let mut mag = vec![0.0f64; bsz * nh * tlen];
+    // One chunk per (batch, head) row of `mag`.
+    mag.par_chunks_mut(tlen).enumerate().for_each(|(bh, row)| {
+        let (b, h) = (bh / nh, bh % nh);
+        let at = |tok: usize, part: usize| {
+            let base = (b * tlen + tok) * 3 * c + part * c + h * hs;
+            &qkv[base..base + hs]
+        };
+        for (t, m) in row.iter_mut().enumerate() {
+            let q = at(t, 0);
+            let start = window.map_or(0, |w| (t + 1).saturating_sub(w));
+            *m = (start..=t)
+                .map(|t2| scale * q.iter().zip(at(t2, 1)).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum::<f64>())
+                .fold(0.0, f64::max);
+        }
+    });
+    mag
+}

@@ -2,7 +2,7 @@
 //! The GPU (and NVRTC) tests are in `gpu.rs`.
 
 use attention::prefill::{self, Prefill, PrefillDims};
-use attention::reference::{causal_attention, Dims};
+use attention::reference::{causal_attention, score_magnitude, Dims};
 use common::testing::assert_constraint;
 use common::{Error, Op, Shape, Variant};
 
@@ -105,6 +105,82 @@ fn windowed_reference_limits() {
     }
     let last = (t - 1) * c..t * c;
     assert!(o[last.clone()].iter().zip(&full[last]).any(|(x, y)| (x - y).abs() > 1e-6), "window has no effect");
+}
+
+/// Stage 6's lse of every row, emulated on the CPU as the kernel computes it: q and k rounded to
+/// bf16, each score an fp32 sum of bf16 products times `scale * log2(e)`, the row max m and
+/// l = sum exp2(s - m) in fp32, lse = (m + log2 l) * ln 2. `units` multiplies the result (1: the
+/// kernel; log2(e): an lse left in log2 units, a bug the check must catch).
+fn stage6_lse(qkv: &[f32], d: Dims, units: f32) -> Vec<f32> {
+    let (hs, c) = (d.hs(), d.c);
+    let bf = |x: f32| half::bf16::from_f32(x).to_f32();
+    let sl2 = (1.0 / (hs as f32).sqrt()) * std::f32::consts::LOG2_E;
+    let mut lse = vec![0f32; d.b * d.nh * d.t];
+    for b in 0..d.b {
+        for h in 0..d.nh {
+            let at = |tok: usize, part: usize| &qkv[(b * d.t + tok) * 3 * c + part * c + h * hs..][..hs];
+            for t in 0..d.t {
+                let s: Vec<f32> = (0..=t)
+                    .map(|j| at(t, 0).iter().zip(at(j, 1)).map(|(&x, &y)| bf(x) * bf(y)).sum::<f32>() * sl2)
+                    .collect();
+                let m = s.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let l: f32 = s.iter().map(|&x| (x - m).exp2()).sum();
+                lse[(b * d.nh + h) * d.t + t] = (m + l.log2()) * std::f32::consts::LN_2 * units;
+            }
+        }
+    }
+    lse
+}
+
+#[test]
+fn lse_is_checked_against_the_score_magnitude() {
+    use common::check::{compare, compare_scaled};
+    use common::Precision;
+    let tol = Precision::Bf16.tolerance();
+    // The GPU failure `attention/prefill B=1,T=1,NH=1,HS=32,W=1 (seed 17551034952955572871)`:
+    // `06-tensor-core: lse: rel L2 3.43e-2 (tol 1e-2)`. At T = 1 the lse is the one score
+    // q.k * scale = 0.1434, while the score's magnitude scale * sum |q_i k_i| is 5.42: the bf16
+    // rounding of q and k (what stage 6 declares) moves it by 4.9e-3, which is 3.4e-2 of the score
+    // itself but 9.1e-4 of the magnitude. The emulation reproduces the GPU's 3.43e-2 exactly.
+    let seed = 17551034952955572871;
+    let d = dims(1, 1, 1, 32);
+    let qkv = common::data::uniform(3 * d.c, -2.0, 2.0, seed);
+    let (_, lse) = causal_attention(&qkv, d, None);
+    let magnitude = score_magnitude(&qkv, d, None);
+    let got = stage6_lse(&qkv, d, 1.0);
+    assert!((lse[0] - 0.14339).abs() < 1e-4 && (magnitude[0] - 5.419).abs() < 1e-3, "{lse:?} {magnitude:?}");
+    assert!((got[0] as f64 - 0.14831).abs() < 1e-4, "emulated stage 6 lse {}", got[0]);
+    let against_itself = compare("lse", &got, &lse);
+    assert!((against_itself.rel_l2 - 3.43e-2).abs() < 5e-4, "the old metric: {}", against_itself.rel_l2);
+    let scaled = compare_scaled("lse", &got, &lse, &magnitude);
+    assert!(scaled.passes(tol) && scaled.rel_l2 < 1e-3, "the score-scaled metric: {}", scaled.rel_l2);
+    // A wrong lse still fails, at this seed and at a ragged shape with long rows: one left in log2
+    // units, and one with the scale dropped.
+    let d2 = dims(2, 100, 3, 64);
+    let qkv2 = common::data::uniform(d2.b * d2.t * 3 * d2.c, -2.0, 2.0, seed);
+    let (_, lse2) = causal_attention(&qkv2, d2, None);
+    let magnitude2 = score_magnitude(&qkv2, d2, None);
+    let ok = compare_scaled("lse", &stage6_lse(&qkv2, d2, 1.0), &lse2, &magnitude2);
+    assert!(ok.passes(tol), "stage 6 at {d2:?}: {}", ok.rel_l2);
+    for (qkv, d, lse, magnitude) in [(&qkv, d, &lse, &magnitude), (&qkv2, d2, &lse2, &magnitude2)] {
+        let log2_units = compare_scaled("lse", &stage6_lse(qkv, d, std::f32::consts::LOG2_E), lse, magnitude);
+        assert!(!log2_units.passes(tol), "lse in log2 units passes at {d:?}: {}", log2_units.rel_l2);
+        let unscaled = compare_scaled("lse", &stage6_lse(qkv, d, (d.hs() as f32).sqrt()), lse, magnitude);
+        assert!(!unscaled.passes(tol), "lse without the scale passes at {d:?}: {}", unscaled.rel_l2);
+    }
+}
+
+#[test]
+fn score_magnitude_is_the_largest_abs_product_sum() {
+    // HS = 4 (scale 1/2), T = 2: row 0 sees k0, row 1 sees k0 and k1 (with W = 1 only k1).
+    let (c, d) = (4, Dims { b: 1, t: 2, c: 4, nh: 1 });
+    let mut qkv = vec![0.0f32; 2 * 3 * c];
+    qkv[..c].copy_from_slice(&[1.0, -1.0, 0.0, 0.0]); // q0
+    qkv[c..2 * c].copy_from_slice(&[1.0, 1.0, 0.0, 0.0]); // k0: q0.k0 = 0, sum |q0_i k0_i| = 2
+    qkv[3 * c..4 * c].copy_from_slice(&[5.0, -5.0, 2.0, 2.0]); // q1: sum |q1_i k0_i| = 10
+    qkv[4 * c..5 * c].copy_from_slice(&[0.0, 0.0, 3.0, -1.0]); // k1: sum |q1_i k1_i| = 8
+    assert_close(&score_magnitude(&qkv, d, None), &[1.0, 5.0], 1e-12, "magnitude");
+    assert_close(&score_magnitude(&qkv, d, Some(1)), &[1.0, 4.0], 1e-12, "windowed magnitude");
 }
 
 // ---------------------------------------------------------------- CPU: validation

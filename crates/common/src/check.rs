@@ -34,7 +34,8 @@ impl Element for half::bf16 {
 pub struct ErrorStats {
     /// What was compared (`out`, `mean`, `lse`, ...).
     pub output: String,
-    /// ‖out − ref‖₂ / ‖ref‖₂ (‖out − ref‖₂ when the reference is all zeros).
+    /// ‖out − ref‖₂ / ‖ref‖₂ (‖out − ref‖₂ when the reference is all zeros); from
+    /// [`compare_scaled`], ‖out − ref‖₂ / ‖magnitude‖₂.
     pub rel_l2: f64,
     pub max_abs: f64,
     /// Elements that are NaN or ±Inf (an unwritten, poisoned element reads as NaN).
@@ -70,6 +71,23 @@ pub fn compare<T: Element>(output: &str, out: &[T], reference: &[f64]) -> ErrorS
     }
     let rel_l2 = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
     ErrorStats { output: output.to_string(), rel_l2, max_abs, non_finite, first_non_finite, count: reference.len() }
+}
+
+/// Like [`compare`], but the L2 error is taken relative to `magnitude` (one value per element, the
+/// scale of the error the element's inputs allow) instead of to the reference itself: for outputs
+/// whose value can sit near zero while their rounding error is set by the size of their inputs. A
+/// logsumexp is one: at a single key it is the score q.k * scale, ~0 for near-orthogonal q and k,
+/// while rounding q and k to bf16 moves it by ~2^-9 * scale * sum |q_i k_i|; relative to itself
+/// that error is unbounded. (FlashAttention-style tests check lse with an absolute tolerance for
+/// the same reason; this is that tolerance, scaled to the scores.)
+pub fn compare_scaled<T: Element>(output: &str, out: &[T], reference: &[f64], magnitude: &[f64]) -> ErrorStats {
+    assert_eq!(reference.len(), magnitude.len(), "{output}: one magnitude per reference element");
+    let mut stats = compare(output, out, reference);
+    let diff2: f64 =
+        out.iter().zip(reference).map(|(o, r)| o.to_f64() - r).filter(|d| d.is_finite()).map(|d| d * d).sum();
+    let mag2: f64 = magnitude.iter().map(|m| m * m).sum();
+    stats.rel_l2 = if mag2 > 0.0 { (diff2 / mag2).sqrt() } else { diff2.sqrt() };
+    stats
 }
 
 /// The outcome of checking every output of one run.

@@ -140,7 +140,11 @@ pub fn assert_constraint<T: std::fmt::Debug>(r: crate::Result<T>, needle: &str) 
 /// every failure listed. Stages whose constraints exclude the shape are checked to be refused with a
 /// typed error by `prepare` too, not run.
 pub fn assert_stages_pass(gpu: &Gpu, op: &dyn Op, shape: &Shape, variants: &[Variant]) {
-    let seed = crate::data::fresh_seed();
+    assert_stages_pass_at(gpu, op, shape, variants, crate::data::fresh_seed());
+}
+
+/// [`assert_stages_pass`] on the inputs of a given seed (a failure's printed seed, kept as a test).
+pub fn assert_stages_pass_at(gpu: &Gpu, op: &dyn Op, shape: &Shape, variants: &[Variant], seed: u64) {
     let mut problem = match op.problem(gpu, shape, seed) {
         Ok(p) => p,
         Err(e) => panic!("{}/{} {shape}: problem setup failed: {e}", op.family(), op.name()),

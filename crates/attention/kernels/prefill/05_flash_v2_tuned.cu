@@ -19,7 +19,8 @@
 // Launch: grid (ceil(T/16), NH, B), block 256 = Br*Bc; entry attention_flash_v2_tuned_hs{32,64,128}.
 //   Dynamic shared memory (2*16*(D+1) + 16*D + 256) floats: 25.1 KB at D = 128.
 // Constraints: HS in {32, 64, 128}; NH, B <= 65535; B*T*3C < 2^31. Ragged T as in stage 4.
-// Tolerance: fp32 online softmax, rel L2 <= 1e-5 for out and for lse.
+// Tolerance: fp32 online softmax, rel L2 <= 1e-5 for out; lse's L2 error <= 1e-5 of its rows'
+//   score magnitudes (max_j scale * sum_i |q_i k_ji|: an lse may be ~0, its rounding is not).
 // Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; NH <= 65535 and B <= 65535
 #include "ladder.cuh"
 

@@ -17,8 +17,9 @@
 //   Dynamic shared memory 3 * 64 * (HS + 8) bf16: 27.6 KB at HS = 64, 52.2 KB at HS = 128.
 // Constraints: HS in {32, 64, 128}; NH, B <= 65535; B*T*3C < 2^31; any T (rows and keys past T
 //   are zero-filled and masked).
-// Tolerance: bf16 operands (q, k, v and P rounded to 8 bits of mantissa): rel L2 <= 1e-2 for out
-//   and lse.
+// Tolerance: bf16 operands (q, k, v and P rounded to 8 bits of mantissa): rel L2 <= 1e-2 for out;
+//   lse's L2 error <= 1e-2 of its rows' score magnitudes (max_j scale * sum_i |q_i k_ji|), since
+//   an lse may be ~0 (at T = 1 it is the one score) while the rounding of q and k is not.
 // Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; NH <= 65535 and B <= 65535
 #include "ladder.cuh"
 #include "ladder_mma.cuh"
