@@ -21,6 +21,12 @@ pub enum Error {
     Toolchain(String),
     #[error("compiling {variant} for {arch} failed; NVRTC log:\n{log}")]
     Compile { variant: String, arch: String, log: String },
+    /// NVRTC compiled the program but its log holds no ptxas report of an entry point.
+    #[error(
+        "compiling {variant} for {arch} with NVRTC {nvrtc}: no ptxas report of any entry point (options: \
+         {options}); its log:\n{log}"
+    )]
+    NoPtxasReport { variant: String, arch: String, nvrtc: String, options: String, log: String },
     #[error("kernel source {0} is not embedded in this family")]
     MissingSource(String),
     #[error("constraint violated: {constraint} (got {got})")]

@@ -29,6 +29,10 @@ pub struct EntryResources {
     pub static_shared_bytes: u32,
     /// Named barriers the entry may use (`bar.sync id`): 16 is the SM's limit.
     pub barriers: u32,
+    /// Read from the loaded module by the driver (`cuFuncGetAttribute`) because ptxas printed no
+    /// report: registers, static shared memory and local memory (as `stack_bytes`) only; spills and
+    /// barriers are unknown (0).
+    pub from_driver: bool,
 }
 
 impl EntryResources {
@@ -69,6 +73,43 @@ impl EntryResources {
         entries.extend(current);
         entries
     }
+
+    /// The entry points of `log`, ptxas's report of a compile of `variant` for `arch` by NVRTC
+    /// `version` with `options`; a typed error naming the NVRTC version and options when it reports
+    /// none (an empty log: a compile served from NVRTC's own cache, or an NVRTC that does not pass
+    /// the report on).
+    pub fn from_log(
+        log: &str,
+        variant: &str,
+        arch: Arch,
+        version: (i32, i32),
+        options: &[String],
+    ) -> Result<Vec<EntryResources>> {
+        let entries = EntryResources::parse(log);
+        if entries.is_empty() {
+            return Err(Error::NoPtxasReport {
+                variant: variant.to_string(),
+                arch: arch.name(),
+                nvrtc: format!("{}.{}", version.0, version.1),
+                options: options.join(" "),
+                log: if log.trim().is_empty() { "(empty)".to_string() } else { log.to_string() },
+            });
+        }
+        Ok(entries)
+    }
+}
+
+/// The options that make NVRTC `version` pass ptxas's resource report into the program log:
+/// `--ptxas-options=-v`, and from NVRTC 12.9 on also `--no-cache`. Those versions keep a cache of
+/// compiled programs (where a CUDA driver is installed: on a CPU-only machine, as in CI, nothing is
+/// cached) and serve a repeated compile of the same source and options from it without running
+/// ptxas, so with an empty log. Older versions do not know `--no-cache` (an invalid option there).
+pub fn ptxas_report_options(version: (i32, i32)) -> Vec<String> {
+    let mut options = vec!["--ptxas-options=-v".to_string()];
+    if version >= (12, 9) {
+        options.push("--no-cache".to_string());
+    }
+    options
 }
 
 /// A compilation target: `sm_XY`, or `sm_XYa` with the architecture-specific features (wgmma,
@@ -224,7 +265,8 @@ impl Toolchain {
     }
 
     /// `source` compiled as [`Toolchain::compile`] would (uncached, the image discarded) with ptxas
-    /// reporting: what it allocated for each entry point, read from the log. Needs no GPU.
+    /// reporting ([`ptxas_report_options`]): what it allocated for each entry point, read from the
+    /// log. Needs no GPU. A log without a report is [`Error::NoPtxasReport`].
     pub fn resources(
         &self,
         variant: &str,
@@ -234,17 +276,9 @@ impl Toolchain {
         arch: Arch,
     ) -> Result<Vec<EntryResources>> {
         let mut options = self.options(defines, arch);
-        options.push("--ptxas-options=-v".to_string());
+        options.extend(ptxas_report_options(self.version));
         let compiled = self.compile_uncached(variant, source, headers, &options, arch)?;
-        let entries = EntryResources::parse(&compiled.log);
-        if entries.is_empty() {
-            return Err(Error::Compile {
-                variant: variant.to_string(),
-                arch: arch.name(),
-                log: format!("ptxas reported no entry point; its log:\n{}", compiled.log),
-            });
-        }
-        Ok(entries)
+        EntryResources::from_log(&compiled.log, variant, arch, self.version, &options)
     }
 
     fn options(&self, defines: &[Define], arch: Arch) -> Vec<String> {
@@ -425,10 +459,33 @@ ptxas info    : Used 90 registers, 400 bytes cmem[0]
                 stack_bytes: 624,
                 static_shared_bytes: 1024,
                 barriers: 16,
+                from_driver: false,
             }
         );
         assert_eq!(e[1], EntryResources { entry: "lean".into(), registers: 90, ..Default::default() });
         assert!(EntryResources::parse("nvrtc: no ptxas lines").is_empty());
+        let options = ptxas_report_options((12, 9));
+        match EntryResources::from_log("", "attention/kv-append/00-naive", Arch::SM90A, (12, 9), &options) {
+            Err(e @ Error::NoPtxasReport { .. }) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("NVRTC 12.9") && text.contains("--no-cache") && text.contains("(empty)"),
+                    "{text}"
+                );
+            }
+            other => panic!("an empty log should be NoPtxasReport, got {other:?}"),
+        }
+        assert_eq!(EntryResources::from_log(log, "x", Arch::SM90A, (13, 0), &options).unwrap(), e);
+    }
+
+    #[test]
+    fn no_cache_only_where_nvrtc_caches() {
+        // NVRTC 12.9 added its compile cache (and --no-cache); older versions reject the option.
+        assert_eq!(ptxas_report_options((12, 8)), ["--ptxas-options=-v"]);
+        assert_eq!(ptxas_report_options((11, 8)), ["--ptxas-options=-v"]);
+        for v in [(12, 9), (13, 0), (13, 1)] {
+            assert_eq!(ptxas_report_options(v), ["--ptxas-options=-v", "--no-cache"], "{v:?}");
+        }
     }
 
     #[test]
