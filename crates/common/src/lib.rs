@@ -1,7 +1,8 @@
 //! kernel-ladder's harness. One way to declare a stage ([`Variant`]), compile it (NVRTC, cached on
-//! disk), launch it with a validated configuration ([`Kernel::config`]), check it against an f64 CPU
-//! reference ([`check`]) and time it ([`timing`]); the ablation [`runner`] puts these together for
-//! every stage of an op at one shape, and [`report`] prints the table.
+//! disk), launch it with a validated configuration ([`Gpu::prepare_launch`], [`Launch::enqueue`]),
+//! check it against an f64 CPU reference ([`check`]) and time it ([`timing`]); the ablation
+//! [`runner`] puts these together for every stage of an op at one shape, and [`report`] prints the
+//! table.
 //!
 //! A family crate implements [`Family`] and [`Op`]/[`Problem`] and registers itself in the root
 //! package's `families()` list; nothing else changes when a family or a stage is added.

@@ -1,4 +1,4 @@
-//! The host cost of one launch: a prepared trivial stage enqueued many times through [`Launch`]
+//! The host cost of one launch: a prepared trivial stage enqueued many times through [`crate::Launch`]
 //! (`cuLaunchKernelEx` with parameter checks), beside the same kernel launched through cudarc's own
 //! builder (`cuLaunchKernel`) in the same process. Launches go in batches with a synchronisation
 //! between them, and only the host time of the enqueue loops is counted, so a full launch queue

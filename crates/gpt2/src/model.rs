@@ -5,8 +5,10 @@
 //! residual; ln_2, an MLP of 4C with GELU in its tanh form, residual), ln_f, and the LM head tied to
 //! the token embedding. [`Model::forward`] reads top to bottom: every call names the op it runs.
 //!
-//! This first step runs the whole-sequence forward pass (prefill) and returns the logits of every
-//! position; generation without a KV cache is this pass over the growing prefix.
+//! Two ways through it: the whole-sequence forward pass ([`Model::forward`], every position's
+//! logits; generation without a KV cache repeats it over the growing prefix), and the KV cache
+//! ([`KvCache`]): [`Model::prefill_into`] runs a prompt and fills its slot's keys and values, then
+//! [`Model::decode_step`] runs one token per sequence against the cache (decode attention).
 
 use std::collections::HashMap;
 use std::path::Path;
