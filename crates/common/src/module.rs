@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaModule;
 use cudarc::nvrtc::Ptx;
+use rayon::prelude::*;
 
 use crate::error::{DriverContext, Error, Result};
 use crate::gpu::Gpu;
-use crate::variant::{Source, Variant};
+use crate::nvrtc::{Arch, Compiled, Toolchain};
+use crate::variant::{Define, Source, Variant};
 
 /// A `.cu` or `.cuh` file embedded in a crate at build time; `path` is relative to its `kernels/`.
 #[derive(Clone, Copy, Debug)]
@@ -62,23 +64,75 @@ impl Sources {
     }
 }
 
+/// One module as [`Gpu::module`] compiles it: its key in the process-wide cache and NVRTC's inputs.
+struct ModuleJob {
+    key: String,
+    variant: String,
+    source: &'static KernelSource,
+    headers: Vec<KernelSource>,
+    defines: Vec<Define>,
+    arch: Arch,
+}
+
+impl ModuleJob {
+    fn compile(&self, tc: &Toolchain) -> Result<Compiled> {
+        tc.compile(&self.variant, self.source, &self.headers, &self.defines, self.arch)
+    }
+}
+
 impl Gpu {
     /// The compiled module of `variant` (its `.cu`, switches and tunables, for this device's exact
     /// architecture), compiling it or reading the disk cache on first use. The process-wide cache is
     /// keyed by family, path, defines and architecture, so two families' `op/NN_x.cu` never collide.
     pub fn module(&self, sources: &Sources, variant: &Variant) -> Result<Arc<CudaModule>> {
+        let job = self.module_job(sources, variant)?;
+        if let Some(m) = self.module_cache().lock().unwrap().get(&job.key) {
+            return Ok(m.clone());
+        }
+        let compiled = job.compile(&*self.toolchain()?)?;
+        self.load_compiled(job.key, compiled)
+    }
+
+    /// Compiles the modules of `variants` that are not loaded yet, all at once on every core (NVRTC
+    /// compiles programs in parallel), and loads them: [`Gpu::module`]'s first-use work for a whole
+    /// stage list ahead of time, so that a run does not compile one stage at a time. What cannot be
+    /// loaded here is left to [`Gpu::module`], which reports it in the stage's own row: a library
+    /// row or a stage this device does not support (no module), a compile error, no NVRTC. Returns
+    /// how many modules were loaded.
+    pub fn load_modules(&self, sources: &Sources, variants: &[Variant]) -> usize {
+        let Ok(tc) = self.toolchain() else { return 0 };
+        let mut jobs: Vec<ModuleJob> = Vec::new();
+        {
+            let loaded = self.module_cache().lock().unwrap();
+            for job in variants.iter().filter_map(|v| self.module_job(sources, v).ok()) {
+                if !loaded.contains_key(&job.key) && !jobs.iter().any(|j| j.key == job.key) {
+                    jobs.push(job);
+                }
+            }
+        }
+        let images: Vec<(String, Compiled)> =
+            jobs.into_par_iter().filter_map(|job| Some((job.key.clone(), job.compile(&tc).ok()?))).collect();
+        images.into_iter().map(|(key, image)| self.load_compiled(key, image)).filter(Result::is_ok).count()
+    }
+
+    fn module_job(&self, sources: &Sources, variant: &Variant) -> Result<ModuleJob> {
         let Source::Kernel(path) = variant.source else {
             return Err(Error::MissingSource(format!("{} is a library call or host work, not a kernel", variant.id())));
         };
         self.supports(variant)?;
         let arch = self.arch(variant.requires.arch_specific);
         let defines = variant.compile_defines();
-        let key = format!("{}/{path}|{defines:?}|{arch}", sources.family);
-        if let Some(m) = self.module_cache().lock().unwrap().get(&key) {
-            return Ok(m.clone());
-        }
-        let source = sources.find(path)?;
-        let compiled = self.toolchain()?.compile(&variant.id(), source, &sources.headers()?, &defines, arch)?;
+        Ok(ModuleJob {
+            key: format!("{}/{path}|{defines:?}|{arch}", sources.family),
+            variant: variant.id(),
+            source: sources.find(path)?,
+            headers: sources.headers()?,
+            defines,
+            arch,
+        })
+    }
+
+    fn load_compiled(&self, key: String, compiled: Compiled) -> Result<Arc<CudaModule>> {
         let module = self.context().load_module(Ptx::from_binary(compiled.image)).ctx("load the compiled module")?;
         self.module_cache().lock().unwrap().insert(key, module.clone());
         Ok(module)
