@@ -1,6 +1,12 @@
 //! Verification against f64 CPU references: relative L2 error, max abs error, and NaN/Inf, which
 //! always fail.
+//!
+//! Large outputs are verified on a sample ([`sample_rows`], [`Verification::add_rows`]): an output
+//! of more than [`SAMPLED_ROWS`] rows has every element checked finite (written, not the NaN
+//! poison) and [`SAMPLED_ROWS`] of its rows, the first, the last and the rest drawn at random from
+//! the problem's fresh seed, compared with the f64 reference.
 
+use rand::seq::index;
 use serde::{Deserialize, Serialize};
 
 /// An element type a kernel may write, read back as f64 for comparison.
@@ -49,6 +55,39 @@ impl ErrorStats {
     pub fn passes(&self, tolerance: f64) -> bool {
         self.non_finite == 0 && self.rel_l2.is_finite() && self.rel_l2 <= tolerance
     }
+
+    /// Only whether every element of `out` is finite (and `out` has `len` elements): the check of
+    /// the elements a sampled reference does not cover.
+    pub fn finite<T: Element>(output: &str, out: &[T], len: usize) -> ErrorStats {
+        let first_bad = out.iter().position(|x| !x.to_f64().is_finite());
+        let short = (out.len() != len).then_some(out.len().min(len));
+        ErrorStats {
+            output: output.to_string(),
+            rel_l2: 0.0,
+            max_abs: 0.0,
+            non_finite: out.iter().filter(|x| !x.to_f64().is_finite()).count() + out.len().abs_diff(len),
+            first_non_finite: first_bad.or(short),
+            count: len,
+        }
+    }
+}
+
+/// Rows of an output compared with the f64 reference when it has more than this many.
+pub const SAMPLED_ROWS: usize = 64;
+
+/// The rows of a `rows`-row output to compare with the reference, ascending: every row when there
+/// are at most `budget`, else `budget` distinct rows: the first and the last (where edge tiles and
+/// ragged tails go wrong) and `budget - 2` drawn at random from `seed`. Drawn from the problem's
+/// fresh seed, the sample differs from run to run, so no row is exempt from checking for good,
+/// and a failure's printed seed draws the same rows again.
+pub fn sample_rows(rows: usize, budget: usize, seed: u64) -> Vec<usize> {
+    if rows <= budget.max(2) {
+        return (0..rows).collect();
+    }
+    let inner = index::sample(&mut crate::data::rng(seed), rows - 2, budget.max(2) - 2);
+    let mut picked: Vec<usize> = std::iter::once(0).chain(inner.iter().map(|i| i + 1)).chain([rows - 1]).collect();
+    picked.sort_unstable();
+    picked
 }
 
 /// Compares `out` with `reference` element by element. A length mismatch counts every missing
@@ -107,6 +146,28 @@ impl Verification {
 
     pub fn add<T: Element>(mut self, output: &str, out: &[T], reference: &[f64]) -> Verification {
         self.outputs.push(compare(output, out, reference));
+        self
+    }
+
+    /// Compares the rows `rows` of `out` (rows of `row_len` elements) with `reference`, their
+    /// f64 reference one after another. When `rows` is a sample (see [`sample_rows`]), every
+    /// element of `out` is also checked finite, as a second output.
+    pub fn add_rows<T: Element>(
+        mut self,
+        output: &str,
+        out: &[T],
+        row_len: usize,
+        rows: &[usize],
+        reference: &[f64],
+    ) -> Verification {
+        let total = out.len().checked_div(row_len).unwrap_or(0);
+        if rows.len() == total && rows.iter().enumerate().all(|(i, &r)| i == r) {
+            return self.add(output, out, reference);
+        }
+        // A row past the end of `out` is missing elements: the comparison counts them non-finite.
+        let sampled: Vec<T> = rows.iter().flat_map(|&r| out.iter().skip(r * row_len).take(row_len).copied()).collect();
+        self.outputs.push(compare(&format!("{output} ({} of {total} rows)", rows.len()), &sampled, reference));
+        self.outputs.push(ErrorStats::finite(&format!("{output} (every row finite)"), out, out.len()));
         self
     }
 
@@ -187,6 +248,68 @@ mod tests {
         let out = [3.3f32, 4.4];
         let s = compare("x", &out, &r);
         approx::assert_relative_eq!(s.rel_l2, 0.1, max_relative = 1e-6);
+    }
+
+    #[test]
+    fn sampled_rows_are_distinct_in_range_with_the_ends() {
+        for (rows, seed) in [(65, 1), (4096, 2), (50257, 3), (1 << 20, 4)] {
+            let picked = sample_rows(rows, SAMPLED_ROWS, seed);
+            assert_eq!(picked.len(), SAMPLED_ROWS, "{rows}");
+            assert!(picked.windows(2).all(|w| w[0] < w[1]), "ascending and distinct: {picked:?}");
+            assert_eq!((picked[0], picked[SAMPLED_ROWS - 1]), (0, rows - 1), "the first and the last row");
+            assert_eq!(picked, sample_rows(rows, SAMPLED_ROWS, seed), "a seed draws the same rows again");
+        }
+        assert_ne!(sample_rows(4096, SAMPLED_ROWS, 1), sample_rows(4096, SAMPLED_ROWS, 2), "a fresh seed, fresh rows");
+        assert_eq!(sample_rows(64, SAMPLED_ROWS, 1), (0..64).collect::<Vec<_>>(), "small outputs: every row");
+        assert_eq!(sample_rows(1, SAMPLED_ROWS, 1), vec![0]);
+        assert!(sample_rows(0, SAMPLED_ROWS, 1).is_empty());
+    }
+
+    #[test]
+    fn sampled_rows_reach_every_row_over_seeds() {
+        let mut seen = [false; 200];
+        for seed in 0..1000 {
+            sample_rows(200, 8, seed).into_iter().for_each(|r| seen[r] = true);
+        }
+        assert!(seen.iter().all(|&s| s), "no row is exempt for good");
+    }
+
+    /// A 6-row output of 2 columns with row r = [r, -r]; its reference for `rows`.
+    fn rows_case(rows: &[usize]) -> (Vec<f32>, Vec<f64>) {
+        let out: Vec<f32> = (0..6).flat_map(|r| [r as f32, -(r as f32)]).collect();
+        let reference = rows.iter().flat_map(|&r| [r as f64, -(r as f64)]).collect();
+        (out, reference)
+    }
+
+    #[test]
+    fn a_sample_checks_its_rows_and_every_element_finite() {
+        let rows = [0, 2, 5];
+        let (mut out, reference) = rows_case(&rows);
+        let v = Verification::new(1e-6).add_rows("out", &out, 2, &rows, &reference);
+        assert!(v.passed(), "{}", v.summary());
+        assert_eq!(v.outputs.len(), 2);
+        assert_eq!(v.outputs[0].output, "out (3 of 6 rows)");
+        assert_eq!((v.outputs[0].count, v.outputs[1].count), (6, 12));
+        // An unwritten (poisoned) element outside the sample fails.
+        out[7] = f32::NAN;
+        let v = Verification::new(1e-6).add_rows("out", &out, 2, &rows, &reference);
+        assert!(!v.passed());
+        assert_eq!(v.worst().unwrap().first_non_finite, Some(7), "{}", v.summary());
+        // A wrong value inside the sample fails.
+        let (mut out, reference) = rows_case(&rows);
+        out[4] += 1.0;
+        assert!(!Verification::new(1e-6).add_rows("out", &out, 2, &rows, &reference).passed());
+        // A short output misses sampled rows and fails.
+        let (out, reference) = rows_case(&rows);
+        assert!(!Verification::new(1.0).add_rows("out", &out[..8], 2, &rows, &reference).passed());
+    }
+
+    #[test]
+    fn every_row_is_a_plain_comparison() {
+        let rows: Vec<usize> = (0..6).collect();
+        let (out, reference) = rows_case(&rows);
+        let v = Verification::new(1e-6).add_rows("out", &out, 2, &rows, &reference);
+        assert_eq!(v.outputs, Verification::new(1e-6).add("out", &out, &reference).outputs);
     }
 
     proptest! {
