@@ -3,10 +3,11 @@
 use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use common::ceilings::Ceilings;
-use common::report::{render, Format};
+use common::report::{render, Format, RunTimes};
 use common::runner::{run_op, Anchor, Progress, RunOptions, Status, Table};
 use common::timing::TimingConfig;
 use common::{Error, Generator, Gpu, Grid, Op, Shape, Source, Sweep};
@@ -908,6 +909,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
 
             plans.iter().try_for_each(|p| gpt2::model::Plan::check_spec(p))?;
+            let started = Instant::now();
             let gpu = Gpu::open()?;
             let measuring = spinner("measuring ceilings (first run on this device)");
             let ceilings = Ceilings::get(&gpu);
@@ -925,28 +927,55 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 * repeat as usize;
             let bar = ProgressBar::new(total as u64);
             bar.set_style(
-                ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                ProgressStyle::with_template("[{elapsed}] {bar:30} {pos}/{len} stages, eta {average_eta} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .with_key("average_eta", average_eta),
             );
+            // Redrawn while nothing else moves it (a family's compile, a long reference).
+            bar.enable_steady_tick(std::time::Duration::from_millis(500));
+            // Without a terminal the bar is not drawn: each table and family finished is a line
+            // instead, so a log cut off still says how far the run got and what took the time.
+            let logged = !std::io::stderr().is_terminal();
+            let mut times = RunTimes::default();
             let mut failed = 0;
             let mut stdout = std::io::stdout();
-            for (op, shapes) in plan {
+            for (i, (op, shapes)) in plan.iter().enumerate() {
+                let family = op.family();
+                if plan[..i].iter().all(|(o, _)| o.family() != family) {
+                    let compile = Instant::now();
+                    let loaded = load_family_modules(&gpu, &plan, family, &opts, &bar);
+                    let took = compile.elapsed().as_secs_f64();
+                    times.family(family).compile_s += took;
+                    times.family(family).total_s += took;
+                    if logged {
+                        eprintln!("{family}: {loaded} modules compiled and loaded in {took:.1} s");
+                    }
+                }
                 for s in shapes {
+                    let table_started = Instant::now();
+                    // The CPU reference's share: from the inputs drawn to the first stage.
+                    let mut reference_started: Option<Instant> = None;
+                    let mut reference_s = 0.0;
                     let mut progress = |event: Progress| match event {
                         Progress::Inputs { shape } => {
-                            bar.set_message(format!("{}/{} {shape}: inputs and CPU reference", op.family(), op.name()))
+                            reference_started = Some(Instant::now());
+                            bar.set_message(format!("{family}/{} {shape}: inputs and CPU reference", op.name()))
                         }
-                        Progress::Stage { shape, variant } => bar.set_message(format!(
-                            "{}/{} {shape}: {:02} {}",
-                            op.family(),
-                            op.name(),
-                            variant.stage,
-                            variant.name
-                        )),
+                        Progress::Stage { shape, variant } => {
+                            if let Some(t) = reference_started.take() {
+                                reference_s += t.elapsed().as_secs_f64();
+                            }
+                            bar.set_message(format!(
+                                "{family}/{} {shape}: {:02} {}",
+                                op.name(),
+                                variant.stage,
+                                variant.name
+                            ))
+                        }
                         Progress::StageDone => bar.inc(1),
                     };
                     let runs = (0..repeat)
-                        .map(|_| run_op(&gpu, &ceilings, op, &s, &opts, &mut progress))
+                        .map(|_| run_op(&gpu, &ceilings, *op, s, &opts, &mut progress))
                         .collect::<common::Result<Vec<Table>>>()?;
                     let mut table = runs[0].clone();
                     table.anchors = anchors
@@ -993,6 +1022,20 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                         let path = common::baseline::save(dir, &table)?;
                         bar.suspend(|| eprintln!("saved baseline {}", path.display()));
                     }
+                    let took = table_started.elapsed().as_secs_f64();
+                    let family_time = times.family(family);
+                    family_time.total_s += took;
+                    family_time.reference_s += reference_s;
+                    family_time.tables += 1;
+                    if logged {
+                        eprintln!(
+                            "[{:.0} s] {family}/{} {}: {} stages in {took:.1} s (reference {reference_s:.1} s)",
+                            started.elapsed().as_secs_f64(),
+                            op.name(),
+                            table.shape,
+                            table.rows.len()
+                        );
+                    }
                 }
             }
             bar.finish_and_clear();
@@ -1003,9 +1046,8 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     quick,
                     ..TableOptions::default()
                 };
+                let model_started = Instant::now();
                 let bar = spinner("gpt2/model");
-                // In a log (no terminal) each step is a line, so a run cut off still says how far it got.
-                let logged = !std::io::stderr().is_terminal();
                 let mut table = gpt2::table::model_table(&gpu, gpt2::model::Config::GPT2, &opts, &mut |m| {
                     if logged {
                         eprintln!("gpt2/model: {m}");
@@ -1032,6 +1074,20 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     let json = serde_json::to_vec_pretty(&table).unwrap_or_default();
                     std::fs::write(dir.join("gpt2-model.json"), json).map_err(io)?;
                 }
+                let family_time = times.family(gpt2::FAMILY);
+                family_time.total_s += model_started.elapsed().as_secs_f64();
+                family_time.tables += 1;
+            }
+            times.total_s = started.elapsed().as_secs_f64();
+            eprint!("{}", times.render(Format::Table));
+            if format == Format::Json {
+                println!("{}", times.render(Format::Json));
+            }
+            if let Some(dir) = &out {
+                let io = |source| Error::Io { context: format!("writing into {}", dir.display()), source };
+                std::fs::create_dir_all(dir).map_err(io)?;
+                std::fs::write(dir.join("run-times.json"), times.render(Format::Json)).map_err(io)?;
+                std::fs::write(dir.join("run-times.md"), times.render(Format::Markdown)).map_err(io)?;
             }
             if failed > 0 {
                 eprintln!("{failed} stage(s) FAILED verification or launch");
@@ -1040,6 +1096,38 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Compiles and loads, all at once, the modules of every selected stage of `family`'s ops in `plan`
+/// that takes at least one of the op's shapes; returns how many were loaded.
+fn load_family_modules(
+    gpu: &Gpu,
+    plan: &[(&'static dyn Op, Vec<Shape>)],
+    family: &str,
+    opts: &RunOptions,
+    bar: &ProgressBar,
+) -> usize {
+    let ops: Vec<&(&'static dyn Op, Vec<Shape>)> = plan.iter().filter(|(op, _)| op.family() == family).collect();
+    let Some((first, _)) = ops.first() else { return 0 };
+    let mut variants = Vec::new();
+    for (op, shapes) in ops.iter().copied() {
+        let selected = common::runner::select_variants(*op, opts).unwrap_or_default();
+        variants.extend(selected.into_iter().filter(|v| shapes.iter().any(|s| op.validate(v, s).is_ok())));
+    }
+    bar.set_message(format!("{family}: compiling the modules of {} stages (NVRTC, every core)", variants.len()));
+    gpu.load_modules(first.sources(), &variants)
+}
+
+/// The time left at the run's average pace so far (stages differ too much for a recent rate).
+fn average_eta(state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
+    let (done, elapsed) = (state.pos(), state.elapsed().as_secs_f64());
+    let left = state.len().unwrap_or(done).saturating_sub(done);
+    let _ = if done == 0 {
+        write!(w, "-")
+    } else {
+        let secs = (elapsed / done as f64 * left as f64).round() as u64;
+        write!(w, "{}m{:02}s", secs / 60, secs % 60)
+    };
 }
 
 fn spinner(msg: &str) -> ProgressBar {

@@ -1,5 +1,7 @@
 //! The ablation table as aligned text, Markdown, CSV or JSON.
 
+use serde::{Deserialize, Serialize};
+
 use crate::family::Bound;
 use crate::runner::{Row, Status, Table};
 
@@ -266,6 +268,67 @@ pub fn render(table: &Table, format: Format) -> String {
     }
 }
 
+/// Where one family's share of a `ladder run` went, in wall seconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FamilyTime {
+    pub family: String,
+    /// All of it: the parts below, preparing, verifying and timing the stages, and the rest.
+    pub total_s: f64,
+    /// Compiling the stages' modules ahead of them (NVRTC, every core).
+    pub compile_s: f64,
+    /// Drawing the inputs and computing the f64 CPU references.
+    pub reference_s: f64,
+    /// Tables run (op x shape; gpt2's model table counts as one).
+    pub tables: usize,
+}
+
+/// The time per family of a `ladder run`, in the order the families ran: the summary it ends with.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunTimes {
+    pub families: Vec<FamilyTime>,
+    /// The whole run's wall time, from the device opened (ceilings included) to the last table.
+    pub total_s: f64,
+}
+
+impl RunTimes {
+    /// `family`'s entry, added (zero) on first use.
+    pub fn family(&mut self, family: &str) -> &mut FamilyTime {
+        let i = match self.families.iter().position(|f| f.family == family) {
+            Some(i) => i,
+            None => {
+                self.families.push(FamilyTime { family: family.to_string(), ..FamilyTime::default() });
+                self.families.len() - 1
+            }
+        };
+        &mut self.families[i]
+    }
+
+    /// One row per family and a total row; JSON is every field.
+    pub fn render(&self, format: Format) -> String {
+        const HEAD: [&str; 6] = ["family", "total s", "compile s", "reference s", "rest s", "tables"];
+        let row = |name: &str, total: f64, compile: f64, reference: f64, tables: usize| {
+            vec![
+                name.to_string(),
+                format!("{total:.1}"),
+                format!("{compile:.1}"),
+                format!("{reference:.1}"),
+                format!("{:.1}", total - compile - reference),
+                tables.to_string(),
+            ]
+        };
+        let mut rows: Vec<Vec<String>> =
+            self.families.iter().map(|f| row(&f.family, f.total_s, f.compile_s, f.reference_s, f.tables)).collect();
+        let sum = |part: fn(&FamilyTime) -> f64| self.families.iter().map(part).sum::<f64>();
+        let tables = self.families.iter().map(|f| f.tables).sum();
+        rows.push(row("all", self.total_s, sum(|f| f.compile_s), sum(|f| f.reference_s), tables));
+        match format {
+            Format::Json => serde_json::to_string_pretty(self).unwrap_or_default(),
+            Format::Csv => csv_text(std::iter::once(HEAD.map(String::from).to_vec()).chain(rows)),
+            Format::Table | Format::Markdown => format!("Time per family:\n\n{}\n", text_table(format, HEAD, rows)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,6 +472,34 @@ mod tests {
         let rows: Vec<csv::StringRecord> = r.records().map(|r| r.unwrap()).collect();
         assert_eq!(rows.len(), 5);
         assert_eq!(&rows[1][16], "FAILED: out: \"quoted\", with comma");
+    }
+
+    #[test]
+    fn run_times_sum_per_family_and_serialize() {
+        let mut times = RunTimes::default();
+        times.family("norm").total_s += 2.0;
+        times.family("matmul").total_s += 10.0;
+        let norm = times.family("norm");
+        norm.total_s += 1.0;
+        norm.compile_s = 0.5;
+        norm.reference_s = 1.5;
+        norm.tables = 4;
+        times.total_s = 14.0;
+        let names: Vec<&str> = times.families.iter().map(|f| f.family.as_str()).collect();
+        assert_eq!(names, ["norm", "matmul"], "in the order the families ran");
+        assert_eq!(times.families[0].total_s, 3.0);
+        let back: RunTimes = serde_json::from_str(&times.render(Format::Json)).unwrap();
+        assert_eq!(back, times);
+        let text = times.render(Format::Table);
+        let norm_line = text.lines().find(|l| l.trim_start().starts_with("norm")).unwrap();
+        let cells: Vec<&str> = norm_line.split_whitespace().collect();
+        assert_eq!(cells, ["norm", "3.0", "0.5", "1.5", "1.0", "4"], "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["all", "14.0", "0.5", "1.5", "12.0", "4"]),
+            "{text}"
+        );
+        assert_eq!(times.render(Format::Csv).lines().count(), 4, "head, two families, all");
     }
 
     #[test]
