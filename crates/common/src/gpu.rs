@@ -1,14 +1,25 @@
+//! The device, [`Gpu`], and all of its methods in one place: opening it and its facts, buffers
+//! (upload, download, poison), modules ([`Gpu::module`], [`Gpu::load_modules`]: compiled by NVRTC and
+//! loaded once per process) and launches ([`Gpu::prepare_launch`]). `launch.rs` holds the prepared
+//! [`Launch`] and its enqueue path, `module.rs` the embedded sources, `nvrtc.rs` the compiler; none
+//! of them depends on this file.
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::sys::{self, CUdevice_attribute as Attr, CUfunction_attribute_enum as FnAttr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+use cudarc::nvrtc::Ptx;
+use rayon::prelude::*;
 use serde::Serialize;
 
 use cudarc::driver::CudaModule;
 
 use crate::error::{require, DriverContext, Error, Result};
-use crate::nvrtc::{Arch, Toolchain};
+use crate::launch::{launch_config, param_sizes, Launch, LaunchShape, ResourceUse, MAX_ARGS};
+use crate::module::{KernelSource, Sources};
+use crate::nvrtc::{Arch, Compiled, Toolchain};
+use crate::variant::{Define, Source, Variant};
 
 /// The oldest driver the default bindings load against (CUDA 13.0 = 13000; 12.x bindings: 12000).
 #[cfg(not(feature = "cuda-12"))]
@@ -326,4 +337,250 @@ pub unsafe fn copy_htod_2d(
         Height: height,
     };
     cuMemcpy2DAsync_v2(&p, stream.cu_stream()).result().ctx("cuMemcpy2DAsync (host to device)")
+}
+
+impl Gpu {
+    /// Prepares entry point `entry` of `variant` (from `sources`) for `shape`: compiles or loads the
+    /// module, resolves the function, reads its attributes and parameter sizes, checks the
+    /// configuration (zero or oversized dimensions, threads per block, shared memory, clusters, a
+    /// block that fits on an SM), raises the dynamic shared-memory limit when static plus dynamic
+    /// shared memory passes 48 KiB, and records the
+    /// resources the table shows. Nothing is launched.
+    pub fn prepare_launch(
+        &self,
+        sources: &Sources,
+        variant: &Variant,
+        entry: &str,
+        shape: LaunchShape,
+    ) -> Result<Launch> {
+        let module = self.module(sources, variant)?;
+        let name = format!("{}:{entry}", variant.id());
+        let func = module
+            .load_function(entry)
+            .map_err(|e| Error::Launch { kernel: name.clone(), reason: format!("entry point not found: {e}") })?;
+        let attr = |a: FnAttr| func.get_attribute(a).ctx("cuFuncGetAttribute").map(|v| v as u32);
+        let (registers, static_shared, local, max_threads) = (
+            attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            attr(FnAttr::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        );
+        let fail = |reason: String| Error::Launch { kernel: name.clone(), reason };
+        let (gx, gy, gz) = shape.grid;
+        let (bx, by, bz) = shape.block;
+        if [gx, gy, gz, bx, by, bz].contains(&0) {
+            return Err(fail(format!("zero dimension in grid {:?} or block {:?}", shape.grid, shape.block)));
+        }
+        if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
+            return Err(fail(format!("grid {:?} exceeds (2^31-1, 65535, 65535)", shape.grid)));
+        }
+        let threads = shape.block_threads();
+        if threads > max_threads as u64 || bz > 64 {
+            return Err(fail(format!(
+                "block {:?} = {threads} threads; this function allows {max_threads}",
+                shape.block
+            )));
+        }
+        let info = self.info();
+        let total_smem = static_shared as u64 + shape.dynamic_shared_bytes as u64;
+        if total_smem > info.shared_memory_per_block_optin as u64 {
+            return Err(fail(format!(
+                "{total_smem} bytes of shared memory per block; the device allows {}",
+                info.shared_memory_per_block_optin
+            )));
+        }
+        if let Some((cx, cy, cz)) = shape.cluster {
+            if info.compute_capability < (9, 0) {
+                return Err(fail("thread-block clusters need compute capability 9.0".into()));
+            }
+            if [cx, cy, cz].contains(&0) || gx % cx != 0 || gy % cy != 0 || gz % cz != 0 || cx * cy * cz > 8 {
+                return Err(fail(format!(
+                    "cluster {:?} must divide grid {:?} and hold at most 8 blocks",
+                    (cx, cy, cz),
+                    shape.grid
+                )));
+            }
+        }
+        if shape.dependent && info.compute_capability < (9, 0) {
+            return Err(fail("programmatic dependent launch needs compute capability 9.0".into()));
+        }
+        if total_smem > 48 * 1024 {
+            func.set_attribute(
+                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shape.dynamic_shared_bytes as i32,
+            )
+            .ctx("raise the dynamic shared-memory limit")?;
+        }
+        // With clusters (queried after raising the shared-memory limit, which the query reads): at
+        // least one must fit on the device at once, and how many do bounds a persistent grid (more
+        // would wait for a second round).
+        let max_active_clusters = match shape.cluster {
+            Some(_) => {
+                // SAFETY: plain C structs for which all-zero bytes are a valid value.
+                let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+                let config = launch_config(&shape, std::ptr::null_mut(), &mut attrs);
+                let mut n = 0i32;
+                // SAFETY: a valid function handle and a configuration whose attribute outlives the call.
+                unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &config) }
+                    .result()
+                    .ctx("cuOccupancyMaxActiveClusters")?;
+                if n == 0 {
+                    return Err(fail(format!("no cluster of {:?} blocks fits on the device at once", shape.cluster)));
+                }
+                Some(n as u32)
+            }
+            None => None,
+        };
+        let blocks_per_sm = func
+            .occupancy_max_active_blocks_per_multiprocessor(threads as u32, shape.dynamic_shared_bytes as usize, None)
+            .ctx("occupancy query")?;
+        if blocks_per_sm == 0 {
+            return Err(fail(format!(
+                "no block of this shape fits on an SM (registers or shared memory): {threads} threads x \
+                 {registers} registers, {static_shared} + {} bytes of shared memory",
+                shape.dynamic_shared_bytes
+            )));
+        }
+        let params = param_sizes(&func).map_err(|e| fail(format!("reading the parameter layout: {e}")))?;
+        if params.len() > MAX_ARGS {
+            return Err(fail(format!("{} parameters; the launch path passes at most {MAX_ARGS}", params.len())));
+        }
+        let warps_per_block = threads.div_ceil(32) as f64;
+        let resources = ResourceUse {
+            kernel: name,
+            registers,
+            static_shared_bytes: static_shared,
+            dynamic_shared_bytes: shape.dynamic_shared_bytes,
+            local_bytes: local,
+            block_threads: threads as u32,
+            blocks_per_sm,
+            occupancy: (blocks_per_sm as f64 * warps_per_block / (info.max_threads_per_sm as f64 / 32.0)).min(1.0),
+        };
+        Ok(Launch { func, shape, params, resources, max_active_clusters })
+    }
+}
+
+/// One module as [`Gpu::module`] compiles it: its key in the process-wide cache and NVRTC's inputs.
+struct ModuleJob {
+    key: String,
+    variant: String,
+    source: &'static KernelSource,
+    headers: Vec<KernelSource>,
+    defines: Vec<Define>,
+    arch: Arch,
+}
+
+impl ModuleJob {
+    fn compile(&self, tc: &Toolchain) -> Result<Compiled> {
+        tc.compile(&self.variant, self.source, &self.headers, &self.defines, self.arch)
+    }
+}
+
+impl Gpu {
+    /// The compiled module of `variant` (its `.cu`, switches and tunables, for this device's exact
+    /// architecture), compiling it or reading the disk cache on first use. The process-wide cache is
+    /// keyed by family, path, defines and architecture, so two families' `op/NN_x.cu` never collide.
+    pub fn module(&self, sources: &Sources, variant: &Variant) -> Result<Arc<CudaModule>> {
+        let job = self.module_job(sources, variant)?;
+        if let Some(m) = self.module_cache().lock().unwrap().get(&job.key) {
+            return Ok(m.clone());
+        }
+        let compiled = job.compile(&*self.toolchain()?)?;
+        self.load_compiled(job.key, compiled)
+    }
+
+    /// Compiles the modules of `variants` that are not loaded yet, all at once on every core (NVRTC
+    /// compiles programs in parallel), and loads them: [`Gpu::module`]'s first-use work for a whole
+    /// stage list ahead of time, so that a run does not compile one stage at a time. What cannot be
+    /// loaded here is left to [`Gpu::module`], which reports it in the stage's own row: a library
+    /// row or a stage this device does not support (no module), a compile error, no NVRTC. Returns
+    /// how many modules were loaded.
+    pub fn load_modules(&self, sources: &Sources, variants: &[Variant]) -> usize {
+        let Ok(tc) = self.toolchain() else { return 0 };
+        let mut jobs: Vec<ModuleJob> = Vec::new();
+        {
+            let loaded = self.module_cache().lock().unwrap();
+            for job in variants.iter().filter_map(|v| self.module_job(sources, v).ok()) {
+                if !loaded.contains_key(&job.key) && !jobs.iter().any(|j| j.key == job.key) {
+                    jobs.push(job);
+                }
+            }
+        }
+        let images: Vec<(String, Compiled)> =
+            jobs.into_par_iter().filter_map(|job| Some((job.key.clone(), job.compile(&tc).ok()?))).collect();
+        images.into_iter().map(|(key, image)| self.load_compiled(key, image)).filter(Result::is_ok).count()
+    }
+
+    fn module_job(&self, sources: &Sources, variant: &Variant) -> Result<ModuleJob> {
+        let Source::Kernel(path) = variant.source else {
+            return Err(Error::MissingSource(format!("{} is a library call or host work, not a kernel", variant.id())));
+        };
+        self.supports(variant)?;
+        let arch = self.arch(variant.requires.arch_specific);
+        let defines = variant.compile_defines();
+        Ok(ModuleJob {
+            key: format!("{}/{path}|{defines:?}|{arch}", sources.family),
+            variant: variant.id(),
+            source: sources.find(path)?,
+            headers: sources.headers()?,
+            defines,
+            arch,
+        })
+    }
+
+    fn load_compiled(&self, key: String, compiled: Compiled) -> Result<Arc<CudaModule>> {
+        let module = self.context().load_module(Ptx::from_binary(compiled.image)).ctx("load the compiled module")?;
+        self.module_cache().lock().unwrap().insert(key, module.clone());
+        Ok(module)
+    }
+
+    /// The modules of `sources`' file `path` loaded so far that were compiled with switch `switch` on
+    /// (a prepared stage may have set defines per shape, so its module is found by file and switch:
+    /// the timeline reads its stamps from whichever of these a run launched).
+    pub fn loaded_with(&self, sources: &Sources, path: &str, switch: &'static str) -> Vec<Arc<CudaModule>> {
+        let prefix = format!("{}/{path}|", sources.family);
+        let on = format!("{:?}", crate::variant::Define::on(switch));
+        let cache = self.module_cache().lock().unwrap();
+        cache.iter().filter(|(k, _)| k.starts_with(&prefix) && k.contains(&on)).map(|(_, m)| m.clone()).collect()
+    }
+
+    /// Copies `data` into the `__constant__` (or `__device__`) symbol `symbol` of `variant`'s module,
+    /// after checking it fits; ordered on `stream`.
+    pub fn write_symbol<T: cudarc::driver::DeviceRepr>(
+        &self,
+        sources: &Sources,
+        variant: &Variant,
+        symbol: &str,
+        data: &[T],
+    ) -> Result<()> {
+        let module = self.module(sources, variant)?;
+        let stream = self.stream();
+        let mut global = module.get_global(symbol, stream).ctx("find the module symbol")?;
+        let bytes = std::mem::size_of_val(data);
+        if bytes > global.len() {
+            return Err(Error::constraint(
+                format!("data fits the {}-byte symbol {symbol}", global.len()),
+                format!("{bytes} bytes"),
+            ));
+        }
+        // SAFETY: T is plain data; the view covers `bytes` bytes of the symbol.
+        let src = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, bytes) };
+        let mut dst = global.slice_mut(0..bytes);
+        stream.memcpy_htod(src, &mut dst).ctx("copy to the module symbol")
+    }
+
+    /// Fails unless this device can run `variant`.
+    pub fn supports(&self, variant: &Variant) -> Result<()> {
+        let cc = self.info().compute_capability;
+        let need = variant.requires.min_cc;
+        let exact = variant.requires.arch_specific;
+        if cc < need || (exact && cc != need) {
+            return Err(Error::Unsupported {
+                variant: variant.id(),
+                needed: format!("{}{}.{}", if exact { "exactly " } else { "" }, need.0, need.1),
+                found: format!("{}.{}", cc.0, cc.1),
+            });
+        }
+        Ok(())
+    }
 }

@@ -3,18 +3,16 @@
 //! device's limits, the dynamic shared-memory cap raised) and then enqueued any number of times on
 //! any stream with [`Launch::enqueue`], which only fills the parameter array and calls
 //! `cuLaunchKernelEx` (thread-block clusters and by-value structs such as a `CUtensorMap` included).
+//! Preparing is [`crate::Gpu::prepare_launch`] (in `gpu.rs`, with the device's other methods).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
-use cudarc::driver::sys::{self, CUfunction_attribute_enum as FnAttr};
+use cudarc::driver::sys;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use serde::Serialize;
 
 use crate::error::{DriverContext, Error, Result};
-use crate::gpu::Gpu;
-use crate::module::Sources;
-use crate::variant::Variant;
 
 /// Most parameters any entry point takes.
 pub const MAX_ARGS: usize = 24;
@@ -59,7 +57,7 @@ impl LaunchShape {
         self
     }
 
-    fn block_threads(&self) -> u64 {
+    pub(crate) fn block_threads(&self) -> u64 {
         self.block.0 as u64 * self.block.1 as u64 * self.block.2 as u64
     }
 }
@@ -140,14 +138,14 @@ pub fn device_ptr<T>(buf: &CudaSlice<T>) -> u64 {
 #[derive(Debug)]
 pub struct Launch {
     /// Keeps the module loaded.
-    func: CudaFunction,
-    shape: LaunchShape,
+    pub(crate) func: CudaFunction,
+    pub(crate) shape: LaunchShape,
     /// The byte size of each parameter, from the driver (`cuFuncGetParamInfo`): every enqueue's
     /// argument list is checked against it.
-    params: Vec<usize>,
-    resources: ResourceUse,
+    pub(crate) params: Vec<usize>,
+    pub(crate) resources: ResourceUse,
     /// With clusters: how many fit on the device at once (`cuOccupancyMaxActiveClusters`).
-    max_active_clusters: Option<u32>,
+    pub(crate) max_active_clusters: Option<u32>,
 }
 
 impl Launch {
@@ -204,130 +202,9 @@ impl Launch {
     }
 }
 
-impl Gpu {
-    /// Prepares entry point `entry` of `variant` (from `sources`) for `shape`: compiles or loads the
-    /// module, resolves the function, reads its attributes and parameter sizes, checks the
-    /// configuration (zero or oversized dimensions, threads per block, shared memory, clusters, a
-    /// block that fits on an SM), raises the dynamic shared-memory limit when static plus dynamic
-    /// shared memory passes 48 KiB, and records the
-    /// resources the table shows. Nothing is launched.
-    pub fn prepare_launch(
-        &self,
-        sources: &Sources,
-        variant: &Variant,
-        entry: &str,
-        shape: LaunchShape,
-    ) -> Result<Launch> {
-        let module = self.module(sources, variant)?;
-        let name = format!("{}:{entry}", variant.id());
-        let func = module
-            .load_function(entry)
-            .map_err(|e| Error::Launch { kernel: name.clone(), reason: format!("entry point not found: {e}") })?;
-        let attr = |a: FnAttr| func.get_attribute(a).ctx("cuFuncGetAttribute").map(|v| v as u32);
-        let (registers, static_shared, local, max_threads) = (
-            attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-            attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
-            attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-            attr(FnAttr::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
-        );
-        let fail = |reason: String| Error::Launch { kernel: name.clone(), reason };
-        let (gx, gy, gz) = shape.grid;
-        let (bx, by, bz) = shape.block;
-        if [gx, gy, gz, bx, by, bz].contains(&0) {
-            return Err(fail(format!("zero dimension in grid {:?} or block {:?}", shape.grid, shape.block)));
-        }
-        if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
-            return Err(fail(format!("grid {:?} exceeds (2^31-1, 65535, 65535)", shape.grid)));
-        }
-        let threads = shape.block_threads();
-        if threads > max_threads as u64 || bz > 64 {
-            return Err(fail(format!(
-                "block {:?} = {threads} threads; this function allows {max_threads}",
-                shape.block
-            )));
-        }
-        let info = self.info();
-        let total_smem = static_shared as u64 + shape.dynamic_shared_bytes as u64;
-        if total_smem > info.shared_memory_per_block_optin as u64 {
-            return Err(fail(format!(
-                "{total_smem} bytes of shared memory per block; the device allows {}",
-                info.shared_memory_per_block_optin
-            )));
-        }
-        if let Some((cx, cy, cz)) = shape.cluster {
-            if info.compute_capability < (9, 0) {
-                return Err(fail("thread-block clusters need compute capability 9.0".into()));
-            }
-            if [cx, cy, cz].contains(&0) || gx % cx != 0 || gy % cy != 0 || gz % cz != 0 || cx * cy * cz > 8 {
-                return Err(fail(format!(
-                    "cluster {:?} must divide grid {:?} and hold at most 8 blocks",
-                    (cx, cy, cz),
-                    shape.grid
-                )));
-            }
-        }
-        if shape.dependent && info.compute_capability < (9, 0) {
-            return Err(fail("programmatic dependent launch needs compute capability 9.0".into()));
-        }
-        if total_smem > 48 * 1024 {
-            func.set_attribute(
-                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shape.dynamic_shared_bytes as i32,
-            )
-            .ctx("raise the dynamic shared-memory limit")?;
-        }
-        // With clusters (queried after raising the shared-memory limit, which the query reads): at
-        // least one must fit on the device at once, and how many do bounds a persistent grid (more
-        // would wait for a second round).
-        let max_active_clusters = match shape.cluster {
-            Some(_) => {
-                // SAFETY: plain C structs for which all-zero bytes are a valid value.
-                let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-                let config = launch_config(&shape, std::ptr::null_mut(), &mut attrs);
-                let mut n = 0i32;
-                // SAFETY: a valid function handle and a configuration whose attribute outlives the call.
-                unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &config) }
-                    .result()
-                    .ctx("cuOccupancyMaxActiveClusters")?;
-                if n == 0 {
-                    return Err(fail(format!("no cluster of {:?} blocks fits on the device at once", shape.cluster)));
-                }
-                Some(n as u32)
-            }
-            None => None,
-        };
-        let blocks_per_sm = func
-            .occupancy_max_active_blocks_per_multiprocessor(threads as u32, shape.dynamic_shared_bytes as usize, None)
-            .ctx("occupancy query")?;
-        if blocks_per_sm == 0 {
-            return Err(fail(format!(
-                "no block of this shape fits on an SM (registers or shared memory): {threads} threads x \
-                 {registers} registers, {static_shared} + {} bytes of shared memory",
-                shape.dynamic_shared_bytes
-            )));
-        }
-        let params = param_sizes(&func).map_err(|e| fail(format!("reading the parameter layout: {e}")))?;
-        if params.len() > MAX_ARGS {
-            return Err(fail(format!("{} parameters; the launch path passes at most {MAX_ARGS}", params.len())));
-        }
-        let warps_per_block = threads.div_ceil(32) as f64;
-        let resources = ResourceUse {
-            kernel: name,
-            registers,
-            static_shared_bytes: static_shared,
-            dynamic_shared_bytes: shape.dynamic_shared_bytes,
-            local_bytes: local,
-            block_threads: threads as u32,
-            blocks_per_sm,
-            occupancy: (blocks_per_sm as f64 * warps_per_block / (info.max_threads_per_sm as f64 / 32.0)).min(1.0),
-        };
-        Ok(Launch { func, shape, params, resources, max_active_clusters })
-    }
-}
-
 /// The driver's launch configuration of `s` on `stream`, its attributes (cluster, dependent launch)
 /// written into `attrs`, which the configuration points at.
-fn launch_config(
+pub(crate) fn launch_config(
     s: &LaunchShape,
     stream: sys::CUstream,
     attrs: &mut [sys::CUlaunchAttribute; 2],
@@ -358,7 +235,7 @@ fn launch_config(
 }
 
 /// The size of each kernel parameter, in order (the driver answers an invalid index past the last).
-fn param_sizes(func: &CudaFunction) -> std::result::Result<Vec<usize>, cudarc::driver::DriverError> {
+pub(crate) fn param_sizes(func: &CudaFunction) -> std::result::Result<Vec<usize>, cudarc::driver::DriverError> {
     let mut sizes = Vec::new();
     loop {
         let (mut offset, mut size) = (0usize, 0usize);
