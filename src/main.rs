@@ -152,7 +152,7 @@ enum Command {
         #[arg(long = "define")]
         defines: Option<String>,
         /// NAME,... switches (`-DNAME=1`) turned on in every selected stage: what the host sets per
-        /// call rather than per stage (linear-bf16's OUT_BF16 for a bf16 output, stages 15 on).
+        /// call rather than per stage (linear-bf16's OUT_BF16 for a bf16 output, stages 12 on).
         #[arg(long = "switch", value_delimiter = ',')]
         switches: Vec<String>,
         /// Also the leave-one-out rows of toggle ladders.
