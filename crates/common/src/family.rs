@@ -98,6 +98,14 @@ pub trait Op: Sync {
     /// Fails with a typed constraint error when `variant` cannot run `shape` (sizes, limits,
     /// alignment). Checked before anything is allocated or launched; `prepare` checks the same.
     fn validate(&self, variant: &Variant, shape: &Shape) -> Result<()>;
+    /// The variants `variant` is compiled as at `shape` on `gpu` (what its `prepare` asks
+    /// [`Gpu::module`] for): itself, unless the host sets defines per shape (linear-bf16's tile
+    /// width). [`preload`] compiles them ahead of time, all at once; a stage whose decisions fail
+    /// here is named as it is, and its `prepare` reports the failure in its row.
+    fn compiled_variants(&self, gpu: &Gpu, variant: &Variant, shape: &Shape) -> Vec<Variant> {
+        let _ = (gpu, shape);
+        vec![variant.clone()]
+    }
     /// Every limit `variant`'s header documents, with shapes just past and just inside it.
     fn limits(&self, variant: &Variant) -> Vec<Limit>;
     /// Draws inputs from `seed`, computes the f64 reference and allocates outputs. Shapes that no
@@ -151,4 +159,22 @@ impl<P: PreparedStage> Prepared<P> {
     pub fn get_mut(&mut self) -> Result<(&Variant, &mut P)> {
         self.current.as_mut().map(|(v, p)| (&*v, p)).ok_or(Error::NotPrepared)
     }
+}
+
+/// The variants of `op` that take one of `shapes`, as each is compiled there
+/// ([`Op::compiled_variants`]): the modules a run of them needs.
+pub fn compiled_for(gpu: &Gpu, op: &dyn Op, shapes: &[Shape], variants: &[Variant]) -> Vec<Variant> {
+    shapes
+        .iter()
+        .flat_map(|s| {
+            variants.iter().filter(|v| op.validate(v, s).is_ok()).flat_map(move |v| op.compiled_variants(gpu, v, s))
+        })
+        .collect()
+}
+
+/// Compiles and loads, all at once on every core, the modules of the `variants` of `op` that take
+/// `shapes` ([`compiled_for`]): what a run or a test does before its first stage, so that no stage
+/// waits for its own compilation. A no-op for modules loaded already. Returns how many were loaded.
+pub fn preload(gpu: &Gpu, op: &dyn Op, shapes: &[Shape], variants: &[Variant]) -> usize {
+    gpu.load_modules(op.sources(), &compiled_for(gpu, op, shapes, variants))
 }

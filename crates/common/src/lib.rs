@@ -41,7 +41,7 @@ pub mod variant;
 
 pub use cudarc;
 pub use error::{require, require_len, DriverContext, Error, Result};
-pub use family::{Bound, Family, Limit, Op, OpInfo, Prepared, PreparedStage, Problem, Workload};
+pub use family::{compiled_for, preload, Bound, Family, Limit, Op, OpInfo, Prepared, PreparedStage, Problem, Workload};
 pub use gpu::{copy_htod_2d, DeviceInfo, Gpu};
 pub use launch::{device_ptr, Arg, Launch, LaunchShape, ResourceUse};
 pub use module::{KernelSource, Sources};

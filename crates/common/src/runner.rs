@@ -260,8 +260,7 @@ pub fn run_variants(
     let workload = problem.workload();
     // The modules of every stage that takes this shape compiled at once, not one stage at a time (a
     // no-op for the modules a caller has loaded already, as `ladder run` does per family).
-    let applicable: Vec<Variant> = variants.iter().filter(|v| op.validate(v, shape).is_ok()).cloned().collect();
-    gpu.load_modules(op.sources(), &applicable);
+    crate::family::preload(gpu, op, std::slice::from_ref(shape), variants);
     let outcomes = if opts.timing.rounds > 1 {
         run_in_rounds(gpu, op, problem.as_mut(), variants, shape, &opts.timing, progress)
     } else {

@@ -149,6 +149,8 @@ pub fn assert_stages_pass_at(gpu: &Gpu, op: &dyn Op, shape: &Shape, variants: &[
         Ok(p) => p,
         Err(e) => panic!("{}/{} {shape}: problem setup failed: {e}", op.family(), op.name()),
     };
+    // Every stage's module for this shape compiled at once, on every core, before the first check.
+    crate::family::preload(gpu, op, std::slice::from_ref(shape), variants);
     let mut failures = Vec::new();
     for v in variants {
         if gpu.supports(v).is_err() {

@@ -577,18 +577,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
     Ok(Prepared { stage, d, weight_early: sw.weights_early })
 }
 
-/// A persistent stage (9-16) for one size: the host's decisions (tile width, tile-order group, bf16
-/// output) compiled in, one block per SM, at most one per tile.
-fn prepare_persistent(
-    gpu: &Gpu,
-    v: &Variant,
-    d: LinearBf16Dims,
-    sw: Switches,
-    (entry, tail): (&'static str, TailArgs),
-    width: Width,
-) -> Result<Stage> {
-    let ring = v.tunable("WG_STAGES")?;
-    require(ring >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {ring}"))?;
+/// The host's decisions for a persistent stage (9-16) at one size, and the variant compiled with
+/// them: the tile width (the wave model's in place of the WS_BN define, or of the tunable where a
+/// row derived from a ping-pong stage is cooperative), the fitted group in place of the WS_GROUP_M
+/// define, OUT_BF16 for a bf16 output. `prepare` launches it; [`LinearBf16`]'s `compiled_variants`
+/// names it so that a run compiles it with the others, ahead of time.
+fn persistent_compiled(gpu: &Gpu, v: &Variant, d: LinearBf16Dims, width: Width) -> Result<(Variant, u32)> {
+    let sw = Switches::of(v);
     let tile_n = match width {
         Width::PerShape if !sw.ping_pong => {
             wave_fit_width(d.m, d.n, gpu.info().sm_count, TILE_M as u32, &ONE_SET_WIDTHS)
@@ -598,9 +593,6 @@ fn prepare_persistent(
     };
     require([128, 192, 256].contains(&tile_n), "WS_BN in {128, 192, 256}", || format!("WS_BN = {tile_n}"))?;
     require(!sw.ping_pong || tile_n <= 192, TWO_SETS_BN, || format!("WS_BN = {tile_n}"))?;
-    // The kernel is compiled at the width and group chosen here: the wave model's width in place of
-    // the WS_BN define (or tunable, where a row derived from a ping-pong stage is cooperative), the
-    // fitted group in place of the WS_GROUP_M define, OUT_BF16 for a bf16 output.
     let mut compiled = v.clone();
     if v.define("WS_BN").is_some() {
         compiled.set_define("WS_BN", tile_n)?;
@@ -621,6 +613,22 @@ fn prepare_persistent(
     if d.out == Output::Bf16 {
         compiled.switch_on("OUT_BF16");
     }
+    Ok((compiled, tile_n))
+}
+
+/// A persistent stage (9-16) for one size: compiled as [`persistent_compiled`] decides, one block
+/// per SM, at most one per tile.
+fn prepare_persistent(
+    gpu: &Gpu,
+    v: &Variant,
+    d: LinearBf16Dims,
+    sw: Switches,
+    (entry, tail): (&'static str, TailArgs),
+    width: Width,
+) -> Result<Stage> {
+    let ring = v.tunable("WG_STAGES")?;
+    require(ring >= 1, "WG_STAGES >= 1", || format!("WG_STAGES = {ring}"))?;
+    let (compiled, tile_n) = persistent_compiled(gpu, v, d, width)?;
     // Stage 12 on: the entry of the shape's tail.
     let entry = match (tail, d.tail) {
         (TailArgs::Residual, Tail::Gelu) => format!("{entry}_gelu"),
@@ -811,6 +819,13 @@ impl Op for LinearBf16 {
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check_shape(v, dims(s)?)
+    }
+    fn compiled_variants(&self, gpu: &Gpu, v: &Variant, s: &Shape) -> Vec<Variant> {
+        let compiled = match (v.plan::<Plan>(), dims(s)) {
+            (Ok(Plan::Persistent { width, .. }), Ok(d)) => persistent_compiled(gpu, v, d, width).map(|(c, _)| c),
+            _ => Err(Error::constraint("a persistent stage", v.id())),
+        };
+        vec![compiled.unwrap_or_else(|_| v.clone())]
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
         let mut l = vec![
