@@ -101,16 +101,11 @@ impl SeqLens {
     }
 }
 
-/// The sequences checked against the reference: all of them up to [`MAX_CHECKED_SEQS`], else an
-/// evenly spaced subset that always includes the first and the last.
-pub fn checked_seqs(b: usize) -> Vec<usize> {
-    if b <= MAX_CHECKED_SEQS {
-        return (0..b).collect();
-    }
-    let mut v: Vec<usize> = (0..MAX_CHECKED_SEQS - 1).map(|i| i * (b - 1) / (MAX_CHECKED_SEQS - 1)).collect();
-    v.push(b - 1);
-    v.dedup();
-    v
+/// The sequences checked against the reference: all of them up to [`MAX_CHECKED_SEQS`], else the
+/// harness's sample drawn from `seed` ([`common::check::sample_rows`]: the first, the last and the
+/// rest at random); every other sequence's output is still checked finite.
+pub fn checked_seqs(b: usize, seed: u64) -> Vec<usize> {
+    common::check::sample_rows(b, MAX_CHECKED_SEQS, seed)
 }
 
 /// Per-sequence lengths: `seq`, or uniform in `[ceil(seq/2), seq]` when ragged.
@@ -1103,7 +1098,7 @@ impl ContiguousInputs {
         let k = contiguous_cache(d, lens, seed ^ 2);
         let v = contiguous_cache(d, lens, seed ^ 3);
         let slopes = alibi.then(|| alibi_slopes(hq));
-        let checked = checked_seqs(d.b);
+        let checked = checked_seqs(d.b, seed ^ 4);
         let qf: Vec<f32> = q.iter().map(|&x| d.dtype.value(x)).collect();
         let row = |c: &[u16], b: usize, t: usize, kvh: usize, out: &mut [f64]| {
             let i = ((b * d.tmax + t) * hkv + kvh) * dim;

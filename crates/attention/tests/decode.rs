@@ -114,7 +114,7 @@ fn bad_shapes_are_typed_errors() {
     assert_constraint(Decode.validate(&variant("flash-decoding"), &s(2, 4, 2, 64, 100, 16, 300)), "splits <= 256");
     let bad_dtype = Shape::parse("B=1,HQ=1,HKV=1,D=64,seq=4,ragged=0,bs=16,dtype=2,alibi=0,splits=0").unwrap();
     assert!(Decode.validate(&variant("naive"), &bad_dtype).is_err());
-    assert_eq!(checked_seqs(3), vec![0, 1, 2]);
+    assert_eq!(checked_seqs(3, 1), vec![0, 1, 2]);
 }
 
 #[test]

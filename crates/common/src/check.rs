@@ -149,25 +149,25 @@ impl Verification {
         self
     }
 
-    /// Compares the rows `rows` of `out` (rows of `row_len` elements) with `reference`, their
-    /// f64 reference one after another. When `rows` is a sample (see [`sample_rows`]), every
-    /// element of `out` is also checked finite, as a second output.
+    /// Compares the rows `rows` of `out`, an output of `total` rows of `row_len` elements, with
+    /// `reference`, their f64 reference one after another. When `rows` is a sample (see
+    /// [`sample_rows`]), every element of `out` is also checked finite, as a second output, and
+    /// `out` must have all `total * row_len` of them.
     pub fn add_rows<T: Element>(
         mut self,
         output: &str,
         out: &[T],
-        row_len: usize,
+        (total, row_len): (usize, usize),
         rows: &[usize],
         reference: &[f64],
     ) -> Verification {
-        let total = out.len().checked_div(row_len).unwrap_or(0);
         if rows.len() == total && rows.iter().enumerate().all(|(i, &r)| i == r) {
             return self.add(output, out, reference);
         }
         // A row past the end of `out` is missing elements: the comparison counts them non-finite.
         let sampled: Vec<T> = rows.iter().flat_map(|&r| out.iter().skip(r * row_len).take(row_len).copied()).collect();
         self.outputs.push(compare(&format!("{output} ({} of {total} rows)", rows.len()), &sampled, reference));
-        self.outputs.push(ErrorStats::finite(&format!("{output} (every row finite)"), out, out.len()));
+        self.outputs.push(ErrorStats::finite(&format!("{output} (every row finite)"), out, total * row_len));
         self
     }
 
@@ -285,30 +285,30 @@ mod tests {
     fn a_sample_checks_its_rows_and_every_element_finite() {
         let rows = [0, 2, 5];
         let (mut out, reference) = rows_case(&rows);
-        let v = Verification::new(1e-6).add_rows("out", &out, 2, &rows, &reference);
+        let v = Verification::new(1e-6).add_rows("out", &out, (6, 2), &rows, &reference);
         assert!(v.passed(), "{}", v.summary());
         assert_eq!(v.outputs.len(), 2);
         assert_eq!(v.outputs[0].output, "out (3 of 6 rows)");
         assert_eq!((v.outputs[0].count, v.outputs[1].count), (6, 12));
         // An unwritten (poisoned) element outside the sample fails.
         out[7] = f32::NAN;
-        let v = Verification::new(1e-6).add_rows("out", &out, 2, &rows, &reference);
+        let v = Verification::new(1e-6).add_rows("out", &out, (6, 2), &rows, &reference);
         assert!(!v.passed());
         assert_eq!(v.worst().unwrap().first_non_finite, Some(7), "{}", v.summary());
         // A wrong value inside the sample fails.
         let (mut out, reference) = rows_case(&rows);
         out[4] += 1.0;
-        assert!(!Verification::new(1e-6).add_rows("out", &out, 2, &rows, &reference).passed());
+        assert!(!Verification::new(1e-6).add_rows("out", &out, (6, 2), &rows, &reference).passed());
         // A short output misses sampled rows and fails.
         let (out, reference) = rows_case(&rows);
-        assert!(!Verification::new(1.0).add_rows("out", &out[..8], 2, &rows, &reference).passed());
+        assert!(!Verification::new(1.0).add_rows("out", &out[..8], (6, 2), &rows, &reference).passed());
     }
 
     #[test]
     fn every_row_is_a_plain_comparison() {
         let rows: Vec<usize> = (0..6).collect();
         let (out, reference) = rows_case(&rows);
-        let v = Verification::new(1e-6).add_rows("out", &out, 2, &rows, &reference);
+        let v = Verification::new(1e-6).add_rows("out", &out, (6, 2), &rows, &reference);
         assert_eq!(v.outputs, Verification::new(1e-6).add("out", &out, &reference).outputs);
     }
 

@@ -335,7 +335,7 @@ impl Op for LinearEpilogue {
         let epilogue = ed.epilogue;
         let (x, w, b) = inputs(d, seed);
         let residual = (epilogue == Epilogue::BiasResidual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3));
-        let rows = sampled_rows(d.m, d.n, d.k);
+        let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
         let reference = reference_rows(&x, &w, &b, residual.as_deref(), epilogue, d.n, d.k, &rows);
         let res_elems = if residual.is_some() { d.m * d.n } else { 0 };
         let bytes_per_copy = (4 * (d.m * d.k + d.n * d.k + d.m * d.n + res_elems)) as u64;

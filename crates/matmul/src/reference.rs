@@ -2,28 +2,24 @@
 //!
 //! A full f64 reference of the biggest default shape (the LM head, 4096 × 50257 × 768 ≈ 1.6·10¹¹
 //! multiply-adds) takes minutes on a CPU. Above [`FULL_REFERENCE_MACS`] the problems therefore
-//! compute the reference for a deterministic sample of [`SAMPLE_ROWS`] rows spread evenly over M
-//! (always the first and the last) and verify those rows; every other element is still checked to
-//! have been written (finite, not the NaN poison).
+//! compute the reference for the harness's sample of rows ([`common::check::sample_rows`]: the first,
+//! the last and the rest drawn from the problem's fresh seed) and verify those rows; every other
+//! element is still checked to have been written (finite, not the NaN poison).
 
+use common::check::{sample_rows, SAMPLED_ROWS};
 use rayon::prelude::*;
 
 /// Shapes with at most this many multiply-adds get a reference for every row.
 pub const FULL_REFERENCE_MACS: u64 = 1 << 32;
-/// Rows verified above [`FULL_REFERENCE_MACS`].
-pub const SAMPLE_ROWS: usize = 64;
 
 /// The rows of an M × N output (K deep) that are checked against the reference: all of them for
-/// small problems, else [`SAMPLE_ROWS`] rows spread evenly, including row 0 and row M−1.
-pub fn sampled_rows(m: usize, n: usize, k: usize) -> Vec<usize> {
+/// small problems, else [`SAMPLED_ROWS`] rows drawn from `seed`, row 0 and row M−1 among them.
+pub fn sampled_rows(m: usize, n: usize, k: usize, seed: u64) -> Vec<usize> {
     let macs = (m as u64).saturating_mul(n as u64).saturating_mul(k as u64);
-    if macs <= FULL_REFERENCE_MACS || m <= SAMPLE_ROWS {
+    if macs <= FULL_REFERENCE_MACS {
         return (0..m).collect();
     }
-    let s = SAMPLE_ROWS;
-    let mut rows: Vec<usize> = (0..s).map(|i| i * (m - 1) / (s - 1)).collect();
-    rows.dedup();
-    rows
+    sample_rows(m, SAMPLED_ROWS, seed)
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f64 {

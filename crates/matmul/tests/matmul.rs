@@ -4,10 +4,11 @@
 
 mod support;
 
+use common::check::SAMPLED_ROWS;
 use common::{Family, Op};
 use matmul::epilogue::{self, Epilogue, EpilogueDims, LinearEpilogue};
 use matmul::linear::{self, Linear, LinearDims};
-use matmul::reference::{gelu_tanh, linear_rows, sampled_rows, SAMPLE_ROWS};
+use matmul::reference::{gelu_tanh, linear_rows, sampled_rows};
 use support::{all_variants, constraint, epi, lin};
 
 #[test]
@@ -84,13 +85,14 @@ fn gelu_tanh_values() {
 
 #[test]
 fn sampling_covers_first_and_last_rows() {
-    assert_eq!(sampled_rows(64, 50257, 768), (0..64).collect::<Vec<_>>());
-    assert_eq!(sampled_rows(100, 10, 10).len(), 100);
-    let r = sampled_rows(4096, 50257, 768);
-    assert_eq!(r.len(), SAMPLE_ROWS);
+    assert_eq!(sampled_rows(64, 50257, 768, 1), (0..64).collect::<Vec<_>>(), "a small problem: every row");
+    assert_eq!(sampled_rows(100, 10, 10, 1).len(), 100);
+    let r = sampled_rows(4096, 50257, 768, 1);
+    assert_eq!(r.len(), SAMPLED_ROWS);
     assert_eq!((r[0], *r.last().unwrap()), (0, 4095));
     assert!(r.windows(2).all(|w| w[0] < w[1]));
-    let r = sampled_rows(4097, 4096, 4096);
+    assert_ne!(r, sampled_rows(4096, 50257, 768, 2), "another seed, other rows");
+    let r = sampled_rows(4097, 4096, 4096, 1);
     assert_eq!((r[0], *r.last().unwrap()), (0, 4096));
 }
 

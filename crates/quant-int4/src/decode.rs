@@ -521,7 +521,7 @@ impl Op for Decode {
             KvFormat::Int4 { groups } => Some((quantize(&k, dims.d, groups), quantize(&v, dims.d, groups), groups)),
             KvFormat::Bf16 => None,
         };
-        let checked = checked_seqs(dims.b);
+        let checked = checked_seqs(dims.b, seed ^ 4);
         let d = dims.d;
         let row = |c: &[bf16], b: usize, t: usize, kvh: usize, out: &mut [f64]| {
             let i = ((b * dims.tmax + t) * dims.hkv + kvh) * d;

@@ -324,8 +324,8 @@ fn split_heuristic_and_subsets() {
         }
     }
     assert!(default_splits(132, 32, 1, 8192) > default_splits(132, 512, 1, 8192));
-    assert_eq!(checked_seqs(40), (0..40).collect::<Vec<_>>());
-    let c = checked_seqs(512);
+    assert_eq!(checked_seqs(40, 1), (0..40).collect::<Vec<_>>());
+    let c = checked_seqs(512, 1);
     assert_eq!(c.len(), 64);
     assert!(c[0] == 0 && *c.last().unwrap() == 511 && c.windows(2).all(|w| w[0] < w[1]));
     let s = DecodeShape::parse(&decode::shape(64, 2048, 1001, true, 8, 1, 64, ROW, 0)).unwrap();
