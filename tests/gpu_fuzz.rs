@@ -32,6 +32,8 @@ struct Tally {
 impl Tally {
     /// One shape, every stage: validate, then (once per shape) the problem, then prepare and verify.
     fn shape(&mut self, gpu: &Gpu, op: &dyn Op, variants: &[Variant], shape: &Shape, seed: u64) {
+        // The stages' modules at this shape compiled at once, on every core.
+        common::preload(gpu, op, std::slice::from_ref(shape), variants);
         let mut problem = None;
         for v in variants {
             let id = format!("{} at {shape} (seed {seed})", v.id());

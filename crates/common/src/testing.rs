@@ -78,7 +78,17 @@ impl Suite {
             Needs::Nvrtc => (open_nvrtc().map(|_| ()), "LADDER_REQUIRE_NVRTC"),
         };
         match available {
-            Ok(()) => Trial::test(name, move || run_catching(test)),
+            Ok(()) => {
+                let name = name.to_string();
+                Trial::test(name.clone(), move || {
+                    // Each trial's wall time on stderr (the runner's log), so a suite that runs
+                    // long says which trial to look at.
+                    let start = std::time::Instant::now();
+                    let outcome = run_catching(test);
+                    eprintln!("trial {name}: {:.1} s", start.elapsed().as_secs_f64());
+                    outcome
+                })
+            }
             Err(reason) if required(var) => {
                 Trial::test(name, move || Err(Failed::from(format!("{var}=1 but {reason}"))))
             }

@@ -226,6 +226,41 @@ fn dependent_launch_waits_for_the_previous_output(gpu: &Gpu) {
     assert_eq!(tested, 3 + matmul::linear_bf16::SWITCHES.len() - 1, "stages 14-16 and 8 leave-one-out rows");
 }
 
+/// Every linear-bf16 module the trials after this one launch, compiled in one batch on every core
+/// and loaded: each stage and leave-one-out row at each tile width the host picks (small shapes:
+/// 128, 4100 x 580: 192, 4096 x 772: 256; the ping-pong residual entry: 128), with an fp32 and a
+/// bf16 output, and the sweep points the trials take (stages 9, 10, 15, 16 at 128 and 192 wide;
+/// stage 15 at ring depths 3 and 5 and groups 1 and 3). Compiled here, the later trials find their
+/// modules loaded instead of compiling a few at a time.
+fn linear_bf16_modules_compile_and_load(gpu: &Gpu) {
+    use common::{Generator, Grid, Sweep};
+    use matmul::linear_bf16::{bf16_out, shape, shape_with_tail, LinearBf16};
+    let op = &LinearBf16;
+    let sweep =
+        |tunable: &str, values: &[u32]| Grid { axes: vec![Sweep { tunable: tunable.into(), values: values.to_vec() }] };
+    let mut rows: Vec<_> = op.variants().into_iter().chain(op.leave_one_out()).collect();
+    rows.extend(op.variants().iter().flat_map(|v| sweep("WS_BN", &[128, 192]).derive(v)));
+    for (tunable, values) in [("WG_STAGES", [3, 5]), ("WS_GROUP_M", [1, 3])] {
+        rows.extend(op.variants().iter().filter(|v| v.stage == 15).flat_map(|v| sweep(tunable, &values).derive(v)));
+    }
+    let mut shapes = Vec::new();
+    for (m, n, k) in [(1, 1, 8), (4100, 580, 72), (4096, 772, 64)] {
+        for s in [shape(m, n, k, 1), shape_with_tail(m, n, k, 2)] {
+            shapes.extend([s.clone(), bf16_out(s)]);
+        }
+    }
+    common::preload(gpu, op, &shapes, &rows);
+    for s in &shapes {
+        for v in rows.iter().filter(|v| op.validate(v, s).is_ok()) {
+            for c in op.compiled_variants(gpu, v, s) {
+                if let Err(e) = gpu.module(op.sources(), &c) {
+                    panic!("{} at {s}: {e}", c.id());
+                }
+            }
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     Suite::new()
         .gpu("linear_gpt2_shapes_m64", |gpu| {
@@ -283,12 +318,18 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &Gemv, &gemv::shape(m, n, k, bias), &Gemv.variants());
             })
         })
+        .gpu("linear_bf16_modules_compile_and_load", linear_bf16_modules_compile_and_load)
         .gpu("linear_bf16_default_shapes", |gpu| {
-            // The GPT-2 shapes at M = 4096 (the LM head at 50257 and 50304), 4096^3 and 8192^3;
-            // every stage and the last rung's leave-one-out rows.
+            // Every default shape's N, K, tail and output type (the LM head at 50257 and 50304,
+            // 4096^3, 8192^3) at M = 512, and the one-tile-an-SM shapes at N = 768 whole (128 tiles
+            // on 132 SMs): every stage and the last rung's leave-one-out rows. `ladder run matmul
+            // --leave-one-out` verifies every row at every default shape whole.
             let op = &matmul::linear_bf16::LinearBf16;
             let rows: Vec<_> = op.variants().into_iter().chain(op.leave_one_out()).collect();
-            for s in op.default_shapes() {
+            for mut s in op.default_shapes() {
+                if s.get("N") != Some(768) || s.get("K") != Some(768) {
+                    s.set("M", 512);
+                }
                 assert_stages_pass(gpu, op, &s, &rows);
             }
         })
