@@ -12,7 +12,7 @@
 //   and 64-bit address math (over the instruction cache), one load latency per column group, and
 //   tanhf's ~20 instructions an element in the GELU tail. Predicted: the K = 768 shapes 15-30%
 //   faster, MLP down ~10%, the GELU tail the most; 4096^3 and 8192^3 within noise.
-// Measured (H100, 2026-11-22, against the batched loads alone, then against stage 11): the batched
+// Measured (H100, 2026-11-23, against the batched loads alone, then against stage 11): the batched
 //   loads 1.00-1.13x; the lean store QKV 1.09x, MLP up 1.25x, the GELU tail 1.84x, the padded LM
 //   head 1.15x, 8192^3 1.08x, but N = 768 only 1.03x: with one tile an SM the store is not what the
 //   SM waits on (see the notes' timeline). Kept.

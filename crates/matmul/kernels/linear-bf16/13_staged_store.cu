@@ -13,7 +13,7 @@
 //   touches 32 bytes in each of 8 rows, so a 64 x 256 fp32 store is 1024 warp instructions and 8192
 //   line requests; staged it is 512 STG.128 touching 2048 lines. Predicted: N = 768 3-6% faster,
 //   the residual tails 5-10%, the multi-tile shapes 1-4%, 4096^3 and 8192^3 within 2%.
-// Measured (H100, 2026-11-22, against stage 12): N = 768 1.03x, MLP down 1.04x, the residual tails
+// Measured (H100, 2026-11-23, against stage 12): N = 768 1.03x, MLP down 1.04x, the residual tails
 //   1.04x, QKV 1.09x, MLP up 1.11x, the GELU tail 1.09x, 8192^3 and 4096^3 1.02x. Kept.
 // Launch: linear_bf16_staged_store[_gelu|_residual]: as stage 12, dynamic shared memory
 //   `persistent_shared_bytes` (the ring, 2 x WS_BN bias values, 8 warps' 2 KiB buffers).

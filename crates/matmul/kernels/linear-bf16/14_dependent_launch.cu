@@ -14,8 +14,8 @@
 //   N = 768, 1.04-1.08x at QKV and MLP down, 1.02x at 4096^3, 0.95-0.98x at 8192^3 (a loss whose
 //   cause is unexplained: the late trigger did not remove it); the weights early a further 1.02x at
 //   N = 768 (1.04x in the default table too); the late trigger within noise. The best stage at
-//   N = 768 (0.96-1.02x cuBLASLt in the default table, 1.10x back to back at the attention
-//   projection) and at 4096^3. Kept.
+//   N = 768 (0.94-1.00x cuBLASLt in the default table, 1.07x back to back at the attention
+//   projection, 2026-11-25) and at 4096^3. Kept.
 // Contract: `weight` is not the previous kernel's output.
 // Launch: linear_bf16_dependent_launch[_gelu|_residual]: as stage 13, with the
 //   programmatic-serialization attribute.
