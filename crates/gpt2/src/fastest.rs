@@ -161,8 +161,7 @@ fn select(gpu: &Gpu, cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Sel
         min_reps: 3,
         max_reps: 20,
         warmup_ms: 0.0,
-        long_run_above_ms: 500.0,
-        long_run_reps: 1,
+        once_above_ms: 500.0,
         ..TimingConfig::default()
     };
     let opts = RunOptions { timing, ..RunOptions::default() };
