@@ -29,10 +29,6 @@ pub struct EntryResources {
     pub static_shared_bytes: u32,
     /// Named barriers the entry may use (`bar.sync id`): 16 is the SM's limit.
     pub barriers: u32,
-    /// Read from the loaded module by the driver (`cuFuncGetAttribute`) because ptxas printed no
-    /// report: registers, static shared memory and local memory (as `stack_bytes`) only; spills and
-    /// barriers are unknown (0).
-    pub from_driver: bool,
 }
 
 impl EntryResources {
@@ -459,7 +455,6 @@ ptxas info    : Used 90 registers, 400 bytes cmem[0]
                 stack_bytes: 624,
                 static_shared_bytes: 1024,
                 barriers: 16,
-                from_driver: false,
             }
         );
         assert_eq!(e[1], EntryResources { entry: "lean".into(), registers: 90, ..Default::default() });

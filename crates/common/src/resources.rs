@@ -2,20 +2,12 @@
 //! for one architecture with ptxas reporting, one row per entry point: registers, spills, stack,
 //! static shared memory and named barriers. The table's own `regs`/`spill` columns come from the
 //! loaded module on a device; this report is the same reading before any device time is spent.
-//! Where NVRTC's log holds no ptxas report and a device of the architecture is present, the rows
-//! come from the driver instead (registers, static shared and local memory; spills and barriers
-//! shown as `?`).
+//! An NVRTC whose log holds no ptxas report is a typed error naming its version and options.
 
 use rayon::prelude::*;
 use serde::Serialize;
 
-use cudarc::driver::sys::CUfunction_attribute as FnAttr;
-use cudarc::nvrtc::Ptx;
-
-use crate::error::{DriverContext, Error, Result};
 use crate::family::Op;
-use crate::gpu::Gpu;
-use crate::module::KernelSource;
 use crate::nvrtc::{Arch, EntryResources, Toolchain};
 use crate::report::Format;
 use crate::variant::{Source, Variant};
@@ -57,14 +49,7 @@ pub fn measure(tc: &Toolchain, op: &dyn Op, variants: &[Variant], arch: Arch) ->
                     .find(path)
                     .and_then(|src| {
                         let headers = op.sources().headers()?;
-                        match tc.resources(&v.id(), src, &headers, &v.compile_defines(), arch) {
-                            Err(e @ Error::NoPtxasReport { .. }) => {
-                                from_driver(tc, &v.id(), src, &headers, &v.compile_defines(), arch).map_err(|d| {
-                                    Error::Toolchain(format!("{e}\nand the driver's reading failed too: {d}"))
-                                })
-                            }
-                            other => other,
-                        }
+                        tc.resources(&v.id(), src, &headers, &v.compile_defines(), arch)
                     })
                     .map_err(|e| e.to_string())
             };
@@ -87,48 +72,6 @@ pub fn measure(tc: &Toolchain, op: &dyn Op, variants: &[Variant], arch: Arch) ->
         .collect()
 }
 
-/// What the driver reports for each entry point of `source` compiled for `arch`, where ptxas's report
-/// is missing: the cubin loaded on this process's device (which must run `arch`'s code) and each
-/// `.entry` of its PTX read with `cuFuncGetAttribute`.
-fn from_driver(
-    tc: &Toolchain,
-    variant: &str,
-    source: &KernelSource,
-    headers: &[KernelSource],
-    defines: &[crate::variant::Define],
-    arch: Arch,
-) -> Result<Vec<EntryResources>> {
-    let gpu = crate::testing::open_gpu().map_err(Error::NoDriver)?;
-    let runs = |g: &Gpu| {
-        let (major, minor) = g.info().compute_capability;
-        major == arch.major && if arch.arch_specific { minor == arch.minor } else { minor >= arch.minor }
-    };
-    if !runs(&gpu) {
-        let (major, minor) = gpu.info().compute_capability;
-        return Err(Error::constraint(
-            format!("a device that runs {arch} code"),
-            format!("compute capability {major}.{minor}"),
-        ));
-    }
-    let compiled = tc.compile(variant, source, headers, defines, arch)?;
-    let module = gpu.context().load_module(Ptx::from_binary(compiled.image)).ctx("load the compiled module")?;
-    entry_names(&compiled.ptx)
-        .into_iter()
-        .map(|entry| {
-            let func = module.load_function(entry).ctx("find the entry point")?;
-            let attr = |a: FnAttr| func.get_attribute(a).ctx("cuFuncGetAttribute").map(|v| v as u32);
-            Ok(EntryResources {
-                entry: entry.to_string(),
-                registers: attr(FnAttr::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-                static_shared_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
-                stack_bytes: attr(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-                from_driver: true,
-                ..Default::default()
-            })
-        })
-        .collect()
-}
-
 /// The entry points a PTX module declares (`.visible .entry name(`), in its order.
 pub fn entry_names(ptx: &str) -> Vec<&str> {
     ptx.lines()
@@ -146,9 +89,7 @@ fn cells(r: &StageResources) -> Vec<Vec<String>> {
         Ok(entries) => entries
             .iter()
             .map(|e| {
-                let spill = if e.from_driver {
-                    "?".to_string()
-                } else if e.spill_store_bytes + e.spill_load_bytes == 0 {
+                let spill = if e.spill_store_bytes + e.spill_load_bytes == 0 {
                     "0".to_string()
                 } else {
                     format!("{}/{}", e.spill_store_bytes, e.spill_load_bytes)
@@ -159,7 +100,7 @@ fn cells(r: &StageResources) -> Vec<Vec<String>> {
                     spill,
                     e.stack_bytes.to_string(),
                     e.static_shared_bytes.to_string(),
-                    if e.from_driver { "?".to_string() } else { e.barriers.to_string() },
+                    e.barriers.to_string(),
                 ];
                 stage.iter().cloned().chain(own).collect()
             })
@@ -249,23 +190,6 @@ mod tests {
             .starts_with("matmul,linear-bf16,sm_90a,30,s30,WS_BN=192 WG_STAGES=4,lean_residual,168,624/456"));
         let json: serde_json::Value = serde_json::from_str(&render(&rows, Format::Json)).unwrap();
         assert_eq!(json[0]["entries"]["Ok"][1]["spill_load_bytes"], 456);
-    }
-
-    #[test]
-    fn driver_rows_leave_spills_and_barriers_unknown() {
-        let read = EntryResources {
-            entry: "naive".into(),
-            registers: 40,
-            stack_bytes: 16,
-            from_driver: true,
-            ..Default::default()
-        };
-        let text = render(&[row(0, Ok(vec![read]))], Format::Table);
-        let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap();
-        assert_eq!(
-            last.split_whitespace().collect::<Vec<_>>(),
-            ["00", "s0", "WS_BN=192", "WG_STAGES=4", "naive", "40", "?", "16", "0", "?"]
-        );
     }
 
     #[test]
