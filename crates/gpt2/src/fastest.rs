@@ -161,7 +161,8 @@ fn select(gpu: &Gpu, cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Sel
         min_reps: 3,
         max_reps: 20,
         warmup_ms: 0.0,
-        once_above_ms: 500.0,
+        long_run_above_ms: 500.0,
+        long_run_reps: 1,
         ..TimingConfig::default()
     };
     let opts = RunOptions { timing, ..RunOptions::default() };

@@ -213,7 +213,8 @@ fn plan_row(
         min_reps: 3,
         max_reps: 50,
         warmup_ms: 10.0,
-        once_above_ms: 1000.0,
+        long_run_above_ms: 1000.0,
+        long_run_reps: 1,
         ..TimingConfig::default()
     };
     progress(&format!("plan {name}: prefill"));
