@@ -12,7 +12,7 @@ use crate::gpu::Gpu;
 use crate::runner::verify_once;
 use crate::shape::Shape;
 use crate::variant::Variant;
-use crate::{DriverContext, Result};
+use crate::Result;
 
 /// How criterion should sample a group: slow stages (tens of ms and up) get fewer samples.
 #[derive(Clone, Copy, Debug)]
@@ -153,17 +153,12 @@ fn time_iters(
     copies: usize,
     copy: &mut usize,
 ) -> Result<Duration> {
-    let ctx = gpu.context();
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let start = ctx.new_event(flags).ctx("event")?;
-    let end = ctx.new_event(flags).ctx("event")?;
-    start.record(gpu.stream()).ctx("record")?;
-    for _ in 0..iters {
-        problem.enqueue(gpu.stream(), *copy % copies)?;
-        *copy += 1;
-    }
-    end.record(gpu.stream()).ctx("record")?;
-    end.synchronize().ctx("synchronize")?;
-    let ms = start.elapsed_ms(&end).ctx("elapsed")? as f64;
+    let ms = crate::timing::time_once(gpu, |stream| {
+        for _ in 0..iters {
+            problem.enqueue(stream, *copy % copies)?;
+            *copy += 1;
+        }
+        Ok(())
+    })?;
     Ok(Duration::from_secs_f64(ms * 1e-3))
 }

@@ -135,6 +135,37 @@ pub fn sample(
     time_loop(gpu, copies, cfg, |c| run(stream, c))
 }
 
+/// The device time (ms) of what `run` enqueues on the harness stream, between one pair of events,
+/// waited for: the bracket [`time`] puts around each sample, for a caller that picks its own
+/// repetitions (criterion's `iter_custom` in `bench`).
+pub fn time_once(gpu: &Gpu, run: impl FnOnce(&Arc<CudaStream>) -> Result<()>) -> Result<f64> {
+    let ctx = gpu.context();
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let (start, end) = (ctx.new_event(timed).ctx("event")?, ctx.new_event(timed).ctx("event")?);
+    let stream = gpu.stream();
+    start.record(stream).ctx("record")?;
+    run(stream)?;
+    end.record(stream).ctx("record")?;
+    end.synchronize().ctx("synchronize (a kernel may have faulted)")?;
+    Ok(start.elapsed_ms(&end).ctx("elapsed")? as f64)
+}
+
+/// Host-clock samples (ms) of `reps` calls of `run` after `warmup` untimed ones, summarized as
+/// [`time`] summarizes events: for work whose cost includes the host and a synchronisation (a model's
+/// decode step with its download), which events on the stream would not see.
+pub fn time_host(warmup: usize, reps: usize, mut run: impl FnMut() -> Result<()>) -> Result<Timing> {
+    for _ in 0..warmup {
+        run()?;
+    }
+    let mut samples = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let t0 = std::time::Instant::now();
+        run()?;
+        samples.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Timing::from_samples(&mut samples))
+}
+
 /// Captures what `run` enqueues on `stream` as an instantiated graph.
 pub fn capture(stream: &Arc<CudaStream>, run: impl FnOnce(&Arc<CudaStream>) -> Result<()>) -> Result<CudaGraph> {
     let capture_err = |e: cudarc::driver::DriverError| Error::Capture(e.to_string());

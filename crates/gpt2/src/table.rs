@@ -10,13 +10,12 @@
 //! stage's time depends on the values); correctness is `ladder gpt2 check`'s and the tests' job.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use serde::Serialize;
 
 use common::report::fmt_time;
 use common::runner::Anchor;
-use common::timing::{Timing, TimingConfig};
+use common::timing::{self, Timing, TimingConfig};
 use common::{Gpu, Result};
 
 use crate::fastest::{Selection, DECODE_BATCHES, PREFILL_B};
@@ -274,33 +273,20 @@ fn plan_row(
 fn time_steps(gpu: &Gpu, model: &mut Model, b: usize, steps: usize, from: usize, greedy: bool) -> Result<Timing> {
     let mut cache = model.timing_cache(gpu, b, from)?;
     let tokens: Vec<i32> = (0..b as i32).map(|i| (i * 7919) % 50000).collect();
-    let mut samples = Vec::with_capacity(steps);
-    for i in 0..3 + steps {
-        let t0 = Instant::now();
+    timing::time_host(3, steps, || {
         if greedy {
-            model.decode_step_greedy(gpu, &mut cache, &tokens)?;
+            model.decode_step_greedy(gpu, &mut cache, &tokens).map(drop)
         } else {
-            model.decode_step(gpu, &mut cache, &tokens)?;
+            model.decode_step(gpu, &mut cache, &tokens).map(drop)
         }
-        if i >= 3 {
-            samples.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    Ok(Timing::from_samples(&mut samples))
+    })
 }
 
 /// Host-clock times of one token for each of `b` sequences of `t` tokens without a cache: the
 /// forward pass over the prefix, the last position's logits downloaded (one warm-up run first).
 fn time_no_cache(gpu: &Gpu, model: &mut Model, b: usize, t: usize, reps: usize) -> Result<Timing> {
     let rows: Vec<Vec<i32>> = (0..b).map(|i| (0..t).map(|j| ((i * 31 + j * 7) % 50000) as i32).collect()).collect();
-    model.forward_last(gpu, &rows)?;
-    let mut samples = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t0 = Instant::now();
-        model.forward_last(gpu, &rows)?;
-        samples.push(t0.elapsed().as_secs_f64() * 1e3);
-    }
-    Ok(Timing::from_samples(&mut samples))
+    timing::time_host(1, reps, || model.forward_last(gpu, &rows).map(drop))
 }
 
 fn step_breakdown(
