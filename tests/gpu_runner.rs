@@ -1,10 +1,14 @@
-//! The runner's interleaved rounds on the GPU (`ladder run --rounds`): every stage of a table is
+//! The runner on the GPU: its interleaved rounds (`ladder run --rounds`: every stage of a table is
 //! checked, then timed in turns, its samples pooled over the rounds and its output checked again
-//! after its last round; the table records the mode.
+//! after its last round; the table records the mode), and the device-side check of sampled
+//! outputs against the host's.
 
 use std::process::ExitCode;
 
+use rand::Rng;
+
 use common::ceilings::Ceilings;
+use common::check::{Element, NonFinite, Verification};
 use common::runner::{run_op, RunOptions, Status};
 use common::testing::Suite;
 use common::timing::TimingConfig;
@@ -39,6 +43,54 @@ fn rounds_pool_every_stages_samples(gpu: &Gpu) {
     }
 }
 
+/// `values` with NaN, +Inf and -Inf planted at random places (the last element among them), as
+/// `T`; and the host's count and first index of them.
+fn planted<T: Element>(values: &[f32], seed: u64, to: fn(f32) -> T) -> (Vec<T>, NonFinite) {
+    let mut rng = common::data::rng(seed);
+    let mut out: Vec<T> = values.iter().map(|&v| to(v)).collect();
+    let mut spots: Vec<usize> = (0..5).map(|_| rng.random_range(0..values.len())).collect();
+    spots.push(values.len() - 1);
+    for (i, &at) in spots.iter().enumerate() {
+        out[at] = to([f32::NAN, f32::INFINITY, f32::NEG_INFINITY][i % 3]);
+    }
+    spots.sort_unstable();
+    spots.dedup();
+    (out, NonFinite { count: spots.len(), first: spots.first().copied() })
+}
+
+fn device_check_matches_the_host_for<T: Element>(gpu: &Gpu, seed: u64, to: fn(f32) -> T) {
+    // A ragged row length and row count: rows do not line up with the kernel's threads.
+    let (total, row_len) = (1013, 997);
+    let values = common::data::uniform(total * row_len, -4.0, 4.0, seed);
+    let clean: Vec<T> = values.iter().map(|&v| to(v)).collect();
+    let dev = gpu.upload(&clean).unwrap();
+    assert_eq!(gpu.non_finite(&dev.as_view()).unwrap(), NonFinite { count: 0, first: None }, "seed {seed}");
+    let (dirty, expected) = planted(&values, seed ^ 1, to);
+    let dev = gpu.upload(&dirty).unwrap();
+    assert_eq!(gpu.non_finite(&dev.as_view()).unwrap(), expected, "seed {seed}");
+    // The sampled check on the device and on the host agree, failure included.
+    let rows = common::check::sample_rows(total, 64, seed ^ 2);
+    let reference: Vec<f64> =
+        common::check::gather_rows(&dirty, row_len, &rows).iter().map(|x| x.to_f64() + 1e-3).collect();
+    let on_host = Verification::new(1e-2).add_rows("out", &dirty, (total, row_len), &rows, &reference);
+    let on_device = Verification::new(1e-2)
+        .add_device_rows(gpu, "out", &dev.as_view(), (total, row_len), &rows, &reference)
+        .unwrap();
+    assert!(!on_device.passed(), "planted NaN/Inf must fail (seed {seed})");
+    assert_eq!(on_device.outputs, on_host.outputs, "seed {seed}");
+}
+
+fn device_check_matches_the_host(gpu: &Gpu) {
+    let seed = common::data::fresh_seed();
+    device_check_matches_the_host_for(gpu, seed, |v| v);
+    device_check_matches_the_host_for(gpu, seed, half::bf16::from_f32);
+    device_check_matches_the_host_for(gpu, seed, half::f16::from_f32);
+    device_check_matches_the_host_for(gpu, seed, |v| v as f64);
+}
+
 fn main() -> ExitCode {
-    Suite::new().gpu("rounds_pool_every_stages_samples", rounds_pool_every_stages_samples).main()
+    Suite::new()
+        .gpu("rounds_pool_every_stages_samples", rounds_pool_every_stages_samples)
+        .gpu("device_check_matches_the_host", device_check_matches_the_host)
+        .main()
 }

@@ -4,10 +4,15 @@
 //! counted as ignored, and fail instead with LADDER_REQUIRE_NVRTC=1.
 
 use common::testing::Suite;
-use common::{Arch, Family, Generator, Grid, KernelSource, Source, Variant};
+use common::{Arch, Generator, Grid, KernelSource, Source, Variant};
 
 fn compile_everything(tc: &common::Toolchain) {
-    let mut jobs: Vec<(&'static dyn Family, Variant, &'static str, Arch)> = Vec::new();
+    let mut jobs: Vec<(&'static common::Sources, Variant, &'static str, Arch)> = Vec::new();
+    // The harness's own kernels (empty kernel, gate, non-finite count).
+    for v in [common::overhead::noop(), common::overhead::gate(), common::overhead::non_finite()] {
+        let Source::Kernel(path) = v.source else { continue };
+        jobs.extend([Arch::SM80, Arch::SM90A].map(|arch| (&common::overhead::SOURCES, v.clone(), path, arch)));
+    }
     for family in kernel_ladder::families() {
         for op in family.ops() {
             // Every declared stage, leave-one-out row and point of a declared sweep space: a
@@ -20,7 +25,7 @@ fn compile_everything(tc: &common::Toolchain) {
                     if v.requires.arch_specific && arch != Arch::SM90A {
                         continue;
                     }
-                    jobs.push((family, v.clone(), path, arch));
+                    jobs.push((family.sources(), v.clone(), path, arch));
                 }
             }
         }
@@ -33,8 +38,7 @@ fn compile_everything(tc: &common::Toolchain) {
         for _ in 0..threads {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((family, v, path, arch)) = jobs.get(i) else { break };
-                let sources = family.sources();
+                let Some((sources, v, path, arch)) = jobs.get(i) else { break };
                 let result = sources
                     .find(path)
                     .and_then(|src| tc.compile(&v.id(), src, &sources.headers()?, &v.compile_defines(), *arch));

@@ -6,30 +6,40 @@
 //! poison) and [`SAMPLED_ROWS`] of its rows, the first, the last and the rest drawn at random from
 //! the problem's fresh seed, compared with the f64 reference.
 
+use cudarc::driver::{CudaView, DeviceRepr};
 use rand::seq::index;
 use serde::{Deserialize, Serialize};
 
+use crate::error::Result;
+use crate::gpu::Gpu;
+
 /// An element type a kernel may write, read back as f64 for comparison.
-pub trait Element: Copy {
+pub trait Element: Copy + DeviceRepr + Default {
+    /// The exponent bits: all set is NaN or ±Inf (the device-side check, [`Gpu::non_finite`]).
+    const EXPONENT_BITS: u64;
     fn to_f64(self) -> f64;
 }
 
 impl Element for f32 {
+    const EXPONENT_BITS: u64 = 0x7f80_0000;
     fn to_f64(self) -> f64 {
         self as f64
     }
 }
 impl Element for f64 {
+    const EXPONENT_BITS: u64 = 0x7ff0_0000_0000_0000;
     fn to_f64(self) -> f64 {
         self
     }
 }
 impl Element for half::f16 {
+    const EXPONENT_BITS: u64 = 0x7c00;
     fn to_f64(self) -> f64 {
         self.to_f64()
     }
 }
 impl Element for half::bf16 {
+    const EXPONENT_BITS: u64 = 0x7f80;
     fn to_f64(self) -> f64 {
         self.to_f64()
     }
@@ -60,16 +70,30 @@ impl ErrorStats {
     /// the elements a sampled reference does not cover.
     pub fn finite<T: Element>(output: &str, out: &[T], len: usize) -> ErrorStats {
         let first_bad = out.iter().position(|x| !x.to_f64().is_finite());
-        let short = (out.len() != len).then_some(out.len().min(len));
+        let count = out.iter().filter(|x| !x.to_f64().is_finite()).count();
+        ErrorStats::counted(output, NonFinite { count, first: first_bad }, out.len(), len)
+    }
+
+    /// [`ErrorStats::finite`] from a count made elsewhere (on the device) over the `have` elements
+    /// an output has of the `len` it should.
+    fn counted(output: &str, found: NonFinite, have: usize, len: usize) -> ErrorStats {
+        let short = (have != len).then_some(have.min(len));
         ErrorStats {
             output: output.to_string(),
             rel_l2: 0.0,
             max_abs: 0.0,
-            non_finite: out.iter().filter(|x| !x.to_f64().is_finite()).count() + out.len().abs_diff(len),
-            first_non_finite: first_bad.or(short),
+            non_finite: found.count + have.abs_diff(len),
+            first_non_finite: found.first.or(short),
             count: len,
         }
     }
+}
+
+/// The NaN/±Inf elements of an output: how many, and the index of the first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NonFinite {
+    pub count: usize,
+    pub first: Option<usize>,
 }
 
 /// Rows of an output compared with the f64 reference when it has more than this many.
@@ -88,6 +112,25 @@ pub fn sample_rows(rows: usize, budget: usize, seed: u64) -> Vec<usize> {
     let mut picked: Vec<usize> = std::iter::once(0).chain(inner.iter().map(|i| i + 1)).chain([rows - 1]).collect();
     picked.sort_unstable();
     picked
+}
+
+/// Outputs of more elements than this are compared on a sample of their rows ([`checked_rows`]):
+/// at 2^24 f32 (64 MB) a full copy to the host and an f64 comparison start to cost a second a check.
+pub const FULL_CHECK_ELEMENTS: usize = 1 << 24;
+
+/// The rows of a `rows` × `row_len` output to compare with the f64 reference: every row up to
+/// [`FULL_CHECK_ELEMENTS`] elements, else [`sample_rows`]`(rows, SAMPLED_ROWS, seed)`.
+pub fn checked_rows(rows: usize, row_len: usize, seed: u64) -> Vec<usize> {
+    if rows.saturating_mul(row_len) <= FULL_CHECK_ELEMENTS {
+        (0..rows).collect()
+    } else {
+        sample_rows(rows, SAMPLED_ROWS, seed)
+    }
+}
+
+/// The rows `rows` of `x` (rows of `row_len`), packed: the inputs a sampled reference reads.
+pub fn gather_rows<T: Copy>(x: &[T], row_len: usize, rows: &[usize]) -> Vec<T> {
+    rows.iter().flat_map(|&r| &x[r * row_len..(r + 1) * row_len]).copied().collect()
 }
 
 /// Compares `out` with `reference` element by element. A length mismatch counts every missing
@@ -171,6 +214,30 @@ impl Verification {
         self
     }
 
+    /// [`Verification::add_rows`] for an output left on the device: only `rows` cross to the host
+    /// to be compared, and when they are a sample every element is checked finite on the device
+    /// ([`Gpu::non_finite`]), so a large output (an LM head's 800 MB) costs milliseconds to check,
+    /// not a copy of the whole.
+    pub fn add_device_rows<T: Element>(
+        mut self,
+        gpu: &Gpu,
+        output: &str,
+        out: &CudaView<T>,
+        (total, row_len): (usize, usize),
+        rows: &[usize],
+        reference: &[f64],
+    ) -> Result<Verification> {
+        let compared = gpu.download_row_set(out, row_len, rows)?;
+        if rows.len() == total && rows.iter().enumerate().all(|(i, &r)| i == r) {
+            return Ok(self.add(output, &compared, reference));
+        }
+        let have = out.len().min(total * row_len);
+        let found = gpu.non_finite(&out.slice(..have))?;
+        self.outputs.push(compare(&format!("{output} ({} of {total} rows)", rows.len()), &compared, reference));
+        self.outputs.push(ErrorStats::counted(&format!("{output} (every row finite)"), found, have, total * row_len));
+        Ok(self)
+    }
+
     pub fn with_note(mut self, note: String) -> Verification {
         self.note = Some(note);
         self
@@ -248,6 +315,14 @@ mod tests {
         let out = [3.3f32, 4.4];
         let s = compare("x", &out, &r);
         approx::assert_relative_eq!(s.rel_l2, 0.1, max_relative = 1e-6);
+    }
+
+    #[test]
+    fn large_outputs_are_checked_on_a_sample() {
+        assert_eq!(checked_rows(4096, 768, 1), (0..4096).collect::<Vec<_>>(), "3.1M elements: every row");
+        let rows = checked_rows(32768, 4096, 1);
+        assert_eq!((rows.len(), rows[0], rows[SAMPLED_ROWS - 1]), (SAMPLED_ROWS, 0, 32767));
+        assert_eq!(gather_rows(&[0, 1, 2, 3, 4, 5], 2, &[0, 2]), [0, 1, 4, 5]);
     }
 
     #[test]

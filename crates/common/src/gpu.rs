@@ -8,15 +8,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr, CUfunction_attribute_enum as FnAttr};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 use cudarc::nvrtc::Ptx;
 use rayon::prelude::*;
 use serde::Serialize;
 
 use cudarc::driver::CudaModule;
 
+use crate::check::NonFinite;
 use crate::error::{require, DriverContext, Error, Result};
-use crate::launch::{launch_config, param_sizes, Launch, LaunchShape, ResourceUse, MAX_ARGS};
+use crate::launch::{launch_config, param_sizes, Arg, Launch, LaunchShape, ResourceUse, MAX_ARGS};
 use crate::module::{KernelSource, Sources};
 use crate::nvrtc::{Arch, Compiled, Toolchain};
 use crate::variant::{Define, Source, Variant};
@@ -276,6 +277,61 @@ impl Gpu {
         unsafe { cuMemcpy2DAsync_v2(&p, self.stream.cu_stream()) }.result().ctx("cuMemcpy2DAsync (device to host)")?;
         self.synchronize()?;
         Ok(out)
+    }
+
+    /// The rows `rows` (ascending) of `dev`, whose rows are `row_len` elements, packed in that
+    /// order: one copy per run of consecutive rows, so a sample of an output leaves the rest on
+    /// the device.
+    pub fn download_row_set<T: DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaView<T>,
+        row_len: usize,
+        rows: &[usize],
+    ) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); rows.len() * row_len];
+        let Some(&last) = rows.last() else { return Ok(out) };
+        crate::error::require_len("rows to download", dev.len(), (last + 1) * row_len)?;
+        let mut start = 0;
+        while start < rows.len() {
+            let run = rows[start..].iter().enumerate().take_while(|&(i, &r)| r == rows[start] + i).count();
+            let (from, to) = (rows[start] * row_len, (rows[start] + run) * row_len);
+            let dst = &mut out[start * row_len..(start + run) * row_len];
+            self.stream.memcpy_dtoh(&dev.slice(from..to), dst).ctx("copy rows to host")?;
+            start += run;
+        }
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    /// Counts the NaN/±Inf elements of `dev` on the device (`harness/02_non_finite.cu`): the
+    /// finiteness check of an output too large to copy to the host for it.
+    pub fn non_finite<T: crate::check::Element>(&self, dev: &CudaView<T>) -> Result<NonFinite> {
+        use cudarc::driver::DevicePtr;
+        const THREADS: u32 = 256;
+        let n = dev.len() as u64;
+        let blocks = n.div_ceil(THREADS as u64).clamp(1, 8 * self.info.sm_count as u64) as u32;
+        let entry = match std::mem::size_of::<T>() {
+            2 => "ladder_non_finite_b16",
+            4 => "ladder_non_finite_b32",
+            8 => "ladder_non_finite_b64",
+            size => {
+                return Err(Error::Constraint {
+                    constraint: "an element of 2, 4 or 8 bytes".into(),
+                    got: format!("{size} bytes"),
+                })
+            }
+        };
+        let stage = crate::overhead::non_finite();
+        let launch =
+            self.prepare_launch(&crate::overhead::SOURCES, &stage, entry, LaunchShape::linear(blocks, THREADS))?;
+        let result = self.upload(&[0u64, u64::MAX])?;
+        let (bits64, bits32) = (T::EXPONENT_BITS, T::EXPONENT_BITS as u32);
+        let exponent = if entry.ends_with("b64") { Arg::value(&bits64) } else { Arg::U32(bits32) };
+        let (ptr, _guard) = dev.device_ptr(&self.stream);
+        // SAFETY: the kernel reads the `n` elements of `dev` and writes the two u64 of `result`.
+        unsafe { launch.enqueue(&self.stream, &[Arg::Ptr(ptr), Arg::value(&n), exponent, Arg::buf(&result)]) }?;
+        let r = self.download(&result)?;
+        Ok(NonFinite { count: r[0] as usize, first: (r[1] != u64::MAX).then_some(r[1] as usize) })
     }
 
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {

@@ -32,6 +32,11 @@ pub fn gate() -> Variant {
     Variant::kernel("common", "harness", 1, "gate", "harness/01_gate.cu", Precision::Fp32, "spin until the host opens")
 }
 
+/// The device-side count of NaN/±Inf elements ([`Gpu::non_finite`]), as a stage.
+pub fn non_finite() -> Variant {
+    Variant::kernel("common", "harness", 2, "non-finite", "harness/02_non_finite.cu", Precision::Fp32, "count NaN/Inf")
+}
+
 /// Host microseconds per launch: median, min and max over the batches.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct PerLaunch {

@@ -2,8 +2,8 @@
 //! ladder from the naive kernel to WMMA milestone 3, beside cuBLAS.
 
 use common::blas::GemmPrecision;
-use common::check::Verification;
-use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::check::{Element, Verification};
+use common::cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
@@ -213,11 +213,18 @@ pub(crate) fn inputs(d: Dims, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (uniform(d.m * d.k, -1.0, 1.0, seed), uniform(d.n * d.k, -s, s, seed ^ 1), uniform(d.n, -0.5, 0.5, seed ^ 2))
 }
 
-/// Checks `out` (all M·N values) against `reference` on `rows`: every value of those rows is
-/// compared; when only a sample of rows has a reference, every other value must still be finite
-/// (written, not the NaN poison).
-pub(crate) fn verify_rows(v: &Variant, out: &[f32], reference: &[f64], rows: &[usize], d: Dims) -> Verification {
-    Verification::new(v.tolerance()).add_rows("out", out, (d.m, d.n), rows, reference)
+/// Checks `out` (all M·N values, on the device) against `reference` on `rows`: those rows are
+/// copied back and compared; when they are only a sample, every other value must still be finite
+/// (written, not the NaN poison), which the device counts.
+pub(crate) fn verify_rows<T: Element>(
+    gpu: &Gpu,
+    v: &Variant,
+    out: &CudaView<T>,
+    reference: &[f64],
+    rows: &[usize],
+    d: Dims,
+) -> Result<Verification> {
+    Verification::new(v.tolerance()).add_device_rows(gpu, "out", out, (d.m, d.n), rows, reference)
 }
 
 pub struct Linear;
@@ -326,7 +333,6 @@ impl Problem for LinearProblem {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        let out = gpu.download(self.out.get(copy))?;
-        Ok(verify_rows(v, &out, &self.reference, &self.rows, self.d.gemm()))
+        verify_rows(gpu, v, &self.out.get(copy).as_view(), &self.reference, &self.rows, self.d.gemm())
     }
 }

@@ -14,7 +14,7 @@
 //! Stage 10, every later stage and the library row fuse a tail; stages 5-9 are `n/a` at `epi` > 0.
 //! Stage 12 on (the lean stores) and the library row store bf16; stages 5-11 are `n/a` at `out=16`.
 
-use common::check::Verification;
+use common::check::{Element, Verification};
 use common::cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
@@ -403,6 +403,8 @@ pub enum Tail {
 /// The element types `out` (and the bias and residual) may have: `f32`, or `u16` holding bf16 bits.
 pub trait OutElement: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + 'static {
     const OUTPUT: Output;
+    /// The element type the check reads `out` as (`u16` holds bf16 bits: read as `bf16`).
+    type Checked: Element;
     /// `x` rounded to this type (nearest even).
     fn from_f32(x: f32) -> Self;
     fn to_f32(self) -> f32;
@@ -410,6 +412,7 @@ pub trait OutElement: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + 's
 
 impl OutElement for f32 {
     const OUTPUT: Output = Output::F32;
+    type Checked = f32;
     fn from_f32(x: f32) -> f32 {
         x
     }
@@ -420,6 +423,7 @@ impl OutElement for f32 {
 
 impl OutElement for u16 {
     const OUTPUT: Output = Output::Bf16;
+    type Checked = bf16;
     fn from_f32(x: f32) -> u16 {
         bf16::from_f32(x).to_bits()
     }
@@ -942,8 +946,13 @@ impl<T: OutElement> Problem for LinearBf16Problem<T> {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        let out: Vec<f32> = gpu.download(self.out.get(copy))?.into_iter().map(T::to_f32).collect();
-        Ok(verify_rows(v, &out, &self.reference, &self.rows, self.d.gemm()))
+        let out = self.out.get(copy);
+        // SAFETY: `Checked` has `T`'s size and layout (f32 as f32, bf16 bits as bf16).
+        let checked = unsafe { out.transmute::<T::Checked>(out.len()) }.ok_or_else(|| Error::Constraint {
+            constraint: "out's checked element type has its size".into(),
+            got: std::any::type_name::<T::Checked>().into(),
+        })?;
+        verify_rows(gpu, v, &checked, &self.reference, &self.rows, self.d.gemm())
     }
 }
 

@@ -1,7 +1,7 @@
 //! LayerNorm forward over the last dimension: `out = (x - mean) * rstd * w + b`, rows = B·T, also
 //! writing `mean` and `rstd` per row.
 
-use common::check::Verification;
+use common::check::{checked_rows, gather_rows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
@@ -282,7 +282,8 @@ impl Op for LayerNorm {
         let x = uniform(rows * c, -2.0, 3.0, seed);
         let w = uniform(c, 0.5, 1.5, seed ^ 1);
         let b = uniform(c, -0.5, 0.5, seed ^ 2);
-        let reference = reference(&x, &w, &b, rows, c, EPS as f64);
+        let checked = checked_rows(rows, c, seed ^ 4);
+        let reference = reference(&gather_rows(&x, c, &checked), &w, &b, checked.len(), c, EPS as f64);
         let bytes_per_copy = ((2 * rows * c + 2 * rows) * 4) as u64;
         let copies = rotation_copies(gpu, bytes_per_copy);
         Ok(Box::new(LayerNormProblem {
@@ -295,6 +296,7 @@ impl Op for LayerNorm {
             out: Rotated::outputs(gpu, rows * c, copies)?,
             mean: Rotated::outputs(gpu, rows, copies)?,
             rstd: Rotated::outputs(gpu, rows, copies)?,
+            checked,
             reference,
             copies,
             prepared: Current::default(),
@@ -312,6 +314,8 @@ struct LayerNormProblem {
     out: Rotated<f32>,
     mean: Rotated<f32>,
     rstd: Rotated<f32>,
+    /// The rows compared with the reference ([`checked_rows`]), and their reference.
+    checked: Vec<usize>,
     reference: (Vec<f64>, Vec<f64>, Vec<f64>),
     copies: usize,
     prepared: Current<Prepared>,
@@ -355,9 +359,11 @@ impl Problem for LayerNormProblem {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        Ok(Verification::new(v.tolerance())
-            .add("out", &gpu.download(self.out.get(copy))?, &self.reference.0)
-            .add("mean", &gpu.download(self.mean.get(copy))?, &self.reference.1)
-            .add("rstd", &gpu.download(self.rstd.get(copy))?, &self.reference.2))
+        let (rows, c, checked) = (self.d.rows, self.d.c, &self.checked[..]);
+        let (out, mean, rstd) = (self.out.get(copy), self.mean.get(copy), self.rstd.get(copy));
+        Verification::new(v.tolerance())
+            .add_device_rows(gpu, "out", &out.as_view(), (rows, c), checked, &self.reference.0)?
+            .add_device_rows(gpu, "mean", &mean.as_view(), (rows, 1), checked, &self.reference.1)?
+            .add_device_rows(gpu, "rstd", &rstd.as_view(), (rows, 1), checked, &self.reference.2)
     }
 }

@@ -1,7 +1,7 @@
 //! Row softmax as attention uses it: rows = B·NH·T of length T, scaled by `inv_temperature`, with an
 //! optional causal mask (row r sits at position r % T and sees columns 0..=r % T; the rest are 0).
 
-use common::check::Verification;
+use common::check::{checked_rows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
@@ -168,10 +168,17 @@ impl PreparedStage for Prepared {
     }
 }
 
-/// f64 reference.
+/// f64 reference of every row.
 pub fn reference(x: &[f32], rows: usize, t: usize, inv_temperature: f64, causal: bool) -> Vec<f64> {
-    let mut out = vec![0.0; rows * t];
-    out.par_chunks_mut(t).zip(x.par_chunks(t)).enumerate().for_each(|(r, (o, xr))| {
+    reference_rows(x, t, &(0..rows).collect::<Vec<_>>(), inv_temperature, causal)
+}
+
+/// f64 reference of the rows `rows` of `x` (rows of `t`), packed in that order; under the causal
+/// mask row r keeps its first r % t + 1 elements.
+pub fn reference_rows(x: &[f32], t: usize, rows: &[usize], inv_temperature: f64, causal: bool) -> Vec<f64> {
+    let mut out = vec![0.0; rows.len() * t];
+    out.par_chunks_mut(t).zip(rows.par_iter()).for_each(|(o, &r)| {
+        let xr = &x[r * t..(r + 1) * t];
         let len = if causal { r % t + 1 } else { t };
         let max = xr[..len].iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
         let mut sum = 0.0;
@@ -241,12 +248,14 @@ impl Op for Softmax {
         require(rows.checked_mul(t).is_some_and(|n| n < 1 << 31), ELEMS, || format!("rows = {rows}, T = {t}"))?;
         require(!causal || rows.is_multiple_of(t), CAUSAL_BLOCKS, || format!("rows = {rows}, T = {t}"))?;
         let x = uniform(rows * t, -magnitude, magnitude, seed);
-        let reference = reference(&x, rows, t, INV_TEMPERATURE as f64, causal);
+        let checked = checked_rows(rows, t, seed ^ 4);
+        let reference = reference_rows(&x, t, &checked, INV_TEMPERATURE as f64, causal);
         let copies = rotation_copies(gpu, (2 * rows * t * 4) as u64);
         Ok(Box::new(SoftmaxProblem {
             d,
             x: Rotated::upload(gpu, &x, copies)?,
             out: Rotated::outputs(gpu, rows * t, copies)?,
+            checked,
             reference,
             copies,
             prepared: Current::default(),
@@ -258,6 +267,8 @@ struct SoftmaxProblem {
     d: SoftmaxDims,
     x: Rotated<f32>,
     out: Rotated<f32>,
+    /// The rows compared with the reference ([`checked_rows`]), and their reference.
+    checked: Vec<usize>,
     reference: Vec<f64>,
     copies: usize,
     prepared: Current<Prepared>,
@@ -291,6 +302,14 @@ impl Problem for SoftmaxProblem {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        Ok(Verification::new(v.tolerance()).add("out", &gpu.download(self.out.get(copy))?, &self.reference))
+        let out = self.out.get(copy).as_view();
+        Verification::new(v.tolerance()).add_device_rows(
+            gpu,
+            "out",
+            &out,
+            (self.d.rows, self.d.t),
+            &self.checked,
+            &self.reference,
+        )
     }
 }

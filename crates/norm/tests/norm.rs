@@ -34,6 +34,17 @@ fn softmax_reference_hand_case() {
 }
 
 #[test]
+fn softmax_reference_of_sampled_rows_is_those_rows() {
+    // Ragged T, causal: a sampled row keeps its own mask length (r % T + 1).
+    let (rows, t) = (3 * 37, 37);
+    let x = common::data::uniform(rows * t, -8.0, 8.0, 5);
+    let full = softmax::reference(&x, rows, t, 0.7, true);
+    let picked = [0, 36, 37, 80, 110];
+    let sampled = softmax::reference_rows(&x, t, &picked, 0.7, true);
+    assert_eq!(sampled, common::check::gather_rows(&full, t, &picked));
+}
+
+#[test]
 fn bad_shapes_are_typed_errors() {
     for v in LayerNorm.variants() {
         for (rows, c) in [(0, 768), (4, 0), (1 << 20, 1 << 12)] {
