@@ -8,7 +8,6 @@
 //! the run before it, so its event time is close to the default table's but not the same. A phase's time is read from the run's first block start: the first block, the
 //! mean over blocks and the last block to reach it, each the median over runs.
 
-use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
 
 use crate::error::{DriverContext, Error, Result};
@@ -212,9 +211,6 @@ pub fn record(
         symbols.push(symbol);
     }
     let copies = problem.copies().max(1);
-    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let ctx = gpu.context();
-    let (start, end) = (ctx.new_event(timed).ctx("event")?, ctx.new_event(timed).ctx("event")?);
     let mut host = vec![0u64; BLOCKS * SLOTS];
     let (mut event_ms, mut reduced, mut tick_ns) = (Vec::new(), Vec::new(), None::<u64>);
     for run in 0..warmup + runs {
@@ -223,11 +219,7 @@ pub fn record(
         }
         // Behind a gate, so that the events time the device and not the host's launch (as the
         // table's runs, enqueued ahead of the first).
-        let gate = crate::timing::Gate::close(gpu)?;
-        start.record(stream).ctx("record")?;
-        problem.enqueue(stream, run % copies)?;
-        end.record(stream).ctx("record")?;
-        gate.open()?;
+        let ms = crate::timing::time_gated(gpu, |stream| problem.enqueue(stream, run % copies))?;
         // The stamps of the module the run launched: the only one not left all zero.
         let mut stamped = 0;
         for symbol in &symbols {
@@ -251,7 +243,7 @@ pub fn record(
         if run < warmup {
             continue;
         }
-        event_ms.push(start.elapsed_ms(&end).ctx("elapsed")? as f64);
+        event_ms.push(ms);
         if let Some(t) = tick(&host) {
             tick_ns = Some(tick_ns.map_or(t, |o| o.min(t)));
         }

@@ -139,13 +139,28 @@ pub fn sample(
 /// waited for: the bracket [`time`] puts around each sample, for a caller that picks its own
 /// repetitions (criterion's `iter_custom` in `bench`).
 pub fn time_once(gpu: &Gpu, run: impl FnOnce(&Arc<CudaStream>) -> Result<()>) -> Result<f64> {
+    bracket(gpu, false, run)
+}
+
+/// [`time_once`] behind a [`Gate`]: the work starts only once all of it is enqueued, so the events
+/// time the device, not the host's launch rate (`ladder timeline`'s runs).
+pub fn time_gated(gpu: &Gpu, run: impl FnOnce(&Arc<CudaStream>) -> Result<()>) -> Result<f64> {
+    bracket(gpu, true, run)
+}
+
+fn bracket(gpu: &Gpu, gated: bool, run: impl FnOnce(&Arc<CudaStream>) -> Result<()>) -> Result<f64> {
     let ctx = gpu.context();
     let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let (start, end) = (ctx.new_event(timed).ctx("event")?, ctx.new_event(timed).ctx("event")?);
     let stream = gpu.stream();
+    // A gate left closed by an error below opens when dropped.
+    let gate = if gated { Some(Gate::close(gpu)?) } else { None };
     start.record(stream).ctx("record")?;
     run(stream)?;
     end.record(stream).ctx("record")?;
+    if let Some(gate) = gate {
+        gate.open()?;
+    }
     end.synchronize().ctx("synchronize (a kernel may have faulted)")?;
     Ok(start.elapsed_ms(&end).ctx("elapsed")? as f64)
 }
