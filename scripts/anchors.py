@@ -2,7 +2,7 @@
 """Times the PyTorch equivalents of kernel-ladder's ops at the families' default shapes and writes
 JSON that `ladder run --anchors FILE` shows as extra rows. Needs only torch with CUDA.
 
-    python3 scripts/anchors.py --out anchors.json [--family norm,attention,attention-decode,quant-int4,matmul-gemv,gpt2]
+    python3 scripts/anchors.py --out anchors.json [--family norm,attention,attention-prefill-bf16,attention-decode,quant-int4,matmul-gemv,gpt2]
 
 Timing mirrors the harness: CUDA events around each call after warm-up, the median (with min and
 max) of many calls, rotating through enough copies of the inputs that they do not sit in L2.
@@ -112,6 +112,29 @@ def attention():
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
             out.append(anchor("attention", "prefill", shape, name, [lambda q=q: run(q) for q in qkvs]))
+    return out
+
+
+def attention_prefill_bf16():
+    """SDPA in bf16 on the op's own layout: q, k and v are strided views of one qkv[B, T, 3, NH, HS]
+    tensor (as the kernels read them), at attention/prefill-bf16's default shapes; cuDNN and flash."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    for b, t, nh, hs, causal in [(4, 1024, 12, 64, 1), (4, 1000, 12, 64, 1), (8, 2048, 16, 128, 1),
+                                 (8, 2048, 16, 128, 0), (1, 16384, 16, 128, 1)]:
+        copies = rotation(2 * 4 * b * t * nh * hs)
+        qkvs = [torch.randn(b, t, 3, nh, hs, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        shape = f"B={b},T={t},NH={nh},HS={hs},causal={causal}"
+        for backend, name in [(SDPBackend.CUDNN_ATTENTION, "torch sdpa bf16 (cuDNN)"), (SDPBackend.FLASH_ATTENTION, "torch sdpa bf16 (flash)")]:
+            def run(qkv, backend=backend):
+                q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+            try:
+                out.append(anchor("attention", "prefill-bf16", shape, name, [lambda q=q: run(q) for q in qkvs]))
+            except RuntimeError as e:
+                print(f"attention/prefill-bf16 {shape} {name}: not available ({str(e).splitlines()[0]})")
     return out
 
 
@@ -282,12 +305,13 @@ def gpt2():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--family", default="norm,attention,attention-decode,quant-int4,matmul-gemv,gpt2")
+    p.add_argument("--family", default="norm,attention,attention-prefill-bf16,attention-decode,quant-int4,matmul-gemv,gpt2")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     anchors = []
     for fam in args.family.split(","):
-        anchors += {"norm": norm, "attention": attention, "attention-decode": attention_decode,
+        anchors += {"norm": norm, "attention": attention, "attention-prefill-bf16": attention_prefill_bf16,
+                    "attention-decode": attention_decode,
                     "quant-int4": quant_int4, "matmul-gemv": matmul_gemv, "gpt2": gpt2}[fam]()
     dev = torch.cuda.get_device_name(0)
     with open(args.out, "w") as f:

@@ -1,11 +1,12 @@
-//! attention/prefill on the device: every stage compiled without local memory (NVRTC), and (GPU)
-//! every stage verified at the default shapes, edge shapes and ragged random shapes, bad buffers as
-//! typed errors, the documented limits and graph replays. Ignored (not passed) without NVRTC or a
+//! attention/prefill and prefill-bf16 on the device: every stage compiled without local memory
+//! (NVRTC), and (GPU) every stage verified at the default shapes, edge shapes and ragged random
+//! shapes, bad buffers as typed errors, the documented limits and graph replays. Ignored (not passed) without NVRTC or a
 //! GPU; failing with `LADDER_REQUIRE_NVRTC=1` / `LADDER_REQUIRE_GPU=1`.
 
 use attention::decode::{self, Decode, DecodeArgs, DecodeDims, Dtype, Heads, HostCache, KvCache, PagedCache};
 use attention::offload::{self, DecodeOffload, HostKv, OffloadArgs, OffloadDims};
 use attention::prefill::{self, Prefill, PrefillArgs, PrefillDims};
+use attention::prefill_bf16::{self, PrefillBf16};
 use attention::reference::Dims;
 use common::testing::{
     assert_constraint, assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, assert_stages_pass_at,
@@ -152,7 +153,13 @@ fn offload_bad_input(gpu: &Gpu) {
 
 fn main() -> std::process::ExitCode {
     let mut suite = Suite::new().nvrtc("kernels_compile_without_local_memory", |tc| {
-        for v in Prefill.variants().into_iter().chain(Decode.variants()).chain(DecodeOffload.variants()) {
+        for v in Prefill
+            .variants()
+            .into_iter()
+            .chain(PrefillBf16.variants())
+            .chain(Decode.variants())
+            .chain(DecodeOffload.variants())
+        {
             let Source::Kernel(path) = v.source else { continue };
             let src = attention::SOURCES.find(path).unwrap();
             let headers = attention::SOURCES.headers().unwrap();
@@ -186,6 +193,28 @@ fn main() -> std::process::ExitCode {
             // failed here) but 9.1e-4 of the magnitude it is now checked against
             // (`lse_is_checked_against_the_score_magnitude` in tests/prefill.rs).
             assert_stages_pass_at(gpu, &Prefill, &shape(1, 1, 1, 32, 1), &Prefill.variants(), 17551034952955572871);
+        })
+        .gpu("bf16_stages_pass_edge_shapes", |gpu| {
+            // One token, a tile and one past it (64 and 128 query rows a block), both masks and
+            // head sizes, several heads and sequences.
+            for (b, t, nh, hs) in [(1, 1, 1, 64), (1, 1, 2, 128), (2, 65, 3, 64), (1, 129, 2, 128), (3, 128, 1, 64)] {
+                for causal in [1, 0] {
+                    let s = prefill_bf16::shape(b, t, nh, hs, causal);
+                    assert_stages_pass(gpu, &PrefillBf16, &s, &PrefillBf16.variants());
+                }
+            }
+        })
+        .gpu("bf16_stages_pass_ragged", |gpu| {
+            let strategy = (1i64..=4, 1i64..=300, 1i64..=3, prop::sample::select(vec![64i64, 128]), 0i64..=1);
+            proptest(24, strategy, |(b, t, nh, hs, causal)| {
+                let s = prefill_bf16::shape(b, t, nh, hs, causal);
+                assert_stages_pass(gpu, &PrefillBf16, &s, &PrefillBf16.variants());
+            })
+        })
+        .gpu("bf16_stages_pass_default_gpt2", |gpu| {
+            for s in PrefillBf16.default_shapes().into_iter().filter(|s| s.get("HS") == Some(64)) {
+                assert_stages_pass(gpu, &PrefillBf16, &s, &PrefillBf16.variants());
+            }
         })
         .gpu("bad_buffers_are_typed_errors", bad_buffers)
         .gpu("decode_stages_pass_small_shapes", |gpu| {
@@ -269,6 +298,9 @@ fn main() -> std::process::ExitCode {
         .gpu("graph_replay_every_stage", |gpu| {
             for v in Prefill.variants() {
                 assert_graph_replay_passes(gpu, &Prefill, &shape(2, 100, 3, 64, 33), &v);
+            }
+            for v in PrefillBf16.variants() {
+                assert_graph_replay_passes(gpu, &PrefillBf16, &prefill_bf16::shape(2, 100, 3, 128, 0), &v);
             }
             for v in Decode.variants() {
                 assert_graph_replay_passes(gpu, &Decode, &decode_shape(3, 8, 2, 128, 700, 1, 16, 0, 1), &v);

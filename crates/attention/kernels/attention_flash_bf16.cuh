@@ -1,0 +1,108 @@
+// attention_flash_bf16.cuh: the pieces every bf16 prefill stage (prefill-bf16/) shares once its
+// scores S = Q.K^T of one key tile sit in mma.sync accumulators: the online-softmax step and the
+// epilogue. A warp owns 16 query rows; with g = lane >> 2 and t = lane & 3 a thread holds, for each
+// n-tile n of 8 keys, s[n][0..1] = S[g][8n + 2t .. +1] and s[n][2..3] = S[g + 8][8n + 2t .. +1]
+// (ladder_mma.cuh's accumulator layout), so a row's scores live in the 4 threads of a quad.
+//
+// Layout of the op: qkv[B, T, 3C] bf16 (q in columns 0..C, k in C..2C, v in 2C..3C, head h owning
+// h*D..(h+1)*D of each), out[B, T, C] bf16, lse[B, NH, T] fp32 (natural log of each row's sum of
+// exp(scale * q.k)); scale = 1/sqrt(D).
+#pragma once
+#include "ladder.cuh"
+#include "ladder_convert.cuh"
+#include "ladder_mma.cuh"
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+// One key tile's online-softmax step for a thread's two rows (row and row + 8): scores scaled
+// into log2 units, keys past the causal diagonal (when `causal`) or at or past T masked with
+// -inf, the running max m and sum l updated, the accumulators o rescaled, and s replaced by the
+// unnormalised probabilities exp2(s - m). `check` is false for a tile no mask can touch, which
+// skips the per-element compares. A row with every key so far masked keeps m = -inf and p = 0
+// (no NaN from -inf - -inf): that happens only to padding rows past T of a non-causal tile,
+// never written.
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                                    float (&o)[DT][4], float scale_log2, int row, int key0,
+                                                    int T, bool causal, bool check) {
+    const int t = threadIdx.x & 3;
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = s[n][e] * scale_log2;
+            if (check) {
+                const int r = row + (e >> 1) * 8;
+                const int key = key0 + n * 8 + 2 * t + (e & 1);
+                if (key >= T || (causal && key > r)) v = -INFINITY;
+            }
+            s[n][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    // The reference point of the exponentials: the new max, or 0 while the row has seen no key.
+    const float base[2] = {mx[0] == -INFINITY ? 0.f : mx[0], mx[1] == -INFINITY ? 0.f : mx[1]};
+    const float alpha[2] = {exp2f(m[0] - base[0]), exp2f(m[1] - base[1])};
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(s[n][e] - base[e >> 1]);
+            s[n][e] = p;
+            sum[e >> 1] += p;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        l[r] = l[r] * alpha[r] + sum[r];
+        m[r] = mx[r];
+    }
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
+// P's A fragment for keys 16kk..16kk+15: two S n-tiles side by side are exactly one A fragment
+// (ladder_mma.cuh), rounded to bf16.
+template <int NT>
+__device__ __forceinline__ void p_fragment(unsigned (&a)[4], const float (&s)[NT][4], int kk) {
+    a[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// O / l as bf16 pairs into out[b, row, h*D ..] for the thread's rows row and row + 8 (rows at or
+// past T skipped), and lse = (m + log2 l) * ln 2 from the quad's first thread.
+template <int DT>
+__device__ __forceinline__ void store_rows(__nv_bfloat16* out, float* lse, const float (&o)[DT][4],
+                                           const float (&m)[2], const float (&l)[2], int row, int b, int h,
+                                           int T, int NH) {
+    constexpr int D = DT * 8;
+    const int t = threadIdx.x & 3;
+    const size_t C = (size_t)NH * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int q = row + r * 8;
+        if (q >= T) continue;
+        const float inv = 1.f / l[r];
+        __nv_bfloat16* orow = out + ((size_t)b * T + q) * C + (size_t)h * D;
+#pragma unroll
+        for (int n = 0; n < DT; ++n)
+            *reinterpret_cast<unsigned*>(orow + n * 8 + 2 * t) = pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        if (t == 0) lse[((size_t)b * NH + h) * T + q] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+    }
+}

@@ -1,0 +1,314 @@
+//! Self-attention prefill in bf16 as the bf16 model will run it: `qkv[B, T, 3C]` bf16 (llm.c
+//! layout, head h owning columns `h*HS..(h+1)*HS` of q, k and v) to `out[B, T, C]` bf16 and the
+//! logsumexp of each row's scaled scores `lse[B, NH, T]` fp32, causal or not, HS = 64 or 128, scale
+//! `1/sqrt(HS)`. The ladder starts from the fp32 ladder's tensor-core stage on bf16 I/O and climbs
+//! toward the Hopper techniques (cp.async pipelines, then TMA and wgmma).
+
+use common::check::{checked_rows, compare_scaled, ErrorStats, Verification};
+use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::data::{rotation_copies, uniform, Rotated};
+use common::{
+    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+};
+use half::bf16;
+
+use crate::reference::{attention_rows, score_magnitude_rows, Dims, Mask};
+use crate::{FAMILY, SOURCES};
+
+const OP: &str = "prefill-bf16";
+
+/// The head sizes every stage supports (tiles are sized at compile time).
+pub const HEAD_SIZES: [usize; 2] = [64, 128];
+
+const I32: usize = i32::MAX as usize;
+const GRID_YZ: usize = 65535;
+const ELEMS: &str = "B * T * 3C < 2^31";
+const HEAD_SIZE: &str = "HS in {64, 128}";
+const GRID: &str = "NH <= 65535 and B <= 65535";
+
+/// A stage's launch geometry: `rows` query rows a block of `threads`, its entry
+/// `{entry}_hs{HS}`, and dynamic shared memory of `smem_rows` tile rows of `HS + pad` bf16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Plan {
+    entry: &'static str,
+    rows: u32,
+    threads: u32,
+    smem_rows: u32,
+    pad: u32,
+}
+
+impl Plan {
+    fn shared_bytes(self, hs: u32) -> u32 {
+        2 * self.smem_rows * (hs + self.pad)
+    }
+}
+
+/// The stage list: each stage with its launch plan.
+fn stages() -> Vec<Variant> {
+    let k = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+            .with_plan(plan)
+            .with_requirements(Requirements::SM80)
+    };
+    vec![
+        k(
+            0,
+            "mma-sync",
+            "prefill-bf16/00_mma_sync.cu",
+            // Q, K and V tiles of 64 rows, each row padded by 8 elements.
+            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8 },
+            "prefill stage 6 on bf16 I/O: mma.sync m16n8k16, 4 warps x 16 query rows, key tiles of 64, synchronous loads",
+        ),
+        k(
+            1,
+            "cp-async",
+            "prefill-bf16/01_cp_async.cu",
+            // Q (128 rows) and two stages of K and V (64 rows each), unpadded and swizzled.
+            Plan { entry: "attention_bf16_cp_async", rows: 128, threads: 256, smem_rows: 128 + 4 * 64, pad: 0 },
+            "K/V through a two-stage cp.async ring into XOR-swizzled tiles; 8 warps x 16 query rows",
+        ),
+    ]
+}
+
+/// The sizes of one call: [`Dims`] and whether the mask is causal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillBf16Dims {
+    pub dims: Dims,
+    pub causal: bool,
+}
+
+impl PrefillBf16Dims {
+    fn mask(self) -> Mask {
+        if self.causal {
+            Mask::Causal(None)
+        } else {
+            Mask::Full
+        }
+    }
+}
+
+/// Shape constraints of every stage at `d`: what the headers' `Limits:` lines document.
+pub fn check_shape(d: PrefillBf16Dims) -> Result<()> {
+    let Dims { b, t, c, nh } = d.dims;
+    require(b >= 1, "B >= 1", || format!("B = {b}"))?;
+    require(t >= 1, "T >= 1", || format!("T = {t}"))?;
+    require(nh >= 1, "NH >= 1", || format!("NH = {nh}"))?;
+    require(c >= 1 && c % nh == 0, "C % NH == 0", || format!("C = {c}, NH = {nh}"))?;
+    let n = b.checked_mul(t).and_then(|x| x.checked_mul(c)).and_then(|x| x.checked_mul(3));
+    require(n.is_some_and(|n| n <= I32), ELEMS, || format!("B={b}, T={t}, C={c}"))?;
+    require(HEAD_SIZES.contains(&(c / nh)), HEAD_SIZE, || format!("HS = {}", c / nh))?;
+    require(nh <= GRID_YZ && b <= GRID_YZ, GRID, || format!("NH = {nh}, B = {b}"))
+}
+
+/// A stage prepared for one size.
+pub struct Prepared {
+    launch: Launch,
+    d: PrefillBf16Dims,
+}
+
+/// The buffers of one call.
+pub struct PrefillBf16Args<'a> {
+    pub out: &'a mut CudaSlice<bf16>,
+    /// `[B, NH, T]`.
+    pub lse: &'a mut CudaSlice<f32>,
+    pub qkv: &'a CudaSlice<bf16>,
+}
+
+/// Prepares stage `v` for `d`: checks the shape and configures its kernel.
+pub fn prepare(gpu: &Gpu, v: &Variant, d: PrefillBf16Dims) -> Result<Prepared> {
+    check_shape(d)?;
+    let plan = v.plan::<Plan>()?;
+    let Dims { b, t, nh, .. } = d.dims;
+    let hs = d.dims.hs() as u32;
+    let grid = ((t as u32).div_ceil(plan.rows), nh as u32, b as u32);
+    let shape = LaunchShape::new(grid, (plan.threads, 1, 1)).with_shared(plan.shared_bytes(hs));
+    let launch = gpu.prepare_launch(&SOURCES, v, &format!("{}_hs{hs}", plan.entry), shape)?;
+    Ok(Prepared { launch, d })
+}
+
+impl Prepared {
+    /// Enqueues the stage on `stream` after checking the buffers.
+    pub fn enqueue(&self, stream: &CudaStream, a: PrefillBf16Args) -> Result<()> {
+        let Dims { b, t, c, nh } = self.d.dims;
+        require_len("qkv", a.qkv.len(), b * t * 3 * c)?;
+        require_len("out", a.out.len(), b * t * c)?;
+        require_len("lse", a.lse.len(), b * nh * t)?;
+        let scale = Arg::F32(1.0 / (self.d.dims.hs() as f32).sqrt());
+        let args = [
+            Arg::buf(a.out),
+            Arg::buf(a.lse),
+            Arg::buf(a.qkv),
+            Arg::int(t),
+            Arg::int(nh),
+            scale,
+            Arg::int(self.d.causal as usize),
+        ];
+        // SAFETY: the arguments follow the entry's signature; the buffer lengths were checked above
+        // and the indices stay below 2^31 (check_shape at prepare).
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+}
+
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.launch.resources().clone()]
+    }
+}
+
+/// The op's sizes from shape keys B, T, NH, HS and causal (default 1).
+pub fn shape_dims(shape: &Shape) -> Result<PrefillBf16Dims> {
+    let b = shape.dim("B", I32 as i64)?;
+    let t = shape.dim("T", I32 as i64)?;
+    let nh = shape.dim("NH", I32 as i64)?;
+    let hs = shape.dim("HS", I32 as i64)?;
+    let causal = shape.get("causal").unwrap_or(1);
+    require(causal == 0 || causal == 1, "causal is 0 or 1", || format!("causal = {causal}"))?;
+    let c = nh.checked_mul(hs).filter(|&c| c <= I32);
+    let c = c.ok_or_else(|| Error::constraint("NH*HS < 2^31", format!("NH = {nh}, HS = {hs}")))?;
+    Ok(PrefillBf16Dims { dims: Dims { b, t, c, nh }, causal: causal == 1 })
+}
+
+pub fn shape(b: i64, t: i64, nh: i64, hs: i64, causal: i64) -> Shape {
+    Shape::new(&[("B", b), ("T", t), ("NH", nh), ("HS", hs), ("causal", causal)])
+}
+
+pub struct PrefillBf16;
+
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "self-attention forward in bf16: qkv[B,T,3C] bf16 -> out[B,T,C] bf16 and lse[B,NH,T] fp32, NH heads \
+         of HS (64 or 128), scale 1/sqrt(HS), causal=1 (default) or 0",
+    sources: &SOURCES,
+    shape_keys: &["B", "T", "NH", "HS", "causal"],
+    stages,
+};
+
+impl Op for PrefillBf16 {
+    fn info(&self) -> &'static OpInfo {
+        &INFO
+    }
+    fn default_shapes(&self) -> Vec<Shape> {
+        // GPT-2's prefill (and a ragged T); 16 heads of 128 at 16k tokens a batch, causal and not
+        // (FlashAttention-3's benchmark sizes); one 16k-token sequence.
+        vec![
+            shape(4, 1024, 12, 64, 1),
+            shape(4, 1000, 12, 64, 1),
+            shape(8, 2048, 16, 128, 1),
+            shape(8, 2048, 16, 128, 0),
+            shape(1, 16384, 16, 128, 1),
+        ]
+    }
+    fn validate(&self, _v: &Variant, shape: &Shape) -> Result<()> {
+        check_shape(shape_dims(shape)?)
+    }
+    fn limits(&self, _v: &Variant) -> Vec<Limit> {
+        vec![
+            Limit { constraint: ELEMS, past: shape(1, 1 << 21, 8, 64, 1), inside: None },
+            Limit { constraint: HEAD_SIZE, past: shape(1, 8, 2, 32, 1), inside: Some(shape(1, 8, 2, 64, 1)) },
+            Limit { constraint: GRID, past: shape(65536, 1, 1, 64, 1), inside: Some(shape(65535, 1, 1, 64, 1)) },
+        ]
+    }
+    fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
+        let d = shape_dims(shape)?;
+        check_shape(d)?;
+        let Dims { b, t, c, nh } = d.dims;
+        // Scores with a spread of ~1.3 (as the fp32 op); the reference reads the bf16-rounded values.
+        let qkv: Vec<bf16> = uniform(b * t * 3 * c, -2.0, 2.0, seed).into_iter().map(bf16::from_f32).collect();
+        let rounded: Vec<f32> = qkv.iter().map(|x| x.to_f32()).collect();
+        let rows = checked_rows(b * t, c, seed ^ 4);
+        let (out_ref, lse_ref) = attention_rows(&rounded, d.dims, d.mask(), &rows);
+        let magnitude = score_magnitude_rows(&rounded, d.dims, d.mask(), &rows);
+        let copies = rotation_copies(gpu, (2 * b * t * 4 * c + 4 * b * nh * t) as u64);
+        Ok(Box::new(PrefillBf16Problem {
+            d,
+            qkv: Rotated::upload(gpu, &qkv, copies)?,
+            out: Rotated::outputs(gpu, b * t * c, copies)?,
+            lse: Rotated::outputs(gpu, b * nh * t, copies)?,
+            rows,
+            out_ref,
+            lse_ref,
+            magnitude,
+            copies,
+            prepared: Current::default(),
+        }))
+    }
+}
+
+struct PrefillBf16Problem {
+    d: PrefillBf16Dims,
+    qkv: Rotated<bf16>,
+    out: Rotated<bf16>,
+    lse: Rotated<f32>,
+    /// The (batch, token) rows compared with the reference ([`checked_rows`]), their `out` and
+    /// `lse` (per head) and their rows' score magnitudes per head, the scale lse is checked against.
+    rows: Vec<usize>,
+    out_ref: Vec<f64>,
+    lse_ref: Vec<f64>,
+    magnitude: Vec<f64>,
+    copies: usize,
+    prepared: Current<Prepared>,
+}
+
+impl Problem for PrefillBf16Problem {
+    fn workload(&self) -> Workload {
+        let Dims { b, t, c, nh } = self.d.dims;
+        let (b, t, c, nh, hs) = (b as u64, t as u64, c as u64, nh as u64, self.d.dims.hs() as u64);
+        // qkv read once, out written once (bf16), lse (fp32); QK^T and P.V: 2 * 2*HS flops per
+        // (query, visible key) pair and head.
+        let pairs = if self.d.causal { t * (t + 1) / 2 } else { t * t };
+        Workload {
+            bytes: 2 * (b * t * 3 * c + b * t * c) + 4 * b * nh * t,
+            flops: 4 * hs * pairs * b * nh,
+            bound: Bound::Compute(Precision::Bf16),
+        }
+    }
+    fn copies(&self) -> usize {
+        self.copies
+    }
+    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+        self.out.poison(gpu)?;
+        self.lse.poison(gpu)
+    }
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
+    }
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        let args =
+            PrefillBf16Args { out: self.out.get_mut(copy), lse: self.lse.get_mut(copy), qkv: self.qkv.get(copy) };
+        p.enqueue(stream, args)
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
+        let Dims { b, t, c, nh } = self.d.dims;
+        let out = self.out.get(copy).as_view();
+        let mut ver = Verification::new(v.tolerance()).add_device_rows(
+            gpu,
+            "out",
+            &out,
+            (b * t, c),
+            &self.rows,
+            &self.out_ref,
+        )?;
+        // lse is small ([B, NH, T] fp32): all of it comes back, checked finite, and the sampled
+        // rows' heads are compared against their score magnitudes (not against themselves: a row's
+        // lse may be ~0 while its rounding error is not; see reference::score_magnitude_rows).
+        let lse = gpu.download(self.lse.get(copy))?;
+        let picked: Vec<f32> = self
+            .rows
+            .iter()
+            .flat_map(|&bt| (0..nh).map(move |h| ((bt / t) * nh + h) * t + bt % t))
+            .map(|i| lse[i])
+            .collect();
+        let name = if self.rows.len() == b * t {
+            "lse".to_string()
+        } else {
+            format!("lse ({} of {} rows)", self.rows.len(), b * t)
+        };
+        ver.outputs.push(compare_scaled(&name, &picked, &self.lse_ref, &self.magnitude));
+        ver.outputs.push(ErrorStats::finite("lse (every row finite)", &lse, b * nh * t));
+        Ok(ver)
+    }
+}
