@@ -28,7 +28,8 @@ const HEAD_SIZE: &str = "HS in {64, 128}";
 const GRID: &str = "NH <= 65535 and B <= 65535";
 
 /// A stage's launch geometry: `rows` query rows a block of `threads`, its entry
-/// `{entry}_hs{HS}`, and dynamic shared memory of `smem_rows` tile rows of `HS + pad` bf16.
+/// `{entry}_hs{HS}`, and dynamic shared memory of `smem_rows` tile rows of `HS + pad` bf16 plus
+/// `extra` bytes; `tma` stages take qkv as a tensor map (64 x 64 boxes) instead of a pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Plan {
     entry: &'static str,
@@ -36,13 +37,18 @@ struct Plan {
     threads: u32,
     smem_rows: u32,
     pad: u32,
+    extra: u32,
+    tma: bool,
 }
 
 impl Plan {
     fn shared_bytes(self, hs: u32) -> u32 {
-        2 * self.smem_rows * (hs + self.pad)
+        2 * self.smem_rows * (hs + self.pad) + self.extra
     }
 }
+
+/// Rows of the TMA stages' boxes (their columns are `common::tma::BOX_COLS`).
+const TMA_BOX_ROWS: u32 = 64;
 
 /// The stage list: each stage with its launch plan.
 fn stages() -> Vec<Variant> {
@@ -57,7 +63,7 @@ fn stages() -> Vec<Variant> {
             "mma-sync",
             "prefill-bf16/00_mma_sync.cu",
             // Q, K and V tiles of 64 rows, each row padded by 8 elements.
-            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8 },
+            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8, extra: 0, tma: false },
             "prefill stage 6 on bf16 I/O: mma.sync m16n8k16, 4 warps x 16 query rows, key tiles of 64, synchronous loads",
         ),
         k(
@@ -65,9 +71,27 @@ fn stages() -> Vec<Variant> {
             "cp-async",
             "prefill-bf16/01_cp_async.cu",
             // Q (128 rows) and two stages of K and V (64 rows each), unpadded and swizzled.
-            Plan { entry: "attention_bf16_cp_async", rows: 128, threads: 256, smem_rows: 128 + 4 * 64, pad: 0 },
+            Plan {
+                entry: "attention_bf16_cp_async",
+                rows: 128,
+                threads: 256,
+                smem_rows: 128 + 4 * 64,
+                pad: 0,
+                extra: 0,
+                tma: false,
+            },
             "K/V through a two-stage cp.async ring into XOR-swizzled tiles; 8 warps x 16 query rows",
         ),
+        k(
+            2,
+            "wgmma-tma",
+            "prefill-bf16/02_wgmma_tma.cu",
+            // Q (128 rows) and two stages of K and V (128 rows each); 1 KB to align the tiles to the
+            // swizzle's 1024-byte atoms, and three 8-byte mbarriers.
+            Plan { entry: "attention_bf16_wgmma", rows: 128, threads: 256, smem_rows: 128 + 4 * 128, pad: 0, extra: 1024 + 24, tma: true },
+            "wgmma (S from shared Q and K, P.V with P in registers and V MN-major) on TMA-loaded 128-byte-swizzled tiles; 2 warpgroups, key tiles of 128",
+        )
+        .with_requirements(Requirements::SM90A),
     ]
 }
 
@@ -105,6 +129,7 @@ pub fn check_shape(d: PrefillBf16Dims) -> Result<()> {
 pub struct Prepared {
     launch: Launch,
     d: PrefillBf16Dims,
+    tma: bool,
 }
 
 /// The buffers of one call.
@@ -124,7 +149,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: PrefillBf16Dims) -> Result<Prepared> {
     let grid = ((t as u32).div_ceil(plan.rows), nh as u32, b as u32);
     let shape = LaunchShape::new(grid, (plan.threads, 1, 1)).with_shared(plan.shared_bytes(hs));
     let launch = gpu.prepare_launch(&SOURCES, v, &format!("{}_hs{hs}", plan.entry), shape)?;
-    Ok(Prepared { launch, d })
+    Ok(Prepared { launch, d, tma: plan.tma })
 }
 
 impl Prepared {
@@ -135,18 +160,18 @@ impl Prepared {
         require_len("out", a.out.len(), b * t * c)?;
         require_len("lse", a.lse.len(), b * nh * t)?;
         let scale = Arg::F32(1.0 / (self.d.dims.hs() as f32).sqrt());
-        let args = [
-            Arg::buf(a.out),
-            Arg::buf(a.lse),
-            Arg::buf(a.qkv),
-            Arg::int(t),
-            Arg::int(nh),
-            scale,
-            Arg::int(self.d.causal as usize),
-        ];
-        // SAFETY: the arguments follow the entry's signature; the buffer lengths were checked above
-        // and the indices stay below 2^31 (check_shape at prepare).
-        unsafe { self.launch.enqueue(stream, &args) }
+        let (out, lse, causal) = (Arg::buf(a.out), Arg::buf(a.lse), Arg::int(self.d.causal as usize));
+        // SAFETY (both): the arguments follow the entry's signature; the buffer lengths were checked
+        // above and the indices stay below 2^31 (check_shape at prepare). The tensor map covers
+        // qkv's B*T rows of 3C (a multiple of 16 bytes a row, as HS is 64 or 128).
+        if self.tma {
+            let map = common::tma::bf16_map(common::device_ptr(a.qkv), b * t, 3 * c, TMA_BOX_ROWS)?;
+            let args = [Arg::value(&map), out, lse, Arg::int(t), Arg::int(nh), scale, causal];
+            unsafe { self.launch.enqueue(stream, &args) }
+        } else {
+            let args = [out, lse, Arg::buf(a.qkv), Arg::int(t), Arg::int(nh), scale, causal];
+            unsafe { self.launch.enqueue(stream, &args) }
+        }
     }
 }
 

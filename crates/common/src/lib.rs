@@ -36,6 +36,7 @@ pub mod sweep;
 pub mod testing;
 pub mod timeline;
 pub mod timing;
+pub mod tma;
 pub mod tuned;
 pub mod variant;
 

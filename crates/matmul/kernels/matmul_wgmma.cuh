@@ -1,71 +1,10 @@
-// matmul_wgmma.cuh: Hopper's pieces shared by the wgmma stages of linear-bf16 (7 and later): the
-// tensor map passed by value, mbarriers, the TMA's 2-D tile load, named barriers, shared-memory
-// matrix descriptors of 128-byte swizzled K-major tiles, and the warpgroup MMA instructions
-// (m64nNk16 for N = 128, 192, 256; bf16 in, fp32 accumulate). Needs sm_90a.
+// matmul_wgmma.cuh: the warpgroup MMA instructions of linear-bf16's wgmma stages (7 and later):
+// m64nNk16 for N = 128, 192, 256, bf16 in, fp32 accumulate, both operands K-major in shared
+// memory. The tensor map, mbarriers, TMA loads and descriptors are common's (ladder_hopper.cuh).
+// Needs sm_90a.
 #pragma once
-#include <cuda_bf16.h>
+#include "ladder_hopper.cuh"
 #include "ladder_mma.cuh"
-
-// CUtensorMap (128 bytes, 64-byte aligned) as the kernel sees it: opaque, passed by value.
-struct __align__(64) TmaMap {
-    unsigned long long v[16];
-};
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned phase) {
-    unsigned ok;
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(ok)
-        : "r"(bar), "r"(phase)
-        : "memory");
-    return ok != 0;
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
-    while (!mbar_try_wait(bar, phase)) {
-    }
-}
-
-// A 2-D box of the tensor map at (x = column along K, y = row) into shared memory, completing on bar.
-__device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, unsigned bar, int x, int y) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-        "[%4];\n" ::"r"(dst),
-        "l"(map), "r"(x), "r"(y), "r"(bar)
-        : "memory");
-}
-
-// A barrier of `threads` threads on hardware barrier `id` (0 is __syncthreads').
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle: start address, the
-// leading offset (unused for swizzled K-major tiles), the stride between 8-row groups (1024 bytes),
-// and the swizzle mode (1 = 128 bytes).
-__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-           (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // One wgmma.m64n128k16 (bf16 in, fp32 accumulate into d), both operands K-major in shared
 // memory described by descriptors.

@@ -15,12 +15,11 @@
 //! Stage 12 on (the lean stores) and the library row store bf16; stages 5-11 are `n/a` at `out=16`.
 
 use common::check::{Element, Verification};
-use common::cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use common::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Define, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo,
-    Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
-    Workload,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -41,7 +40,7 @@ const GRID_M: &str = "M <= 65535 * 128";
 /// The TMA's global row stride (K bf16) must be a multiple of 16 bytes.
 const TMA_K: &str = "K % 8 == 0";
 /// The wgmma stages' K step (the TMA box is 64 bf16 = 128 bytes wide, the swizzle's span).
-const WG_BK: u32 = 64;
+const WG_BK: u32 = common::tma::BOX_COLS;
 /// The staged store's buffer per consumer warp (`EPI_STAGED`): 16 rows x 32 fp32 columns.
 const EPI_STAGING_BYTES: u32 = 16 * 32 * 4;
 /// The bias copies (`EPI_BIAS_SMEM`) are cp.async copies of 16 bytes from 16-byte aligned addresses.
@@ -496,41 +495,6 @@ enum TailArgs {
     Residual,
 }
 
-/// A 2-D tensor map of a row-major `[rows, cols]` bf16 matrix at `ptr`, in boxes of 64 columns
-/// (128 bytes) x `box_rows`, in the 128-byte swizzle: the layout wgmma reads. A load zero-fills the
-/// parts of a box past the matrix.
-fn tensor_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<sys::CUtensorMap> {
-    use sys::{CUtensorMapDataType as T, CUtensorMapFloatOOBfill as F, CUtensorMapInterleave as I};
-    use sys::{CUtensorMapL2promotion as L, CUtensorMapSwizzle as S};
-    let dims = [cols as u64, rows as u64];
-    let strides = [(2 * cols) as u64];
-    let boxes = [WG_BK, box_rows];
-    let elements = [1u32, 1];
-    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-    // SAFETY: the arrays hold rank (2) entries, rank - 1 for the strides; `map` is written by the
-    // call; the address is a device allocation of rows * cols elements (checked by the caller),
-    // whose row stride the caller checked is a multiple of 16 bytes.
-    unsafe {
-        sys::cuTensorMapEncodeTiled(
-            map.as_mut_ptr(),
-            T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            2,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elements.as_ptr(),
-            I::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            S::CU_TENSOR_MAP_SWIZZLE_128B,
-            L::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            F::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-        .result()
-        .ctx("encode a TMA tensor map")?;
-        Ok(map.assume_init())
-    }
-}
-
 /// A stage prepared for one size.
 pub struct Prepared {
     stage: Stage,
@@ -717,8 +681,8 @@ impl Prepared {
                     ],
                 ),
                 Stage::Tma { launch, b_rows, tail, .. } => {
-                    let map_a = tensor_map(common::device_ptr(a.inp), d.m, d.k, TILE_M as u32)?;
-                    let map_b = tensor_map(common::device_ptr(a.weight), d.n, d.k, *b_rows)?;
+                    let map_a = common::tma::bf16_map(common::device_ptr(a.inp), d.m, d.k, TILE_M as u32)?;
+                    let map_b = common::tma::bf16_map(common::device_ptr(a.weight), d.n, d.k, *b_rows)?;
                     // (map_a, map_b, out, bias[, residual], M, N, K[, tail code])
                     let mut args = vec![Arg::value(&map_a), Arg::value(&map_b), Arg::buf(a.out), Arg::Ptr(bias)];
                     if *tail != TailArgs::None {
