@@ -14,17 +14,17 @@
 
 constexpr float LOG2E = 1.4426950408889634f;
 
-// One key tile's online-softmax step for a thread's two rows (row and row + 8): scores scaled
-// into log2 units, keys past the causal diagonal (when `causal`) or at or past T masked with
-// -inf, the running max m and sum l updated, the accumulators o rescaled, and s replaced by the
-// unnormalised probabilities exp2(s - m). `check` is false for a tile no mask can touch, which
-// skips the per-element compares. A row with every key so far masked keeps m = -inf and p = 0
-// (no NaN from -inf - -inf): that happens only to padding rows past T of a non-causal tile,
-// never written.
-template <int NT, int DT>
-__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2],
-                                                    float (&o)[DT][4], float scale_log2, int row, int key0,
-                                                    int T, bool causal, bool check) {
+// One key tile's online-softmax step for a thread's two rows (row and row + 8), without touching
+// the output accumulators: scores scaled into log2 units, keys past the causal diagonal (when
+// `causal`) or at or past T masked with -inf, the running max m and sum l updated, s replaced by
+// the unnormalised probabilities exp2(s - m), and the factor the accumulators must be rescaled by
+// returned in alpha (a stage whose P.V is still in flight on them rescales once it lands). `check`
+// is false for a tile no mask can touch, which skips the per-element compares. A row with every key
+// so far masked keeps m = -inf and p = 0 (no NaN from -inf - -inf): that happens only to padding
+// rows past T of a non-causal tile, never written.
+template <int NT>
+__device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                               float scale_log2, int row, int key0, int T, bool causal, bool check) {
     const int t = threadIdx.x & 3;
     float mx[2] = {m[0], m[1]};
 #pragma unroll
@@ -48,7 +48,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m
     }
     // The reference point of the exponentials: the new max, or 0 while the row has seen no key.
     const float base[2] = {mx[0] == -INFINITY ? 0.f : mx[0], mx[1] == -INFINITY ? 0.f : mx[1]};
-    const float alpha[2] = {exp2f(m[0] - base[0]), exp2f(m[1] - base[1])};
+    alpha[0] = exp2f(m[0] - base[0]);
+    alpha[1] = exp2f(m[1] - base[1]);
     float sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -66,6 +67,11 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m
         l[r] = l[r] * alpha[r] + sum[r];
         m[r] = mx[r];
     }
+}
+
+// The output accumulators of a thread's two rows scaled by their alpha.
+template <int DT>
+__device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&alpha)[2]) {
 #pragma unroll
     for (int n = 0; n < DT; ++n) {
         o[n][0] *= alpha[0];
@@ -73,6 +79,17 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m
         o[n][2] *= alpha[1];
         o[n][3] *= alpha[1];
     }
+}
+
+// softmax_scores, then the accumulators rescaled at once: the step of a stage whose P.V of the
+// previous tile has landed.
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                                    float (&o)[DT][4], float scale_log2, int row, int key0,
+                                                    int T, bool causal, bool check) {
+    float alpha[2];
+    softmax_scores(s, m, l, alpha, scale_log2, row, key0, T, causal, check);
+    rescale(o, alpha);
 }
 
 // P's A fragment for keys 16kk..16kk+15: two S n-tiles side by side are exactly one A fragment

@@ -51,3 +51,106 @@ __device__ __forceinline__ void wgmma_pv_n128(float (&d)[16][4], const unsigned 
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
+
+// Pins accumulator registers at this point of the program: the wgmma asm statements name them as
+// outputs when issued, but the hardware writes them until wgmma.wait_group returns, so ordinary
+// code that reads or scales them must not be scheduled above the wait.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+
+// ---- The tiles of the wgmma stages (02 on) ----
+constexpr int WG_BR = 128;  // query rows per block: two consumer warpgroups of 64
+constexpr int WG_BC = 128;  // keys per tile
+constexpr int TMA_BOX = 64; // a TMA box: 64 rows x 64 columns (128 bytes) of bf16
+
+// The boxes of a [ROWS][D] tile at (global row y0, column x0) into `dst`, laid out as D/64 column
+// blocks of [ROWS][64] (each row 128 bytes, swizzled): the layout both descriptors read.
+template <int D, int ROWS>
+__device__ __forceinline__ void load_tile(unsigned dst, const TmaMap* map, unsigned bar, int x0, int y0) {
+#pragma unroll
+    for (int cb = 0; cb < D / TMA_BOX; ++cb)
+#pragma unroll
+        for (int rb = 0; rb < ROWS / TMA_BOX; ++rb)
+            tma_load(dst + (cb * ROWS + rb * TMA_BOX) * 128, map, bar, x0 + cb * TMA_BOX, y0 + rb * TMA_BOX);
+}
+
+// Shared memory of the wgmma stages from a 1024-byte aligned base (the swizzle's atoms): Q's
+// WG_BR rows, then STAGES slots of K and V (WG_BC rows each), then 8-byte mbarriers: Q's, a full
+// one per slot, an empty one per slot (used by the stages with a producer).
+template <int D, int STAGES>
+struct TileRing {
+    static constexpr unsigned Q_BYTES = WG_BR * D * 2, KV_BYTES = WG_BC * D * 2;
+    unsigned base;
+    __device__ unsigned q() const { return base; }
+    __device__ unsigned k(int s) const { return base + Q_BYTES + (unsigned)s * 2 * KV_BYTES; }
+    __device__ unsigned v(int s) const { return k(s) + KV_BYTES; }
+    __device__ unsigned q_full() const { return base + Q_BYTES + STAGES * 2 * KV_BYTES; }
+    __device__ unsigned full(int s) const { return q_full() + 8u * (1 + s); }
+    __device__ unsigned empty(int s) const { return q_full() + 8u * (1 + STAGES + s); }
+};
+
+template <int D, int STAGES>
+__device__ __forceinline__ TileRing<D, STAGES> tile_ring(unsigned char* smem_raw) {
+    return TileRing<D, STAGES>{(smem_u32(smem_raw) + 1023) & ~1023u};
+}
+
+// Thread 0 initialises the ring's barriers, the empty ones only for a ring with a producer
+// (EMPTY_ARRIVALS > 0 arrivals release a slot); the whole block then waits, so no thread touches a
+// barrier before it exists.
+template <unsigned EMPTY_ARRIVALS, int D, int STAGES>
+__device__ __forceinline__ void init_ring(const TileRing<D, STAGES>& r) {
+    if (threadIdx.x == 0) {
+        mbar_init(r.q_full(), 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(r.full(s), 1);
+            if constexpr (EMPTY_ARRIVALS > 0) mbar_init(r.empty(s), EMPTY_ARRIVALS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
+// The producer of the stages with one (03 on), run by a single thread: Q at query row q_row, then
+// each key tile j (its K at column kx, V at vx, rows from row0 + j * WG_BC) into slot j % STAGES
+// once the consumers have released that slot's previous tile.
+template <int D, int STAGES>
+__device__ __forceinline__ void produce(const TileRing<D, STAGES>& r, const TmaMap* map, int tiles, int qx,
+                                        int kx, int vx, int q_row, int row0) {
+    mbar_expect_tx(r.q_full(), TileRing<D, STAGES>::Q_BYTES);
+    load_tile<D, WG_BR>(r.q(), map, r.q_full(), qx, q_row);
+    for (int j = 0; j < tiles; ++j) {
+        const int s = j % STAGES;
+        if (j >= STAGES) mbar_wait(r.empty(s), (j / STAGES - 1) & 1);
+        mbar_expect_tx(r.full(s), 2 * TileRing<D, STAGES>::KV_BYTES);
+        load_tile<D, WG_BC>(r.k(s), map, r.full(s), kx, row0 + j * WG_BC);
+        load_tile<D, WG_BC>(r.v(s), map, r.full(s), vx, row0 + j * WG_BC);
+    }
+}
+
+// S = Q.K^T of one key tile for the warpgroup whose 64 rows of Q start at qa: D/16 wgmma, 16 dims
+// (32 bytes along a swizzled 128-byte row) each, the next 64 dims a column block further.
+template <int D>
+__device__ __forceinline__ void issue_qk(float (&sc)[WG_BC / 8][4], unsigned qa, unsigned k) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned a = qa + (kk / 4) * WG_BR * 128 + (kk % 4) * 32;
+        const unsigned b = k + (kk / 4) * WG_BC * 128 + (kk % 4) * 32;
+        wgmma_qk_n128(sc, wgmma_desc(a), wgmma_desc(b), kk > 0);
+    }
+}
+
+// O += P.V over keys 16 kk.. of a tile: two 8-row atoms (2048 bytes) into the V tile, MN-major, the
+// next 64 dims a column block (WG_BC rows x 128 bytes) further.
+template <int D>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const unsigned (&p)[4], unsigned v, int kk) {
+    if constexpr (D == 64) {
+        wgmma_pv_n64(o, p, wgmma_desc_mn(v + kk * 2048, WG_BC * 128));
+    } else {
+        wgmma_pv_n128(o, p, wgmma_desc_mn(v + kk * 2048, WG_BC * 128));
+    }
+}

@@ -92,6 +92,49 @@ fn stages() -> Vec<Variant> {
             "wgmma (S from shared Q and K, P.V with P in registers and V MN-major) on TMA-loaded 128-byte-swizzled tiles; 2 warpgroups, key tiles of 128",
         )
         .with_requirements(Requirements::SM90A),
+        k(
+            3,
+            "warp-specialized",
+            "prefill-bf16/03_warp_specialized.cu",
+            // As stage 2, with five mbarriers (Q, and full and empty for each of the two slots).
+            Plan { entry: "attention_bf16_ws", rows: 128, threads: 384, smem_rows: 128 + 4 * 128, pad: 0, extra: 1024 + 40, tma: true },
+            "a producer warpgroup issues the TMA loads, two consumer warpgroups compute; slots released on empty mbarriers (no block barrier); setmaxnreg 24/240",
+        )
+        .with_requirements(Requirements::SM90A),
+        k(
+            4,
+            "ping-pong",
+            "prefill-bf16/04_ping_pong.cu",
+            // Q and three slots of K and V; seven mbarriers (Q, full and empty for each slot).
+            Plan {
+                entry: "attention_bf16_ping_pong",
+                rows: 128,
+                threads: 384,
+                smem_rows: 128 + 6 * 128,
+                pad: 0,
+                extra: 1024 + 56,
+                tma: true,
+            },
+            "the consumer warpgroups take turns on the tensor cores (named barriers): one's softmax under the other's P.V and next Q.K^T; three slots",
+        )
+        .with_requirements(Requirements::SM90A),
+        k(
+            5,
+            "intra-warpgroup-overlap",
+            "prefill-bf16/05_intra_warpgroup_overlap.cu",
+            // As stage 4.
+            Plan {
+                entry: "attention_bf16_overlap",
+                rows: 128,
+                threads: 384,
+                smem_rows: 128 + 6 * 128,
+                pad: 0,
+                extra: 1024 + 56,
+                tma: true,
+            },
+            "a warpgroup's softmax of tile j under its own P.V of tile j - 1 (S and P.V in separate commit groups; O rescaled after P.V lands)",
+        )
+        .with_requirements(Requirements::SM90A),
     ]
 }
 

@@ -172,8 +172,10 @@ fn main() -> std::process::ExitCode {
                 assert!(!c.image.is_empty(), "{} {}: empty image", v.id(), arch.name());
                 // No local-memory arrays (a run-time indexed array would show as a .local declaration).
                 assert!(!c.ptx.contains(".local"), "{} {}: uses local memory", v.id(), arch.name());
-                // ptxas serializes wgmma it cannot prove safe to overlap (warning C7510 in the log).
-                assert!(!c.log.contains("serialize"), "{} {}: {}", v.id(), arch.name(), c.log);
+                if v.requires.arch_specific {
+                    let warnings = tc.ptxas_warnings(&v.id(), src, &headers, &v.compile_defines(), arch).unwrap();
+                    assert!(warnings.is_empty(), "{} {}: {warnings:?}", v.id(), arch.name());
+                }
             }
         }
     });

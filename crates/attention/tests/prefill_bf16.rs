@@ -59,6 +59,9 @@ fn shape_checks_are_typed_errors() {
 fn stage_list() {
     let v = PrefillBf16.variants();
     let names: Vec<&str> = v.iter().map(|v| v.name.as_ref()).collect();
-    assert_eq!(names, ["mma-sync", "cp-async", "wgmma-tma"]);
+    assert_eq!(
+        names,
+        ["mma-sync", "cp-async", "wgmma-tma", "warp-specialized", "ping-pong", "intra-warpgroup-overlap"]
+    );
     assert!(v.iter().enumerate().all(|(i, v)| v.stage == i as u32));
 }

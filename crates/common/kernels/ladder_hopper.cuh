@@ -76,3 +76,9 @@ __device__ __forceinline__ unsigned long long wgmma_desc_mn(unsigned addr, unsig
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
            ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
+
+// Arrives at hardware barrier `id` without waiting: with `threads` counting both sides, it lets the
+// threads that bar.sync on `id` go once the rest have arrived (a turn handed to another group).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}

@@ -277,6 +277,22 @@ impl Toolchain {
         EntryResources::from_log(&compiled.log, variant, arch, self.version, &options)
     }
 
+    /// The ptxas warnings of `source` compiled as [`Toolchain::compile`] would (uncached, so the
+    /// log is fresh): ptxas serializes wgmma it cannot prove safe to overlap (C7510) and ignores a
+    /// setmaxnreg it cannot honour (C7508), each only with a warning.
+    pub fn ptxas_warnings(
+        &self,
+        variant: &str,
+        source: &KernelSource,
+        headers: &[KernelSource],
+        defines: &[Define],
+        arch: Arch,
+    ) -> Result<Vec<String>> {
+        let options = self.options(defines, arch);
+        let compiled = self.compile_uncached(variant, source, headers, &options, arch)?;
+        Ok(compiled.log.lines().filter(|l| l.contains("ptxas") && l.contains("arning")).map(String::from).collect())
+    }
+
     fn options(&self, defines: &[Define], arch: Arch) -> Vec<String> {
         let mut options = vec![
             format!("--gpu-architecture={}", arch.name()),

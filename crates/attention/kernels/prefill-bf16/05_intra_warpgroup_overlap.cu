@@ -1,0 +1,115 @@
+// Attention prefill in bf16, stage 5: intra-warpgroup pipelining: a warpgroup's softmax of key
+// tile j runs while its own P.V of tile j - 1 is still on the tensor cores.
+// Changed from stage 4: a turn still issues S = Q.K^T of tile j and O += P.V of tile j - 1, but as
+//   two commit groups, S first; the warpgroup waits for S alone (wgmma.wait_group 1), computes the
+//   softmax of tile j while P.V runs, and only then waits for P.V, rescales O by the softmax's
+//   alpha (O is the wgmma's until it lands) and builds P of tile j. The accumulators are pinned
+//   after each wait, so no ordinary instruction touching them is scheduled above it.
+// Why it should be faster: in stage 4 a warpgroup's softmax starts only when both of its GEMMs are
+//   done, so its P.V (half its tensor work) and its softmax run one after the other; here they
+//   overlap, and the tensor cores see this warpgroup's P.V and the other's GEMMs while it computes.
+//   Predicted 1.1-1.2x over stage 4.
+// Measured (H100, 2026-11-26): 0.99-1.03x stage 4 (419 us at B=8, T=2048, HS=128, causal; 2.54 ms
+//   against 2.62 at T=16384): refuted as a gain; the third stage in a row below stage 2 (see
+//   docs/notes/attention.md for what the counters say).
+// Launch: grid (ceil(T/128), NH, B), block 384 (producer warpgroup + 2 consumer warpgroups);
+//   entries attention_bf16_overlap_hs{64,128}; a CUtensorMap of qkv as [B*T, 3C] bf16 in 64 x 64
+//   boxes (128-byte swizzle) by value; dynamic shared memory (128 + 3 * 2 * 128) * HS * 2 bytes +
+//   1 KB alignment + barriers (113 KB at HS = 64, 225 KB at HS = 128).
+// Constraints: sm_90a; HS in {64, 128}; NH, B <= 65535; B*T*3C < 2^31; any T >= 1 (rows past T
+//   read the next sequence's rows or the TMA's zero fill; they are masked or not stored).
+// Tolerance: as stage 0 (bf16 operands and output, rel L2 <= 1e-2; lse against score magnitudes).
+// Limits: HS in {64, 128}; NH <= 65535 and B <= 65535; B * T * 3C < 2^31
+#include "attention_flash_bf16.cuh"
+#include "attention_wgmma.cuh"
+
+constexpr int STAGES = 3;
+
+template <int D>
+__device__ __forceinline__ void flash_overlap(const TmaMap* map, __nv_bfloat16* out, float* lse, int T, int NH,
+                                            float scale, int causal) {
+    constexpr int NT = WG_BC / 8, DT = D / 8;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const TileRing<D, STAGES> r = tile_ring<D, STAGES>(smem_raw);
+    const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int tile = gridDim.x - 1 - blockIdx.x;  // heaviest query tiles first
+    const int q0 = tile * WG_BR;
+    const int C = NH * D;
+    const int row0 = b * T;  // global row of this sequence's token 0
+    const int tiles = ((causal ? min(q0 + WG_BR, T) : T) + WG_BC - 1) / WG_BC;
+
+    init_ring<8>(r);  // a slot is released by one arrival per consumer warp
+    if (tid < 128) {
+        // Producer: one thread; the warpgroup gives its registers to the consumers.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (tid == 0) produce(r, map, tiles, h * D, C + h * D, 2 * C + h * D, row0 + q0, row0);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int wg = (tid >> 7) - 1;  // consumer warpgroup
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float o[DT][4];
+#pragma unroll
+    for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    const int row = q0 + 64 * wg + 16 * warp + (lane >> 2);
+    const unsigned qa = r.q() + wg * 64 * 128;  // this warpgroup's 64 rows of each column block
+    mbar_wait(r.q_full(), 0);
+
+    // Turns: warpgroup w waits on barrier 1 + w and hands over on the other's. Warpgroup 0 goes
+    // first; warpgroup 1 skips its last hand-over, which nobody would wait for.
+    constexpr int TURN_THREADS = 256;
+    if (wg == 1) named_barrier_arrive(1, TURN_THREADS);
+    float sc[NT][4];
+    unsigned p[WG_BC / 16][4];  // the previous tile's P, as P.V's A fragments
+    for (int j = 0; j <= tiles; ++j) {
+        const int s = j % STAGES, prev = (j + STAGES - 1) % STAGES, k0 = j * WG_BC;
+        if (j < tiles) mbar_wait(r.full(s), (j / STAGES) & 1);
+        named_barrier(1 + wg, TURN_THREADS);
+        wgmma_fence();
+        if (j < tiles) {
+            issue_qk<D>(sc, qa, r.k(s));
+            wgmma_commit();
+        }
+        if (j > 0) {
+#pragma unroll
+            for (int kk = 0; kk < WG_BC / 16; ++kk) issue_pv<D>(o, p[kk], r.v(prev), kk);
+            wgmma_commit();
+        }
+        if (wg == 0 || j < tiles) named_barrier_arrive(2 - wg, TURN_THREADS);
+        float alpha[2];
+        if (j < tiles) {
+            // S of tile j has landed once at most one group (P.V of tile j - 1) is in flight.
+            if (j > 0) {
+                wgmma_wait_one();
+            } else {
+                wgmma_wait_all();
+            }
+            fence_operands(sc);
+            const bool check = k0 + WG_BC > T || (causal && k0 + WG_BC > q0);
+            softmax_scores(sc, m, l, alpha, scale * LOG2E, row, k0, T, causal, check);
+        }
+        wgmma_wait_all();
+        fence_operands(o);
+        if (j > 0) {
+            // This warp no longer reads the previous tile's slot.
+            __syncwarp();
+            if (lane == 0) mbar_arrive(r.empty(prev));
+        }
+        if (j < tiles) {
+            rescale(o, alpha);
+#pragma unroll
+            for (int kk = 0; kk < WG_BC / 16; ++kk) p_fragment(p[kk], sc, kk);
+        }
+    }
+    store_rows(out, lse, o, m, l, row, b, h, T, NH);
+}
+
+#define BF16_OVERLAP_ENTRY(D)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(384, 1) attention_bf16_overlap_hs##D(                                  \
+        const __grid_constant__ TmaMap map, __nv_bfloat16* out, float* lse, int T, int NH, float scale, int causal) { \
+        flash_overlap<D>(&map, out, lse, T, NH, scale, causal);                                                    \
+    }
+BF16_OVERLAP_ENTRY(64)
+BF16_OVERLAP_ENTRY(128)
