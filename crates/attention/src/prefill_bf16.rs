@@ -45,6 +45,23 @@ impl Plan {
     fn shared_bytes(self, hs: u32) -> u32 {
         2 * self.smem_rows * (hs + self.pad) + self.extra
     }
+
+    /// A wgmma stage's geometry (`attention_wgmma.cuh`'s `TileRing`): two consumer warpgroups of 64
+    /// query rows, and a producer warpgroup when `producer`; Q's 128 rows and `slots` slots of K and
+    /// V (128 rows each); 1 KB to align the tiles to the swizzle's 1024-byte atoms, and an 8-byte
+    /// mbarrier for Q and each slot's full one, plus each slot's empty one with a producer.
+    fn tma_ring(entry: &'static str, producer: bool, slots: u32) -> Plan {
+        let barriers = 1 + slots * (1 + producer as u32);
+        Plan {
+            entry,
+            rows: 128,
+            threads: 256 + 128 * producer as u32,
+            smem_rows: 128 + 2 * slots * 128,
+            pad: 0,
+            extra: 1024 + 8 * barriers,
+            tma: true,
+        }
+    }
 }
 
 /// Rows of the TMA stages' boxes (their columns are `common::tma::BOX_COLS`).
@@ -86,9 +103,7 @@ fn stages() -> Vec<Variant> {
             2,
             "wgmma-tma",
             "prefill-bf16/02_wgmma_tma.cu",
-            // Q (128 rows) and two stages of K and V (128 rows each); 1 KB to align the tiles to the
-            // swizzle's 1024-byte atoms, and three 8-byte mbarriers.
-            Plan { entry: "attention_bf16_wgmma", rows: 128, threads: 256, smem_rows: 128 + 4 * 128, pad: 0, extra: 1024 + 24, tma: true },
+            Plan::tma_ring("attention_bf16_wgmma", false, 2),
             "wgmma (S from shared Q and K, P.V with P in registers and V MN-major) on TMA-loaded 128-byte-swizzled tiles; 2 warpgroups, key tiles of 128",
         )
         .with_requirements(Requirements::SM90A),
@@ -96,8 +111,7 @@ fn stages() -> Vec<Variant> {
             3,
             "warp-specialized",
             "prefill-bf16/03_warp_specialized.cu",
-            // As stage 2, with five mbarriers (Q, and full and empty for each of the two slots).
-            Plan { entry: "attention_bf16_ws", rows: 128, threads: 384, smem_rows: 128 + 4 * 128, pad: 0, extra: 1024 + 40, tma: true },
+            Plan::tma_ring("attention_bf16_ws", true, 2),
             "a producer warpgroup issues the TMA loads, two consumer warpgroups compute; slots released on empty mbarriers (no block barrier); setmaxnreg 24/240",
         )
         .with_requirements(Requirements::SM90A),
@@ -105,16 +119,7 @@ fn stages() -> Vec<Variant> {
             4,
             "ping-pong",
             "prefill-bf16/04_ping_pong.cu",
-            // Q and three slots of K and V; seven mbarriers (Q, full and empty for each slot).
-            Plan {
-                entry: "attention_bf16_ping_pong",
-                rows: 128,
-                threads: 384,
-                smem_rows: 128 + 6 * 128,
-                pad: 0,
-                extra: 1024 + 56,
-                tma: true,
-            },
+            Plan::tma_ring("attention_bf16_ping_pong", true, 3),
             "the consumer warpgroups take turns on the tensor cores (named barriers): one's softmax under the other's P.V and next Q.K^T; three slots",
         )
         .with_requirements(Requirements::SM90A),
@@ -122,16 +127,7 @@ fn stages() -> Vec<Variant> {
             5,
             "intra-warpgroup-overlap",
             "prefill-bf16/05_intra_warpgroup_overlap.cu",
-            // As stage 4.
-            Plan {
-                entry: "attention_bf16_overlap",
-                rows: 128,
-                threads: 384,
-                smem_rows: 128 + 6 * 128,
-                pad: 0,
-                extra: 1024 + 56,
-                tma: true,
-            },
+            Plan::tma_ring("attention_bf16_overlap", true, 3),
             "a warpgroup's softmax of tile j under its own P.V of tile j - 1 (S and P.V in separate commit groups; O rescaled after P.V lands)",
         )
         .with_requirements(Requirements::SM90A),
@@ -378,5 +374,33 @@ impl Problem for PrefillBf16Problem {
         ver.outputs.push(compare_scaled(&name, &picked, &self.lse_ref, &self.magnitude));
         ver.outputs.push(ErrorStats::finite("lse (every row finite)", &lse, b * nh * t));
         Ok(ver)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each stage's dynamic shared memory at HS 64 and 128, as its header states it (the sizes the
+    /// H100 runs measured), and within the 227 KB a block may opt into.
+    #[test]
+    fn shared_memory_matches_the_headers() {
+        let bytes: Vec<(u32, u32)> = stages()
+            .iter()
+            .map(|v| {
+                let plan = v.plan::<Plan>().unwrap();
+                (plan.shared_bytes(64), plan.shared_bytes(128))
+            })
+            .collect();
+        let expected = [
+            (27_648, 52_224),
+            (49_152, 98_304),
+            (82_968, 164_888),
+            (82_984, 164_904),
+            (115_768, 230_456),
+            (115_768, 230_456),
+        ];
+        assert_eq!(bytes, expected);
+        assert!(bytes.iter().all(|&(_, b)| b <= 227 * 1024), "{bytes:?}");
     }
 }
