@@ -131,6 +131,14 @@ fn stages() -> Vec<Variant> {
             "a warpgroup's softmax of tile j under its own P.V of tile j - 1 (S and P.V in separate commit groups; O rescaled after P.V lands)",
         )
         .with_requirements(Requirements::SM90A),
+        k(
+            6,
+            "two-blocks",
+            "prefill-bf16/06_two_blocks.cu",
+            Plan::tma_ring("attention_bf16_two_blocks", false, 2),
+            "stage 2 held to 128 registers at HS = 64, so two blocks share an SM (16 warps); stage 2 itself at HS = 128",
+        )
+        .with_requirements(Requirements::SM90A),
     ]
 }
 
@@ -399,6 +407,7 @@ mod tests {
             (82_984, 164_904),
             (115_768, 230_456),
             (115_768, 230_456),
+            (82_968, 164_888),
         ];
         assert_eq!(bytes, expected);
         assert!(bytes.iter().all(|&(_, b)| b <= 227 * 1024), "{bytes:?}");
