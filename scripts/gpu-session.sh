@@ -70,7 +70,7 @@ for s in "$@"; do
     [ "$arg" = "$s" ] && arg=""
     case "$s" in
     device) step device 90 "nvidia-smi; $bundle/run.sh ladder device --remeasure" ;;
-    anchors) step anchors 120 "PYTHONUNBUFFERED=1 python3 scripts/anchors.py --out $logs/anchors.json" ;;
+    anchors) step anchors 240 "PYTHONUNBUFFERED=1 python3 scripts/anchors.py --out $logs/anchors.json" ;;
     anchors:*) step "anchors-$arg" 300 "PYTHONUNBUFFERED=1 python3 scripts/anchors.py --family $arg --out $logs/anchors.json" ;;
     tests*) step "tests${arg:+-$arg}" 300 "$bundle/run.sh tests $arg" ;;
     tables)
