@@ -69,6 +69,56 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2],
     }
 }
 
+// softmax_scores with the scale folded into the exponent: the max is taken over the raw scores
+// (the scale is positive, so the order is the same), and each probability is one FFMA and an exp2,
+// exp2(s * scale_log2 - m), instead of a multiply pass, a subtract and the exp2. Same arguments and
+// results (m in log2 units).
+template <int NT>
+__device__ __forceinline__ void softmax_scores_folded(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                                      float (&alpha)[2], float scale_log2, int row, int key0,
+                                                      int T, bool causal, bool check) {
+    const int t = threadIdx.x & 3;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (check) {
+                const int r = row + (e >> 1) * 8;
+                const int key = key0 + n * 8 + 2 * t + (e & 1);
+                if (key >= T || (causal && key > r)) s[n][e] = -INFINITY;
+            }
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mx[r] = fmaxf(m[r], mx[r] * scale_log2);  // the new running max, in log2 units
+    }
+    const float base[2] = {mx[0] == -INFINITY ? 0.f : mx[0], mx[1] == -INFINITY ? 0.f : mx[1]};
+    alpha[0] = exp2f(m[0] - base[0]);
+    alpha[1] = exp2f(m[1] - base[1]);
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(fmaf(s[n][e], scale_log2, -base[e >> 1]));
+            s[n][e] = p;
+            sum[e >> 1] += p;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        l[r] = l[r] * alpha[r] + sum[r];
+        m[r] = mx[r];
+    }
+}
+
 // The output accumulators of a thread's two rows scaled by their alpha.
 template <int DT>
 __device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&alpha)[2]) {

@@ -33,7 +33,7 @@ impl Family for Attention {
         FAMILY
     }
     fn description(&self) -> &'static str {
-        "causal prefill (fp32, five kernels -> FlashAttention-2; bf16, mma.sync -> cp.async pipeline) and decode over contiguous and paged \
+        "causal prefill (fp32, five kernels -> FlashAttention-2; bf16, mma.sync -> cp.async -> wgmma/TMA -> Hopper scheduling) and decode over contiguous and paged \
          bf16/fp16 KV caches (naive -> decoding attention -> Flash-Decoding -> vLLM paged v1/v2 -> GQA packing -> tensor cores), and decode over a host-resident cache (pageable -> \
          pinned -> streams -> mapped)"
     }

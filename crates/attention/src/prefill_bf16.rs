@@ -26,10 +26,12 @@ const GRID_YZ: usize = 65535;
 const ELEMS: &str = "B * T * 3C < 2^31";
 const HEAD_SIZE: &str = "HS in {64, 128}";
 const GRID: &str = "NH <= 65535 and B <= 65535";
+const TILE_GRID: &str = "T <= 65535 * 128";
 
 /// A stage's launch geometry: `rows` query rows a block of `threads`, its entry
 /// `{entry}_hs{HS}`, and dynamic shared memory of `smem_rows` tile rows of `HS + pad` bf16 plus
-/// `extra` bytes; `tma` stages take qkv as a tensor map (64 x 64 boxes) instead of a pointer.
+/// `extra` bytes; `tma` stages take qkv as a tensor map (64 x 64 boxes) instead of a pointer;
+/// `tiles_last` stages take their grid as (NH, B, query tiles), so the tiles are the slowest axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Plan {
     entry: &'static str,
@@ -39,6 +41,7 @@ struct Plan {
     pad: u32,
     extra: u32,
     tma: bool,
+    tiles_last: bool,
 }
 
 impl Plan {
@@ -60,7 +63,13 @@ impl Plan {
             pad: 0,
             extra: 1024 + 8 * barriers,
             tma: true,
+            tiles_last: false,
         }
+    }
+
+    /// This plan with its query tiles on the grid's slowest axis (heaviest first over the grid).
+    fn tiles_last(self) -> Plan {
+        Plan { tiles_last: true, ..self }
     }
 }
 
@@ -80,7 +89,7 @@ fn stages() -> Vec<Variant> {
             "mma-sync",
             "prefill-bf16/00_mma_sync.cu",
             // Q, K and V tiles of 64 rows, each row padded by 8 elements.
-            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8, extra: 0, tma: false },
+            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8, extra: 0, tma: false, tiles_last: false },
             "prefill stage 6 on bf16 I/O: mma.sync m16n8k16, 4 warps x 16 query rows, key tiles of 64, synchronous loads",
         ),
         k(
@@ -96,6 +105,7 @@ fn stages() -> Vec<Variant> {
                 pad: 0,
                 extra: 0,
                 tma: false,
+                tiles_last: false,
             },
             "K/V through a two-stage cp.async ring into XOR-swizzled tiles; 8 warps x 16 query rows",
         ),
@@ -137,6 +147,22 @@ fn stages() -> Vec<Variant> {
             "prefill-bf16/06_two_blocks.cu",
             Plan::tma_ring("attention_bf16_two_blocks", false, 2),
             "stage 2 held to 128 registers at HS = 64, so two blocks share an SM (16 warps); stage 2 itself at HS = 128",
+        )
+        .with_requirements(Requirements::SM90A),
+        k(
+            7,
+            "heaviest-first",
+            "prefill-bf16/07_heaviest_first.cu",
+            Plan::tma_ring("attention_bf16_heaviest_first", false, 2).tiles_last(),
+            "the grid as (NH, B, query tiles), tiles reversed on the slowest axis: every head's longest causal rows dispatch first",
+        )
+        .with_requirements(Requirements::SM90A),
+        k(
+            8,
+            "folded-softmax",
+            "prefill-bf16/08_folded_softmax.cu",
+            Plan::tma_ring("attention_bf16_folded_softmax", false, 2).tiles_last(),
+            "the softmax's scale folded into one FFMA per score: exp2(fma(s, scale log2 e, -max)), the max over raw scores",
         )
         .with_requirements(Requirements::SM90A),
     ]
@@ -193,7 +219,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: PrefillBf16Dims) -> Result<Prepared> {
     let plan = v.plan::<Plan>()?;
     let Dims { b, t, nh, .. } = d.dims;
     let hs = d.dims.hs() as u32;
-    let grid = ((t as u32).div_ceil(plan.rows), nh as u32, b as u32);
+    let tiles = (t as u32).div_ceil(plan.rows);
+    let grid = if plan.tiles_last {
+        require(tiles as usize <= GRID_YZ, TILE_GRID, || format!("T = {t}"))?;
+        (nh as u32, b as u32, tiles)
+    } else {
+        (tiles, nh as u32, b as u32)
+    };
     let shape = LaunchShape::new(grid, (plan.threads, 1, 1)).with_shared(plan.shared_bytes(hs));
     let launch = gpu.prepare_launch(&SOURCES, v, &format!("{}_hs{hs}", plan.entry), shape)?;
     Ok(Prepared { launch, d, tma: plan.tma })
@@ -272,15 +304,26 @@ impl Op for PrefillBf16 {
             shape(1, 16384, 16, 128, 1),
         ]
     }
-    fn validate(&self, _v: &Variant, shape: &Shape) -> Result<()> {
-        check_shape(shape_dims(shape)?)
+    fn validate(&self, v: &Variant, shape: &Shape) -> Result<()> {
+        let d = shape_dims(shape)?;
+        check_shape(d)?;
+        if v.plan::<Plan>()?.tiles_last {
+            let t = d.dims.t;
+            require(t.div_ceil(128) <= GRID_YZ, TILE_GRID, || format!("T = {t}"))?;
+        }
+        Ok(())
     }
-    fn limits(&self, _v: &Variant) -> Vec<Limit> {
-        vec![
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut limits = vec![
             Limit { constraint: ELEMS, past: shape(1, 1 << 21, 8, 64, 1), inside: None },
             Limit { constraint: HEAD_SIZE, past: shape(1, 8, 2, 32, 1), inside: Some(shape(1, 8, 2, 64, 1)) },
             Limit { constraint: GRID, past: shape(65536, 1, 1, 64, 1), inside: Some(shape(65535, 1, 1, 64, 1)) },
-        ]
+        ];
+        if v.plan::<Plan>().is_ok_and(|p| p.tiles_last) {
+            // A sequence of 65535 * 128 + 1 tokens: within B * T * 3C < 2^31 at one head of 64.
+            limits.push(Limit { constraint: TILE_GRID, past: shape(1, 65535 * 128 + 1, 1, 64, 1), inside: None });
+        }
+        limits
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = shape_dims(shape)?;
@@ -407,6 +450,8 @@ mod tests {
             (82_984, 164_904),
             (115_768, 230_456),
             (115_768, 230_456),
+            (82_968, 164_888),
+            (82_968, 164_888),
             (82_968, 164_888),
         ];
         assert_eq!(bytes, expected);

@@ -61,7 +61,17 @@ fn stage_list() {
     let names: Vec<&str> = v.iter().map(|v| v.name.as_ref()).collect();
     assert_eq!(
         names,
-        ["mma-sync", "cp-async", "wgmma-tma", "warp-specialized", "ping-pong", "intra-warpgroup-overlap", "two-blocks"]
+        [
+            "mma-sync",
+            "cp-async",
+            "wgmma-tma",
+            "warp-specialized",
+            "ping-pong",
+            "intra-warpgroup-overlap",
+            "two-blocks",
+            "heaviest-first",
+            "folded-softmax"
+        ]
     );
     assert!(v.iter().enumerate().all(|(i, v)| v.stage == i as u32));
 }
