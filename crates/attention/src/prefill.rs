@@ -359,17 +359,11 @@ impl PreparedStage for Prepared {
 
 /// The op's shape (`C = NH * HS`) and window from shape keys B, T, NH, HS and W (default 128).
 pub fn shape_dims(shape: &Shape) -> Result<PrefillDims> {
-    let b = shape.dim("B", I32 as i64)?;
-    let t = shape.dim("T", I32 as i64)?;
-    let nh = shape.dim("NH", I32 as i64)?;
-    let hs = shape.dim("HS", I32 as i64)?;
     let window = match shape.get("W") {
         Some(_) => shape.dim("W", I32 as i64)?,
         None => DEFAULT_WINDOW,
     };
-    let c = nh.checked_mul(hs).filter(|&c| c <= I32);
-    let c = c.ok_or_else(|| Error::constraint("NH*HS < 2^31", format!("NH = {nh}, HS = {hs}")))?;
-    Ok(PrefillDims { dims: Dims { b, t, c, nh }, window })
+    Ok(PrefillDims { dims: Dims::from_shape(shape)?, window })
 }
 
 fn shape(b: i64, t: i64, nh: i64, hs: i64, w: i64) -> Shape {

@@ -8,8 +8,8 @@ use common::check::{checked_rows, compare_scaled, ErrorStats, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -262,15 +262,9 @@ impl PreparedStage for Prepared {
 
 /// The op's sizes from shape keys B, T, NH, HS and causal (default 1).
 pub fn shape_dims(shape: &Shape) -> Result<PrefillBf16Dims> {
-    let b = shape.dim("B", I32 as i64)?;
-    let t = shape.dim("T", I32 as i64)?;
-    let nh = shape.dim("NH", I32 as i64)?;
-    let hs = shape.dim("HS", I32 as i64)?;
     let causal = shape.get("causal").unwrap_or(1);
     require(causal == 0 || causal == 1, "causal is 0 or 1", || format!("causal = {causal}"))?;
-    let c = nh.checked_mul(hs).filter(|&c| c <= I32);
-    let c = c.ok_or_else(|| Error::constraint("NH*HS < 2^31", format!("NH = {nh}, HS = {hs}")))?;
-    Ok(PrefillBf16Dims { dims: Dims { b, t, c, nh }, causal: causal == 1 })
+    Ok(PrefillBf16Dims { dims: Dims::from_shape(shape)?, causal: causal == 1 })
 }
 
 pub fn shape(b: i64, t: i64, nh: i64, hs: i64, causal: i64) -> Shape {

@@ -1,5 +1,6 @@
 //! f64 CPU references of causal self-attention over the llm.c `qkv[B, T, 3C]` layout.
 
+use common::{Error, Result, Shape};
 use rayon::prelude::*;
 
 /// The shape of one attention call: `C = NH * HS`.
@@ -12,6 +13,16 @@ pub struct Dims {
 }
 
 impl Dims {
+    /// The prefill ops' sizes from shape keys B, T, NH and HS (each in 1..2^31, C = NH * HS < 2^31).
+    pub fn from_shape(shape: &Shape) -> Result<Dims> {
+        const I32: i64 = i32::MAX as i64;
+        let (b, t) = (shape.dim("B", I32)?, shape.dim("T", I32)?);
+        let (nh, hs) = (shape.dim("NH", I32)?, shape.dim("HS", I32)?);
+        let c = nh.checked_mul(hs).filter(|&c| c <= I32 as usize);
+        let c = c.ok_or_else(|| Error::constraint("NH*HS < 2^31", format!("NH = {nh}, HS = {hs}")))?;
+        Ok(Dims { b, t, c, nh })
+    }
+
     /// Head size `C / NH` (callers check `C % NH == 0`).
     pub fn hs(&self) -> usize {
         self.c / self.nh.max(1)

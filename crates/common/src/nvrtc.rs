@@ -163,6 +163,15 @@ pub struct Compiled {
     pub from_cache: bool,
 }
 
+impl Compiled {
+    /// The ptxas warnings in the log (none from a cached compile: see [`Toolchain::uncached`]).
+    /// ptxas serializes wgmma it cannot prove safe to overlap (C7510) and ignores a setmaxnreg it
+    /// cannot honour (C7508), each only with a warning.
+    pub fn ptxas_warnings(&self) -> Vec<String> {
+        self.log.lines().filter(|l| l.contains("ptxas") && l.contains("arning")).map(String::from).collect()
+    }
+}
+
 fn python_site_dirs() -> Vec<PathBuf> {
     let out = std::process::Command::new("python3")
         .args(["-c", "import sys; print('\\n'.join(p for p in sys.path if p))"])
@@ -277,20 +286,10 @@ impl Toolchain {
         EntryResources::from_log(&compiled.log, variant, arch, self.version, &options)
     }
 
-    /// The ptxas warnings of `source` compiled as [`Toolchain::compile`] would (uncached, so the
-    /// log is fresh): ptxas serializes wgmma it cannot prove safe to overlap (C7510) and ignores a
-    /// setmaxnreg it cannot honour (C7508), each only with a warning.
-    pub fn ptxas_warnings(
-        &self,
-        variant: &str,
-        source: &KernelSource,
-        headers: &[KernelSource],
-        defines: &[Define],
-        arch: Arch,
-    ) -> Result<Vec<String>> {
-        let options = self.options(defines, arch);
-        let compiled = self.compile_uncached(variant, source, headers, &options, arch)?;
-        Ok(compiled.log.lines().filter(|l| l.contains("ptxas") && l.contains("arning")).map(String::from).collect())
+    /// This toolchain without its cache: every compile runs NVRTC and ptxas, so each log is fresh
+    /// (a cached compile has an empty one).
+    pub fn uncached(&self) -> Toolchain {
+        Toolchain { include_dir: self.include_dir.clone(), version: self.version, cache_dir: None }
     }
 
     fn options(&self, defines: &[Define], arch: Arch) -> Vec<String> {
