@@ -47,15 +47,21 @@ impl Mask {
     }
 }
 
+/// The head size and the scale `1/sqrt(HS)` of a reference call, after checking its inputs: qkv
+/// holds B * T rows of 3C, C = NH * HS, and a window is at least one key.
+fn head_size_and_scale(qkv: &[f32], d: Dims, mask: Mask) -> (usize, f64) {
+    let hs = d.hs();
+    assert_eq!(qkv.len(), d.b * d.t * 3 * d.c, "qkv length");
+    assert!(d.nh * hs == d.c && mask != Mask::Causal(Some(0)), "C = NH * HS and W >= 1");
+    (hs, 1.0 / (hs as f64).sqrt())
+}
+
 /// Attention of the (batch, token) rows `rows` (each `b * T + t`), in f64: their `out` rows
 /// (`rows.len() x C`) and the logsumexp of each row's scaled scores per head (`rows.len() x NH`,
 /// natural log). The scale is `1/sqrt(HS)`.
 pub fn attention_rows(qkv: &[f32], d: Dims, mask: Mask, rows: &[usize]) -> (Vec<f64>, Vec<f64>) {
-    let Dims { b: bsz, t: tlen, c, nh } = d;
-    let hs = d.hs();
-    assert_eq!(qkv.len(), bsz * tlen * 3 * c, "qkv length");
-    assert!(nh * hs == c && mask != Mask::Causal(Some(0)), "C = NH * HS and W >= 1");
-    let scale = 1.0 / (hs as f64).sqrt();
+    let (hs, scale) = head_size_and_scale(qkv, d, mask);
+    let Dims { t: tlen, c, nh, .. } = d;
     let mut out = vec![0.0f64; rows.len() * c];
     let mut lse = vec![0.0f64; rows.len() * nh];
     out.par_chunks_mut(c).zip(lse.par_chunks_mut(nh)).zip(rows.par_iter()).for_each(|((orow, lrow), &bt)| {
@@ -117,11 +123,8 @@ fn heads_major(rows: &[f64], d: Dims) -> Vec<f64> {
 /// (at T = 1 it is the single score q.k * scale, which may be ~0) is therefore checked against this
 /// magnitude, not against itself.
 pub fn score_magnitude_rows(qkv: &[f32], d: Dims, mask: Mask, rows: &[usize]) -> Vec<f64> {
-    let Dims { b: bsz, t: tlen, c, nh } = d;
-    let hs = d.hs();
-    assert_eq!(qkv.len(), bsz * tlen * 3 * c, "qkv length");
-    assert!(nh * hs == c && mask != Mask::Causal(Some(0)), "C = NH * HS and W >= 1");
-    let scale = 1.0 / (hs as f64).sqrt();
+    let (hs, scale) = head_size_and_scale(qkv, d, mask);
+    let Dims { t: tlen, c, nh, .. } = d;
     let mut mag = vec![0.0f64; rows.len() * nh];
     mag.par_chunks_mut(nh).zip(rows.par_iter()).for_each(|(mrow, &bt)| {
         let (b, t) = (bt / tlen, bt % tlen);

@@ -254,13 +254,8 @@ fn op_validate_reads_the_shape() {
 
 #[test]
 fn stage_list() {
-    let v = Prefill.variants();
-    let names: Vec<&str> = v.iter().map(|v| v.name.as_ref()).collect();
-    assert_eq!(
-        names,
-        ["baseline", "unrolled", "reduction", "local-window", "flash-v2", "flash-v2-tuned", "tensor-core"]
-    );
-    assert!(v.iter().enumerate().all(|(i, v)| v.stage == i as u32));
+    let names = ["baseline", "unrolled", "reduction", "local-window", "flash-v2", "flash-v2-tuned", "tensor-core"];
+    common::testing::assert_stage_names(&Prefill.variants(), &names);
     common::testing::check_stage_files(&attention::Attention).unwrap();
 }
 

@@ -57,21 +57,16 @@ fn shape_checks_are_typed_errors() {
 
 #[test]
 fn stage_list() {
-    let v = PrefillBf16.variants();
-    let names: Vec<&str> = v.iter().map(|v| v.name.as_ref()).collect();
-    assert_eq!(
-        names,
-        [
-            "mma-sync",
-            "cp-async",
-            "wgmma-tma",
-            "warp-specialized",
-            "ping-pong",
-            "intra-warpgroup-overlap",
-            "two-blocks",
-            "heaviest-first",
-            "folded-softmax"
-        ]
-    );
-    assert!(v.iter().enumerate().all(|(i, v)| v.stage == i as u32));
+    let names = [
+        "mma-sync",
+        "cp-async",
+        "wgmma-tma",
+        "warp-specialized",
+        "ping-pong",
+        "intra-warpgroup-overlap",
+        "two-blocks",
+        "heaviest-first",
+        "folded-softmax",
+    ];
+    common::testing::assert_stage_names(&PrefillBf16.variants(), &names);
 }

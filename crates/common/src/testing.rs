@@ -146,6 +146,15 @@ pub fn assert_constraint<T: std::fmt::Debug>(r: crate::Result<T>, needle: &str) 
     }
 }
 
+/// `variants` (an op's stage list) are exactly `names`, in order, numbered 0, 1, 2, ... as listed.
+pub fn assert_stage_names(variants: &[Variant], names: &[&str]) {
+    let got: Vec<&str> = variants.iter().map(|v| v.name.as_ref()).collect();
+    assert_eq!(got, names);
+    for (i, v) in variants.iter().enumerate() {
+        assert_eq!(v.stage as usize, i, "{}: stage numbers are the ladder order", v.name);
+    }
+}
+
 /// Prepares and verifies every stage of `op` at `shape` on the same fresh inputs and panics with
 /// every failure listed. Stages whose constraints exclude the shape are checked to be refused with a
 /// typed error by `prepare` too, not run.
