@@ -12,7 +12,7 @@ use common::{
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
-use crate::reference::{causal_attention, score_magnitude, Dims};
+use crate::reference::{causal_attention, score_magnitude, Dims, ELEMS};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "prefill";
@@ -28,7 +28,6 @@ const ROW_BLOCK: u32 = 256;
 const GRID_YZ: usize = 65535;
 const I32: usize = i32::MAX as usize;
 
-const ELEMS: &str = "B * T * 3C < 2^31";
 const HEAD_SIZE: &str = "HS in {32, 64, 128}";
 const SCORES: &str = "B * NH * T * T < 2^31";
 const REDUCTION_GRID: &str = "B * NH <= 65535";
@@ -160,15 +159,7 @@ impl Scratch {
 
 /// The constraints every stage shares: sizes, `C % NH`, the head size, int indices into qkv.
 fn check_dims(d: Dims) -> Result<()> {
-    let Dims { b, t, c, nh } = d;
-    require(b >= 1, "B >= 1", || format!("B = {b}"))?;
-    require(t >= 1, "T >= 1", || format!("T = {t}"))?;
-    require(nh >= 1, "NH >= 1", || format!("NH = {nh}"))?;
-    require(c >= 1 && c % nh == 0, "C % NH == 0", || format!("C = {c}, NH = {nh}"))?;
-    let n = b.checked_mul(t).and_then(|x| x.checked_mul(c)).and_then(|x| x.checked_mul(3));
-    require(n.is_some_and(|n| n <= I32), ELEMS, || format!("B={b}, T={t}, C={c}"))?;
-    let hs = c / nh;
-    require(HEAD_SIZES.contains(&hs), HEAD_SIZE, || format!("HS = {hs}"))
+    d.check(&HEAD_SIZES, HEAD_SIZE)
 }
 
 /// The sizes of one prefill call and the local stage's window W (ignored by the others).

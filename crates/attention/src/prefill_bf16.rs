@@ -13,7 +13,7 @@ use common::{
 };
 use half::bf16;
 
-use crate::reference::{attention_rows, score_magnitude_rows, Dims, Mask};
+use crate::reference::{attention_rows, score_magnitude_rows, Dims, Mask, ELEMS};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "prefill-bf16";
@@ -21,9 +21,7 @@ const OP: &str = "prefill-bf16";
 /// The head sizes every stage supports (tiles are sized at compile time).
 pub const HEAD_SIZES: [usize; 2] = [64, 128];
 
-const I32: usize = i32::MAX as usize;
 const GRID_YZ: usize = 65535;
-const ELEMS: &str = "B * T * 3C < 2^31";
 const HEAD_SIZE: &str = "HS in {64, 128}";
 const GRID: &str = "NH <= 65535 and B <= 65535";
 const TILE_GRID: &str = "T <= 65535 * 128";
@@ -187,14 +185,8 @@ impl PrefillBf16Dims {
 
 /// Shape constraints of every stage at `d`: what the headers' `Limits:` lines document.
 pub fn check_shape(d: PrefillBf16Dims) -> Result<()> {
-    let Dims { b, t, c, nh } = d.dims;
-    require(b >= 1, "B >= 1", || format!("B = {b}"))?;
-    require(t >= 1, "T >= 1", || format!("T = {t}"))?;
-    require(nh >= 1, "NH >= 1", || format!("NH = {nh}"))?;
-    require(c >= 1 && c % nh == 0, "C % NH == 0", || format!("C = {c}, NH = {nh}"))?;
-    let n = b.checked_mul(t).and_then(|x| x.checked_mul(c)).and_then(|x| x.checked_mul(3));
-    require(n.is_some_and(|n| n <= I32), ELEMS, || format!("B={b}, T={t}, C={c}"))?;
-    require(HEAD_SIZES.contains(&(c / nh)), HEAD_SIZE, || format!("HS = {}", c / nh))?;
+    d.dims.check(&HEAD_SIZES, HEAD_SIZE)?;
+    let Dims { b, nh, .. } = d.dims;
     require(nh <= GRID_YZ && b <= GRID_YZ, GRID, || format!("NH = {nh}, B = {b}"))
 }
 

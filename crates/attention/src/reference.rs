@@ -1,7 +1,11 @@
-//! f64 CPU references of causal self-attention over the llm.c `qkv[B, T, 3C]` layout.
+//! f64 CPU references of causal self-attention over the llm.c `qkv[B, T, 3C]` layout, and the
+//! sizes (`Dims`) the prefill ops and the references share, with the checks every prefill stage makes.
 
-use common::{Error, Result, Shape};
+use common::{require, Error, Result, Shape};
 use rayon::prelude::*;
+
+/// The limit on qkv's indices every prefill stage has.
+pub const ELEMS: &str = "B * T * 3C < 2^31";
 
 /// The shape of one attention call: `C = NH * HS`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +25,20 @@ impl Dims {
         let c = nh.checked_mul(hs).filter(|&c| c <= I32 as usize);
         let c = c.ok_or_else(|| Error::constraint("NH*HS < 2^31", format!("NH = {nh}, HS = {hs}")))?;
         Ok(Dims { b, t, c, nh })
+    }
+
+    /// The constraints every prefill stage shares: sizes at least 1, `C % NH == 0`, qkv's indices
+    /// below 2^31 ([`ELEMS`]), and a head size in `head_sizes` (`head_size` names that constraint).
+    pub fn check(&self, head_sizes: &[usize], head_size: &str) -> Result<()> {
+        let Dims { b, t, c, nh } = *self;
+        require(b >= 1, "B >= 1", || format!("B = {b}"))?;
+        require(t >= 1, "T >= 1", || format!("T = {t}"))?;
+        require(nh >= 1, "NH >= 1", || format!("NH = {nh}"))?;
+        require(c >= 1 && c % nh == 0, "C % NH == 0", || format!("C = {c}, NH = {nh}"))?;
+        let n = b.checked_mul(t).and_then(|x| x.checked_mul(c)).and_then(|x| x.checked_mul(3));
+        require(n.is_some_and(|n| n <= i32::MAX as usize), ELEMS, || format!("B={b}, T={t}, C={c}"))?;
+        let hs = c / nh;
+        require(head_sizes.contains(&hs), head_size, || format!("HS = {hs}"))
     }
 
     /// Head size `C / NH` (callers check `C % NH == 0`).
