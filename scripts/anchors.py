@@ -115,14 +115,14 @@ def attention():
     return out
 
 
-def attention_prefill_bf16():
+def attention_prefill_bf16(shapes=((4, 1024, 12, 64, 1), (4, 1000, 12, 64, 1), (8, 2048, 16, 128, 1),
+                                   (8, 2048, 16, 128, 0), (1, 16384, 16, 128, 1))):
     """SDPA in bf16 on the op's own layout: q, k and v are strided views of one qkv[B, T, 3, NH, HS]
     tensor (as the kernels read them), at attention/prefill-bf16's default shapes; cuDNN and flash."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out = []
-    for b, t, nh, hs, causal in [(4, 1024, 12, 64, 1), (4, 1000, 12, 64, 1), (8, 2048, 16, 128, 1),
-                                 (8, 2048, 16, 128, 0), (1, 16384, 16, 128, 1)]:
+    for b, t, nh, hs, causal in shapes:
         copies = rotation(2 * 4 * b * t * nh * hs)
         qkvs = [torch.randn(b, t, 3, nh, hs, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
         shape = f"B={b},T={t},NH={nh},HS={hs},causal={causal}"
@@ -136,6 +136,13 @@ def attention_prefill_bf16():
             except RuntimeError as e:
                 print(f"attention/prefill-bf16 {shape} {name}: not available ({str(e).splitlines()[0]})")
     return out
+
+
+def attention_prefill_bf16_fa3():
+    """The same anchors at FlashAttention-3's benchmark shapes: 16k tokens a batch, 32 heads of 64
+    or 16 of 128, T = 1k, 4k and 16k, causal and not (`ladder run ... --shape` each)."""
+    return attention_prefill_bf16([(16384 // t, t, nh, hs, causal) for nh, hs in [(32, 64), (16, 128)]
+                                   for t in [1024, 4096, 16384] for causal in [1, 0]])
 
 
 def attention_decode():
@@ -311,6 +318,7 @@ def main():
     anchors = []
     for fam in args.family.split(","):
         anchors += {"norm": norm, "attention": attention, "attention-prefill-bf16": attention_prefill_bf16,
+                    "attention-prefill-bf16-fa3": attention_prefill_bf16_fa3,
                     "attention-decode": attention_decode,
                     "quant-int4": quant_int4, "matmul-gemv": matmul_gemv, "gpt2": gpt2}[fam]()
     dev = torch.cuda.get_device_name(0)

@@ -69,11 +69,20 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2],
     }
 }
 
+// 2^x as the one MUFU.EX2 instruction, subnormal results flushed to zero (exp2f without fast math
+// wraps it in a compare and two predicated multiplies to keep them). -inf gives 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // softmax_scores with the scale folded into the exponent: the max is taken over the raw scores
 // (the scale is positive, so the order is the same), and each probability is one FFMA and an exp2,
 // exp2(s * scale_log2 - m), instead of a multiply pass, a subtract and the exp2. Same arguments and
-// results (m in log2 units).
-template <int NT>
+// results (m in log2 units). MUFU_EXP2 takes each probability's exp2 as exp2_ftz: probabilities
+// below 2^-126 of the row's max become 0, far under bf16's resolution of P.
+template <bool MUFU_EXP2, int NT>
 __device__ __forceinline__ void softmax_scores_folded(float (&s)[NT][4], float (&m)[2], float (&l)[2],
                                                       float (&alpha)[2], float scale_log2, int row, int key0,
                                                       int T, bool causal, bool check) {
@@ -105,7 +114,8 @@ __device__ __forceinline__ void softmax_scores_folded(float (&s)[NT][4], float (
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float p = exp2f(fmaf(s[n][e], scale_log2, -base[e >> 1]));
+            const float x = fmaf(s[n][e], scale_log2, -base[e >> 1]);
+            const float p = MUFU_EXP2 ? exp2_ftz(x) : exp2f(x);
             s[n][e] = p;
             sum[e >> 1] += p;
         }

@@ -7,9 +7,11 @@
 use common::check::{checked_rows, compare_scaled, ErrorStats, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
+use std::borrow::Cow;
+
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -29,7 +31,8 @@ const TILE_GRID: &str = "T <= 65535 * 128";
 /// A stage's launch geometry: `rows` query rows a block of `threads`, its entry
 /// `{entry}_hs{HS}`, and dynamic shared memory of `smem_rows` tile rows of `HS + pad` bf16 plus
 /// `extra` bytes; `tma` stages take qkv as a tensor map (64 x 64 boxes) instead of a pointer;
-/// `tiles_last` stages take their grid as (NH, B, query tiles), so the tiles are the slowest axis.
+/// `switches` names the kernel file's cumulative switches (stage 2's file: [`SWITCHES`]), whose
+/// tile-order switch also bounds T for every stage of that file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Plan {
     entry: &'static str,
@@ -39,7 +42,7 @@ struct Plan {
     pad: u32,
     extra: u32,
     tma: bool,
-    tiles_last: bool,
+    switches: bool,
 }
 
 impl Plan {
@@ -61,15 +64,51 @@ impl Plan {
             pad: 0,
             extra: 1024 + 8 * barriers,
             tma: true,
-            tiles_last: false,
+            switches: false,
         }
     }
 
-    /// This plan with its query tiles on the grid's slowest axis (heaviest first over the grid).
-    fn tiles_last(self) -> Plan {
-        Plan { tiles_last: true, ..self }
+    /// Stage 2's kernel, the one the switches toggle.
+    fn wgmma() -> Plan {
+        Plan { switches: true, ..Plan::tma_ring("attention_bf16_wgmma", false, 2) }
     }
 }
+
+/// Stage 2's kernel file, which stages 6-10 compile with its switches on.
+const WGMMA_FILE: &str = "prefill-bf16/02_wgmma_tma.cu";
+/// Its grid-order switch: the query tiles on the grid's slowest axis.
+const TILES_LAST: &str = "PB_TILES_LAST";
+/// Stage 2's switches in the order stages 6 to 10 turn them on: the define, the stage's name
+/// and what it adds.
+const SWITCHES: [(&str, &str, &str); 5] = [
+    (
+        "PB_TWO_BLOCKS",
+        "two-blocks",
+        "stage 2 held to 128 registers at HS = 64, so two blocks share an SM (16 warps); stage 2 itself at HS = 128",
+    ),
+    (
+        TILES_LAST,
+        "heaviest-first",
+        "the grid as (NH, B, query tiles), tiles reversed on the slowest axis: every head's longest causal rows dispatch first",
+    ),
+    (
+        "PB_FOLDED_SOFTMAX",
+        "folded-softmax",
+        "the softmax's scale folded into one FFMA per score: exp2(fma(s, scale log2 e, -max)), the max over raw scores",
+    ),
+    (
+        L2_ORDER,
+        "l2-fitted-order",
+        "a 1-D grid: (head, sequence) pairs in groups whose K/V fit 16 MB of L2, each group heaviest tile first",
+    ),
+    (
+        "PB_MUFU_EXP2",
+        "mufu-exp2",
+        "each probability's exp2 as one ex2.approx.ftz (MUFU.EX2) instead of exp2f's compare and two predicated multiplies around it",
+    ),
+];
+/// The 1-D grid-order switch (it takes precedence over [`TILES_LAST`]).
+const L2_ORDER: &str = "PB_L2_ORDER";
 
 /// Rows of the TMA stages' boxes (their columns are `common::tma::BOX_COLS`).
 const TMA_BOX_ROWS: u32 = 64;
@@ -81,13 +120,13 @@ fn stages() -> Vec<Variant> {
             .with_plan(plan)
             .with_requirements(Requirements::SM80)
     };
-    vec![
+    let mut stages = vec![
         k(
             0,
             "mma-sync",
             "prefill-bf16/00_mma_sync.cu",
             // Q, K and V tiles of 64 rows, each row padded by 8 elements.
-            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8, extra: 0, tma: false, tiles_last: false },
+            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8, extra: 0, tma: false, switches: false },
             "prefill stage 6 on bf16 I/O: mma.sync m16n8k16, 4 warps x 16 query rows, key tiles of 64, synchronous loads",
         ),
         k(
@@ -103,15 +142,15 @@ fn stages() -> Vec<Variant> {
                 pad: 0,
                 extra: 0,
                 tma: false,
-                tiles_last: false,
+                switches: false,
             },
             "K/V through a two-stage cp.async ring into XOR-swizzled tiles; 8 warps x 16 query rows",
         ),
         k(
             2,
             "wgmma-tma",
-            "prefill-bf16/02_wgmma_tma.cu",
-            Plan::tma_ring("attention_bf16_wgmma", false, 2),
+            WGMMA_FILE,
+            Plan::wgmma(),
             "wgmma (S from shared Q and K, P.V with P in registers and V MN-major) on TMA-loaded 128-byte-swizzled tiles; 2 warpgroups, key tiles of 128",
         )
         .with_requirements(Requirements::SM90A),
@@ -139,31 +178,16 @@ fn stages() -> Vec<Variant> {
             "a warpgroup's softmax of tile j under its own P.V of tile j - 1 (S and P.V in separate commit groups; O rescaled after P.V lands)",
         )
         .with_requirements(Requirements::SM90A),
-        k(
-            6,
-            "two-blocks",
-            "prefill-bf16/06_two_blocks.cu",
-            Plan::tma_ring("attention_bf16_two_blocks", false, 2),
-            "stage 2 held to 128 registers at HS = 64, so two blocks share an SM (16 warps); stage 2 itself at HS = 128",
-        )
-        .with_requirements(Requirements::SM90A),
-        k(
-            7,
-            "heaviest-first",
-            "prefill-bf16/07_heaviest_first.cu",
-            Plan::tma_ring("attention_bf16_heaviest_first", false, 2).tiles_last(),
-            "the grid as (NH, B, query tiles), tiles reversed on the slowest axis: every head's longest causal rows dispatch first",
-        )
-        .with_requirements(Requirements::SM90A),
-        k(
-            8,
-            "folded-softmax",
-            "prefill-bf16/08_folded_softmax.cu",
-            Plan::tma_ring("attention_bf16_folded_softmax", false, 2).tiles_last(),
-            "the softmax's scale folded into one FFMA per score: exp2(fma(s, scale log2 e, -max)), the max over raw scores",
-        )
-        .with_requirements(Requirements::SM90A),
-    ]
+    ];
+    // Stages 6-10: stage 2's kernel with its switches turned on one after another.
+    for (i, &(_, name, summary)) in SWITCHES.iter().enumerate() {
+        let mut v = k(6 + i as u32, name, WGMMA_FILE, Plan::wgmma(), summary).with_requirements(Requirements::SM90A);
+        v.defines = Cow::Owned(SWITCHES[..=i].iter().map(|s| Define::on(s.0)).collect());
+        stages.push(v);
+    }
+    let last = stages.last_mut().expect("stages 6-10");
+    last.toggles = Cow::Owned(SWITCHES.iter().map(|s| s.0).collect());
+    stages
 }
 
 /// The sizes of one call: [`Dims`] and whether the mask is causal.
@@ -190,6 +214,25 @@ pub fn check_shape(d: PrefillBf16Dims) -> Result<()> {
     require(nh <= GRID_YZ && b <= GRID_YZ, GRID, || format!("NH = {nh}, B = {b}"))
 }
 
+/// Whether stage `v` runs with its query tiles on the grid's slowest axis (its define, not its plan,
+/// says: `--leave-one-out` rows take switches away).
+fn tiles_last(v: &Variant) -> bool {
+    has_define(v, TILES_LAST)
+}
+
+fn has_define(v: &Variant, name: &str) -> bool {
+    v.defines.iter().any(|d| d.name == name)
+}
+
+/// Stage 2's file may put the query tiles on the grid's z axis (65535 at most): T is bounded for
+/// every stage compiled from it, switch on or off, as its header says.
+fn check_tile_axis(plan: Plan, t: usize) -> Result<()> {
+    if plan.switches {
+        require(t.div_ceil(plan.rows as usize) <= GRID_YZ, TILE_GRID, || format!("T = {t}"))?;
+    }
+    Ok(())
+}
+
 /// A stage prepared for one size.
 pub struct Prepared {
     launch: Launch,
@@ -208,12 +251,14 @@ pub struct PrefillBf16Args<'a> {
 /// Prepares stage `v` for `d`: checks the shape and configures its kernel.
 pub fn prepare(gpu: &Gpu, v: &Variant, d: PrefillBf16Dims) -> Result<Prepared> {
     check_shape(d)?;
-    let plan = v.plan::<Plan>()?;
     let Dims { b, t, nh, .. } = d.dims;
     let hs = d.dims.hs() as u32;
+    let plan = v.plan::<Plan>()?;
+    check_tile_axis(plan, t)?;
     let tiles = (t as u32).div_ceil(plan.rows);
-    let grid = if plan.tiles_last {
-        require(tiles as usize <= GRID_YZ, TILE_GRID, || format!("T = {t}"))?;
+    let grid = if has_define(v, L2_ORDER) {
+        (tiles * (nh * b) as u32, 1, 1)
+    } else if tiles_last(v) {
         (nh as u32, b as u32, tiles)
     } else {
         (tiles, nh as u32, b as u32)
@@ -293,11 +338,7 @@ impl Op for PrefillBf16 {
     fn validate(&self, v: &Variant, shape: &Shape) -> Result<()> {
         let d = shape_dims(shape)?;
         check_shape(d)?;
-        if v.plan::<Plan>()?.tiles_last {
-            let t = d.dims.t;
-            require(t.div_ceil(128) <= GRID_YZ, TILE_GRID, || format!("T = {t}"))?;
-        }
-        Ok(())
+        check_tile_axis(v.plan::<Plan>()?, d.dims.t)
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
         let mut limits = vec![
@@ -305,7 +346,7 @@ impl Op for PrefillBf16 {
             Limit { constraint: HEAD_SIZE, past: shape(1, 8, 2, 32, 1), inside: Some(shape(1, 8, 2, 64, 1)) },
             Limit { constraint: GRID, past: shape(65536, 1, 1, 64, 1), inside: Some(shape(65535, 1, 1, 64, 1)) },
         ];
-        if v.plan::<Plan>().is_ok_and(|p| p.tiles_last) {
+        if v.plan::<Plan>().is_ok_and(|p| p.switches) {
             // A sequence of 65535 * 128 + 1 tokens: within B * T * 3C < 2^31 at one head of 64.
             limits.push(Limit { constraint: TILE_GRID, past: shape(1, 65535 * 128 + 1, 1, 64, 1), inside: None });
         }
@@ -436,6 +477,8 @@ mod tests {
             (82_984, 164_904),
             (115_768, 230_456),
             (115_768, 230_456),
+            (82_968, 164_888),
+            (82_968, 164_888),
             (82_968, 164_888),
             (82_968, 164_888),
             (82_968, 164_888),

@@ -67,6 +67,8 @@ fn stage_list() {
         "two-blocks",
         "heaviest-first",
         "folded-softmax",
+        "l2-fitted-order",
+        "mufu-exp2",
     ];
     common::testing::assert_stage_names(&PrefillBf16.variants(), &names);
 }

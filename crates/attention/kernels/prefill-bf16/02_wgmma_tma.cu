@@ -18,18 +18,77 @@
 // Measured (H100, 2026-11-26): 40 us (161 TFLOP/s) at B=4, T=1024, HS=64, causal; 363 us (379
 //   TFLOP/s) at B=8, T=2048, HS=128, causal; 600 us (458) not causal; 2.15 ms (511) at T=16384:
 //   1.6-2.1x stage 1, above the prediction; 0.74-0.92x cuDNN's SDPA in the same call.
-// Launch: grid (ceil(T/128), NH, B), block 256 (2 warpgroups); entries attention_bf16_wgmma_hs{64,128};
+// Switches, cumulative (stages 6 to 10 turn them on one after another; --leave-one-out takes
+//   each away from stage 10):
+//   PB_TWO_BLOCKS (stage 6): at HS = 64 the kernel is held to 128 registers (launch bounds of two
+//     blocks an SM), so two 81 KB blocks share an SM (16 warps instead of 8) and one block's softmax
+//     and barriers run under the other's GEMMs: the overlap stages 4-5 arranged by hand, left to
+//     the warp schedulers. Predicted 1.2-1.4x at HS = 64 (at HS = 128 a block needs 161 KB and stays
+//     alone). Measured 40.7 -> 37.5 us at B=4, T=1024 (1.08x; occupancy 13 -> 22%, tensor pipe
+//     27 -> 31%).
+//   PB_TILES_LAST (stage 7): the grid is (NH, B, query tiles), tiles reversed on the slowest axis,
+//     so the first blocks dispatched are every head's longest causal rows and the last wave holds
+//     only short ones. Predicted 1.05-1.15x when causal. Measured 1.21x at B=4, T=1024, HS=64, but
+//     0.79-0.83x at B=8, T=2048, HS=128: blocks dispatched together now read different heads' K/V,
+//     and 128 (head, sequence) pairs of 1 MB do not stay in the 50 MB L2 as one head's query tiles
+//     in a row did. A tile order fitted to L2 is the step this one asks for.
+//   PB_FOLDED_SOFTMAX (stage 8): the row max over the raw scores and each probability as
+//     exp2(fma(s, scale * log2 e, -max)) (softmax_scores_folded): no multiply pass over the scores
+//     and no subtract before each exp2. Predicted 1.03-1.08x; measured 1.01-1.04x (30.4 us at B=4,
+//     T=1024, HS=64: 212 TFLOP/s, level with cuDNN).
+//   PB_L2_ORDER (stage 9): a 1-D grid read as (head, sequence, query tile) by l2_fitted_tile:
+//     (head, sequence) pairs in groups whose K and V fit 16 MB of L2, each group heaviest tile
+//     first with the pairs fastest. Stage 7's order for the pairs that fit, stage 2's locality for
+//     the rest. Predicted: stage 7's loss at HS = 128 recovered (>= stage 6 there), its gain at
+//     HS = 64 kept. Measured 1.24-1.26x over stage 8 at B=8, T=2048, HS=128 (361 and 626 us,
+//     level with stage 6; DRAM 87 -> 20% of peak, L2 hit rate 28 -> 80%, tensor pipe 38 -> 53%),
+//     1.04-1.21x at FlashAttention-3's HS = 64 shapes, but 0.97x at GPT-2's (48 pairs fit L2 in any
+//     order; the index arithmetic is what is left).
+//   PB_MUFU_EXP2 (stage 10): each probability's exp2 as ex2.approx.ftz, one MUFU.EX2, where exp2f
+//     (no fast math) adds a compare and two predicated multiplies to keep subnormal results: three
+//     of about eight instructions a score. The softmax is bound by MUFU's 16 results a clock an SM
+//     and the issue slots together, so predicted 1.05-1.10x; measured 1.01-1.12x (30.2 us at GPT-2's
+//     shape, 213 TFLOP/s; 592 us, 464 TFLOP/s at B=8, T=2048, HS=128 full; 2.02 ms at T=16384).
+// Launch: grid (ceil(T/128), NH, B), (NH, B, ceil(T/128)) with PB_TILES_LAST, or
+//   (ceil(T/128) * NH * B) with PB_L2_ORDER; block 256 (2 warpgroups); entries
+//   attention_bf16_wgmma_hs{64,128};
 //   a CUtensorMap of qkv as [B*T, 3C] bf16 in 64 x 64 boxes (128-byte swizzle) by value; dynamic
 //   shared memory (128 + 2 * 2 * 128) * HS * 2 bytes + 1 KB alignment + barriers (81 KB at HS = 64,
 //   161 KB at HS = 128).
-// Constraints: sm_90a; HS in {64, 128}; NH, B <= 65535; B*T*3C < 2^31; any T >= 1 (rows past T
+// Constraints: sm_90a; HS in {64, 128}; NH, B <= 65535; ceil(T/128) <= 65535 (the z axis under
+//   PB_TILES_LAST, checked for every stage of this file); B*T*3C < 2^31; any T >= 1 (rows past T
 //   read the next sequence's rows or the TMA's zero fill; they are masked or not stored).
 // Tolerance: as stage 0 (bf16 operands and output, rel L2 <= 1e-2; lse against score magnitudes).
-// Limits: HS in {64, 128}; NH <= 65535 and B <= 65535; B * T * 3C < 2^31
+// Limits: HS in {64, 128}; NH <= 65535 and B <= 65535; T <= 65535 * 128; B * T * 3C < 2^31
 #include "attention_flash_bf16.cuh"
 #include "attention_wgmma.cuh"
 
 constexpr int STAGES = 2;  // K/V tiles in flight
+
+#ifdef PB_MUFU_EXP2
+constexpr bool MUFU_EXP2 = true;  // each probability's exp2 as one ex2.approx.ftz
+#else
+constexpr bool MUFU_EXP2 = false;
+#endif
+
+#ifdef PB_L2_ORDER
+// The K and V bytes a group of (head, sequence) pairs may hold in L2 (a third of the H100's 50 MB).
+constexpr long long L2_GROUP_BYTES = 16ll << 20;
+
+// A 1-D grid's block as (head, sequence, query tile): pairs in groups whose K and V fit
+// L2_GROUP_BYTES, each group's blocks heaviest tile first and pairs fastest, so blocks in flight
+// share few pairs' K/V and the last wave holds short causal rows.
+__device__ __forceinline__ void l2_fitted_tile(int T, int NH, int D, int& h, int& b, int& tile) {
+    const int tq = (T + WG_BR - 1) / WG_BR, pairs = gridDim.x / tq;
+    const int group = (int)max(1ll, min((long long)pairs, L2_GROUP_BYTES / (4ll * T * D)));
+    const int g = blockIdx.x / (group * tq), in = blockIdx.x % (group * tq);
+    const int in_group = min(group, pairs - g * group);
+    const int pair = g * group + in % in_group;
+    tile = tq - 1 - in / in_group;
+    h = pair % NH;
+    b = pair / NH;
+}
+#endif
 
 template <int D>
 __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* out, float* lse, int T, int NH,
@@ -38,8 +97,16 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const TileRing<D, STAGES> r = tile_ring<D, STAGES>(smem_raw);
     const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+#if defined(PB_L2_ORDER)
+    int h, b, tile;
+    l2_fitted_tile(T, NH, D, h, b, tile);
+#elif defined(PB_TILES_LAST)
+    const int h = blockIdx.x, b = blockIdx.y;
+    const int tile = gridDim.z - 1 - blockIdx.z;  // the slowest axis: every head's heaviest tile first
+#else
     const int h = blockIdx.y, b = blockIdx.z;
-    const int tile = gridDim.x - 1 - blockIdx.x;  // heaviest query tiles first
+    const int tile = gridDim.x - 1 - blockIdx.x;  // heaviest query tiles of each head first
+#endif
     const int q0 = tile * WG_BR;
     const int C = NH * D;
     const int row0 = b * T;  // global row of this sequence's token 0
@@ -79,7 +146,13 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
         fence_operands(sc);
 
         const bool check = k0 + WG_BC > T || (causal && k0 + WG_BC > q0);
+#ifdef PB_FOLDED_SOFTMAX
+        float alpha[2];
+        softmax_scores_folded<MUFU_EXP2>(sc, m, l, alpha, scale * LOG2E, row, k0, T, causal, check);
+        rescale(o, alpha);
+#else
         online_softmax_step(sc, m, l, o, scale * LOG2E, row, k0, T, causal, check);
+#endif
 
         wgmma_fence();
 #pragma unroll
@@ -91,16 +164,22 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
         wgmma_commit();
         wgmma_wait_all();
         fence_operands(o);
-        __syncthreads();  // both warpgroups are done with stage s: it can be refilled
+        __syncthreads();  // both warpgroups are done with slot s: it can be refilled
         if (tid == 0 && j + STAGES < tiles) issue(j + STAGES);
     }
     store_rows(out, lse, o, m, l, row, b, h, T, NH);
 }
 
-#define BF16_WGMMA_ENTRY(D)                                                                              \
-    extern "C" __global__ void __launch_bounds__(256, 1) attention_bf16_wgmma_hs##D(                     \
+// Two blocks an SM at HS = 64 with PB_TWO_BLOCKS (128 registers a thread at most), else one.
+#ifdef PB_TWO_BLOCKS
+#define HS64_BLOCKS 2
+#else
+#define HS64_BLOCKS 1
+#endif
+#define BF16_WGMMA_ENTRY(D, MIN_BLOCKS)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) attention_bf16_wgmma_hs##D(            \
         const __grid_constant__ TmaMap map, __nv_bfloat16* out, float* lse, int T, int NH, float scale, int causal) { \
         flash_wgmma<D>(&map, out, lse, T, NH, scale, causal);                                             \
     }
-BF16_WGMMA_ENTRY(64)
-BF16_WGMMA_ENTRY(128)
+BF16_WGMMA_ENTRY(64, HS64_BLOCKS)
+BF16_WGMMA_ENTRY(128, 1)
