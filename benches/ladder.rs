@@ -1,5 +1,5 @@
 //! `cargo bench` at the root: the composition, the way `cargo bench -p <crate>` measures a ladder.
-//! Per named plan (`gpt2::model::PLAN_NAMES`): one GPT-2 124M transformer block of the prefill
+//! Per named plan (`gpt2::plan::PLAN_NAMES`): one GPT-2 124M transformer block of the prefill
 //! (B = 4, T = 1024; CUDA events around back-to-back blocks) and one decode step at batch 1 and 8
 //! (the host clock around the whole step as generation runs it, CUDA-graph replay, the cache near
 //! the end of the 1024-token context). `LADDER_BENCH_SMOKE=1`: 10 short samples each.
@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 use common::cudarc::driver::sys::CUevent_flags;
 use common::{DriverContext, Gpu, Result};
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
-use gpt2::model::{Config, Model, Plan, Weights, PLAN_NAMES};
+use gpt2::config::Config;
+use gpt2::fastest;
+use gpt2::model::Model;
+use gpt2::plan::PLAN_NAMES;
+use gpt2::weights::Weights;
 
 /// The decode steps share one cache; it is renewed before it reaches the context.
 const CACHE_FROM: usize = 600;
@@ -63,7 +67,7 @@ fn composition(c: &mut Criterion) {
     let cfg = Config::GPT2;
     let weights = Weights::random(&cfg, 1);
     for name in PLAN_NAMES {
-        let plan = Plan::resolve(&gpu, &cfg, name, &mut |op| eprintln!("choosing the fastest stages: {op}"))
+        let plan = fastest::resolve(&gpu, &cfg, name, &mut |op| eprintln!("choosing the fastest stages: {op}"))
             .unwrap_or_else(|e| fail(name, e));
         let mut model = Model::new(&gpu, cfg, &weights, plan).unwrap_or_else(|e| fail(name, e));
         model.set_graph(true);

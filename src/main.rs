@@ -459,8 +459,12 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             no_kv_cache,
             graph,
         } => {
-            use gpt2::generate::{generate, Sampling, Tokenizer};
-            use gpt2::model::{Config, Model, Plan, Weights};
+            use gpt2::config::Config;
+            use gpt2::generate::{generate, Tokenizer};
+            use gpt2::model::Model;
+            use gpt2::plan::Plan;
+            use gpt2::sampling::Sampling;
+            use gpt2::weights::Weights;
             let sampling = Sampling { temperature, top_k, top_p, seed };
             sampling.check()?;
             let cfg = Config::by_name(&model)?;
@@ -473,7 +477,8 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 None => Weights::random(&cfg, seed),
             };
             let gpu = Gpu::open()?;
-            let plan = Plan::resolve(&gpu, &cfg, &plan, &mut |op| eprintln!("choosing the fastest stages: {op}"))?;
+            let plan =
+                gpt2::fastest::resolve(&gpu, &cfg, &plan, &mut |op| eprintln!("choosing the fastest stages: {op}"))?;
             let mut m = Model::new(&gpu, cfg, &w, plan)?;
             m.set_graph(graph);
             eprintln!("generating {max_new_tokens} tokens after {} prompt(s), plan {}", prompts.len(), m.plan.name);
@@ -512,7 +517,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Gpt2 { command: Gpt2Command::Check { reference, plan, kv_cache, graph } } => {
-            plan.iter().try_for_each(|p| gpt2::model::Plan::check_spec(p))?;
+            plan.iter().try_for_each(|p| gpt2::plan::Plan::check_spec(p))?;
             let gpu = Gpu::open()?;
             let mut ok = true;
             for spec in plan {
@@ -908,7 +913,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 plan.push((*op, shapes));
             }
 
-            plans.iter().try_for_each(|p| gpt2::model::Plan::check_spec(p))?;
+            plans.iter().try_for_each(|p| gpt2::plan::Plan::check_spec(p))?;
             let started = Instant::now();
             let gpu = Gpu::open()?;
             let measuring = spinner("measuring ceilings (first run on this device)");
@@ -1048,7 +1053,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 };
                 let model_started = Instant::now();
                 let bar = spinner("gpt2/model");
-                let mut table = gpt2::table::model_table(&gpu, gpt2::model::Config::GPT2, &opts, &mut |m| {
+                let mut table = gpt2::table::model_table(&gpu, gpt2::config::Config::GPT2, &opts, &mut |m| {
                     if logged {
                         eprintln!("gpt2/model: {m}");
                     }

@@ -111,7 +111,7 @@ fn shape_and_plan_strings_from_the_command_line() {
         let len = rng.random_range(0..24);
         let text: String = (0..len).map(|_| alphabet[rng.random_range(0..alphabet.len())]).collect();
         for result in
-            [catch_unwind(|| Shape::parse(&text).map(|_| ())), catch_unwind(|| gpt2::model::Plan::check_spec(&text))]
+            [catch_unwind(|| Shape::parse(&text).map(|_| ())), catch_unwind(|| gpt2::plan::Plan::check_spec(&text))]
         {
             match result {
                 Ok(Ok(())) => ok += 1,
@@ -122,7 +122,7 @@ fn shape_and_plan_strings_from_the_command_line() {
     }
     for text in ["fastest:linear=0", "cublas-gemv:gemv=off,decode=6", "B=4,T=1024", "N=-1"] {
         assert!(
-            catch_unwind(|| Shape::parse(text)).is_ok() && catch_unwind(|| gpt2::model::Plan::check_spec(text)).is_ok()
+            catch_unwind(|| Shape::parse(text)).is_ok() && catch_unwind(|| gpt2::plan::Plan::check_spec(text)).is_ok()
         );
     }
     assert!(ok > 0 && refused > 0, "{ok} parsed, {refused} refused");

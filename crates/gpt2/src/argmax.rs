@@ -202,7 +202,7 @@ impl Op for Argmax {
         // The padding columns hold larger values than any logit: a stage that reads them fails.
         let mut logits = uniform(b * ld, -8.0, 8.0, seed);
         logits.chunks_mut(ld).for_each(|r| r[v..].fill(100.0));
-        let reference: Vec<f64> = logits.chunks(ld).map(|r| crate::generate::argmax(&r[..v]) as f64).collect();
+        let reference: Vec<f64> = logits.chunks(ld).map(|r| crate::sampling::argmax(&r[..v]) as f64).collect();
         let copies = rotation_copies(gpu, (4 * b * ld) as u64);
         Ok(Box::new(ArgmaxProblem {
             d,

@@ -11,8 +11,12 @@ use std::path::Path;
 use common::{Error, Gpu, Result};
 use serde::Deserialize;
 
-use crate::generate::argmax;
-use crate::model::{Config, Model, Plan, Weights};
+use crate::config::Config;
+use crate::fastest;
+use crate::model::Model;
+use crate::plan::Plan;
+use crate::sampling::argmax;
+use crate::weights::Weights;
 
 #[derive(Deserialize)]
 struct Meta {
@@ -79,7 +83,7 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
 /// the greedy steps run through the KV cache (bf16, the decode ladder's), held to 2e-2 and the
 /// first token; without it each step recomputes the prefix at the plan's own tolerance.
 /// With `graph` (and `kv_cache`) the decode steps replay a captured CUDA graph. `plan` is a spec for
-/// [`Plan::resolve`] (`fastest` is chosen for the reference's config).
+/// [`fastest::resolve`] (`fastest` is chosen for the reference's config).
 pub fn check(gpu: &Gpu, dir: &Path, plan: &str, kv_cache: bool, graph: bool) -> Result<Report> {
     let meta: Meta = serde_json::from_slice(
         &std::fs::read(dir.join("meta.json"))
@@ -88,7 +92,7 @@ pub fn check(gpu: &Gpu, dir: &Path, plan: &str, kv_cache: bool, graph: bool) -> 
     .map_err(|e| Error::constraint("meta.json as scripts/gpt2_reference.py writes it", e.to_string()))?;
     let cfg = Config::by_name(&meta.model)?;
     let weights = Weights::load(&dir.join("model.safetensors"), &cfg)?;
-    let plan = Plan::resolve(gpu, &cfg, plan, &mut |op| eprintln!("choosing the fastest stages: {op}"))?;
+    let plan = fastest::resolve(gpu, &cfg, plan, &mut |op| eprintln!("choosing the fastest stages: {op}"))?;
     let (tolerance, must_agree) = if kv_cache { (2e-2, 1) } else { tolerance(&plan) };
     let name = format!(
         "{}{}",

@@ -24,8 +24,9 @@ use matmul::linear::Linear;
 use norm::layernorm::LayerNorm;
 
 use crate::argmax::Argmax;
+use crate::config::Config;
 use crate::encoder::Encoder;
-use crate::model::{Config, PLAN_OPS};
+use crate::plan::{Plan, Stages, OFF, PLAN_OPS};
 use crate::pointwise::{Gelu, Residual};
 use crate::sample::Sample;
 
@@ -67,7 +68,7 @@ pub struct Selection {
 
 impl Selection {
     /// The chosen stage of each op of [`PLAN_OPS`].
-    pub fn stages(&self) -> crate::model::Stages {
+    pub fn stages(&self) -> Stages {
         std::array::from_fn(|i| self.ops[i].chosen)
     }
 }
@@ -214,11 +215,35 @@ fn select(gpu: &Gpu, cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Sel
     Ok(Selection { device: gpu.info().name.clone(), config: cfg.key(), stage_lists: stage_lists(cfg), ops })
 }
 
+/// The plan `NAME[:op=stage,...]`: a named plan with overrides. `fastest` is, for each op, the stage that
+/// ran fastest at this model's shapes on this device (the ladders run once, then the choice is
+/// cached), with the decode step's linears on the plan's `linear`;
+/// `fastest-bf16` adds the fastest GEMV on bf16 weights for them.
+pub fn resolve(gpu: &Gpu, cfg: &Config, spec: &str, progress: &mut dyn FnMut(&str)) -> Result<Plan> {
+    let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+    let fastest = name == "fastest" || name == "fastest-bf16";
+    let plan = if fastest {
+        let mut stages = selection(gpu, cfg, false, progress)?.stages();
+        if name == "fastest" {
+            stages[8] = OFF;
+        }
+        Plan::from_stages(name, stages)?
+    } else {
+        Plan::named(name)?
+    };
+    // Overrides rebuild the plan from stage numbers, so the saved configurations come after them.
+    let mut plan = plan.with_overrides(overrides)?;
+    if fastest {
+        apply_tuned(&common::tuned::dir()?, &gpu.info().uuid, cfg, &mut plan)?;
+    }
+    Ok(plan)
+}
+
 /// Sets each op of `plan` to the configuration `ladder sweep --save-best` saved for its stage on
 /// this device at one of the op's model shapes (the first, in the order the selection times them),
 /// and lists what it applied in `plan.tuned`. Nothing saved: the declared configurations.
 /// The store is `dir` (`common::tuned::dir()`), the device `uuid`.
-pub fn apply_tuned(dir: &Path, uuid: &str, cfg: &Config, plan: &mut crate::model::Plan) -> Result<()> {
+pub fn apply_tuned(dir: &Path, uuid: &str, cfg: &Config, plan: &mut Plan) -> Result<()> {
     for (i, (_, shapes)) in model_ops(cfg).iter().enumerate() {
         let Some(v) = plan.variant_mut(i) else { continue };
         let shapes: Vec<String> = shapes.iter().map(|s| s.to_string()).collect();
@@ -255,7 +280,6 @@ mod tests {
 
     #[test]
     fn saved_configurations_reach_the_plan_at_the_model_shape() {
-        use crate::model::{Config, Plan};
         let dir = std::env::temp_dir().join(format!("ladder-apply-tuned-{}", std::process::id()));
         let cfg = Config::GPT2;
         let mut plan = Plan::named("fp32").unwrap().with_overrides("gelu=1").unwrap();

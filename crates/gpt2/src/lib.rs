@@ -5,14 +5,21 @@
 use common::{Family, Op, Sources};
 
 pub mod argmax;
+pub mod cache;
 pub mod check;
+pub mod config;
 pub mod encoder;
 pub mod fastest;
 pub mod generate;
+pub mod graph;
 pub mod model;
+pub mod plan;
 pub mod pointwise;
+pub mod reference;
 pub mod sample;
+pub mod sampling;
 pub mod table;
+pub mod weights;
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));

@@ -1,6 +1,6 @@
 //! Sampling on the device: temperature, top-k and top-p draws from B rows of logits, one uniform
 //! draw per row given (the host's seeded stream, so the host and the device pick the same token
-//! from the same logits and draw; [`crate::generate::draw`] is the reference). A sampled decode step
+//! from the same logits and draw; [`crate::sampling::draw`] is the reference). A sampled decode step
 //! then downloads B ints instead of B·V floats.
 //!
 //! Shape keys: `B`, `V`, `ld` (the row stride; 0 or absent: V), `k` (top-k; 0: off), `p` (top-p in
@@ -15,7 +15,7 @@ use common::{
 };
 
 use crate::argmax::{check_dims, dims as logit_rows, ArgmaxDims, ELEMS, STRIDE};
-use crate::generate::{draw, kept_intervals, Sampling};
+use crate::sampling::{draw, kept_intervals, Sampling};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "sample";

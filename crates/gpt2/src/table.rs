@@ -18,8 +18,11 @@ use common::runner::Anchor;
 use common::timing::{self, Timing, TimingConfig};
 use common::{Gpu, Result};
 
+use crate::config::Config;
 use crate::fastest::{Selection, DECODE_BATCHES, PREFILL_B};
-use crate::model::{Config, Model, Plan, Weights, PLAN_OPS};
+use crate::model::Model;
+use crate::plan::{Plan, PLAN_NAMES, PLAN_OPS};
+use crate::weights::Weights;
 
 #[derive(Clone, Debug)]
 pub struct TableOptions {
@@ -36,7 +39,7 @@ pub struct TableOptions {
 impl Default for TableOptions {
     fn default() -> Self {
         TableOptions {
-            plans: crate::model::PLAN_NAMES.iter().map(|s| s.to_string()).collect(),
+            plans: PLAN_NAMES.iter().map(|s| s.to_string()).collect(),
             leave_one_out: true,
             quick: false,
             no_cache_limit_ms: 3000.0,
@@ -134,7 +137,7 @@ pub fn model_table(gpu: &Gpu, cfg: Config, opts: &TableOptions, progress: &mut d
     let warm = 3;
     let decode_from = cfg.max_t - 1 - steps - warm;
     let resolve = |spec: &str, progress: &mut dyn FnMut(&str)| {
-        Plan::resolve(gpu, &cfg, spec, &mut |op| progress(&format!("choosing fastest: {op}")))
+        crate::fastest::resolve(gpu, &cfg, spec, &mut |op| progress(&format!("choosing fastest: {op}")))
     };
     let mut rows = Vec::new();
     let mut breakdown = Vec::new();

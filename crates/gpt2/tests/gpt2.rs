@@ -41,7 +41,9 @@ fn gelu_reference_matches_known_values() {
 }
 
 mod model {
-    use gpt2::model::{Config, Plan, Weights};
+    use gpt2::config::Config;
+    use gpt2::plan::Plan;
+    use gpt2::weights::Weights;
     use safetensors::tensor::TensorView;
     use safetensors::Dtype;
 
@@ -148,7 +150,7 @@ mod model {
 
     #[test]
     fn every_named_plan_is_known_and_fastest_needs_a_device() {
-        for name in gpt2::model::PLAN_NAMES {
+        for name in gpt2::plan::PLAN_NAMES {
             assert!(Plan::check_spec(name).is_ok(), "{name}");
             let fixed = Plan::named(name);
             assert_eq!(fixed.is_err(), name.starts_with("fastest"), "{name}");
@@ -166,12 +168,12 @@ mod model {
         let mut w = Weights::random(&cfg, 5);
         w.lnf_w = vec![1.0; cfg.c];
         w.lnf_b = vec![0.0; cfg.c];
-        let logits = gpt2::model::reference_forward(&cfg, &w, &[vec![3, 7]]);
+        let logits = gpt2::reference::forward(&cfg, &w, &[vec![3, 7]]);
         // Position 0: LayerNorm(wte[3] + wpe[0]) . wte[v] for every v.
         let x: Vec<f64> = (0..cfg.c).map(|i| w.wte[3 * cfg.c + i] as f64 + w.wpe[i] as f64).collect();
         let mean = x.iter().sum::<f64>() / cfg.c as f64;
         let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / cfg.c as f64;
-        let h: Vec<f64> = x.iter().map(|v| (v - mean) / (var + gpt2::model::LN_EPS as f64).sqrt()).collect();
+        let h: Vec<f64> = x.iter().map(|v| (v - mean) / (var + gpt2::config::LN_EPS as f64).sqrt()).collect();
         for (v, got) in logits.iter().take(cfg.vocab).enumerate() {
             let want: f64 = h.iter().zip(&w.wte[v * cfg.c..(v + 1) * cfg.c]).map(|(a, b)| a * *b as f64).sum();
             assert!((got - want).abs() < 1e-12, "v = {v}: {got} against {want}");
@@ -180,7 +182,8 @@ mod model {
 }
 
 mod generation {
-    use gpt2::generate::{Sampler, Sampling, Tokenizer, END_OF_TEXT};
+    use gpt2::generate::{Tokenizer, END_OF_TEXT};
+    use gpt2::sampling::{Sampler, Sampling};
 
     #[test]
     fn tokenizer_round_trips_and_knows_end_of_text() {

@@ -4,10 +4,14 @@
 
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
 use common::{Op, Shape};
+use gpt2::config::Config;
 use gpt2::encoder::{Encoder, TokenIds};
-use gpt2::generate::Sampling;
-use gpt2::model::{reference_forward, Config, Model, Plan, Weights};
+use gpt2::model::Model;
+use gpt2::plan::Plan;
 use gpt2::pointwise::{Gelu, Residual};
+use gpt2::reference;
+use gpt2::sampling::Sampling;
+use gpt2::weights::Weights;
 
 /// Relative L2 error of `got` against `want`; NaN if any value is not finite.
 fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
@@ -83,7 +87,7 @@ fn main() -> std::process::ExitCode {
                 let tokens: Vec<Vec<i32>> = (0..2)
                     .map(|b| (0..17).map(|t| ((b * 31 + t * 7 + seed as usize) % 101) as i32).collect())
                     .collect();
-                let want = reference_forward(&cfg, &w, &tokens);
+                let want = reference::forward(&cfg, &w, &tokens);
                 for plan in ["naive", "fp32", "cublas"] {
                     let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
                     let got = m.forward(gpu, &tokens).unwrap();
@@ -128,7 +132,7 @@ fn main() -> std::process::ExitCode {
                     let want: Vec<f64> = s
                         .iter()
                         .flat_map(|q| {
-                            let all = reference_forward(&cfg, &w, std::slice::from_ref(q));
+                            let all = reference::forward(&cfg, &w, std::slice::from_ref(q));
                             all[(q.len() - 1) * cfg.vocab..].to_vec()
                         })
                         .collect();
@@ -166,7 +170,7 @@ fn main() -> std::process::ExitCode {
                 m.set_graph(graph);
                 let logits = m.decode_step(gpu, &mut caches[1], &[8, 9]).unwrap();
                 let ids = m.decode_step_greedy(gpu, &mut caches[0], &[8, 9]).unwrap();
-                let want: Vec<i32> = logits.chunks(cfg.vocab).map(gpt2::generate::argmax).collect();
+                let want: Vec<i32> = logits.chunks(cfg.vocab).map(gpt2::sampling::argmax).collect();
                 assert_eq!(ids, want, "graph {graph}");
             }
             // A sampled step on the device picks what the host picks from the same step's logits
@@ -180,7 +184,7 @@ fn main() -> std::process::ExitCode {
                     let want: Vec<i32> = logits
                         .chunks(cfg.vocab)
                         .zip(draws)
-                        .map(|(row, u)| gpt2::generate::draw(row, &sampling, u as f64))
+                        .map(|(row, u)| gpt2::sampling::draw(row, &sampling, u as f64))
                         .collect();
                     assert_eq!(ids, want, "graph {graph}, draws {draws:?}");
                 }

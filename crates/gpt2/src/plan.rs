@@ -1,0 +1,191 @@
+//! Plans: one stage per op of the model, named (the model table's rows) or with overrides.
+//! `fastest` and `fastest-bf16` are chosen on the device ([`crate::fastest::resolve`]).
+
+use attention::decode::Decode;
+use attention::kv_append::KvAppend;
+use attention::prefill::Prefill;
+use common::{Error, Op, Result, Variant};
+use matmul::gemv::Gemv;
+use matmul::linear::Linear;
+use norm::layernorm::LayerNorm;
+
+use crate::argmax::Argmax;
+use crate::encoder::Encoder;
+use crate::pointwise::{Gelu, Residual};
+use crate::sample::Sample;
+
+/// One stage per op: the model-level ablation.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub name: String,
+    pub encoder: Variant,
+    pub layernorm: Variant,
+    pub linear: Variant,
+    pub attention: Variant,
+    pub gelu: Variant,
+    pub residual: Variant,
+    /// Decode attention over the KV cache (bf16: the decode ladder's cache types). Its layout is the
+    /// cache's: a paged stage (3, 4) gives the model a paged cache.
+    pub decode: Variant,
+    /// Moving q, k and v between the QKV GEMM and the bf16 cache.
+    pub kv_append: Variant,
+    /// The decode step's linears as `matmul/gemv` on bf16 copies of the weights (made once at load);
+    /// `None`: the plan's `linear` on the fp32 weights.
+    pub gemv: Option<Variant>,
+    /// Greedy sampling on the device (a greedy decode step downloads ids, not logits).
+    pub argmax: Variant,
+    /// Temperature, top-k and top-p sampling on the device (a sampled step downloads ids too).
+    pub sample: Variant,
+    /// The saved sweep configurations the `fastest` plans applied (`ladder sweep --save-best`), one
+    /// line each: `op/NN-stage NAME=value,... (best at SHAPE)`.
+    pub tuned: Vec<String>,
+}
+
+/// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
+/// cache; `gemv=off` gives the decode step the plan's `linear`; `argmax` ends a greedy decode step,
+/// `sample` a sampled one).
+pub const PLAN_OPS: [&str; 11] = [
+    "encoder",
+    "layernorm",
+    "linear",
+    "attention",
+    "gelu",
+    "residual",
+    "decode",
+    "kv-append",
+    "gemv",
+    "argmax",
+    "sample",
+];
+
+/// One stage per op of [`PLAN_OPS`].
+pub type Stages = [u32; PLAN_OPS.len()];
+
+/// No stage: an optional op (`gemv`) is off.
+pub(crate) const OFF: u32 = u32::MAX;
+
+fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
+    op.variants().into_iter().find(|v| v.stage == stage).ok_or_else(|| {
+        let have: Vec<u32> = op.variants().iter().map(|v| v.stage).collect();
+        Error::constraint(format!("{}/{} stage in {have:?}", op.family(), op.name()), format!("stage {stage}"))
+    })
+}
+
+/// The named plans, in the model table's order. `fastest` and `fastest-bf16` are chosen on the
+/// device ([`crate::fastest::resolve`]); the others are fixed.
+pub const PLAN_NAMES: [&str; 7] = ["naive", "report", "fp32", "cublas", "cublas-gemv", "fastest", "fastest-bf16"];
+
+impl Plan {
+    /// - `naive`: stage 0 of every op;
+    /// - `report`: the stages the report's model ended with, where a ladder has them: its
+    ///   block-reduction LayerNorm, cuBLAS fp32 GEMMs, its tuned FlashAttention-2, elementwise GELU
+    ///   and residual kernels (it fused them into its bias kernel; the model does not fuse yet), and
+    ///   its attention kernels run on the one query of a decode step (decode stage 0);
+    /// - `fp32`: our fastest fp32 stage of every op, no tensor cores in the prefill (the plan that
+    ///   must match Hugging Face to 1e-4);
+    /// - `cublas`: `fp32` with cuBLAS fp32 for every linear;
+    /// - `cublas-gemv`: cuBLAS TF32 for the prefill's linears, and the decode step's linears as
+    ///   our GEMV on bf16 weights.
+    ///
+    /// `fastest` and `fastest-bf16` need the device: see [`crate::fastest::resolve`].
+    pub fn named(name: &str) -> Result<Plan> {
+        let stages: Stages = match name {
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0],
+            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0],
+            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0],
+            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0],
+            "fastest" | "fastest-bf16" => {
+                return Err(Error::constraint(
+                    "a device to choose the fastest stages on (fastest::resolve)",
+                    format!("'{name}' without one"),
+                ))
+            }
+            _ => return Err(Error::constraint(format!("plan in {PLAN_NAMES:?}"), format!("'{name}'"))),
+        };
+        Plan::from_stages(name, stages)
+    }
+
+    /// Checks `NAME[:op=stage,...]` without a device: a known name, overrides that name ops and
+    /// stages (for `fastest`, checked against stage 0's plan; the chosen stages come later).
+    pub fn check_spec(spec: &str) -> Result<()> {
+        let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+        let base = if name.starts_with("fastest") && PLAN_NAMES.contains(&name) { "naive" } else { name };
+        Plan::named(base)?.with_overrides(overrides).map(|_| ())
+    }
+
+    /// The stage of each op of [`PLAN_OPS`] (`u32::MAX`: off).
+    pub fn stages(&self) -> Stages {
+        [
+            self.encoder.stage,
+            self.layernorm.stage,
+            self.linear.stage,
+            self.attention.stage,
+            self.gelu.stage,
+            self.residual.stage,
+            self.decode.stage,
+            self.kv_append.stage,
+            self.gemv.as_ref().map_or(OFF, |v| v.stage),
+            self.argmax.stage,
+            self.sample.stage,
+        ]
+    }
+
+    pub(crate) fn from_stages(name: &str, s: Stages) -> Result<Plan> {
+        Ok(Plan {
+            name: name.to_string(),
+            encoder: stage_of(&Encoder, s[0])?,
+            layernorm: stage_of(&LayerNorm, s[1])?,
+            linear: stage_of(&Linear, s[2])?,
+            attention: stage_of(&Prefill, s[3])?,
+            gelu: stage_of(&Gelu, s[4])?,
+            residual: stage_of(&Residual, s[5])?,
+            decode: stage_of(&Decode, s[6])?,
+            kv_append: stage_of(&KvAppend, s[7])?,
+            gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
+            argmax: stage_of(&Argmax, s[9])?,
+            sample: stage_of(&Sample, s[10])?,
+            tuned: Vec::new(),
+        })
+    }
+
+    /// The variant of op `i` of [`PLAN_OPS`] (`None`: an optional op that is off).
+    pub fn variant_mut(&mut self, i: usize) -> Option<&mut Variant> {
+        match i {
+            0 => Some(&mut self.encoder),
+            1 => Some(&mut self.layernorm),
+            2 => Some(&mut self.linear),
+            3 => Some(&mut self.attention),
+            4 => Some(&mut self.gelu),
+            5 => Some(&mut self.residual),
+            6 => Some(&mut self.decode),
+            7 => Some(&mut self.kv_append),
+            8 => self.gemv.as_mut(),
+            9 => Some(&mut self.argmax),
+            10 => Some(&mut self.sample),
+            _ => None,
+        }
+    }
+
+    /// This plan with single ops set to other stages: `op=stage,...` (ops as in [`PLAN_OPS`]).
+    pub fn with_overrides(self, spec: &str) -> Result<Plan> {
+        let mut stages = self.stages();
+        for item in spec.split(',').filter(|s| !s.is_empty()) {
+            let (op, stage) = item
+                .split_once('=')
+                .ok_or_else(|| Error::constraint("--plan overrides as op=stage", format!("'{item}'")))?;
+            let i = PLAN_OPS
+                .iter()
+                .position(|&o| o == op)
+                .ok_or_else(|| Error::constraint(format!("op in {PLAN_OPS:?}"), format!("'{op}'")))?;
+            stages[i] = match stage {
+                "off" if op == "gemv" => OFF,
+                _ => stage
+                    .parse()
+                    .map_err(|_| Error::constraint("a stage number (gemv: or off)", format!("'{stage}'")))?,
+            };
+        }
+        let name = if spec.is_empty() { self.name.clone() } else { format!("{}+{spec}", self.name) };
+        Plan::from_stages(&name, stages)
+    }
+}

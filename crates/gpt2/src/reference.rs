@@ -1,0 +1,75 @@
+//! The forward pass in f64 on the CPU: the reference the model's tests compare against.
+
+use crate::config::{Config, LN_EPS};
+use crate::pointwise;
+use crate::weights::Weights;
+
+/// The forward pass in f64 on the CPU: logits `[B, T, V]`.
+pub fn forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
+    let (c, nh, hs) = (cfg.c, cfg.heads, cfg.head_size());
+    let mut logits = Vec::new();
+    for row in tokens {
+        let t = row.len();
+        let mut x: Vec<f64> = (0..t * c)
+            .map(|i| w.wte[row[i / c] as usize * c + i % c] as f64 + w.wpe[(i / c) * c + i % c] as f64)
+            .collect();
+        let ln = |x: &[f64], g: &[f32], bias: &[f32]| -> Vec<f64> {
+            x.chunks(c)
+                .flat_map(|r| {
+                    let mean = r.iter().sum::<f64>() / c as f64;
+                    let var = r.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / c as f64;
+                    let rstd = 1.0 / (var + LN_EPS as f64).sqrt();
+                    r.iter()
+                        .enumerate()
+                        .map(move |(i, v)| (v - mean) * rstd * g[i] as f64 + bias[i] as f64)
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        // out[t, n] = inp[t, :] . W[n, :] + bias[n]
+        let lin = |inp: &[f64], wt: &[f32], bias: Option<&[f32]>, k: usize, n: usize| -> Vec<f64> {
+            inp.chunks(k)
+                .flat_map(|r| {
+                    (0..n).map(move |o| {
+                        r.iter().zip(&wt[o * k..(o + 1) * k]).map(|(a, b)| a * *b as f64).sum::<f64>()
+                            + bias.map_or(0.0, |bb| bb[o] as f64)
+                    })
+                })
+                .collect()
+        };
+        for l in &w.blocks {
+            let h = ln(&x, &l.ln1_w, &l.ln1_b);
+            let qkv = lin(&h, &l.qkv_w, Some(&l.qkv_b), c, 3 * c);
+            let mut att = vec![0f64; t * c];
+            for head in 0..nh {
+                for i in 0..t {
+                    let q = &qkv[i * 3 * c + head * hs..][..hs];
+                    let s: Vec<f64> = (0..=i)
+                        .map(|j| {
+                            let k = &qkv[j * 3 * c + c + head * hs..][..hs];
+                            q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hs as f64).sqrt()
+                        })
+                        .collect();
+                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for (j, p) in e.iter().enumerate() {
+                        let v = &qkv[j * 3 * c + 2 * c + head * hs..][..hs];
+                        for d in 0..hs {
+                            att[i * c + head * hs + d] += p / z * v[d];
+                        }
+                    }
+                }
+            }
+            let proj = lin(&att, &l.proj_w, Some(&l.proj_b), c, c);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+            let h = ln(&x, &l.ln2_w, &l.ln2_b);
+            let fc: Vec<f64> = lin(&h, &l.fc_w, Some(&l.fc_b), c, 4 * c).into_iter().map(pointwise::gelu).collect();
+            let proj = lin(&fc, &l.fcproj_w, Some(&l.fcproj_b), 4 * c, c);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+        }
+        let h = ln(&x, &w.lnf_w, &w.lnf_b);
+        logits.extend(lin(&h, &w.wte, None, c, cfg.vocab));
+    }
+    logits
+}
