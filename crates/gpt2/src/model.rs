@@ -26,6 +26,7 @@ use attention::prefill::{self, PrefillArgs, PrefillDims};
 use attention::reference::Dims as AttnDims;
 use matmul::gemv::{self, GemvArgs, GemvDims};
 use matmul::linear::{self, LinearArgs, LinearDims};
+use matmul::linear_bf16::Tail;
 use norm::layernorm::{self, LayerNormArgs, LayerNormDims};
 
 use crate::argmax::{self, ArgmaxDims};
@@ -68,13 +69,17 @@ struct Activations {
 }
 
 impl Activations {
-    /// The output and input of a block's linear `which`.
-    fn linear_io(&mut self, which: BlockLinear) -> (&mut CudaSlice<f32>, &CudaSlice<f32>) {
-        match which {
-            BlockLinear::Qkv => (&mut self.qkv, &self.ln),
-            BlockLinear::Proj => (&mut self.proj, &self.att),
-            BlockLinear::Fc => (&mut self.fc, &self.ln),
-            BlockLinear::FcProj => (&mut self.proj, &self.gelu),
+    /// The output and input of a block's linear `which`; `fused`: a linear that applies the block's
+    /// tail itself writes where the tail would (the MLP up into `gelu`, the projections into `x`).
+    fn linear_io(&mut self, which: BlockLinear, fused: bool) -> (&mut CudaSlice<f32>, &CudaSlice<f32>) {
+        match (which, fused) {
+            (BlockLinear::Qkv, _) => (&mut self.qkv, &self.ln),
+            (BlockLinear::Proj, false) => (&mut self.proj, &self.att),
+            (BlockLinear::Proj, true) => (&mut self.x, &self.att),
+            (BlockLinear::Fc, false) => (&mut self.fc, &self.ln),
+            (BlockLinear::Fc, true) => (&mut self.gelu, &self.ln),
+            (BlockLinear::FcProj, false) => (&mut self.proj, &self.gelu),
+            (BlockLinear::FcProj, true) => (&mut self.x, &self.gelu),
         }
     }
 
@@ -295,7 +300,7 @@ impl Pass for Sequence<'_, '_> {
 
     fn linear(&mut self, s: &CudaStream, which: BlockLinear, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
         let (weight, bias) = which.params(l);
-        let (out, inp) = self.op.acts.linear_io(which);
+        let (out, inp) = self.op.acts.linear_io(which, false);
         self.op.linears[which as usize].enqueue(s, LinearArgs { out, inp, weight, bias: Some(bias) })
     }
 
@@ -327,13 +332,21 @@ struct Fill<'a> {
     q16: &'a mut CudaSlice<u16>,
 }
 
-/// A decode step's linear: the plan's GEMM on the fp32 weights, or the GEMV on their bf16 copies.
+/// A decode step's linear: the plan's GEMM on the fp32 weights, or the GEMV on their bf16 copies
+/// with the block's tail fused (GELU after the MLP up, the residual add after the projections).
 enum DecodeLinear {
     Gemm(Box<linear::Prepared>),
     Gemv(gemv::Prepared),
 }
 
 impl DecodeLinear {
+    /// Whether this linear applies its block tail itself (then the step launches no GELU or
+    /// residual kernel after it, and it writes where that kernel would: [`Activations::linear_io`]).
+    fn fuses_tail(&self) -> bool {
+        matches!(self, DecodeLinear::Gemv(_))
+    }
+
+    /// `out = inp · Wᵀ + bias`, then the GEMV's tail (the residual one updates `out` in place).
     fn enqueue(
         &self,
         s: &CudaStream,
@@ -346,7 +359,11 @@ impl DecodeLinear {
             DecodeLinear::Gemm(p) => p.enqueue(s, LinearArgs { out, inp, weight: w, bias }),
             DecodeLinear::Gemv(p) => {
                 let weight = w16.ok_or_else(|| Error::constraint("bf16 weights for a GEMV plan", "none made"))?;
-                p.enqueue(s, GemvArgs { out, inp, weight, bias })
+                if p.tail() == Tail::Residual {
+                    p.enqueue_residual_in_place(s, out, inp, weight, bias)
+                } else {
+                    p.enqueue(s, GemvArgs { out, inp, weight, bias, residual: None })
+                }
             }
         }
     }
@@ -506,9 +523,9 @@ impl Model {
         }
         let (cfg, p) = (self.cfg, &self.plan);
         let c = cfg.c;
-        let lin = |n: usize, k: usize, bias: bool| -> Result<DecodeLinear> {
+        let lin = |n: usize, k: usize, bias: bool, tail: Tail| -> Result<DecodeLinear> {
             Ok(match &p.gemv {
-                Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias })?),
+                Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias, tail })?),
                 None => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
             })
         };
@@ -524,8 +541,13 @@ impl Model {
         let step = DecodeStep {
             encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
             layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: b, c })?,
-            linears: [lin(3 * c, c, true)?, lin(c, c, true)?, lin(4 * c, c, true)?, lin(c, 4 * c, true)?],
-            lm_head: lin(cfg.padded_vocab(), c, false)?,
+            linears: [
+                lin(3 * c, c, true, Tail::None)?,
+                lin(c, c, true, Tail::Residual)?,
+                lin(4 * c, c, true, Tail::Gelu)?,
+                lin(c, 4 * c, true, Tail::Residual)?,
+            ],
+            lm_head: lin(cfg.padded_vocab(), c, false, Tail::None)?,
             kv: kv_append::prepare(gpu, &p.kv_append, kv_dims)?,
             attention: attn_decode::prepare(gpu, &p.decode, dd)?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
@@ -751,8 +773,9 @@ impl Pass for Step<'_> {
     fn linear(&mut self, s: &CudaStream, which: BlockLinear, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
         let (weight, bias) = which.params(l);
         let w16 = self.w16.map(|x| &x.blocks[layer][which as usize]);
-        let (out, inp) = self.op.acts.linear_io(which);
-        self.op.linears[which as usize].enqueue(s, out, inp, (weight, w16), Some(bias))?;
+        let linear = &self.op.linears[which as usize];
+        let (out, inp) = self.op.acts.linear_io(which, linear.fuses_tail());
+        linear.enqueue(s, out, inp, (weight, w16), Some(bias))?;
         (self.mark)(match which {
             BlockLinear::Qkv => "linear qkv",
             BlockLinear::Proj => "linear proj",
@@ -783,13 +806,21 @@ impl Pass for Step<'_> {
         (self.mark)("kv-append")
     }
 
+    /// Nothing when the MLP up applied it.
     fn gelu(&mut self, s: &CudaStream) -> Result<()> {
+        if self.op.linears[BlockLinear::Fc as usize].fuses_tail() {
+            return Ok(());
+        }
         let a = &mut self.op.acts;
         self.op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)?;
         (self.mark)("gelu")
     }
 
+    /// Nothing when the projections applied it.
     fn residual(&mut self, s: &CudaStream) -> Result<()> {
+        if self.op.linears[BlockLinear::Proj as usize].fuses_tail() {
+            return Ok(());
+        }
         let a = &mut self.op.acts;
         self.op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
         (self.mark)("residual")

@@ -9,13 +9,8 @@
 // are computed in size_t anyway.
 #pragma once
 #include <cuda_fp16.h>
+#include "matmul_tail.cuh"
 
-// GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-__device__ __forceinline__ float mm_gelu_tanh(float x) {
-    const float k = 0.7978845608028654f;
-    float inner = k * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(inner));
-}
 
 // wt[k, n] = w[n, k] for k < Kp, n < Np (zero outside N x K). w is N x K row-major, wt Kp x Np.
 // Block (32, 8) transposes a 32 x 32 tile through shared memory: both the read (along k) and the

@@ -1,9 +1,21 @@
 // matmul_gemv.cuh: the decode GEMV stages' shared pieces. out[M, N] = inp[M, K] . W[N, K]^T (+ bias),
-// inp and out fp32, W bf16 (the weights converted once), fp32 accumulation; M is small (1..64).
+// then the layer's tail (GELU, or plus a residual that may be out itself), inp and out fp32, W bf16
+// (the weights converted once), fp32 accumulation; M is small (1..64). Every stage stores through
+// gemv_out, so every stage takes every tail.
 #pragma once
 #include <cuda_bf16.h>
 #include "ladder.cuh"
 #include "ladder_reduce.cuh"
+#include "matmul_tail.cuh"
+
+// Output element idx (column n) of a stage's dot product s: plus the bias, then the tail (`tail`
+// one of MM_TAIL_*): GELU, or plus residual[idx]. residual may be out itself (the decode step's
+// residual stream updated in place): the thread that writes an element is the one that read it.
+__device__ __forceinline__ float gemv_out(float s, const float* bias, const float* residual, int tail, int n,
+                                          size_t idx) {
+    const float v = s + (bias != nullptr ? bias[n] : 0.0f);
+    return tail == MM_TAIL_GELU ? mm_gelu_tanh(v) : tail == MM_TAIL_RESIDUAL ? v + residual[idx] : v;
+}
 
 // Eight bf16 weights (16 bytes) dotted with eight fp32 inputs (two 16-byte loads).
 __device__ __forceinline__ float dot8(const uint4& w, const float* x) {
@@ -16,20 +28,14 @@ __device__ __forceinline__ float dot8(const uint4& w, const float* x) {
 }
 
 // The entry points of a stage's kernel template KERNEL<MT>, one per rows-per-pass MT.
-#define GEMV_ENTRIES(KERNEL)                                                                                   \
-    extern "C" __global__ void gemv_m1(float* out, const float* inp, const __nv_bfloat16* w, const float* bias, \
-                                       int M, int N, int K) {                                                  \
-        KERNEL<1>(out, inp, w, bias, M, N, K);                                                                 \
-    }                                                                                                          \
-    extern "C" __global__ void gemv_m2(float* out, const float* inp, const __nv_bfloat16* w, const float* bias, \
-                                       int M, int N, int K) {                                                  \
-        KERNEL<2>(out, inp, w, bias, M, N, K);                                                                 \
-    }                                                                                                          \
-    extern "C" __global__ void gemv_m4(float* out, const float* inp, const __nv_bfloat16* w, const float* bias, \
-                                       int M, int N, int K) {                                                  \
-        KERNEL<4>(out, inp, w, bias, M, N, K);                                                                 \
-    }                                                                                                          \
-    extern "C" __global__ void gemv_m8(float* out, const float* inp, const __nv_bfloat16* w, const float* bias, \
-                                       int M, int N, int K) {                                                  \
-        KERNEL<8>(out, inp, w, bias, M, N, K);                                                                 \
+#define GEMV_ENTRY(KERNEL, MT)                                                                             \
+    extern "C" __global__ void gemv_m##MT(float* out, const float* inp, const __nv_bfloat16* w,             \
+                                          const float* bias, const float* residual, int tail, int M, int N, \
+                                          int K) {                                                          \
+        KERNEL<MT>(out, inp, w, bias, residual, tail, M, N, K);                                             \
     }
+#define GEMV_ENTRIES(KERNEL) \
+    GEMV_ENTRY(KERNEL, 1)    \
+    GEMV_ENTRY(KERNEL, 2)    \
+    GEMV_ENTRY(KERNEL, 4)    \
+    GEMV_ENTRY(KERNEL, 8)

@@ -1,8 +1,10 @@
 //! The decode GEMV: `out[M, N] = inp[M, K] · W[N, K]ᵀ (+ bias[N])` for the small M of a decode step
 //! (1..64 sequences), fp32 activations and bf16 weights (converted once, never per call), fp32
-//! accumulation. At M = 1 every weight is used once, so the floor is reading W: 2 bytes a weight.
+//! accumulation, then the layer's tail: GELU (GPT-2's MLP up) or plus a residual (its projections,
+//! the residual stream updated in place), so the decode step needs no separate pass for either.
+//! At M = 1 every weight is used once, so the floor is reading W: 2 bytes a weight.
 //!
-//! Shape keys: `M`, `N`, `K`, `bias` (0/1).
+//! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the tail: 0 none, 1 GELU, 2 residual).
 
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
@@ -14,6 +16,8 @@ use common::{
 use half::bf16;
 use rayon::prelude::*;
 
+use crate::linear_bf16::{tail_of, Tail};
+use crate::reference::gelu_tanh;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "gemv";
@@ -91,6 +95,7 @@ pub struct GemvDims {
     pub n: usize,
     pub k: usize,
     pub bias: bool,
+    pub tail: Tail,
 }
 
 pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
@@ -138,31 +143,83 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
     Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?, d })
 }
 
-/// The buffers of one call: `out` M·N, `inp` M·K (fp32), `weight` N·K bf16 bit patterns, `bias` N.
+/// The buffers of one call: `out` M·N, `inp` M·K (fp32), `weight` N·K bf16 bit patterns, `bias` N,
+/// and with the residual tail `residual` M·N (not `out`: see [`Prepared::enqueue_residual_in_place`]).
 pub struct GemvArgs<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub inp: &'a CudaSlice<f32>,
     pub weight: &'a CudaSlice<u16>,
     pub bias: Option<&'a CudaSlice<f32>>,
+    pub residual: Option<&'a CudaSlice<f32>>,
 }
 
 impl Prepared {
+    /// The tail this stage was prepared with.
+    pub fn tail(&self) -> Tail {
+        self.d.tail
+    }
+
     pub fn enqueue(&self, stream: &CudaStream, a: GemvArgs) -> Result<()> {
         let d = self.d;
-        require_len("out", a.out.len(), d.m * d.n)?;
-        require_len("inp", a.inp.len(), d.m * d.k)?;
-        require_len("weight", a.weight.len(), d.n * d.k)?;
-        require(a.bias.is_some() == d.bias, "bias given exactly when prepared with one", || {
-            format!("bias given: {}", a.bias.is_some())
+        require(a.residual.is_some() == (d.tail == Tail::Residual), "residual given exactly with epi = 2", || {
+            format!("residual given: {}, tail {:?}", a.residual.is_some(), d.tail)
         })?;
-        if let Some(b) = a.bias {
+        if let Some(r) = a.residual {
+            require_len("residual", r.len(), d.m * d.n)?;
+        }
+        let residual = a.residual.map_or(0, common::device_ptr);
+        self.launch(stream, a.out, a.inp, a.weight, a.bias, residual)
+    }
+
+    /// The residual tail with `out` as its own residual: `out += inp · Wᵀ + bias` (the decode step's
+    /// residual stream). Each output element is read and then written by the same thread.
+    pub fn enqueue_residual_in_place(
+        &self,
+        stream: &CudaStream,
+        out: &mut CudaSlice<f32>,
+        inp: &CudaSlice<f32>,
+        weight: &CudaSlice<u16>,
+        bias: Option<&CudaSlice<f32>>,
+    ) -> Result<()> {
+        require(self.d.tail == Tail::Residual, "a stage prepared with epi = 2", || format!("{:?}", self.d.tail))?;
+        let residual = common::device_ptr(out);
+        self.launch(stream, out, inp, weight, bias, residual)
+    }
+
+    fn launch(
+        &self,
+        stream: &CudaStream,
+        out: &mut CudaSlice<f32>,
+        inp: &CudaSlice<f32>,
+        weight: &CudaSlice<u16>,
+        bias: Option<&CudaSlice<f32>>,
+        residual: u64,
+    ) -> Result<()> {
+        let d = self.d;
+        require_len("out", out.len(), d.m * d.n)?;
+        require_len("inp", inp.len(), d.m * d.k)?;
+        require_len("weight", weight.len(), d.n * d.k)?;
+        require(bias.is_some() == d.bias, "bias given exactly when prepared with one", || {
+            format!("bias given: {}", bias.is_some())
+        })?;
+        if let Some(b) = bias {
             require_len("bias", b.len(), d.n)?;
         }
-        let bias = Arg::Ptr(a.bias.map_or(0, common::device_ptr));
-        let args =
-            [Arg::buf(a.out), Arg::buf(a.inp), Arg::buf(a.weight), bias, Arg::int(d.m), Arg::int(d.n), Arg::int(d.k)];
-        // SAFETY: the arguments follow gemv_m*'s signature; lengths checked above; K % 8 == 0 for the
-        // 16-byte stages (prepare), so every row of W and inp starts 16-byte aligned.
+        let bias = Arg::Ptr(bias.map_or(0, common::device_ptr));
+        let args = [
+            Arg::buf(out),
+            Arg::buf(inp),
+            Arg::buf(weight),
+            bias,
+            Arg::Ptr(residual),
+            Arg::I32(d.tail.code()),
+            Arg::int(d.m),
+            Arg::int(d.n),
+            Arg::int(d.k),
+        ];
+        // SAFETY: the arguments follow gemv_m*'s signature; lengths checked above (the residual's by
+        // the callers: M·N, or out itself); K % 8 == 0 for the 16-byte stages (prepare), so every
+        // row of W and inp starts 16-byte aligned.
         unsafe { self.launch.enqueue(stream, &args) }
     }
 }
@@ -177,19 +234,25 @@ pub fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
 }
 
+/// [`shape`] with the tail `epi` (1 GELU, 2 residual).
+pub fn shape_with_tail(m: i64, n: i64, k: i64, bias: i64, epi: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias), ("epi", epi)])
+}
+
 fn dims(s: &Shape) -> Result<GemvDims> {
     let big = i32::MAX as i64;
     let bias = s.get("bias").unwrap_or(1);
     require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
-    Ok(GemvDims { m: s.dim("M", big)?, n: s.dim("N", big)?, k: s.dim("K", big)?, bias: bias == 1 })
+    let (m, n, k) = (s.dim("M", big)?, s.dim("N", big)?, s.dim("K", big)?);
+    Ok(GemvDims { m, n, k, bias: bias == 1, tail: tail_of(s)? })
 }
 
 static INFO: OpInfo = OpInfo {
     family: FAMILY,
     name: OP,
-    description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias (fp32 activations, bf16 weights, M <= 64)",
+    description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias, then GELU or + residual (fp32 activations, bf16 weights, M <= 64)",
     sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias"],
+    shape_keys: &["M", "N", "K", "bias", "epi"],
     stages,
 };
 
@@ -201,7 +264,8 @@ impl Op for Gemv {
     }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M's linears at one sequence: QKV, attention projection, MLP up, MLP down, LM head
-        // (no bias); and the MLP up at batches of 8 and 32.
+        // (no bias); the MLP up at batches of 8 and 32; and the three with the tails the decode step
+        // fuses: the MLP up with GELU, the projections plus the residual.
         vec![
             shape(1, 2304, 768, 1),
             shape(1, 768, 768, 1),
@@ -210,6 +274,9 @@ impl Op for Gemv {
             shape(1, 50257, 768, 0),
             shape(8, 3072, 768, 1),
             shape(32, 3072, 768, 1),
+            shape_with_tail(1, 3072, 768, 1, 1),
+            shape_with_tail(1, 768, 768, 1, 2),
+            shape_with_tail(1, 768, 3072, 1, 2),
         ]
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
@@ -232,13 +299,19 @@ impl Op for Gemv {
         let w: Vec<u16> =
             uniform(d.n * d.k, -1.0, 1.0, seed ^ 2).into_iter().map(|x| bf16::from_f32(x).to_bits()).collect();
         let bias = uniform(d.n, -1.0, 1.0, seed ^ 3);
+        let residual = (d.tail == Tail::Residual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 4));
         let mut reference = vec![0f64; d.m * d.n];
         reference.par_chunks_mut(d.n).enumerate().for_each(|(m, row)| {
             let x = &inp[m * d.k..(m + 1) * d.k];
             for (n, o) in row.iter_mut().enumerate() {
                 let wr = &w[n * d.k..(n + 1) * d.k];
                 let dot: f64 = x.iter().zip(wr).map(|(a, b)| *a as f64 * bf16::from_bits(*b).to_f64()).sum();
-                *o = dot + if d.bias { bias[n] as f64 } else { 0.0 };
+                let v = dot + if d.bias { bias[n] as f64 } else { 0.0 };
+                *o = match (d.tail, &residual) {
+                    (Tail::Gelu, _) => gelu_tanh(v),
+                    (Tail::Residual, Some(r)) => v + r[m * d.n + n] as f64,
+                    _ => v,
+                };
             }
         });
         // W rotates (it is what a decode step streams from memory); inp and out are small.
@@ -248,6 +321,7 @@ impl Op for Gemv {
             inp: gpu.upload(&inp)?,
             w: Rotated::upload(gpu, &w, copies)?,
             bias: gpu.upload(&bias)?,
+            residual: residual.map(|r| gpu.upload(&r)).transpose()?,
             out: Rotated::outputs(gpu, d.m * d.n, copies)?,
             reference,
             copies,
@@ -261,6 +335,7 @@ struct GemvProblem {
     inp: CudaSlice<f32>,
     w: Rotated<u16>,
     bias: CudaSlice<f32>,
+    residual: Option<CudaSlice<f32>>,
     out: Rotated<f32>,
     reference: Vec<f64>,
     copies: usize,
@@ -269,8 +344,9 @@ struct GemvProblem {
 
 impl Problem for GemvProblem {
     fn workload(&self) -> Workload {
-        let GemvDims { m, n, k, bias } = self.d;
-        let bytes = 2 * n * k + 4 * m * k + 4 * m * n + if bias { 4 * n } else { 0 };
+        let GemvDims { m, n, k, bias, tail } = self.d;
+        let residual = if tail == Tail::Residual { 4 * m * n } else { 0 };
+        let bytes = 2 * n * k + 4 * m * k + 4 * m * n + if bias { 4 * n } else { 0 } + residual;
         Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Memory }
     }
     fn copies(&self) -> usize {
@@ -285,7 +361,8 @@ impl Problem for GemvProblem {
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
         let bias = self.d.bias.then_some(&self.bias);
-        p.enqueue(stream, GemvArgs { out: self.out.get_mut(copy), inp: &self.inp, weight: self.w.get(copy), bias })
+        let (out, weight, residual) = (self.out.get_mut(copy), self.w.get(copy), self.residual.as_ref());
+        p.enqueue(stream, GemvArgs { out, inp: &self.inp, weight, bias, residual })
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;

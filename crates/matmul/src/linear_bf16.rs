@@ -399,6 +399,27 @@ pub enum Tail {
     Residual,
 }
 
+/// The tail a shape's `epi` key names: 0 none (the default), 1 GELU, 2 residual.
+pub(crate) fn tail_of(s: &Shape) -> Result<Tail> {
+    Ok(match s.get("epi").unwrap_or(0) {
+        0 => Tail::None,
+        1 => Tail::Gelu,
+        2 => Tail::Residual,
+        e => return Err(Error::constraint("epi in {0, 1, 2}", format!("epi = {e}"))),
+    })
+}
+
+impl Tail {
+    /// The code the kernels take (matmul_tail.cuh's MM_TAIL_*).
+    pub(crate) fn code(self) -> i32 {
+        match self {
+            Tail::None => 0,
+            Tail::Gelu => 1,
+            Tail::Residual => 2,
+        }
+    }
+}
+
 /// The element types `out` (and the bias and residual) may have: `f32`, or `u16` holding bf16 bits.
 pub trait OutElement: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + 'static {
     const OUTPUT: Output;
@@ -690,11 +711,7 @@ impl Prepared {
                     }
                     args.extend([Arg::int(d.m), Arg::int(d.n), Arg::int(d.k)]);
                     if *tail == TailArgs::ResidualAndCode {
-                        args.push(Arg::I32(match d.tail {
-                            Tail::None => 0,
-                            Tail::Gelu => 1,
-                            Tail::Residual => 2,
-                        }));
+                        args.push(Arg::I32(d.tail.code()));
                     }
                     launch.enqueue(stream, &args)
                 }
@@ -736,12 +753,7 @@ fn dims(s: &Shape) -> Result<LinearBf16Dims> {
     let max = i32::MAX as i64;
     let b = s.get("bias").unwrap_or(1);
     require(b == 0 || b == 1, "bias is 0 or 1", || format!("bias = {b}"))?;
-    let tail = match s.get("epi").unwrap_or(0) {
-        0 => Tail::None,
-        1 => Tail::Gelu,
-        2 => Tail::Residual,
-        e => return Err(Error::constraint("epi in {0, 1, 2}", format!("epi = {e}"))),
-    };
+    let tail = tail_of(s)?;
     let out = match s.get("out").unwrap_or(32) {
         32 => Output::F32,
         16 => Output::Bf16,

@@ -10,13 +10,13 @@
 
 template <int MT>
 __device__ __forceinline__ void gemv_naive(float* out, const float* inp, const __nv_bfloat16* w, const float* bias,
-                                           int M, int N, int K) {
+                                           const float* residual, int tail, int M, int N, int K) {
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= M * N) return;
     const int m = idx / N, n = idx % N;
     float acc = 0.0f;
     for (int k = 0; k < K; ++k) acc += inp[(size_t)m * K + k] * __bfloat162float(w[(size_t)n * K + k]);
-    out[idx] = acc + (bias != nullptr ? bias[n] : 0.0f);
+    out[idx] = gemv_out(acc, bias, residual, tail, n, idx);
 }
 
 GEMV_ENTRIES(gemv_naive)

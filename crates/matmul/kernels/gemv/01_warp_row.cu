@@ -12,7 +12,7 @@
 
 template <int MT>
 __device__ __forceinline__ void gemv_warp_row(float* out, const float* inp, const __nv_bfloat16* w,
-                                              const float* bias, int M, int N, int K) {
+                                              const float* bias, const float* residual, int tail, int M, int N, int K) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;  // warp-uniform
@@ -31,7 +31,10 @@ __device__ __forceinline__ void gemv_warp_row(float* out, const float* inp, cons
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
             const float s = warp_sum(acc[i]);
-            if (lane == 0 && m0 + i < M) out[(size_t)(m0 + i) * N + n] = s + (bias != nullptr ? bias[n] : 0.0f);
+            if (lane == 0 && m0 + i < M) {
+                const size_t idx = (size_t)(m0 + i) * N + n;
+                out[idx] = gemv_out(s, bias, residual, tail, n, idx);
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ constexpr int GEMV_ROWS = 4;
 
 template <int MT>
 __device__ __forceinline__ void gemv_multi_row(float* out, const float* inp, const __nv_bfloat16* w,
-                                               const float* bias, int M, int N, int K) {
+                                               const float* bias, const float* residual, int tail, int M, int N, int K) {
     const int lane = threadIdx.x & 31;
     const int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GEMV_ROWS;
     if (n0 >= N) return;  // warp-uniform
@@ -44,7 +44,10 @@ __device__ __forceinline__ void gemv_multi_row(float* out, const float* inp, con
             for (int i = 0; i < MT; ++i) {
                 const float s = warp_sum(acc[r][i]);
                 if (lane == 0 && m0 + i < M && n0 + r < N)
-                    out[(size_t)(m0 + i) * N + n0 + r] = s + (bias != nullptr ? bias[n0 + r] : 0.0f);
+                    {
+                        const size_t idx = (size_t)(m0 + i) * N + n0 + r;
+                        out[idx] = gemv_out(s, bias, residual, tail, n0 + r, idx);
+                    }
             }
         }
     }

@@ -20,7 +20,7 @@
 
 template <int MT>
 __device__ __forceinline__ void gemv_split_k(float* out, const float* inp, const __nv_bfloat16* w,
-                                             const float* bias, int M, int N, int K) {
+                                             const float* bias, const float* residual, int tail, int M, int N, int K) {
     __shared__ float part[GEMV_SPLIT][MT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = blockIdx.x;
@@ -46,7 +46,10 @@ __device__ __forceinline__ void gemv_split_k(float* out, const float* inp, const
             float s = 0.0f;
 #pragma unroll
             for (int p = 0; p < GEMV_SPLIT; ++p) s += part[p][threadIdx.x];
-            out[(size_t)(m0 + threadIdx.x) * N + n] = s + (bias != nullptr ? bias[n] : 0.0f);
+            {
+                const size_t idx = (size_t)(m0 + threadIdx.x) * N + n;
+                out[idx] = gemv_out(s, bias, residual, tail, n, idx);
+            }
         }
         __syncthreads();  // part is rewritten by the next pass
     }

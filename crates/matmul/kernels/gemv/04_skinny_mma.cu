@@ -47,7 +47,7 @@ __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const float* 
 
 template <int MT>
 __device__ __forceinline__ void gemv_skinny_mma(float* out, const float* inp, const __nv_bfloat16* w,
-                                                const float* bias, int M, int N, int K) {
+                                                const float* bias, const float* residual, int tail, int M, int N, int K) {
     constexpr int TILES = MT / 8;
     extern __shared__ float part[];  // [split][16][8]
     const int split = blockDim.x >> 5;
@@ -104,17 +104,18 @@ __device__ __forceinline__ void gemv_skinny_mma(float* out, const float* inp, co
                 float s = 0.0f;
 #pragma unroll
                 for (int p = 0; p < split; ++p) s += part[p * 128 + r * 8 + c];
-                out[(size_t)m * N + n] = s + (bias != nullptr ? bias[n] : 0.0f);
+                out[(size_t)m * N + n] = gemv_out(s, bias, residual, tail, n, (size_t)m * N + n);
             }
         }
         __syncthreads();  // part is rewritten by the next tile
     }
 }
 
-#define GEMV_MMA_ENTRY(MT)                                                                                     \
-    extern "C" __global__ void gemv_mma_m##MT(float* out, const float* inp, const __nv_bfloat16* w,            \
-                                              const float* bias, int M, int N, int K) {                        \
-        gemv_skinny_mma<MT>(out, inp, w, bias, M, N, K);                                                       \
+#define GEMV_MMA_ENTRY(MT)                                                                                  \
+    extern "C" __global__ void gemv_mma_m##MT(float* out, const float* inp, const __nv_bfloat16* w,         \
+                                              const float* bias, const float* residual, int tail, int M,    \
+                                              int N, int K) {                                               \
+        gemv_skinny_mma<MT>(out, inp, w, bias, residual, tail, M, N, K);                                    \
     }
 GEMV_MMA_ENTRY(8)
 GEMV_MMA_ENTRY(16)
