@@ -24,7 +24,7 @@ use attention::decode::{self as attn_decode, DecodeArgs, DecodeDims, Dtype, Head
 use attention::kv_append::{self, Cells, KvAppendArgs, KvAppendDims};
 use attention::prefill::{self, PrefillArgs, PrefillDims};
 use attention::reference::Dims as AttnDims;
-use matmul::gemv::{self, GemvArgs, GemvDims};
+use matmul::gemv::{self, GemvArgs, GemvDims, GemvInput, Input};
 use matmul::linear::{self, LinearArgs, LinearDims};
 use matmul::linear_bf16::Tail;
 use norm::layernorm::{self, LayerNormArgs, LayerNormDims};
@@ -333,7 +333,8 @@ struct Fill<'a> {
 }
 
 /// A decode step's linear: the plan's GEMM on the fp32 weights, or the GEMV on their bf16 copies
-/// with the block's tail fused (GELU after the MLP up, the residual add after the projections).
+/// with the block's tail fused (GELU after the MLP up, the residual add after the projections) and,
+/// for the attention projection, the attention's bf16 output read as it lies.
 enum DecodeLinear {
     Gemm(Box<linear::Prepared>),
     Gemv(gemv::Prepared),
@@ -341,7 +342,8 @@ enum DecodeLinear {
 
 impl DecodeLinear {
     /// Whether this linear applies its block tail itself (then the step launches no GELU or
-    /// residual kernel after it, and it writes where that kernel would: [`Activations::linear_io`]).
+    /// residual kernel after it, and it writes where that kernel would: [`Activations::linear_io`]);
+    /// such a step's attention projection also reads the bf16 attention output directly.
     fn fuses_tail(&self) -> bool {
         matches!(self, DecodeLinear::Gemv(_))
     }
@@ -351,12 +353,17 @@ impl DecodeLinear {
         &self,
         s: &CudaStream,
         out: &mut CudaSlice<f32>,
-        inp: &CudaSlice<f32>,
+        inp: GemvInput,
         (w, w16): (&CudaSlice<f32>, Option<&CudaSlice<u16>>),
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
         match self {
-            DecodeLinear::Gemm(p) => p.enqueue(s, LinearArgs { out, inp, weight: w, bias }),
+            DecodeLinear::Gemm(p) => {
+                let GemvInput::F32(inp) = inp else {
+                    return Err(Error::constraint("fp32 activations for a GEMM", "bf16 ones"));
+                };
+                p.enqueue(s, LinearArgs { out, inp, weight: w, bias })
+            }
             DecodeLinear::Gemv(p) => {
                 let weight = w16.ok_or_else(|| Error::constraint("bf16 weights for a GEMV plan", "none made"))?;
                 if p.tail() == Tail::Residual {
@@ -523,9 +530,9 @@ impl Model {
         }
         let (cfg, p) = (self.cfg, &self.plan);
         let c = cfg.c;
-        let lin = |n: usize, k: usize, bias: bool, tail: Tail| -> Result<DecodeLinear> {
+        let lin = |n: usize, k: usize, bias: bool, tail: Tail, input: Input| -> Result<DecodeLinear> {
             Ok(match &p.gemv {
-                Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias, tail })?),
+                Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias, tail, input })?),
                 None => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
             })
         };
@@ -542,12 +549,12 @@ impl Model {
             encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
             layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: b, c })?,
             linears: [
-                lin(3 * c, c, true, Tail::None)?,
-                lin(c, c, true, Tail::Residual)?,
-                lin(4 * c, c, true, Tail::Gelu)?,
-                lin(c, 4 * c, true, Tail::Residual)?,
+                lin(3 * c, c, true, Tail::None, Input::F32)?,
+                lin(c, c, true, Tail::Residual, Input::Bf16)?,
+                lin(4 * c, c, true, Tail::Gelu, Input::F32)?,
+                lin(c, 4 * c, true, Tail::Residual, Input::F32)?,
             ],
-            lm_head: lin(cfg.padded_vocab(), c, false, Tail::None)?,
+            lm_head: lin(cfg.padded_vocab(), c, false, Tail::None, Input::F32)?,
             kv: kv_append::prepare(gpu, &p.kv_append, kv_dims)?,
             attention: attn_decode::prepare(gpu, &p.decode, dd)?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
@@ -740,7 +747,7 @@ fn enqueue_decode(
     let a = &mut op.acts;
     layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
     mark("layernorm")?;
-    op.lm_head.enqueue(s, &mut a.logits, &a.ln, (&weights.lm_head, w16.map(|x| &x.lm_head)), None)?;
+    op.lm_head.enqueue(s, &mut a.logits, GemvInput::F32(&a.ln), (&weights.lm_head, w16.map(|x| &x.lm_head)), None)?;
     mark("linear lm-head")?;
     match end {
         StepEnd::Logits => {}
@@ -773,8 +780,12 @@ impl Pass for Step<'_> {
     fn linear(&mut self, s: &CudaStream, which: BlockLinear, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
         let (weight, bias) = which.params(l);
         let w16 = self.w16.map(|x| &x.blocks[layer][which as usize]);
-        let linear = &self.op.linears[which as usize];
-        let (out, inp) = self.op.acts.linear_io(which, linear.fuses_tail());
+        let op = &mut *self.op;
+        let linear = &op.linears[which as usize];
+        let fused = linear.fuses_tail();
+        let (out, inp) = op.acts.linear_io(which, fused);
+        // A fused attention projection reads the attention's bf16 output (no widening pass).
+        let inp = if fused && which == BlockLinear::Proj { GemvInput::Bf16(&op.att16) } else { GemvInput::F32(inp) };
         linear.enqueue(s, out, inp, (weight, w16), Some(bias))?;
         (self.mark)(match which {
             BlockLinear::Qkv => "linear qkv",
@@ -785,7 +796,7 @@ impl Pass for Step<'_> {
     }
 
     /// The new token's k and v into the cache (and q to bf16), decode attention over the cache, and
-    /// its bf16 output widened for the projection.
+    /// its bf16 output widened for a projection that reads fp32 (a GEMV plan's reads it as bf16).
     fn attention(&mut self, s: &CudaStream, layer: usize) -> Result<()> {
         let op = &mut *self.op;
         let a = &mut op.acts;
@@ -802,6 +813,9 @@ impl Pass for Step<'_> {
         };
         op.attention.enqueue(s, args)?;
         (self.mark)("decode attention")?;
+        if op.linears[BlockLinear::Proj as usize].fuses_tail() {
+            return Ok(());
+        }
         op.kv.enqueue_widen(s, &mut a.att, &op.att16)?;
         (self.mark)("kv-append")
     }

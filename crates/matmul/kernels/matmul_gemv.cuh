@@ -1,7 +1,8 @@
 // matmul_gemv.cuh: the decode GEMV stages' shared pieces. out[M, N] = inp[M, K] . W[N, K]^T (+ bias),
-// then the layer's tail (GELU, or plus a residual that may be out itself), inp and out fp32, W bf16
-// (the weights converted once), fp32 accumulation; M is small (1..64). Every stage stores through
-// gemv_out, so every stage takes every tail.
+// then the layer's tail (GELU, or plus a residual that may be out itself), inp fp32 or bf16, out fp32,
+// W bf16 (the weights converted once), fp32 accumulation; M is small (1..64). Every stage stores
+// through gemv_out, so every stage takes every tail, and reads inp through dot8 / gemv_in (its own
+// fragments in stage 4), so every stage takes either input type.
 #pragma once
 #include <cuda_bf16.h>
 #include "ladder.cuh"
@@ -27,11 +28,34 @@ __device__ __forceinline__ float dot8(const uint4& w, const float* x) {
     return a.x * w0.x + a.y * w0.y + a.z * w1.x + a.w * w1.y + b.x * w2.x + b.y * w2.y + b.z * w3.x + b.w * w3.y;
 }
 
-// The entry points of a stage's kernel template KERNEL<MT>, one per rows-per-pass MT.
+// Eight bf16 weights dotted with eight bf16 inputs (one 16-byte load), fp32 products and sums.
+__device__ __forceinline__ float dot8(const uint4& w, const __nv_bfloat16* x) {
+    const uint4 xv = *reinterpret_cast<const uint4*>(x);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+    const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&xv);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 a = __bfloat1622float2(v[i]), b = __bfloat1622float2(h[i]);
+        s += a.x * b.x + a.y * b.y;
+    }
+    return s;
+}
+
+__device__ __forceinline__ float gemv_in(float x) { return x; }
+__device__ __forceinline__ float gemv_in(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// The entry points of a stage's kernel template KERNEL<MT, In>, one per rows-per-pass MT: gemv_m{MT}
+// on fp32 inp, gemv_bf16_m{MT} on bf16 inp (the decode step's attention output as it lies).
 #define GEMV_ENTRY(KERNEL, MT)                                                                             \
     extern "C" __global__ void gemv_m##MT(float* out, const float* inp, const __nv_bfloat16* w,             \
                                           const float* bias, const float* residual, int tail, int M, int N, \
                                           int K) {                                                          \
+        KERNEL<MT>(out, inp, w, bias, residual, tail, M, N, K);                                             \
+    }                                                                                                      \
+    extern "C" __global__ void gemv_bf16_m##MT(float* out, const __nv_bfloat16* inp, const __nv_bfloat16* w, \
+                                               const float* bias, const float* residual, int tail, int M,   \
+                                               int N, int K) {                                              \
         KERNEL<MT>(out, inp, w, bias, residual, tail, M, N, K);                                             \
     }
 #define GEMV_ENTRIES(KERNEL) \

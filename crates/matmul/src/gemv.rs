@@ -4,7 +4,8 @@
 //! the residual stream updated in place), so the decode step needs no separate pass for either.
 //! At M = 1 every weight is used once, so the floor is reading W: 2 bytes a weight.
 //!
-//! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the tail: 0 none, 1 GELU, 2 residual).
+//! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the tail: 0 none, 1 GELU, 2 residual), `in` (32:
+//! fp32 activations, the default; 16: bf16, as the decode step's attention output lies).
 
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
@@ -96,6 +97,44 @@ pub struct GemvDims {
     pub k: usize,
     pub bias: bool,
     pub tail: Tail,
+    pub input: Input,
+}
+
+/// The element type of `inp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    F32,
+    Bf16,
+}
+
+/// `inp` of one call, in the type the stage was prepared for.
+pub enum GemvInput<'a> {
+    F32(&'a CudaSlice<f32>),
+    /// bf16 bit patterns.
+    Bf16(&'a CudaSlice<u16>),
+}
+
+impl GemvInput<'_> {
+    fn len(&self) -> usize {
+        match self {
+            GemvInput::F32(x) => x.len(),
+            GemvInput::Bf16(x) => x.len(),
+        }
+    }
+
+    fn input(&self) -> Input {
+        match self {
+            GemvInput::F32(_) => Input::F32,
+            GemvInput::Bf16(_) => Input::Bf16,
+        }
+    }
+
+    fn ptr(&self) -> u64 {
+        match self {
+            GemvInput::F32(x) => common::device_ptr(*x),
+            GemvInput::Bf16(x) => common::device_ptr(*x),
+        }
+    }
 }
 
 pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
@@ -121,9 +160,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
     let plan = v.plan::<Plan>()?;
     // Rows of inp per pass: the FMA stages take up to 8 and loop; the tensor-core stage takes all
     // M at once, in a tile of 8 to 64 columns.
-    let (entry, mt) = match plan {
-        Plan::Mma => ("gemv_mma_m", d.m.next_power_of_two().max(8)),
-        _ => ("gemv_m", d.m.next_power_of_two().min(8)),
+    let (entry, mt) = match (plan, d.input) {
+        (Plan::Mma, Input::F32) => ("gemv_mma_m", d.m.next_power_of_two().max(8)),
+        (Plan::Mma, Input::Bf16) => ("gemv_mma_bf16_m", d.m.next_power_of_two().max(8)),
+        (_, Input::F32) => ("gemv_m", d.m.next_power_of_two().min(8)),
+        (_, Input::Bf16) => ("gemv_bf16_m", d.m.next_power_of_two().min(8)),
     };
     if plan == Plan::SplitK {
         let split = v.tunable("GEMV_SPLIT")?;
@@ -143,11 +184,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
     Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?, d })
 }
 
-/// The buffers of one call: `out` M·N, `inp` M·K (fp32), `weight` N·K bf16 bit patterns, `bias` N,
+/// The buffers of one call: `out` M·N, `inp` M·K, `weight` N·K bf16 bit patterns, `bias` N,
 /// and with the residual tail `residual` M·N (not `out`: see [`Prepared::enqueue_residual_in_place`]).
 pub struct GemvArgs<'a> {
     pub out: &'a mut CudaSlice<f32>,
-    pub inp: &'a CudaSlice<f32>,
+    pub inp: GemvInput<'a>,
     pub weight: &'a CudaSlice<u16>,
     pub bias: Option<&'a CudaSlice<f32>>,
     pub residual: Option<&'a CudaSlice<f32>>,
@@ -177,7 +218,7 @@ impl Prepared {
         &self,
         stream: &CudaStream,
         out: &mut CudaSlice<f32>,
-        inp: &CudaSlice<f32>,
+        inp: GemvInput,
         weight: &CudaSlice<u16>,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
@@ -190,12 +231,15 @@ impl Prepared {
         &self,
         stream: &CudaStream,
         out: &mut CudaSlice<f32>,
-        inp: &CudaSlice<f32>,
+        inp: GemvInput,
         weight: &CudaSlice<u16>,
         bias: Option<&CudaSlice<f32>>,
         residual: u64,
     ) -> Result<()> {
         let d = self.d;
+        require(inp.input() == d.input, "inp of the type the stage was prepared for", || {
+            format!("{:?} for a stage prepared for {:?}", inp.input(), d.input)
+        })?;
         require_len("out", out.len(), d.m * d.n)?;
         require_len("inp", inp.len(), d.m * d.k)?;
         require_len("weight", weight.len(), d.n * d.k)?;
@@ -208,7 +252,7 @@ impl Prepared {
         let bias = Arg::Ptr(bias.map_or(0, common::device_ptr));
         let args = [
             Arg::buf(out),
-            Arg::buf(inp),
+            Arg::Ptr(inp.ptr()),
             Arg::buf(weight),
             bias,
             Arg::Ptr(residual),
@@ -239,12 +283,22 @@ pub fn shape_with_tail(m: i64, n: i64, k: i64, bias: i64, epi: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias), ("epi", epi)])
 }
 
+/// [`shape_with_tail`] on bf16 activations (`in` = 16).
+pub fn shape_bf16_in(m: i64, n: i64, k: i64, bias: i64, epi: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias), ("epi", epi), ("in", 16)])
+}
+
 fn dims(s: &Shape) -> Result<GemvDims> {
     let big = i32::MAX as i64;
     let bias = s.get("bias").unwrap_or(1);
     require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
     let (m, n, k) = (s.dim("M", big)?, s.dim("N", big)?, s.dim("K", big)?);
-    Ok(GemvDims { m, n, k, bias: bias == 1, tail: tail_of(s)? })
+    let input = match s.get("in").unwrap_or(32) {
+        32 => Input::F32,
+        16 => Input::Bf16,
+        i => return Err(common::Error::constraint("in in {32, 16}", format!("in = {i}"))),
+    };
+    Ok(GemvDims { m, n, k, bias: bias == 1, tail: tail_of(s)?, input })
 }
 
 static INFO: OpInfo = OpInfo {
@@ -252,7 +306,7 @@ static INFO: OpInfo = OpInfo {
     name: OP,
     description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias, then GELU or + residual (fp32 activations, bf16 weights, M <= 64)",
     sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi"],
+    shape_keys: &["M", "N", "K", "bias", "epi", "in"],
     stages,
 };
 
@@ -265,7 +319,8 @@ impl Op for Gemv {
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M's linears at one sequence: QKV, attention projection, MLP up, MLP down, LM head
         // (no bias); the MLP up at batches of 8 and 32; and the three with the tails the decode step
-        // fuses: the MLP up with GELU, the projections plus the residual.
+        // fuses: the MLP up with GELU, the projections plus the residual (the attention projection on
+        // the bf16 attention output).
         vec![
             shape(1, 2304, 768, 1),
             shape(1, 768, 768, 1),
@@ -275,7 +330,7 @@ impl Op for Gemv {
             shape(8, 3072, 768, 1),
             shape(32, 3072, 768, 1),
             shape_with_tail(1, 3072, 768, 1, 1),
-            shape_with_tail(1, 768, 768, 1, 2),
+            shape_bf16_in(1, 768, 768, 1, 2),
             shape_with_tail(1, 768, 3072, 1, 2),
         ]
     }
@@ -295,7 +350,11 @@ impl Op for Gemv {
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = dims(s)?;
         require(d.m >= 1 && d.n >= 1 && d.k >= 1 && d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
-        let inp = uniform(d.m * d.k, -1.0, 1.0, seed ^ 1);
+        // bf16 activations: rounded once here; the reference runs on exactly those values.
+        let inp: Vec<f32> = uniform(d.m * d.k, -1.0, 1.0, seed ^ 1)
+            .into_iter()
+            .map(|x| if d.input == Input::Bf16 { bf16::from_f32(x).to_f32() } else { x })
+            .collect();
         let w: Vec<u16> =
             uniform(d.n * d.k, -1.0, 1.0, seed ^ 2).into_iter().map(|x| bf16::from_f32(x).to_bits()).collect();
         let bias = uniform(d.n, -1.0, 1.0, seed ^ 3);
@@ -318,7 +377,12 @@ impl Op for Gemv {
         let copies = rotation_copies(gpu, (2 * d.n * d.k) as u64);
         Ok(Box::new(GemvProblem {
             d,
-            inp: gpu.upload(&inp)?,
+            inp: match d.input {
+                Input::F32 => ProblemInput::F32(gpu.upload(&inp)?),
+                Input::Bf16 => ProblemInput::Bf16(
+                    gpu.upload(&inp.iter().map(|&x| bf16::from_f32(x).to_bits()).collect::<Vec<u16>>())?,
+                ),
+            },
             w: Rotated::upload(gpu, &w, copies)?,
             bias: gpu.upload(&bias)?,
             residual: residual.map(|r| gpu.upload(&r)).transpose()?,
@@ -330,9 +394,24 @@ impl Op for Gemv {
     }
 }
 
+/// A problem's `inp` in its element type.
+enum ProblemInput {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
+}
+
+impl ProblemInput {
+    fn arg(&self) -> GemvInput<'_> {
+        match self {
+            ProblemInput::F32(x) => GemvInput::F32(x),
+            ProblemInput::Bf16(x) => GemvInput::Bf16(x),
+        }
+    }
+}
+
 struct GemvProblem {
     d: GemvDims,
-    inp: CudaSlice<f32>,
+    inp: ProblemInput,
     w: Rotated<u16>,
     bias: CudaSlice<f32>,
     residual: Option<CudaSlice<f32>>,
@@ -344,9 +423,10 @@ struct GemvProblem {
 
 impl Problem for GemvProblem {
     fn workload(&self) -> Workload {
-        let GemvDims { m, n, k, bias, tail } = self.d;
+        let GemvDims { m, n, k, bias, tail, input } = self.d;
         let residual = if tail == Tail::Residual { 4 * m * n } else { 0 };
-        let bytes = 2 * n * k + 4 * m * k + 4 * m * n + if bias { 4 * n } else { 0 } + residual;
+        let inp = if input == Input::Bf16 { 2 * m * k } else { 4 * m * k };
+        let bytes = 2 * n * k + inp + 4 * m * n + if bias { 4 * n } else { 0 } + residual;
         Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Memory }
     }
     fn copies(&self) -> usize {
@@ -362,7 +442,7 @@ impl Problem for GemvProblem {
         let (_, p) = self.prepared.get()?;
         let bias = self.d.bias.then_some(&self.bias);
         let (out, weight, residual) = (self.out.get_mut(copy), self.w.get(copy), self.residual.as_ref());
-        p.enqueue(stream, GemvArgs { out, inp: &self.inp, weight, bias, residual })
+        p.enqueue(stream, GemvArgs { out, inp: self.inp.arg(), weight, bias, residual })
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;

@@ -5,13 +5,13 @@
 //   the warp with shuffles. M > MT runs in passes of MT rows (W re-read per pass, from L2).
 // Why it should be faster: coalesced 16-byte loads of W, the only large operand: predicted near the
 //   copy rate once N/4 blocks of 4 warps keep enough rows in flight (all GPT-2 shapes have N >= 768).
-// Launch: gemv_m{1,2,4,8} (MT rows per pass): grid ceil(N/4), block 128 (4 warps, one row each).
+// Launch: gemv_m{1,2,4,8} (fp32 inp) and gemv_bf16_m{1,2,4,8} (bf16 inp) (MT rows per pass): grid ceil(N/4), block 128 (4 warps, one row each).
 // Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte rows); N*K < 2^31. Tolerance: 1e-2 preset.
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
 #include "matmul_gemv.cuh"
 
-template <int MT>
-__device__ __forceinline__ void gemv_warp_row(float* out, const float* inp, const __nv_bfloat16* w,
+template <int MT, typename In>
+__device__ __forceinline__ void gemv_warp_row(float* out, const In* inp, const __nv_bfloat16* w,
                                               const float* bias, const float* residual, int tail, int M, int N, int K) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);

@@ -4,15 +4,15 @@
 // Why it should be faster: a warp keeps 4x the bytes in flight (2 KiB per step instead of 512 B),
 //   and inp loads drop by 4; predicted to help most where the grid is small (N = 768 rows: 192 warps
 //   at stage 1) and the loads' latency, not the copy rate, binds.
-// Launch: gemv_m{1,2,4,8}: grid ceil(N/16), block 128 (4 warps of 4 rows).
+// Launch: gemv_m{1,2,4,8} (fp32 inp) and gemv_bf16_m{1,2,4,8} (bf16 inp): grid ceil(N/16), block 128 (4 warps of 4 rows).
 // Constraints: 1 <= M <= 64; K % 8 == 0; N*K < 2^31. Tolerance: 1e-2 preset.
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
 #include "matmul_gemv.cuh"
 
 constexpr int GEMV_ROWS = 4;
 
-template <int MT>
-__device__ __forceinline__ void gemv_multi_row(float* out, const float* inp, const __nv_bfloat16* w,
+template <int MT, typename In>
+__device__ __forceinline__ void gemv_multi_row(float* out, const In* inp, const __nv_bfloat16* w,
                                                const float* bias, const float* residual, int tail, int M, int N, int K) {
     const int lane = threadIdx.x & 31;
     const int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GEMV_ROWS;
@@ -32,7 +32,7 @@ __device__ __forceinline__ void gemv_multi_row(float* out, const float* inp, con
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
                 if (m0 + i >= M) continue;
-                const float* x = inp + (size_t)(m0 + i) * K + 8 * c;
+                const In* x = inp + (size_t)(m0 + i) * K + 8 * c;
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; ++r)
                     if (n0 + r < N) acc[r][i] += dot8(wc[r], x);

@@ -8,7 +8,7 @@
 //   four ways each warp has 3 steps and 4x the warps keep 4x the bytes in flight, so the long-K
 //   shapes, latency-bound at stage 1, should approach the launch floor (predicted ~2x at K = 3072,
 //   ~1.3x at K = 768, unchanged at the LM head, which already has 50257 warps).
-// Launch: gemv_m{1,2,4,8} (MT rows per pass): grid N, block 32 * GEMV_SPLIT.
+// Launch: gemv_m{1,2,4,8} (fp32 inp) and gemv_bf16_m{1,2,4,8} (bf16 inp) (MT rows per pass): grid N, block 32 * GEMV_SPLIT.
 // Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte rows); N*K < 2^31; N <= 2^31 - 1 blocks.
 // Tolerance: 1e-2 preset.
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
@@ -18,8 +18,8 @@
 #define GEMV_SPLIT 4
 #endif
 
-template <int MT>
-__device__ __forceinline__ void gemv_split_k(float* out, const float* inp, const __nv_bfloat16* w,
+template <int MT, typename In>
+__device__ __forceinline__ void gemv_split_k(float* out, const In* inp, const __nv_bfloat16* w,
                                              const float* bias, const float* residual, int tail, int M, int N, int K) {
     __shared__ float part[GEMV_SPLIT][MT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -16,7 +16,7 @@
 //   should stay near the M = 1 time up to M = 64 (predicted: MLP up at M = 8, 11.7 us at stage 1,
 //   to about its M = 1 time, ~6-7 us). At M = 1, 7/8 of each mma is padding, which costs nothing
 //   in a kernel bound by reading W: predicted on par with stage 3.
-// Launch: gemv_mma_m{8,16,32,64} (MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
+// Launch: gemv_mma_m{8,16,32,64} and gemv_mma_bf16_m{...} (fp32 / bf16 inp; MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
 //   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
 //   tiles are reduced one 8-column tile at a time).
 // Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte pieces of W and inp); N * K < 2^31.
@@ -45,8 +45,19 @@ __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const float* 
     b[1][1] = pack_bf16x2(x1.z, x1.w);
 }
 
-template <int MT>
-__device__ __forceinline__ void gemv_skinny_mma(float* out, const float* inp, const __nv_bfloat16* w,
+// The same eight of a bf16 inp: one 16-byte load, already the fragments' pairs.
+__device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const __nv_bfloat16* inp, int m, int M, int k,
+                                              bool valid, int K) {
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (valid && m < M) x = *reinterpret_cast<const uint4*>(inp + (size_t)m * K + k);
+    b[0][0] = x.x;
+    b[0][1] = x.y;
+    b[1][0] = x.z;
+    b[1][1] = x.w;
+}
+
+template <int MT, typename In>
+__device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const __nv_bfloat16* w,
                                                 const float* bias, const float* residual, int tail, int M, int N, int K) {
     constexpr int TILES = MT / 8;
     extern __shared__ float part[];  // [split][16][8]
@@ -115,6 +126,11 @@ __device__ __forceinline__ void gemv_skinny_mma(float* out, const float* inp, co
     extern "C" __global__ void gemv_mma_m##MT(float* out, const float* inp, const __nv_bfloat16* w,         \
                                               const float* bias, const float* residual, int tail, int M,    \
                                               int N, int K) {                                               \
+        gemv_skinny_mma<MT>(out, inp, w, bias, residual, tail, M, N, K);                                    \
+    }                                                                                                       \
+    extern "C" __global__ void gemv_mma_bf16_m##MT(float* out, const __nv_bfloat16* inp,                    \
+                                                   const __nv_bfloat16* w, const float* bias,               \
+                                                   const float* residual, int tail, int M, int N, int K) {  \
         gemv_skinny_mma<MT>(out, inp, w, bias, residual, tail, M, N, K);                                    \
     }
 GEMV_MMA_ENTRY(8)
