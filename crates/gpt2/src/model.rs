@@ -14,6 +14,7 @@
 //! (`cache`), the decode step's CUDA graph (`graph`) and the f64 reference (`reference`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::uniform;
@@ -51,6 +52,23 @@ struct Prepared {
     gelu: pointwise::Prepared,
     residual: pointwise::Prepared,
     acts: Activations,
+    last: LastLogits,
+}
+
+/// Which positions' logits a whole-sequence pass computes: every one (what the model table's
+/// prefill and Hugging Face's forward compute), or each sequence's last (what generation samples
+/// from: the LM head over B rows instead of B·T).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    All,
+    Last,
+}
+
+/// The LM head over each sequence's last position: those rows of `ln`, gathered, and their logits.
+struct LastLogits {
+    lm_head: linear::Prepared,
+    ln: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
 }
 
 /// The activations of one (B, T) forward pass.
@@ -158,6 +176,15 @@ impl Model {
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, m * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, m * c)?,
             acts: Activations::new(gpu, &cfg, m)?,
+            last: LastLogits {
+                lm_head: linear::prepare(
+                    gpu,
+                    &p.linear,
+                    LinearDims { m: b, n: cfg.padded_vocab(), k: c, bias: false },
+                )?,
+                ln: gpu.zeros(b * c)?,
+                logits: gpu.zeros(b * cfg.padded_vocab())?,
+            },
         };
         self.prepared.insert((b, t), prepared);
         Ok(())
@@ -165,28 +192,21 @@ impl Model {
 
     /// The logits `[B, T, V]` of `tokens` (`B` rows of `T` ids each).
     pub fn forward(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
-        let (b, t) = self.run(gpu, tokens)?;
+        let (b, t) = self.run(gpu, tokens, Logits::All)?;
         let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
         gpu.download_rows(&self.prepared[&(b, t)].acts.logits, b * t, v, vp)
     }
 
     /// The logits of each row's last position only, `[B, V]` (what generation samples from): the
-    /// same pass, but only B rows of logits cross to the host.
+    /// same pass with the LM head over those B rows alone.
     pub fn forward_last(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
-        let (b, t) = self.run(gpu, tokens)?;
+        let (b, t) = self.run(gpu, tokens, Logits::Last)?;
         let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
-        let logits = &self.prepared[&(b, t)].acts.logits;
-        let mut out = vec![0f32; b * v];
-        for (i, row) in out.chunks_mut(v).enumerate() {
-            let off = (i * t + t - 1) * vp;
-            gpu.stream().memcpy_dtoh(&logits.slice(off..off + v), row).ctx("copy logits to host")?;
-        }
-        gpu.synchronize()?;
-        Ok(out)
+        gpu.download_rows(&self.prepared[&(b, t)].last.logits, b, v, vp)
     }
 
     /// Checks `tokens`, prepares (B, T) and enqueues the forward pass on the harness stream.
-    fn run(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<(usize, usize)> {
+    fn run(&mut self, gpu: &Gpu, tokens: &[Vec<i32>], logits: Logits) -> Result<(usize, usize)> {
         let b = tokens.len();
         let t = tokens.first().map_or(0, |r| r.len());
         require(b >= 1 && tokens.iter().all(|r| r.len() == t), "B >= 1 prompts of one length T", || {
@@ -195,19 +215,20 @@ impl Model {
         self.prepare(gpu, b, t)?;
         let ids = TokenIds::upload(gpu, &tokens.concat(), self.cfg.vocab)?;
         let stream = gpu.stream().clone();
-        self.enqueue_forward(&stream, b, t, &ids, None)?;
+        self.enqueue_forward(&stream, b, t, &ids, None, logits)?;
         Ok((b, t))
     }
 
-    /// The forward pass, op by op, on `s`. With `fill`, each layer's k and v also go into the KV
-    /// cache.
+    /// The forward pass, op by op, on `s`, ending in `logits`. With `fill`, each layer's k and v
+    /// also go into the KV cache.
     fn enqueue_forward(
         &mut self,
-        s: &CudaStream,
+        s: &Arc<CudaStream>,
         b: usize,
         t: usize,
         ids: &TokenIds,
         mut fill: Option<Fill>,
+        logits: Logits,
     ) -> Result<()> {
         let (w, head) = (&self.weights.p, &self.weights.lm_head);
         let op = self.prepared.get_mut(&(b, t)).expect("prepared above");
@@ -219,7 +240,20 @@ impl Model {
         let Sequence { op, .. } = pass;
         layernorm(s, &op.layernorm, &mut op.acts, &w.lnf_w, &w.lnf_b)?;
         let a = &mut op.acts;
-        op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: head, bias: None })
+        match logits {
+            Logits::All => {
+                op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: head, bias: None })
+            }
+            Logits::Last => {
+                let (c, last) = (self.cfg.c, &mut op.last);
+                for i in 0..b {
+                    let row = (i * t + t - 1) * c;
+                    s.memcpy_dtod(&a.ln.slice(row..row + c), &mut last.ln.slice_mut(i * c..(i + 1) * c))
+                        .ctx("gather the last positions")?;
+                }
+                last.lm_head.enqueue(s, LinearArgs { out: &mut last.logits, inp: &last.ln, weight: head, bias: None })
+            }
+        }
     }
 
     /// Enqueues transformer block `layer` alone, prepared for (B, T), on `s`, over whatever the
@@ -513,15 +547,10 @@ impl Model {
         let mut q16 = gpu.zeros::<u16>(t * c)?;
         let stream = gpu.stream().clone();
         let fill = Fill { cache, cells: &cells, kv: &kv, q16: &mut q16 };
-        self.enqueue_forward(&stream, 1, t, &ids, Some(fill))?;
+        self.enqueue_forward(&stream, 1, t, &ids, Some(fill), Logits::Last)?;
         cache.lens[slot] = t;
         let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
-        let logits = &self.prepared[&(1, t)].acts.logits;
-        let mut out = vec![0f32; v];
-        let last = (t - 1) * vp;
-        gpu.stream().memcpy_dtoh(&logits.slice(last..last + v), &mut out).ctx("copy logits to host")?;
-        gpu.synchronize()?;
-        Ok(out)
+        gpu.download_rows(&self.prepared[&(1, t)].last.logits, 1, v, vp)
     }
 
     fn prepare_decode(&mut self, gpu: &Gpu, b: usize) -> Result<()> {
@@ -714,12 +743,20 @@ impl Model {
         Ok(cache)
     }
 
-    /// Times the whole-sequence forward pass of `b` rows of `t` random tokens (CUDA events).
-    pub fn time_forward(&mut self, gpu: &Gpu, b: usize, t: usize, cfg: &TimingConfig) -> Result<Timing> {
+    /// Times the whole-sequence forward pass of `b` rows of `t` random tokens ending in `logits`
+    /// (CUDA events).
+    pub fn time_forward(
+        &mut self,
+        gpu: &Gpu,
+        b: usize,
+        t: usize,
+        logits: Logits,
+        cfg: &TimingConfig,
+    ) -> Result<Timing> {
         self.prepare(gpu, b, t)?;
         let tokens: Vec<i32> = uniform(b * t, 0.0, (self.cfg.vocab - 1) as f32, 7).iter().map(|&x| x as i32).collect();
         let ids = TokenIds::upload(gpu, &tokens, self.cfg.vocab)?;
-        common::timing::time(gpu, 1, cfg, |s, _| self.enqueue_forward(s, b, t, &ids, None))
+        common::timing::time(gpu, 1, cfg, |s, _| self.enqueue_forward(s, b, t, &ids, None, logits))
     }
 }
 

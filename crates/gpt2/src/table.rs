@@ -20,7 +20,7 @@ use common::{Gpu, Result};
 
 use crate::config::Config;
 use crate::fastest::{Selection, DECODE_BATCHES, PREFILL_B};
-use crate::model::Model;
+use crate::model::{Logits, Model};
 use crate::plan::{Plan, PLAN_NAMES, PLAN_OPS};
 use crate::weights::Weights;
 
@@ -73,8 +73,10 @@ pub struct PlanRow {
     pub plan: String,
     /// `op=stage` for every op of the plan.
     pub stages: String,
-    /// B = 4 sequences of the context, one forward pass.
+    /// B = 4 sequences of the context, one forward pass, every position's logits.
     pub prefill: Cell,
+    /// The same with only each sequence's last position's logits (what generation computes).
+    pub prefill_last: Cell,
     /// Per batch size of [`DECODE_BATCHES`]: one step's time (B tokens).
     pub decode_eager: Vec<Cell>,
     pub decode_graph: Vec<Cell>,
@@ -220,12 +222,14 @@ fn plan_row(
         ..TimingConfig::default()
     };
     progress(&format!("plan {name}: prefill"));
-    let prefill = Cell::from(model.time_forward(gpu, PREFILL_B, cfg.max_t, &prefill_cfg));
-    progress(&format!("plan {name}: prefill {prefill:?}"));
+    let prefill = Cell::from(model.time_forward(gpu, PREFILL_B, cfg.max_t, Logits::All, &prefill_cfg));
+    let prefill_last = Cell::from(model.time_forward(gpu, PREFILL_B, cfg.max_t, Logits::Last, &prefill_cfg));
+    progress(&format!("plan {name}: prefill {prefill:?}, last logits only {prefill_last:?}"));
     let mut row = PlanRow {
         plan: name.clone(),
         stages,
         prefill,
+        prefill_last,
         decode_eager: Vec::new(),
         decode_graph: Vec::new(),
         decode_greedy: Vec::new(),
@@ -352,7 +356,7 @@ impl ModelTable {
             .iter()
             .chain(&self.leave_one_out)
             .map(|r| {
-                [&r.prefill]
+                [&r.prefill, &r.prefill_last]
                     .into_iter()
                     .chain(&r.decode_eager)
                     .chain(&r.decode_graph)
@@ -380,7 +384,7 @@ impl ModelTable {
         );
         let b = &self.batches;
         let head = |md: &mut String, first: &str| {
-            md.push_str(&format!("| {first} | prefill |"));
+            md.push_str(&format!("| {first} | prefill | prefill (last logits) |"));
             for x in b {
                 md.push_str(&format!(" b{x} eager | b{x} graph | b{x} graph+argmax |"));
             }
@@ -388,16 +392,16 @@ impl ModelTable {
                 md.push_str(&format!(" b{x} no cache |"));
             }
             md.push_str(" kernels/step | stages |\n|");
-            md.push_str(&"---|".repeat(3 + 4 * b.len() + 1));
+            md.push_str(&"---|".repeat(4 + 4 * b.len() + 1));
             md.push('\n');
         };
         let row = |md: &mut String, r: &PlanRow| {
-            let prefill = match &r.prefill {
+            let time = |c: &Cell| match c {
                 Cell::Timed(t) => fmt_time(t.median_ms),
                 Cell::Skipped(w) => format!("— ({w})"),
                 Cell::Failed(w) => format!("FAILED: {w}"),
             };
-            md.push_str(&format!("| {} | {prefill} |", r.plan));
+            md.push_str(&format!("| {} | {} | {} |", r.plan, time(&r.prefill), time(&r.prefill_last)));
             for (i, &x) in b.iter().enumerate() {
                 md.push_str(&format!(
                     " {} | {} | {} |",

@@ -6,7 +6,7 @@ use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_s
 use common::{Op, Shape};
 use gpt2::config::Config;
 use gpt2::encoder::{Encoder, TokenIds};
-use gpt2::model::Model;
+use gpt2::model::{Logits, Model};
 use gpt2::plan::Plan;
 use gpt2::pointwise::{Gelu, Residual};
 use gpt2::reference;
@@ -88,11 +88,17 @@ fn main() -> std::process::ExitCode {
                     .map(|b| (0..17).map(|t| ((b * 31 + t * 7 + seed as usize) % 101) as i32).collect())
                     .collect();
                 let want = reference::forward(&cfg, &w, &tokens);
+                // The reference's last position of each row: what forward_last computes alone.
+                let v = cfg.vocab;
+                let want_last: Vec<f64> = want.chunks(17 * v).flat_map(|r| r[16 * v..].to_vec()).collect();
                 for plan in ["naive", "fp32", "cublas"] {
                     let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
                     let got = m.forward(gpu, &tokens).unwrap();
                     let err = rel_l2(&got, &want);
                     assert!(err <= 1e-5, "plan {plan}, seed {seed}: logits rel L2 {err:e}");
+                    let last = m.forward_last(gpu, &tokens).unwrap();
+                    let err = rel_l2(&last, &want_last);
+                    assert!(err <= 1e-5, "plan {plan}, seed {seed}: last-position logits rel L2 {err:e}");
                 }
             }
         })
@@ -209,7 +215,7 @@ fn main() -> std::process::ExitCode {
             // The encoder, 8 a layer (the GEMV plan's fused tails and bf16 projection input), ln_f
             // and the LM head.
             assert_eq!(kernels, 1 + cfg.layers * 8 + 2, "kernels in a step of {} layers", cfg.layers);
-            let t = m.time_forward(gpu, 2, 16, &common::timing::TimingConfig::quick()).unwrap();
+            let t = m.time_forward(gpu, 2, 16, Logits::Last, &common::timing::TimingConfig::quick()).unwrap();
             assert!(t.median_ms > 0.0 && t.min_ms <= t.median_ms && t.median_ms <= t.max_ms, "{t:?}");
         })
         .gpu("model_refuses_bad_input", |gpu| {
