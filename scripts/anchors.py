@@ -224,7 +224,8 @@ def gpt2():
     a 1000-token cache, timed on the host clock around the step with the last position's logits
     copied to the host (as `ladder run gpt2 --op model` times its own): eager with the dynamic
     cache in fp32 and bf16, and a static cache with `torch.compile(mode="reduce-overhead")` (CUDA
-    graphs) in bf16. Shapes are `prefill B=4,T=1024` and `decode b=N`."""
+    graphs) in bf16; and the bf16 prefill under `torch.compile`. Shapes are `prefill B=4,T=1024`
+    and `decode b=N`."""
     import time
 
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -306,6 +307,24 @@ def gpt2():
             out.append(entry(f"decode b={b}", "HF static cache + torch.compile reduce-overhead bf16", samples))
     except Exception as e:  # noqa: BLE001 - report and keep the other anchors
         print(f"HF static cache + torch.compile: not available ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+
+    # The prefill in bf16 (SDPA attention) under torch.compile's default mode, every position's
+    # logits: the anchor the bf16 model's prefill is measured against.
+    m = base.to(torch.bfloat16)
+    try:
+        compiled = torch.compile(m)
+        ids = [torch.randint(0, 50257, (4, 1024), device="cuda") for _ in range(3)]
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            for x in ids:
+                compiled(x, use_cache=False)
+            print(f"  (compiled prefill: {time.perf_counter() - t0:.1f} s with compilation)")
+            med, lo, hi = time_fn([lambda x=x: compiled(x, use_cache=False) for x in ids], target_ms=500.0, min_reps=5)
+        out.append(dict(family="gpt2", op="model", shape="prefill B=4,T=1024", name="HF bf16 + torch.compile",
+                        median_ms=med, min_ms=lo, max_ms=hi))
+        print(f"gpt2/model prefill HF bf16 + torch.compile: {med:.2f} ms")
+    except Exception as e:  # noqa: BLE001 - report and keep the other anchors
+        print(f"HF bf16 + torch.compile prefill: not available ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     return out
 
 
