@@ -163,7 +163,7 @@ mod model {
     }
 
     #[test]
-    fn reference_forward_with_no_layers_is_the_tied_head_of_the_embedding() {
+    fn reference_with_no_layers_is_the_tied_head_of_the_embedding() {
         let cfg = Config { layers: 0, ..TINY };
         let mut w = Weights::random(&cfg, 5);
         w.lnf_w = vec![1.0; cfg.c];
