@@ -219,6 +219,36 @@ impl Verification {
     /// ([`Gpu::non_finite`]), so a large output (an LM head's 800 MB) costs milliseconds to check,
     /// not a copy of the whole.
     pub fn add_device_rows<T: Element>(
+        self,
+        gpu: &Gpu,
+        output: &str,
+        out: &CudaView<T>,
+        dims: (usize, usize),
+        rows: &[usize],
+        reference: &[f64],
+    ) -> Result<Verification> {
+        self.device_rows(gpu, output, out, dims, rows, reference, None)
+    }
+
+    /// [`Verification::add_device_rows`] with the error relative to `magnitude` (one per reference
+    /// element, as [`compare_scaled`]): for outputs whose value may cancel while their rounding
+    /// error does not, such as a product plus a residual.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_device_rows_scaled<T: Element>(
+        self,
+        gpu: &Gpu,
+        output: &str,
+        out: &CudaView<T>,
+        dims: (usize, usize),
+        rows: &[usize],
+        reference: &[f64],
+        magnitude: &[f64],
+    ) -> Result<Verification> {
+        self.device_rows(gpu, output, out, dims, rows, reference, Some(magnitude))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn device_rows<T: Element>(
         mut self,
         gpu: &Gpu,
         output: &str,
@@ -226,15 +256,25 @@ impl Verification {
         (total, row_len): (usize, usize),
         rows: &[usize],
         reference: &[f64],
+        magnitude: Option<&[f64]>,
     ) -> Result<Verification> {
         let compared = gpu.download_row_set(out, row_len, rows)?;
-        if rows.len() == total && rows.iter().enumerate().all(|(i, &r)| i == r) {
-            return Ok(self.add(output, &compared, reference));
+        let whole = rows.len() == total && rows.iter().enumerate().all(|(i, &r)| i == r);
+        let name = if whole { output.to_string() } else { format!("{output} ({} of {total} rows)", rows.len()) };
+        self.outputs.push(match magnitude {
+            Some(m) => compare_scaled(&name, &compared, reference, m),
+            None => compare(&name, &compared, reference),
+        });
+        if !whole {
+            let have = out.len().min(total * row_len);
+            let found = gpu.non_finite(&out.slice(..have))?;
+            self.outputs.push(ErrorStats::counted(
+                &format!("{output} (every row finite)"),
+                found,
+                have,
+                total * row_len,
+            ));
         }
-        let have = out.len().min(total * row_len);
-        let found = gpu.non_finite(&out.slice(..have))?;
-        self.outputs.push(compare(&format!("{output} ({} of {total} rows)", rows.len()), &compared, reference));
-        self.outputs.push(ErrorStats::counted(&format!("{output} (every row finite)"), found, have, total * row_len));
         Ok(self)
     }
 

@@ -13,9 +13,9 @@ use common::{
 };
 
 use crate::gemm::{check_dims, check_gemm, elementwise, gemm_limits, CublasLt, Dims, Gemm, Ptrs, Wmma, M3_TUNABLES};
-use crate::linear::{inputs, verify_rows, M3_DEFINES};
+use crate::linear::{inputs, verify_rows_scaled, M3_DEFINES};
 use crate::lt::{LtEpilogue, LtOperands};
-use crate::reference::{gelu_tanh, linear_rows, sampled_rows};
+use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "linear-epilogue";
@@ -337,6 +337,7 @@ impl Op for LinearEpilogue {
         let residual = (epilogue == Epilogue::BiasResidual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3));
         let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
         let reference = reference_rows(&x, &w, &b, residual.as_deref(), epilogue, d.n, d.k, &rows);
+        let magnitude = magnitude_rows(&x, &w, Some(&b), residual.as_deref(), d.n, d.k, &rows);
         let res_elems = if residual.is_some() { d.m * d.n } else { 0 };
         let bytes_per_copy = (4 * (d.m * d.k + d.n * d.k + d.m * d.n + res_elems)) as u64;
         let copies = rotation_copies(gpu, bytes_per_copy);
@@ -349,6 +350,7 @@ impl Op for LinearEpilogue {
             out: Rotated::outputs(gpu, d.m * d.n, copies)?,
             rows,
             reference,
+            magnitude,
             copies,
             prepared: Current::default(),
         }))
@@ -364,6 +366,8 @@ struct EpilogueProblem {
     out: Rotated<f32>,
     rows: Vec<usize>,
     reference: Vec<f64>,
+    /// The scale of each reference element's error ([`magnitude_rows`]).
+    magnitude: Vec<f64>,
     copies: usize,
     prepared: Current<Prepared>,
 }
@@ -403,6 +407,7 @@ impl Problem for EpilogueProblem {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        verify_rows(gpu, v, &self.out.get(copy).as_view(), &self.reference, &self.rows, self.d.gemm())
+        let out = self.out.get(copy).as_view();
+        verify_rows_scaled(gpu, v, &out, &self.reference, &self.magnitude, &self.rows, self.d.gemm())
     }
 }

@@ -227,6 +227,21 @@ pub(crate) fn verify_rows<T: Element>(
     Verification::new(v.tolerance()).add_device_rows(gpu, "out", out, (d.m, d.n), rows, reference)
 }
 
+/// [`verify_rows`] for a tailed output, its error relative to `magnitude`
+/// ([`crate::reference::magnitude_rows`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn verify_rows_scaled<T: Element>(
+    gpu: &Gpu,
+    v: &Variant,
+    out: &CudaView<T>,
+    reference: &[f64],
+    magnitude: &[f64],
+    rows: &[usize],
+    d: Dims,
+) -> Result<Verification> {
+    Verification::new(v.tolerance()).add_device_rows_scaled(gpu, "out", out, (d.m, d.n), rows, reference, magnitude)
+}
+
 pub struct Linear;
 
 fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {

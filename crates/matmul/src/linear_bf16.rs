@@ -24,10 +24,10 @@ use common::{
 use half::bf16;
 
 use crate::gemm::{check_dims, Dims, ELEMS_MK, ELEMS_MN, ELEMS_NK};
-use crate::linear::{inputs, verify_rows};
+use crate::linear::{inputs, verify_rows, verify_rows_scaled};
 pub use crate::lt::Output;
 use crate::lt::{Lt, LtEpilogue, LtOperands};
-use crate::reference::{gelu_tanh, linear_rows, sampled_rows};
+use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "linear-bf16";
@@ -860,6 +860,12 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearBf16Dims, seed: u64) -> Result<Box
         }
         _ => {}
     }
+    // A tailed output may cancel (a product plus a residual): its error is measured against the
+    // magnitude of its terms.
+    let magnitude = (d.tail != Tail::None).then(|| {
+        let r: Option<Vec<f32>> = residual.as_ref().map(|r| r.iter().map(|&y| y.to_f32()).collect());
+        magnitude_rows(&x, &w, d.bias.then_some(&b_wide[..]), r.as_deref(), d.n, d.k, &rows)
+    });
     let out_bytes = d.out.bytes() as usize;
     let copies = rotation_copies(gpu, (2 * (d.m * d.k + d.n * d.k) + out_bytes * d.m * d.n) as u64);
     Ok(Box::new(LinearBf16Problem::<T> {
@@ -871,6 +877,7 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearBf16Dims, seed: u64) -> Result<Box
         out: Rotated::outputs(gpu, d.m * d.n, copies)?,
         rows,
         reference,
+        magnitude,
         copies,
         prepared: Current::default(),
     }))
@@ -885,6 +892,8 @@ struct LinearBf16Problem<T: OutElement> {
     out: Rotated<T>,
     rows: Vec<usize>,
     reference: Vec<f64>,
+    /// With a tail, the scale of each reference element's error ([`magnitude_rows`]).
+    magnitude: Option<Vec<f64>>,
     copies: usize,
     prepared: Current<Prepared>,
 }
@@ -928,7 +937,10 @@ impl<T: OutElement> Problem for LinearBf16Problem<T> {
             constraint: "out's checked element type has its size".into(),
             got: std::any::type_name::<T::Checked>().into(),
         })?;
-        verify_rows(gpu, v, &checked, &self.reference, &self.rows, self.d.gemm())
+        match &self.magnitude {
+            Some(m) => verify_rows_scaled(gpu, v, &checked, &self.reference, m, &self.rows, self.d.gemm()),
+            None => verify_rows(gpu, v, &checked, &self.reference, &self.rows, self.d.gemm()),
+        }
     }
 }
 

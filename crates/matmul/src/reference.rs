@@ -49,6 +49,30 @@ pub fn linear_rows(inp: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, k: us
     out
 }
 
+/// The scale a tailed linear output's error is measured against, for the given rows: the sum of
+/// the magnitudes of its terms, sum_k |x_k w_k| + |bias| (+ |residual|). The output itself may
+/// cancel to near zero (a product plus a residual of the opposite sign) while its rounding error,
+/// which comes from the terms, does not; GELU changes neither by more than a factor 1.13.
+pub fn magnitude_rows(
+    inp: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    n: usize,
+    k: usize,
+    rows: &[usize],
+) -> Vec<f64> {
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+    let b = bias.map(abs);
+    let mut m = linear_rows(&abs(inp), &abs(w), b.as_deref(), n, k, rows);
+    if let Some(r) = residual {
+        for (o, &row) in m.chunks_mut(n.max(1)).zip(rows) {
+            o.iter_mut().zip(&r[row * n..(row + 1) * n]).for_each(|(x, y)| *x += y.abs() as f64);
+        }
+    }
+    m
+}
+
 /// GELU, tanh form (GPT-2's), in f64.
 pub fn gelu_tanh(x: f64) -> f64 {
     let c = (2.0 / std::f64::consts::PI).sqrt();
