@@ -529,13 +529,23 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 for &(cached, graphed) in modes {
                     let r = gpt2::check::check(&gpu, &reference, &spec, cached, graphed)?;
                     let agree = r.tokens.iter().zip(&r.reference_tokens).all(|(a, b)| a == b);
+                    let (prefill_tol, decode_tol) = r.limits();
+                    let yardstick = match &r.criterion {
+                        gpt2::check::Criterion::HfBf16 { prefill, decode, .. } => format!(
+                            " ({}x HF bf16's {prefill:.2e} / {decode:.2e}; tokens where HF bf16's agree)",
+                            gpt2::check::HF_BF16_FACTOR
+                        ),
+                        gpt2::check::Criterion::Fixed { .. } => String::new(),
+                    };
                     println!(
                         "plan {:<24} prefill logits rel L2 {:.2e}  greedy-step logits rel L2 (worst) {:.2e}  \
-                     tol {:.0e}  greedy tokens {}  {}",
+                     tol {:.2e} / {:.2e}{}  greedy tokens {}  {}",
                         r.plan,
                         r.prefill_rel_l2,
                         r.decode_rel_l2,
-                        r.tolerance,
+                        prefill_tol,
+                        decode_tol,
+                        yardstick,
                         if agree {
                             "all equal".to_string()
                         } else {

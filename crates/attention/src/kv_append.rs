@@ -1,17 +1,18 @@
-//! KV append: from a fused QKV projection's fp32 rows `[q | k | v]` to decode attention's inputs —
+//! KV append: from a fused QKV projection's rows `[q | k | v]` (fp32 or bf16) to decode attention's inputs —
 //! q as bf16 `[R, C]`, and k and v written as bf16 into cells `(seq[r], pos[r])` of contiguous
 //! `[B, Tmax, H, D]` caches or of a paged cache (the decode op's [`PagedCache`]) — plus the widening
 //! of decode attention's bf16 output back to fp32. What a model runs around the `decode` op.
 //!
 //! Shape keys: `R` (rows), `B`, `Tmax`, `C`, `D` (head size, for the paged layout; default 64),
-//! `bs` (0: contiguous, 16 or 32: a paged cache of that block size; default 0).
+//! `bs` (0: contiguous, 16 or 32: a paged cache of that block size; default 0), `in` (the QKV rows'
+//! element bits: 32, the default, or 16 for bf16).
 
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, uniform};
 use common::{
-    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Act, ActBuf, ActType, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op,
+    OpInfo, Precision, Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 use rand::seq::SliceRandom;
@@ -49,12 +50,14 @@ pub struct KvAppendDims {
     pub head: usize,
     /// 0: contiguous caches; 16 or 32: a paged cache of that block size.
     pub block_size: usize,
+    /// The QKV rows' element type.
+    pub input: ActType,
 }
 
 impl KvAppendDims {
     /// A contiguous cache of 64-element heads.
     pub fn contiguous(rows: usize, b: usize, tmax: usize, c: usize) -> KvAppendDims {
-        KvAppendDims { rows, b, tmax, c, head: 64, block_size: 0 }
+        KvAppendDims { rows, b, tmax, c, head: 64, block_size: 0, input: ActType::F32 }
     }
 
     fn heads(&self) -> Heads {
@@ -121,9 +124,10 @@ pub struct Prepared {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: KvAppendDims) -> Result<Prepared> {
     check_shape(d)?;
     let lin = |n: usize| LaunchShape::linear((n as u32).div_ceil(THREADS), THREADS);
-    let entry = if d.block_size > 0 { "kv_append_paged_bf16" } else { "kv_append_bf16" };
+    let layout = if d.block_size > 0 { "kv_append_paged_bf16" } else { "kv_append_bf16" };
+    let entry = if d.input == ActType::Bf16 { format!("{layout}_in16") } else { layout.to_string() };
     Ok(Prepared {
-        append: gpu.prepare_launch(&SOURCES, v, entry, lin(d.rows * d.c))?,
+        append: gpu.prepare_launch(&SOURCES, v, &entry, lin(d.rows * d.c))?,
         widen: gpu.prepare_launch(&SOURCES, v, "kv_out_f32", lin(d.rows * d.c))?,
         d,
     })
@@ -135,11 +139,12 @@ pub enum KvTarget<'a> {
     Paged(&'a mut PagedCache),
 }
 
-/// The buffers of one append: `q_out` `[R, C]`, the cache, the QKV rows and their cells.
+/// The buffers of one append: `q_out` `[R, C]`, the cache, the QKV rows (of the prepared type) and
+/// their cells.
 pub struct KvAppendArgs<'a> {
     pub q_out: &'a mut CudaSlice<u16>,
     pub cache: KvTarget<'a>,
-    pub qkv: &'a CudaSlice<f32>,
+    pub qkv: Act<'a>,
     pub cells: &'a Cells,
 }
 
@@ -151,8 +156,12 @@ impl Prepared {
         })?;
         require_len("cells", a.cells.seq.len(), d.rows)?;
         require_len("q_out", a.q_out.len(), d.rows * d.c)?;
+        require(a.qkv.ty() == d.input, "qkv of the type prepared (in = 32: f32, in = 16: bf16)", || {
+            format!("{:?} rows for {:?}", a.qkv.ty(), d.input)
+        })?;
         require_len("qkv", a.qkv.len(), d.rows * 3 * d.c)?;
-        let (q, qkv, seq, pos) = (Arg::buf(a.q_out), Arg::buf(a.qkv), Arg::buf(&a.cells.seq), Arg::buf(&a.cells.pos));
+        let (q, qkv, seq, pos) =
+            (Arg::buf(a.q_out), Arg::Ptr(a.qkv.ptr()), Arg::buf(&a.cells.seq), Arg::buf(&a.cells.pos));
         let (rows, c) = (Arg::int(d.rows), Arg::int(d.c));
         match a.cache {
             KvTarget::Contiguous { k, v } => {
@@ -214,6 +223,13 @@ fn shape(r: i64, b: i64, tmax: i64, c: i64, bs: i64) -> Shape {
     Shape::new(&[("R", r), ("B", b), ("Tmax", tmax), ("C", c), ("D", 64), ("bs", bs)])
 }
 
+/// [`shape`] from bf16 QKV rows (`in` = 16).
+fn shape_bf16_in(r: i64, b: i64, tmax: i64, c: i64, bs: i64) -> Shape {
+    let mut s = shape(r, b, tmax, c, bs);
+    s.set("in", 16);
+    s
+}
+
 fn dims(s: &Shape) -> Result<KvAppendDims> {
     let big = i32::MAX as i64;
     let bs = s.get("bs").unwrap_or(0);
@@ -225,15 +241,17 @@ fn dims(s: &Shape) -> Result<KvAppendDims> {
         c: s.dim("C", big)?,
         head: if s.get("D").is_some() { s.dim("D", big)? } else { 64 },
         block_size: bs as usize,
+        input: ActType::from_key(s, "in")?,
     })
 }
 
 static INFO: OpInfo = OpInfo {
     family: FAMILY,
     name: OP,
-    description: "QKV rows (fp32) to bf16 q and to their (seq, pos) cells of bf16 K/V caches (contiguous or paged)",
+    description:
+        "QKV rows (fp32 or bf16) to bf16 q and to their (seq, pos) cells of bf16 K/V caches (contiguous or paged)",
     sources: &SOURCES,
-    shape_keys: &["R", "B", "Tmax", "C", "D", "bs"],
+    shape_keys: &["R", "B", "Tmax", "C", "D", "bs", "in"],
     stages,
 };
 
@@ -245,12 +263,15 @@ impl Op for KvAppend {
     }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 decode at batch 8 (one row per sequence), and a 1024-token prefill of one sequence,
-        // into contiguous and into paged caches (a ragged context: not a multiple of the block).
+        // into contiguous and into paged caches (a ragged context: not a multiple of the block); the
+        // prefill again from a bf16 model's QKV rows.
         vec![
             shape(8, 8, 1024, 768, 0),
             shape(1024, 8, 1024, 768, 0),
             shape(8, 8, 1000, 768, 16),
             shape(1000, 8, 1000, 768, 16),
+            shape_bf16_in(1024, 8, 1024, 768, 0),
+            shape_bf16_in(1000, 8, 1000, 768, 16),
         ]
     }
     fn validate(&self, _v: &Variant, s: &Shape) -> Result<()> {
@@ -276,7 +297,8 @@ impl Op for KvAppend {
         let mut all: Vec<(usize, usize)> = (0..d.b).flat_map(|b| (0..d.tmax).map(move |t| (b, t))).collect();
         all.shuffle(&mut rng(seed));
         all.truncate(d.rows);
-        let qkv = uniform(d.rows * 3 * d.c, -2.0, 2.0, seed ^ 1);
+        // bf16 rows: rounded once at upload; the reference holds exactly those values.
+        let (qkv_dev, qkv) = ActBuf::upload(gpu, d.input, &uniform(d.rows * 3 * d.c, -2.0, 2.0, seed ^ 1))?;
         let cache = if d.block_size == 0 {
             Cache::Contiguous { k: gpu.zeros(d.b * d.tmax * d.c)?, v: gpu.zeros(d.b * d.tmax * d.c)? }
         } else {
@@ -292,7 +314,7 @@ impl Op for KvAppend {
             d,
             cells: Cells::upload(gpu, &all, d.b, d.tmax)?,
             cell_list: all,
-            qkv_dev: gpu.upload(&qkv)?,
+            qkv_dev,
             qkv,
             q: gpu.zeros(d.rows * d.c)?,
             cache,
@@ -306,7 +328,7 @@ struct KvAppendProblem {
     cells: Cells,
     cell_list: Vec<(usize, usize)>,
     qkv: Vec<f32>,
-    qkv_dev: CudaSlice<f32>,
+    qkv_dev: ActBuf,
     q: CudaSlice<u16>,
     cache: Cache,
     prepared: Current<Prepared>,
@@ -323,7 +345,8 @@ type CellIndex = dyn Fn(usize, usize, usize) -> (usize, usize);
 impl Problem for KvAppendProblem {
     fn workload(&self) -> Workload {
         let n = (self.d.rows * self.d.c) as u64;
-        Workload { bytes: 12 * n + 6 * n + 8 * self.d.rows as u64, flops: 0, bound: Bound::Memory }
+        let read = 3 * self.d.input.bytes() as u64 * n;
+        Workload { bytes: read + 6 * n + 8 * self.d.rows as u64, flops: 0, bound: Bound::Memory }
     }
     fn copies(&self) -> usize {
         1
@@ -349,7 +372,7 @@ impl Problem for KvAppendProblem {
             Cache::Contiguous { k, v } => KvTarget::Contiguous { k, v },
             Cache::Paged(p) => KvTarget::Paged(p),
         };
-        p.enqueue(stream, KvAppendArgs { q_out: &mut self.q, cache, qkv: &self.qkv_dev, cells: &self.cells })
+        p.enqueue(stream, KvAppendArgs { q_out: &mut self.q, cache, qkv: self.qkv_dev.act(), cells: &self.cells })
     }
     fn verify(&mut self, gpu: &Gpu, _copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;

@@ -10,7 +10,7 @@ use common::data::{rotation_copies, uniform, Rotated};
 use std::borrow::Cow;
 
 use common::{
-    require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
@@ -240,12 +240,12 @@ pub struct Prepared {
     tma: bool,
 }
 
-/// The buffers of one call.
+/// The buffers of one call; `out` and `qkv` hold bf16 bit patterns (as the bf16 GEMMs' do).
 pub struct PrefillBf16Args<'a> {
-    pub out: &'a mut CudaSlice<bf16>,
+    pub out: &'a mut CudaSlice<u16>,
     /// `[B, NH, T]`.
     pub lse: &'a mut CudaSlice<f32>,
-    pub qkv: &'a CudaSlice<bf16>,
+    pub qkv: &'a CudaSlice<u16>,
 }
 
 /// Prepares stage `v` for `d`: checks the shape and configures its kernel.
@@ -357,8 +357,9 @@ impl Op for PrefillBf16 {
         check_shape(d)?;
         let Dims { b, t, c, nh } = d.dims;
         // Scores with a spread of ~1.3 (as the fp32 op); the reference reads the bf16-rounded values.
-        let qkv: Vec<bf16> = uniform(b * t * 3 * c, -2.0, 2.0, seed).into_iter().map(bf16::from_f32).collect();
-        let rounded: Vec<f32> = qkv.iter().map(|x| x.to_f32()).collect();
+        let qkv: Vec<u16> =
+            uniform(b * t * 3 * c, -2.0, 2.0, seed).into_iter().map(|x| bf16::from_f32(x).to_bits()).collect();
+        let rounded: Vec<f32> = qkv.iter().map(|&x| bf16::from_bits(x).to_f32()).collect();
         let rows = checked_rows(b * t, c, seed ^ 4);
         let (out_ref, lse_ref) = attention_rows(&rounded, d.dims, d.mask(), &rows);
         let magnitude = score_magnitude_rows(&rounded, d.dims, d.mask(), &rows);
@@ -380,8 +381,8 @@ impl Op for PrefillBf16 {
 
 struct PrefillBf16Problem {
     d: PrefillBf16Dims,
-    qkv: Rotated<bf16>,
-    out: Rotated<bf16>,
+    qkv: Rotated<u16>,
+    out: Rotated<u16>,
     lse: Rotated<f32>,
     /// The (batch, token) rows compared with the reference ([`checked_rows`]), their `out` and
     /// `lse` (per head) and their rows' score magnitudes per head, the scale lse is checked against.
@@ -425,7 +426,10 @@ impl Problem for PrefillBf16Problem {
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
         let Dims { b, t, c, nh } = self.d.dims;
-        let out = self.out.get(copy).as_view();
+        let out = self.out.get(copy);
+        // SAFETY: u16 and bf16 have one size and alignment; the buffer holds bf16 bit patterns.
+        let out =
+            unsafe { out.transmute::<bf16>(out.len()) }.ok_or_else(|| Error::constraint("out as bf16", "no view"))?;
         let mut ver = Verification::new(v.tolerance()).add_device_rows(
             gpu,
             "out",

@@ -15,18 +15,20 @@ use serde::{Deserialize, Serialize};
 use attention::decode::{Decode, Layout};
 use attention::kv_append::KvAppend;
 use attention::prefill::Prefill;
+use attention::prefill_bf16::PrefillBf16;
 use common::ceilings::Ceilings;
 use common::runner::{self, RunOptions, Status};
 use common::timing::TimingConfig;
 use common::{Error, Gpu, Op, Result, Shape};
 use matmul::gemv::Gemv;
 use matmul::linear::Linear;
+use matmul::linear_bf16::LinearBf16;
 use norm::layernorm::LayerNorm;
 
 use crate::argmax::Argmax;
 use crate::config::Config;
 use crate::encoder::Encoder;
-use crate::plan::{Plan, Stages, OFF, PLAN_OPS};
+use crate::plan::{Plan, Stages, BF16_OPS, OFF, PLAN_OPS};
 use crate::pointwise::{Gelu, Residual};
 use crate::sample::Sample;
 
@@ -36,7 +38,7 @@ pub const PREFILL_B: usize = 4;
 pub const DECODE_BATCHES: [usize; 3] = [1, 8, 32];
 
 /// Bump when the selection changes, so old cache files are not trusted.
-const CACHE_VERSION: u32 = 3;
+const CACHE_VERSION: u32 = 4;
 
 /// One op's evidence: every stage's median at each shape (`None`: failed, or not applicable).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -84,6 +86,15 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
     // The LM head at the padded vocabulary, as the model runs it.
     let linears = [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c), (cfg.padded_vocab() as i64, c)];
     let decode = |b: usize| vec![("B", b as i64), ("HQ", nh), ("HKV", nh), ("D", hs), ("seq", t), ("ragged", 0)];
+    // The bf16 pass's linears as it runs them: QKV storing bf16, the projections adding into the
+    // fp32 residual stream, the MLP up with GELU storing bf16, the LM head (no bias) storing fp32.
+    let linears_bf16 = [
+        (3 * c, c, 1, 0, 16),
+        (c, c, 1, 2, 32),
+        (4 * c, c, 1, 1, 16),
+        (c, 4 * c, 1, 2, 32),
+        (cfg.padded_vocab() as i64, c, 0, 0, 32),
+    ];
     let ops: Vec<(&'static dyn Op, Vec<Dims>)> = vec![
         (&Encoder, vec![vec![("B", PREFILL_B as i64), ("T", t), ("C", c), ("V", v)]]),
         (&LayerNorm, vec![vec![("rows", rows), ("C", c)]]),
@@ -115,6 +126,17 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
                 .map(|&b| vec![("B", b as i64), ("V", v), ("ld", vp), ("k", 50), ("p", 900), ("t", 100)])
                 .collect(),
         ),
+        (&LayerNorm, vec![vec![("rows", rows), ("C", c), ("out", 16)]]),
+        (
+            &LinearBf16,
+            linears_bf16
+                .iter()
+                .map(|&(n, k, bias, epi, out)| {
+                    vec![("M", rows), ("N", n), ("K", k), ("bias", bias), ("epi", epi), ("out", out)]
+                })
+                .collect(),
+        ),
+        (&PrefillBf16, vec![vec![("B", PREFILL_B as i64), ("T", t), ("NH", nh), ("HS", hs), ("causal", 1)]]),
     ];
     ops.into_iter()
         .map(|(op, shapes)| {
@@ -217,8 +239,9 @@ fn select(gpu: &Gpu, cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Sel
 
 /// The plan `NAME[:op=stage,...]`: a named plan with overrides. `fastest` is, for each op, the stage that
 /// ran fastest at this model's shapes on this device (the ladders run once, then the choice is
-/// cached), with the decode step's linears on the plan's `linear`;
-/// `fastest-bf16` adds the fastest GEMV on bf16 weights for them.
+/// cached), with fp32 activations and the decode step's linears on the plan's `linear`;
+/// `fastest-bf16` runs the whole-sequence pass on the fastest bf16 stages and the decode step's
+/// linears on the fastest GEMV.
 pub fn resolve(gpu: &Gpu, cfg: &Config, spec: &str, progress: &mut dyn FnMut(&str)) -> Result<Plan> {
     let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
     let fastest = name == "fastest" || name == "fastest-bf16";
@@ -226,6 +249,7 @@ pub fn resolve(gpu: &Gpu, cfg: &Config, spec: &str, progress: &mut dyn FnMut(&st
         let mut stages = selection(gpu, cfg, false, progress)?.stages();
         if name == "fastest" {
             stages[8] = OFF;
+            stages[BF16_OPS..].fill(OFF);
         }
         Plan::from_stages(name, stages)?
     } else {
@@ -254,6 +278,18 @@ pub fn apply_tuned(dir: &Path, uuid: &str, cfg: &Config, plan: &mut Plan) -> Res
         }
     }
     Ok(())
+}
+
+/// The first stage of op `i` of [`PLAN_OPS`] (in its ladder's order) that can run at every shape the
+/// model runs it at: where the leave-one-op-out rows put an op (stage 0, or for `linear-bf16` the
+/// first rung that fuses the tails and stores bf16).
+pub fn first_runnable(cfg: &Config, i: usize) -> Result<u32> {
+    let (op, shapes) = &model_ops(cfg)[i];
+    op.variants()
+        .into_iter()
+        .find(|v| shapes.iter().all(|s| op.validate(v, s).is_ok()))
+        .map(|v| v.stage)
+        .ok_or_else(|| Error::constraint(format!("a stage of {} that runs at the model's shapes", PLAN_OPS[i]), "none"))
 }
 
 /// The stage with the smallest sum over shapes of its time over the shape's best time.

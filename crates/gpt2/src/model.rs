@@ -19,15 +19,16 @@ use std::sync::Arc;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::uniform;
 use common::timing::{Timing, TimingConfig};
-use common::{require, DriverContext, Error, Gpu, Result};
+use common::{require, Act, ActMut, ActType, DriverContext, Error, Gpu, Result};
 
 use attention::decode::{self as attn_decode, DecodeArgs, DecodeDims, Dtype, Heads, Layout, PagedCache, SeqLens};
 use attention::kv_append::{self, Cells, KvAppendArgs, KvAppendDims};
 use attention::prefill::{self, PrefillArgs, PrefillDims};
+use attention::prefill_bf16::{self, PrefillBf16Args, PrefillBf16Dims};
 use attention::reference::Dims as AttnDims;
-use matmul::gemv::{self, GemvArgs, GemvDims, GemvInput, Input};
+use matmul::gemv::{self, GemvArgs, GemvDims};
 use matmul::linear::{self, LinearArgs, LinearDims};
-use matmul::linear_bf16::Tail;
+use matmul::linear_bf16::{self, LinearBf16Args, LinearBf16Dims, Output, Tail};
 use norm::layernorm::{self, LayerNormArgs, LayerNormDims};
 
 use crate::argmax::{self, ArgmaxDims};
@@ -35,14 +36,32 @@ use crate::cache::{KvCache, LayerCache, PAGED_BLOCK};
 use crate::config::{Config, LN_EPS};
 use crate::encoder::{self, EncoderArgs, EncoderDims, Positions, TokenIds};
 use crate::graph;
-use crate::plan::Plan;
+use crate::plan::{Bf16Stages, Plan};
 use crate::pointwise::{self, Kind};
 use crate::sample::{self, SampleDims};
 use crate::sampling::Sampling;
 use crate::weights::{Block, Params, Weights};
 
-/// Every op of the forward pass prepared for one (B, T).
-struct Prepared {
+/// Every op of the whole-sequence pass prepared for one (B, T), in the plan's precision.
+enum Prepared {
+    F32(Box<Stages32>),
+    Bf16(Box<Stages16>),
+}
+
+impl Prepared {
+    /// The logits a pass ending in `which` wrote: `[B·T, Vp]` or `[B, Vp]`.
+    fn logits(&self, which: Logits) -> &CudaSlice<f32> {
+        match (self, which) {
+            (Prepared::F32(p), Logits::All) => &p.acts.logits,
+            (Prepared::F32(p), Logits::Last) => &p.last.logits,
+            (Prepared::Bf16(p), Logits::All) => &p.acts.logits,
+            (Prepared::Bf16(p), Logits::Last) => &p.last.logits,
+        }
+    }
+}
+
+/// The fp32 pass's stages for one (B, T).
+struct Stages32 {
     encoder: encoder::Prepared,
     layernorm: layernorm::Prepared,
     /// A block's linears, in [`BlockLinear`] order.
@@ -52,7 +71,20 @@ struct Prepared {
     gelu: pointwise::Prepared,
     residual: pointwise::Prepared,
     acts: Activations,
-    last: LastLogits,
+    last: LastLogits<linear::Prepared, f32>,
+}
+
+/// The bf16 pass's stages for one (B, T) ([`crate::plan::Bf16Stages`]): the block's GELU and
+/// residual adds run in its linears' tails.
+struct Stages16 {
+    encoder: encoder::Prepared,
+    layernorm: layernorm::Prepared,
+    /// A block's linears, in [`BlockLinear`] order.
+    linears: [linear_bf16::Prepared; 4],
+    lm_head: linear_bf16::Prepared,
+    attention: prefill_bf16::Prepared,
+    acts: Activations16,
+    last: LastLogits<linear_bf16::Prepared, u16>,
 }
 
 /// Which positions' logits a whole-sequence pass computes: every one (what the model table's
@@ -64,14 +96,32 @@ pub enum Logits {
     Last,
 }
 
-/// The LM head over each sequence's last position: those rows of `ln`, gathered, and their logits.
-struct LastLogits {
-    lm_head: linear::Prepared,
-    ln: CudaSlice<f32>,
+/// The LM head over each sequence's last position: those rows of the final LayerNorm's output
+/// (of element type `E`), gathered, and their logits.
+struct LastLogits<L, E> {
+    lm_head: L,
+    ln: CudaSlice<E>,
     logits: CudaSlice<f32>,
 }
 
-/// The activations of one (B, T) forward pass.
+impl<L, E: common::cudarc::driver::DeviceRepr + common::cudarc::driver::ValidAsZeroBits> LastLogits<L, E> {
+    fn new(gpu: &Gpu, cfg: &Config, b: usize, lm_head: L) -> Result<Self> {
+        Ok(LastLogits { lm_head, ln: gpu.zeros(b * cfg.c)?, logits: gpu.zeros(b * cfg.padded_vocab())? })
+    }
+
+    /// Copies row `t - 1` of each of the B sequences of `ln` (`[B·T, C]`) into `self.ln`.
+    fn gather(&mut self, s: &Arc<CudaStream>, ln: &CudaSlice<E>, (b, t, c): (usize, usize, usize)) -> Result<()> {
+        for i in 0..b {
+            let row = (i * t + t - 1) * c;
+            s.memcpy_dtod(&ln.slice(row..row + c), &mut self.ln.slice_mut(i * c..(i + 1) * c))
+                .ctx("gather the last positions")?;
+        }
+        Ok(())
+    }
+}
+
+/// The activations of one fp32 pass over `rows` token positions (B·T in the prefill, B in a decode
+/// step).
 struct Activations {
     x: CudaSlice<f32>,
     ln: CudaSlice<f32>,
@@ -101,7 +151,6 @@ impl Activations {
         }
     }
 
-    /// For `rows` token positions (B·T in the prefill, B in a decode step).
     fn new(gpu: &Gpu, cfg: &Config, rows: usize) -> Result<Activations> {
         let c = cfg.c;
         Ok(Activations {
@@ -114,6 +163,37 @@ impl Activations {
             att_lse: gpu.zeros(rows * cfg.heads)?,
             proj: gpu.zeros(rows * c)?,
             fc: gpu.zeros(rows * 4 * c)?,
+            gelu: gpu.zeros(rows * 4 * c)?,
+            logits: gpu.zeros(rows * cfg.padded_vocab())?,
+        })
+    }
+}
+
+/// The activations of one bf16 pass over `rows` positions: the residual stream `x` and the logits
+/// fp32, the rest bf16 bit patterns (`gelu`: the MLP up's output, GELU applied in its tail).
+struct Activations16 {
+    x: CudaSlice<f32>,
+    ln: CudaSlice<u16>,
+    mean: CudaSlice<f32>,
+    rstd: CudaSlice<f32>,
+    qkv: CudaSlice<u16>,
+    att: CudaSlice<u16>,
+    att_lse: CudaSlice<f32>,
+    gelu: CudaSlice<u16>,
+    logits: CudaSlice<f32>,
+}
+
+impl Activations16 {
+    fn new(gpu: &Gpu, cfg: &Config, rows: usize) -> Result<Activations16> {
+        let c = cfg.c;
+        Ok(Activations16 {
+            x: gpu.zeros(rows * c)?,
+            ln: gpu.zeros(rows * c)?,
+            mean: gpu.zeros(rows)?,
+            rstd: gpu.zeros(rows)?,
+            qkv: gpu.zeros(rows * 3 * c)?,
+            att: gpu.zeros(rows * c)?,
+            att_lse: gpu.zeros(rows * cfg.heads)?,
             gelu: gpu.zeros(rows * 4 * c)?,
             logits: gpu.zeros(rows * cfg.padded_vocab())?,
         })
@@ -147,7 +227,11 @@ impl Model {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
         let lm_head = padded_head(weights, &cfg);
-        let bf16 = if plan.gemv.is_some() { Some(Bf16Weights::new(gpu, weights, &lm_head)?) } else { None };
+        let bf16 = if plan.gemv.is_some() || plan.bf16.is_some() {
+            Some(Bf16Weights::new(gpu, weights, &lm_head)?)
+        } else {
+            None
+        };
         let weights = DeviceWeights { p: weights.map(|w| gpu.upload(w))?, lm_head: gpu.upload(&lm_head)?, bf16 };
         Ok(Model { cfg, plan, weights, prepared: HashMap::new(), decode: None, graph: false })
     }
@@ -161,40 +245,73 @@ impl Model {
         if self.prepared.len() >= 4 {
             self.prepared.clear();
         }
+        let cfg = self.cfg;
+        require(t >= 1 && t <= cfg.max_t, &format!("1 <= T <= context {}", cfg.max_t), || format!("T = {t}"))?;
+        let ed = EncoderDims { b, t, c: cfg.c, vocab: cfg.vocab, max_t: cfg.max_t };
+        let encoder = encoder::prepare(gpu, &self.plan.encoder, ed)?;
+        let prepared = match &self.plan.bf16 {
+            None => Prepared::F32(Box::new(self.prepare_f32(gpu, b, t, encoder)?)),
+            Some(bf) => Prepared::Bf16(Box::new(self.prepare_bf16(gpu, bf, b, t, encoder)?)),
+        };
+        self.prepared.insert((b, t), prepared);
+        Ok(())
+    }
+
+    fn prepare_f32(&self, gpu: &Gpu, b: usize, t: usize, encoder: encoder::Prepared) -> Result<Stages32> {
         let (cfg, p) = (self.cfg, &self.plan);
         let (c, m) = (cfg.c, b * t);
-        require(t >= 1 && t <= cfg.max_t, &format!("1 <= T <= context {}", cfg.max_t), || format!("T = {t}"))?;
-        let lin = |n: usize, k: usize, bias: bool| linear::prepare(gpu, &p.linear, LinearDims { m, n, k, bias });
-        let ed = EncoderDims { b, t, c, vocab: cfg.vocab, max_t: cfg.max_t };
+        let lin =
+            |m: usize, n: usize, k: usize, bias: bool| linear::prepare(gpu, &p.linear, LinearDims { m, n, k, bias });
         let ad = AttnDims { b, t, c, nh: cfg.heads };
-        let prepared = Prepared {
-            encoder: encoder::prepare(gpu, &p.encoder, ed)?,
-            layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: m, c })?,
-            linears: [lin(3 * c, c, true)?, lin(c, c, true)?, lin(4 * c, c, true)?, lin(c, 4 * c, true)?],
-            lm_head: lin(cfg.padded_vocab(), c, false)?,
+        Ok(Stages32 {
+            encoder,
+            layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: m, c, out: ActType::F32 })?,
+            linears: [lin(m, 3 * c, c, true)?, lin(m, c, c, true)?, lin(m, 4 * c, c, true)?, lin(m, c, 4 * c, true)?],
+            lm_head: lin(m, cfg.padded_vocab(), c, false)?,
             attention: prefill::prepare(gpu, &p.attention, PrefillDims { dims: ad, window: t })?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, m * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, m * c)?,
             acts: Activations::new(gpu, &cfg, m)?,
-            last: LastLogits {
-                lm_head: linear::prepare(
-                    gpu,
-                    &p.linear,
-                    LinearDims { m: b, n: cfg.padded_vocab(), k: c, bias: false },
-                )?,
-                ln: gpu.zeros(b * c)?,
-                logits: gpu.zeros(b * cfg.padded_vocab())?,
-            },
+            last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, false)?)?,
+        })
+    }
+
+    fn prepare_bf16(
+        &self,
+        gpu: &Gpu,
+        bf: &Bf16Stages,
+        b: usize,
+        t: usize,
+        encoder: encoder::Prepared,
+    ) -> Result<Stages16> {
+        let cfg = self.cfg;
+        let (c, m) = (cfg.c, b * t);
+        let lin = |m: usize, n: usize, k: usize, tail: Tail, out: Output| {
+            let bias = n != cfg.padded_vocab();
+            linear_bf16::prepare(gpu, &bf.linear, LinearBf16Dims { m, n, k, bias, tail, out })
         };
-        self.prepared.insert((b, t), prepared);
-        Ok(())
+        let dims = PrefillBf16Dims { dims: AttnDims { b, t, c, nh: cfg.heads }, causal: true };
+        Ok(Stages16 {
+            encoder,
+            layernorm: layernorm::prepare(gpu, &bf.layernorm, LayerNormDims { rows: m, c, out: ActType::Bf16 })?,
+            linears: [
+                lin(m, 3 * c, c, Tail::None, Output::Bf16)?,
+                lin(m, c, c, Tail::Residual, Output::F32)?,
+                lin(m, 4 * c, c, Tail::Gelu, Output::Bf16)?,
+                lin(m, c, 4 * c, Tail::Residual, Output::F32)?,
+            ],
+            lm_head: lin(m, cfg.padded_vocab(), c, Tail::None, Output::F32)?,
+            attention: prefill_bf16::prepare(gpu, &bf.attention, dims)?,
+            acts: Activations16::new(gpu, &cfg, m)?,
+            last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, Tail::None, Output::F32)?)?,
+        })
     }
 
     /// The logits `[B, T, V]` of `tokens` (`B` rows of `T` ids each).
     pub fn forward(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
         let (b, t) = self.run(gpu, tokens, Logits::All)?;
         let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
-        gpu.download_rows(&self.prepared[&(b, t)].acts.logits, b * t, v, vp)
+        gpu.download_rows(self.prepared[&(b, t)].logits(Logits::All), b * t, v, vp)
     }
 
     /// The logits of each row's last position only, `[B, V]` (what generation samples from): the
@@ -202,7 +319,7 @@ impl Model {
     pub fn forward_last(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
         let (b, t) = self.run(gpu, tokens, Logits::Last)?;
         let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
-        gpu.download_rows(&self.prepared[&(b, t)].last.logits, b, v, vp)
+        gpu.download_rows(self.prepared[&(b, t)].logits(Logits::Last), b, v, vp)
     }
 
     /// Checks `tokens`, prepares (B, T) and enqueues the forward pass on the harness stream.
@@ -219,7 +336,7 @@ impl Model {
         Ok((b, t))
     }
 
-    /// The forward pass, op by op, on `s`, ending in `logits`. With `fill`, each layer's k and v
+    /// The forward pass of (B, T) on `s`, ending in `logits`. With `fill`, each layer's k and v
     /// also go into the KV cache.
     fn enqueue_forward(
         &mut self,
@@ -227,45 +344,36 @@ impl Model {
         b: usize,
         t: usize,
         ids: &TokenIds,
-        mut fill: Option<Fill>,
+        fill: Option<Fill>,
         logits: Logits,
     ) -> Result<()> {
-        let (w, head) = (&self.weights.p, &self.weights.lm_head);
-        let op = self.prepared.get_mut(&(b, t)).expect("prepared above");
-        op.encoder.enqueue(s, EncoderArgs { out: &mut op.acts.x, tokens: ids, wte: &w.wte, wpe: &w.wpe })?;
-        let mut pass = Sequence { op, fill: fill.as_mut() };
-        for (i, l) in w.blocks.iter().enumerate() {
-            block(s, &mut pass, l, i)?;
-        }
-        let Sequence { op, .. } = pass;
-        layernorm(s, &op.layernorm, &mut op.acts, &w.lnf_w, &w.lnf_b)?;
-        let a = &mut op.acts;
-        match logits {
-            Logits::All => {
-                op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: head, bias: None })
-            }
-            Logits::Last => {
-                let (c, last) = (self.cfg.c, &mut op.last);
-                for i in 0..b {
-                    let row = (i * t + t - 1) * c;
-                    s.memcpy_dtod(&a.ln.slice(row..row + c), &mut last.ln.slice_mut(i * c..(i + 1) * c))
-                        .ctx("gather the last positions")?;
-                }
-                last.lm_head.enqueue(s, LinearArgs { out: &mut last.logits, inp: &last.ln, weight: head, bias: None })
-            }
+        let ctx = Whole { w: &self.weights, ids: Some(ids), fill, logits, b, t, c: self.cfg.c };
+        match self.prepared.get_mut(&(b, t)).expect("prepared before") {
+            Prepared::F32(op) => forward(s, &mut Sequence { op: op.as_mut(), ctx }, &self.weights.p),
+            Prepared::Bf16(op) => forward(s, &mut Sequence { op: op.as_mut(), ctx }, &self.weights.p),
         }
     }
 
     /// Enqueues transformer block `layer` alone, prepared for (B, T), on `s`, over whatever the
     /// activations hold: the unit the cross-family benches time.
-    pub fn enqueue_one_block(&mut self, gpu: &Gpu, s: &CudaStream, b: usize, t: usize, layer: usize) -> Result<()> {
+    pub fn enqueue_one_block(
+        &mut self,
+        gpu: &Gpu,
+        s: &Arc<CudaStream>,
+        b: usize,
+        t: usize,
+        layer: usize,
+    ) -> Result<()> {
         self.prepare(gpu, b, t)?;
         let l =
             self.weights.p.blocks.get(layer).ok_or_else(|| {
                 Error::constraint(format!("a layer below {}", self.cfg.layers), format!("layer {layer}"))
             })?;
-        let op = self.prepared.get_mut(&(b, t)).expect("prepared above");
-        block(s, &mut Sequence { op, fill: None }, l, layer)
+        let ctx = Whole { w: &self.weights, ids: None, fill: None, logits: Logits::All, b, t, c: self.cfg.c };
+        match self.prepared.get_mut(&(b, t)).expect("prepared above") {
+            Prepared::F32(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
+            Prepared::Bf16(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
+        }
     }
 }
 
@@ -288,26 +396,56 @@ impl BlockLinear {
             BlockLinear::FcProj => (&l.fcproj_w, &l.fcproj_b),
         }
     }
+
+    /// The name a per-op breakdown gives it.
+    fn name(self) -> &'static str {
+        match self {
+            BlockLinear::Qkv => "linear qkv",
+            BlockLinear::Proj => "linear proj",
+            BlockLinear::Fc => "linear fc",
+            BlockLinear::FcProj => "linear fcproj",
+        }
+    }
 }
 
-/// The ops of a block as one pass runs them on its prepared stages and activations: the
-/// whole-sequence pass ([`Sequence`]) and the decode step ([`Step`]) each implement it, and
-/// [`block`] calls them in order.
+/// The ops of the model as one pass runs them on its prepared stages and activations: the
+/// whole-sequence pass in fp32 or bf16 ([`Sequence`]) and the decode step ([`Step`]) each
+/// implement it, and [`forward`] and [`block`] call them in order.
 trait Pass {
+    /// `x = wte[token] + wpe[position]`.
+    fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()>;
     /// `ln = LayerNorm(x)` with gain `w` and bias `b`.
-    fn layernorm(&mut self, s: &CudaStream, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()>;
+    fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()>;
     /// Linear `which` of block `l` (layer `layer`), with its bias.
-    fn linear(&mut self, s: &CudaStream, which: BlockLinear, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()>;
+    fn linear(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        l: &Block<CudaSlice<f32>>,
+        layer: usize,
+    ) -> Result<()>;
     /// `att = attention(qkv)` over this layer's keys and values.
-    fn attention(&mut self, s: &CudaStream, layer: usize) -> Result<()>;
-    /// `gelu = GELU(fc)`.
-    fn gelu(&mut self, s: &CudaStream) -> Result<()>;
-    /// `x += proj`.
-    fn residual(&mut self, s: &CudaStream) -> Result<()>;
+    fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()>;
+    /// `gelu = GELU(fc)` (nothing where the MLP up applied it).
+    fn gelu(&mut self, s: &Arc<CudaStream>) -> Result<()>;
+    /// `x += proj` (nothing where the projection added it).
+    fn residual(&mut self, s: &Arc<CudaStream>) -> Result<()>;
+    /// `logits = ln · wteᵀ`.
+    fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()>;
+}
+
+/// The model, op by op: embeddings, the blocks, the final LayerNorm and the LM head.
+fn forward(s: &Arc<CudaStream>, p: &mut impl Pass, w: &Params<CudaSlice<f32>>) -> Result<()> {
+    p.embed(s)?;
+    for (i, l) in w.blocks.iter().enumerate() {
+        block(s, p, l, i)?;
+    }
+    p.layernorm(s, &w.lnf_w, &w.lnf_b)?;
+    p.lm_head(s)
 }
 
 /// One transformer block (layer `layer`, parameters `l`), op by op.
-fn block(s: &CudaStream, p: &mut impl Pass, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
+fn block(s: &Arc<CudaStream>, p: &mut impl Pass, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
     p.layernorm(s, &l.ln1_w, &l.ln1_b)?;
     p.linear(s, BlockLinear::Qkv, l, layer)?;
     p.attention(s, layer)?;
@@ -320,41 +458,156 @@ fn block(s: &CudaStream, p: &mut impl Pass, l: &Block<CudaSlice<f32>>, layer: us
     p.residual(s)
 }
 
-/// The whole-sequence pass of one (B, T) as a [`Pass`]; with `fill`, each layer's keys and values
-/// also go into the KV cache.
-struct Sequence<'a, 'f> {
-    op: &'a mut Prepared,
-    fill: Option<&'a mut Fill<'f>>,
+/// What a whole-sequence pass of (B, T) runs with besides its stages: the weights, the token ids,
+/// where its keys and values go (`fill`, a prefill into the KV cache) and which logits it ends in.
+struct Whole<'a, 'f> {
+    w: &'a DeviceWeights,
+    /// `None`: a block alone ([`Model::enqueue_one_block`]), which embeds nothing.
+    ids: Option<&'a TokenIds>,
+    fill: Option<Fill<'f>>,
+    logits: Logits,
+    b: usize,
+    t: usize,
+    c: usize,
 }
 
-impl Pass for Sequence<'_, '_> {
-    fn layernorm(&mut self, s: &CudaStream, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
-        layernorm(s, &self.op.layernorm, &mut self.op.acts, w, b)
+impl Whole<'_, '_> {
+    fn tokens(&self) -> Result<&TokenIds> {
+        self.ids.ok_or_else(|| Error::constraint("token ids for a pass that embeds", "a block alone"))
+    }
+}
+
+/// The whole-sequence pass of one (B, T) as a [`Pass`], on the fp32 stages ([`Stages32`]) or the
+/// bf16 ones ([`Stages16`]).
+struct Sequence<'a, 'f, S> {
+    op: &'a mut S,
+    ctx: Whole<'a, 'f>,
+}
+
+impl Pass for Sequence<'_, '_, Stages32> {
+    fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let (w, tokens) = (&self.ctx.w.p, self.ctx.tokens()?);
+        self.op.encoder.enqueue(s, EncoderArgs { out: &mut self.op.acts.x, tokens, wte: &w.wte, wpe: &w.wpe })
     }
 
-    fn linear(&mut self, s: &CudaStream, which: BlockLinear, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
+    fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        let a = &mut self.op.acts;
+        let stats = (&mut a.mean, &mut a.rstd);
+        layernorm(s, &self.op.layernorm, ActMut::F32(&mut a.ln), stats, &a.x, (w, b))
+    }
+
+    fn linear(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
         let (weight, bias) = which.params(l);
         let (out, inp) = self.op.acts.linear_io(which, false);
         self.op.linears[which as usize].enqueue(s, LinearArgs { out, inp, weight, bias: Some(bias) })
     }
 
-    fn attention(&mut self, s: &CudaStream, layer: usize) -> Result<()> {
+    fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
         let a = &mut self.op.acts;
-        if let Some(f) = self.fill.as_mut() {
-            let cache = f.cache.layers[layer].target();
-            f.kv.enqueue(s, KvAppendArgs { q_out: &mut *f.q16, cache, qkv: &a.qkv, cells: f.cells })?;
+        if let Some(f) = self.ctx.fill.as_mut() {
+            f.append(s, layer, Act::F32(&a.qkv))?;
         }
         self.op.attention.enqueue(s, PrefillArgs { out: &mut a.att, lse: Some(&mut a.att_lse), qkv: &a.qkv })
     }
 
-    fn gelu(&mut self, s: &CudaStream) -> Result<()> {
+    fn gelu(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         let a = &mut self.op.acts;
         self.op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)
     }
 
-    fn residual(&mut self, s: &CudaStream) -> Result<()> {
+    fn residual(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         let a = &mut self.op.acts;
         self.op.residual.enqueue_in_place(s, &mut a.x, &a.proj)
+    }
+
+    fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let (op, Whole { w, logits, b, t, c, .. }) = (&mut *self.op, &self.ctx);
+        let (a, head) = (&mut op.acts, &w.lm_head);
+        match logits {
+            Logits::All => {
+                op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: head, bias: None })
+            }
+            Logits::Last => {
+                let last = &mut op.last;
+                last.gather(s, &a.ln, (*b, *t, *c))?;
+                last.lm_head.enqueue(s, LinearArgs { out: &mut last.logits, inp: &last.ln, weight: head, bias: None })
+            }
+        }
+    }
+}
+
+impl Pass for Sequence<'_, '_, Stages16> {
+    fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let (w, tokens) = (&self.ctx.w.p, self.ctx.tokens()?);
+        self.op.encoder.enqueue(s, EncoderArgs { out: &mut self.op.acts.x, tokens, wte: &w.wte, wpe: &w.wpe })
+    }
+
+    fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        let a = &mut self.op.acts;
+        let stats = (&mut a.mean, &mut a.rstd);
+        layernorm(s, &self.op.layernorm, ActMut::Bf16(&mut a.ln), stats, &a.x, (w, b))
+    }
+
+    /// QKV and the MLP up store bf16 (the MLP up with GELU applied); the projections add into the
+    /// fp32 residual stream in place.
+    fn linear(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        l: &Block<CudaSlice<f32>>,
+        layer: usize,
+    ) -> Result<()> {
+        let w16 = self.ctx.w.bf16()?;
+        let (weight, bias16) = (&w16.blocks[layer].weights[which as usize], &w16.blocks[layer]);
+        let (a, p) = (&mut self.op.acts, &self.op.linears[which as usize]);
+        match which {
+            BlockLinear::Qkv => {
+                let bias = Some(&bias16.qkv_b);
+                p.enqueue(s, LinearBf16Args { out: &mut a.qkv, inp: &a.ln, weight, bias, residual: None })
+            }
+            BlockLinear::Fc => {
+                let bias = Some(&bias16.fc_b);
+                p.enqueue(s, LinearBf16Args { out: &mut a.gelu, inp: &a.ln, weight, bias, residual: None })
+            }
+            BlockLinear::Proj => p.enqueue_residual_in_place(s, &mut a.x, &a.att, weight, Some(&l.proj_b)),
+            BlockLinear::FcProj => p.enqueue_residual_in_place(s, &mut a.x, &a.gelu, weight, Some(&l.fcproj_b)),
+        }
+    }
+
+    fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
+        let a = &mut self.op.acts;
+        if let Some(f) = self.ctx.fill.as_mut() {
+            f.append(s, layer, Act::Bf16(&a.qkv))?;
+        }
+        self.op.attention.enqueue(s, PrefillBf16Args { out: &mut a.att, lse: &mut a.att_lse, qkv: &a.qkv })
+    }
+
+    /// Applied in the MLP up's tail.
+    fn gelu(&mut self, _: &Arc<CudaStream>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Added in the projections' tails.
+    fn residual(&mut self, _: &Arc<CudaStream>) -> Result<()> {
+        Ok(())
+    }
+
+    fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let (op, Whole { w, logits, b, t, c, .. }) = (&mut *self.op, &self.ctx);
+        let (a, head) = (&mut op.acts, &w.bf16()?.lm_head);
+        match logits {
+            Logits::All => op.lm_head.enqueue(
+                s,
+                LinearBf16Args { out: &mut a.logits, inp: &a.ln, weight: head, bias: None, residual: None },
+            ),
+            Logits::Last => {
+                let last = &mut op.last;
+                last.gather(s, &a.ln, (*b, *t, *c))?;
+                let args =
+                    LinearBf16Args { out: &mut last.logits, inp: &last.ln, weight: head, bias: None, residual: None };
+                last.lm_head.enqueue(s, args)
+            }
+        }
     }
 }
 
@@ -364,6 +617,14 @@ struct Fill<'a> {
     cells: &'a Cells,
     kv: &'a kv_append::Prepared,
     q16: &'a mut CudaSlice<u16>,
+}
+
+impl Fill<'_> {
+    /// Layer `layer`'s keys and values from `qkv` into the cache.
+    fn append(&mut self, s: &Arc<CudaStream>, layer: usize, qkv: Act) -> Result<()> {
+        let cache = self.cache.layers[layer].target();
+        self.kv.enqueue(s, KvAppendArgs { q_out: &mut *self.q16, cache, qkv, cells: self.cells })
+    }
 }
 
 /// A decode step's linear: the plan's GEMM on the fp32 weights, or the GEMV on their bf16 copies
@@ -385,15 +646,15 @@ impl DecodeLinear {
     /// `out = inp · Wᵀ + bias`, then the GEMV's tail (the residual one updates `out` in place).
     fn enqueue(
         &self,
-        s: &CudaStream,
+        s: &Arc<CudaStream>,
         out: &mut CudaSlice<f32>,
-        inp: GemvInput,
+        inp: Act,
         (w, w16): (&CudaSlice<f32>, Option<&CudaSlice<u16>>),
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
         match self {
             DecodeLinear::Gemm(p) => {
-                let GemvInput::F32(inp) = inp else {
+                let Act::F32(inp) = inp else {
                     return Err(Error::constraint("fp32 activations for a GEMM", "bf16 ones"));
                 };
                 p.enqueue(s, LinearArgs { out, inp, weight: w, bias })
@@ -422,15 +683,30 @@ struct DeviceWeights {
     p: Params<CudaSlice<f32>>,
     /// The tied LM head over the padded vocabulary, `[Vp, C]`.
     lm_head: CudaSlice<f32>,
-    /// bf16 copies of the linear weights, when the plan's decode step runs the GEMV.
+    /// bf16 copies of the linear weights, when the plan's decode step runs the GEMV or its
+    /// whole-sequence pass runs in bf16.
     bf16: Option<Bf16Weights>,
 }
 
-/// bf16 copies of the linear weights (QKV, projection, MLP up, MLP down per layer; the padded LM
-/// head), made once at load for a plan whose decode step runs the GEMV.
+impl DeviceWeights {
+    fn bf16(&self) -> Result<&Bf16Weights> {
+        self.bf16.as_ref().ok_or_else(|| Error::constraint("bf16 weights for a bf16 or GEMV plan", "none made"))
+    }
+}
+
+/// bf16 copies of the linear weights (the padded LM head; per layer QKV, projection, MLP up, MLP
+/// down, and the biases of the two linears that store bf16), made once at load.
 struct Bf16Weights {
-    blocks: Vec<[CudaSlice<u16>; 4]>,
+    blocks: Vec<Bf16Block>,
     lm_head: CudaSlice<u16>,
+}
+
+struct Bf16Block {
+    /// In [`BlockLinear`] order.
+    weights: [CudaSlice<u16>; 4],
+    /// A linear storing bf16 takes its bias in bf16 (`linear-bf16` at `out` = 16).
+    qkv_b: CudaSlice<u16>,
+    fc_b: CudaSlice<u16>,
 }
 
 impl Bf16Weights {
@@ -441,7 +717,13 @@ impl Bf16Weights {
             blocks: w
                 .blocks
                 .iter()
-                .map(|b| Ok([conv(&b.qkv_w)?, conv(&b.proj_w)?, conv(&b.fc_w)?, conv(&b.fcproj_w)?]))
+                .map(|b| {
+                    Ok(Bf16Block {
+                        weights: [conv(&b.qkv_w)?, conv(&b.proj_w)?, conv(&b.fc_w)?, conv(&b.fcproj_w)?],
+                        qkv_b: conv(&b.qkv_b)?,
+                        fc_b: conv(&b.fc_b)?,
+                    })
+                })
                 .collect::<Result<_>>()?,
             lm_head: conv(lm_head)?,
         })
@@ -460,6 +742,8 @@ struct DecodeStep {
     gelu: pointwise::Prepared,
     residual: pointwise::Prepared,
     acts: Activations,
+    /// The LayerNorm's bf16 output, which the GEMVs read, in a bf16 plan that runs them.
+    ln16: Option<CudaSlice<u16>>,
     q16: CudaSlice<u16>,
     att16: CudaSlice<u16>,
     /// The step's inputs, in device memory a captured graph reads: the new tokens, their positions,
@@ -527,11 +811,12 @@ impl Model {
         Heads { hq: self.cfg.heads, hkv: self.cfg.heads, d: self.cfg.head_size() }
     }
 
-    /// The kv-append sizes for `rows` rows into this model's cache of `b` sequences.
-    fn kv_dims(&self, rows: usize, b: usize) -> Result<KvAppendDims> {
+    /// The kv-append sizes for `rows` QKV rows of type `input` into this model's cache of `b`
+    /// sequences.
+    fn kv_dims(&self, rows: usize, b: usize, input: ActType) -> Result<KvAppendDims> {
         let paged = attn_decode::layout_of(&self.plan.decode)? == Layout::Paged;
         let (tmax, c, head) = (self.cfg.max_t, self.cfg.c, self.cfg.head_size());
-        Ok(KvAppendDims { rows, b, tmax, c, head, block_size: if paged { PAGED_BLOCK } else { 0 } })
+        Ok(KvAppendDims { rows, b, tmax, c, head, block_size: if paged { PAGED_BLOCK } else { 0 }, input })
     }
 
     /// Runs the prompt of sequence `slot` (its cache must be empty) through the whole-sequence pass,
@@ -543,14 +828,16 @@ impl Model {
         self.prepare(gpu, 1, t)?;
         let ids = TokenIds::upload(gpu, prompt, self.cfg.vocab)?;
         let cells = Cells::upload(gpu, &(0..t).map(|p| (slot, p)).collect::<Vec<_>>(), b, tmax)?;
-        let kv = kv_append::prepare(gpu, &self.plan.kv_append, self.kv_dims(t, b)?)?;
+        // The whole-sequence pass's QKV rows: bf16 in a bf16 plan.
+        let qkv = if self.plan.bf16.is_some() { ActType::Bf16 } else { ActType::F32 };
+        let kv = kv_append::prepare(gpu, &self.plan.kv_append, self.kv_dims(t, b, qkv)?)?;
         let mut q16 = gpu.zeros::<u16>(t * c)?;
         let stream = gpu.stream().clone();
         let fill = Fill { cache, cells: &cells, kv: &kv, q16: &mut q16 };
         self.enqueue_forward(&stream, 1, t, &ids, Some(fill), Logits::Last)?;
         cache.lens[slot] = t;
         let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
-        gpu.download_rows(&self.prepared[&(1, t)].last.logits, 1, v, vp)
+        gpu.download_rows(self.prepared[&(1, t)].logits(Logits::Last), 1, v, vp)
     }
 
     fn prepare_decode(&mut self, gpu: &Gpu, b: usize) -> Result<()> {
@@ -559,7 +846,7 @@ impl Model {
         }
         let (cfg, p) = (self.cfg, &self.plan);
         let c = cfg.c;
-        let lin = |n: usize, k: usize, bias: bool, tail: Tail, input: Input| -> Result<DecodeLinear> {
+        let lin = |n: usize, k: usize, bias: bool, tail: Tail, input: ActType| -> Result<DecodeLinear> {
             Ok(match &p.gemv {
                 Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias, tail, input })?),
                 None => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
@@ -573,22 +860,28 @@ impl Model {
             block_size: PAGED_BLOCK,
             splits: 0,
         };
-        let kv_dims = self.kv_dims(b, b)?;
+        let kv_dims = self.kv_dims(b, b, ActType::F32)?;
+        // A bf16 plan's GEMVs read its bf16 LayerNorm's output; otherwise the plan's fp32 one's.
+        let (ln_stage, ln) = match (&p.bf16, &p.gemv) {
+            (Some(bf), Some(_)) => (&bf.layernorm, ActType::Bf16),
+            _ => (&p.layernorm, ActType::F32),
+        };
         let step = DecodeStep {
             encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
-            layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: b, c })?,
+            layernorm: layernorm::prepare(gpu, ln_stage, LayerNormDims { rows: b, c, out: ln })?,
             linears: [
-                lin(3 * c, c, true, Tail::None, Input::F32)?,
-                lin(c, c, true, Tail::Residual, Input::Bf16)?,
-                lin(4 * c, c, true, Tail::Gelu, Input::F32)?,
-                lin(c, 4 * c, true, Tail::Residual, Input::F32)?,
+                lin(3 * c, c, true, Tail::None, ln)?,
+                lin(c, c, true, Tail::Residual, ActType::Bf16)?,
+                lin(4 * c, c, true, Tail::Gelu, ln)?,
+                lin(c, 4 * c, true, Tail::Residual, ActType::F32)?,
             ],
-            lm_head: lin(cfg.padded_vocab(), c, false, Tail::None, Input::F32)?,
+            lm_head: lin(cfg.padded_vocab(), c, false, Tail::None, ln)?,
             kv: kv_append::prepare(gpu, &p.kv_append, kv_dims)?,
             attention: attn_decode::prepare(gpu, &p.decode, dd)?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, b * c)?,
             acts: Activations::new(gpu, &cfg, b)?,
+            ln16: if ln == ActType::Bf16 { Some(gpu.zeros(b * c)?) } else { None },
             q16: gpu.zeros(b * c)?,
             att16: gpu.zeros(b * c)?,
             ids: TokenIds::upload(gpu, &vec![0; b], cfg.vocab)?,
@@ -765,80 +1058,90 @@ impl Model {
 /// `Sample`, the plan's sampling stage draws it there. `mark(name)` is called after each op is
 /// enqueued (the per-op breakdown records an event there).
 fn enqueue_decode(
-    s: &CudaStream,
+    s: &Arc<CudaStream>,
     weights: &DeviceWeights,
     op: &mut DecodeStep,
     cache: &mut KvCache,
     end: StepEnd,
     mark: &mut dyn FnMut(&'static str) -> Result<()>,
 ) -> Result<()> {
-    let (w, w16) = (&weights.p, weights.bf16.as_ref());
-    let a = &mut op.acts;
-    op.encoder.enqueue_at(s, EncoderArgs { out: &mut a.x, tokens: &op.ids, wte: &w.wte, wpe: &w.wpe }, &op.pos)?;
-    mark("encoder")?;
-    let mut step = Step { op, w16, cache, mark };
-    for (i, l) in w.blocks.iter().enumerate() {
-        block(s, &mut step, l, i)?;
-    }
+    let mut step = Step { op, w: weights, cache, mark };
+    forward(s, &mut step, &weights.p)?;
     let Step { op, mark, .. } = step;
     let a = &mut op.acts;
-    layernorm(s, &op.layernorm, a, &w.lnf_w, &w.lnf_b)?;
-    mark("layernorm")?;
-    op.lm_head.enqueue(s, &mut a.logits, GemvInput::F32(&a.ln), (&weights.lm_head, w16.map(|x| &x.lm_head)), None)?;
-    mark("linear lm-head")?;
     match end {
-        StepEnd::Logits => {}
+        StepEnd::Logits => Ok(()),
         StepEnd::Greedy => {
             op.argmax.enqueue(s, &mut op.next, &a.logits)?;
-            mark("argmax")?;
+            mark("argmax")
         }
         StepEnd::Sample(sampling) => {
             op.sample.enqueue(s, &mut op.next, &a.logits, &op.uniforms, &sampling)?;
-            mark("sample")?;
+            mark("sample")
         }
     }
-    Ok(())
 }
 
-/// One decode step's block ops as a [`Pass`], with `mark` called after each.
+/// One decode step's ops as a [`Pass`], with `mark` called after each.
 struct Step<'a> {
     op: &'a mut DecodeStep,
-    w16: Option<&'a Bf16Weights>,
+    w: &'a DeviceWeights,
     cache: &'a mut KvCache,
     mark: &'a mut dyn FnMut(&'static str) -> Result<()>,
 }
 
 impl Pass for Step<'_> {
-    fn layernorm(&mut self, s: &CudaStream, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
-        layernorm(s, &self.op.layernorm, &mut self.op.acts, w, b)?;
+    /// At each sequence's own position.
+    fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let (op, w) = (&mut *self.op, &self.w.p);
+        let args = EncoderArgs { out: &mut op.acts.x, tokens: &op.ids, wte: &w.wte, wpe: &w.wpe };
+        op.encoder.enqueue_at(s, args, &op.pos)?;
+        (self.mark)("encoder")
+    }
+
+    fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        let op = &mut *self.op;
+        let a = &mut op.acts;
+        let out = match op.ln16.as_mut() {
+            Some(ln) => ActMut::Bf16(ln),
+            None => ActMut::F32(&mut a.ln),
+        };
+        layernorm(s, &op.layernorm, out, (&mut a.mean, &mut a.rstd), &a.x, (w, b))?;
         (self.mark)("layernorm")
     }
 
-    fn linear(&mut self, s: &CudaStream, which: BlockLinear, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
+    fn linear(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        l: &Block<CudaSlice<f32>>,
+        layer: usize,
+    ) -> Result<()> {
         let (weight, bias) = which.params(l);
-        let w16 = self.w16.map(|x| &x.blocks[layer][which as usize]);
+        let w16 = self.w.bf16.as_ref().map(|x| &x.blocks[layer].weights[which as usize]);
         let op = &mut *self.op;
         let linear = &op.linears[which as usize];
         let fused = linear.fuses_tail();
         let (out, inp) = op.acts.linear_io(which, fused);
-        // A fused attention projection reads the attention's bf16 output (no widening pass).
-        let inp = if fused && which == BlockLinear::Proj { GemvInput::Bf16(&op.att16) } else { GemvInput::F32(inp) };
+        let inp = match (which, &op.ln16) {
+            // A bf16 plan's GEMVs read its LayerNorm's bf16 output.
+            (BlockLinear::Qkv | BlockLinear::Fc, Some(ln)) => Act::Bf16(ln),
+            // A fused attention projection reads the attention's bf16 output (no widening pass).
+            (BlockLinear::Proj, _) if fused => Act::Bf16(&op.att16),
+            _ => Act::F32(inp),
+        };
         linear.enqueue(s, out, inp, (weight, w16), Some(bias))?;
-        (self.mark)(match which {
-            BlockLinear::Qkv => "linear qkv",
-            BlockLinear::Proj => "linear proj",
-            BlockLinear::Fc => "linear fc",
-            BlockLinear::FcProj => "linear fcproj",
-        })
+        (self.mark)(which.name())
     }
 
     /// The new token's k and v into the cache (and q to bf16), decode attention over the cache, and
     /// its bf16 output widened for a projection that reads fp32 (a GEMV plan's reads it as bf16).
-    fn attention(&mut self, s: &CudaStream, layer: usize) -> Result<()> {
+    fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
         let op = &mut *self.op;
         let a = &mut op.acts;
         let target = self.cache.layers[layer].target();
-        op.kv.enqueue(s, KvAppendArgs { q_out: &mut op.q16, cache: target, qkv: &a.qkv, cells: &op.cells })?;
+        op.kv
+            .enqueue(s, KvAppendArgs { q_out: &mut op.q16, cache: target, qkv: Act::F32(&a.qkv), cells: &op.cells })?;
         (self.mark)("kv-append")?;
         let args = DecodeArgs {
             out: &mut op.att16,
@@ -858,7 +1161,7 @@ impl Pass for Step<'_> {
     }
 
     /// Nothing when the MLP up applied it.
-    fn gelu(&mut self, s: &CudaStream) -> Result<()> {
+    fn gelu(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         if self.op.linears[BlockLinear::Fc as usize].fuses_tail() {
             return Ok(());
         }
@@ -868,7 +1171,7 @@ impl Pass for Step<'_> {
     }
 
     /// Nothing when the projections applied it.
-    fn residual(&mut self, s: &CudaStream) -> Result<()> {
+    fn residual(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         if self.op.linears[BlockLinear::Proj as usize].fuses_tail() {
             return Ok(());
         }
@@ -876,24 +1179,27 @@ impl Pass for Step<'_> {
         self.op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
         (self.mark)("residual")
     }
+
+    fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let op = &mut *self.op;
+        let w16 = self.w.bf16.as_ref().map(|x| &x.lm_head);
+        let ln = match &op.ln16 {
+            Some(ln) => Act::Bf16(ln),
+            None => Act::F32(&op.acts.ln),
+        };
+        op.lm_head.enqueue(s, &mut op.acts.logits, ln, (&self.w.lm_head, w16), None)?;
+        (self.mark)("linear lm-head")
+    }
 }
 
-/// `ln = LayerNorm(x)` with the given gain and bias.
+/// `out = LayerNorm(x)` with gain and bias `w`, writing each row's mean and rstd into `stats`.
 fn layernorm(
-    s: &CudaStream,
+    s: &Arc<CudaStream>,
     p: &layernorm::Prepared,
-    a: &mut Activations,
-    w: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
+    out: ActMut,
+    (mean, rstd): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    x: &CudaSlice<f32>,
+    (weight, bias): (&CudaSlice<f32>, &CudaSlice<f32>),
 ) -> Result<()> {
-    let args = LayerNormArgs {
-        out: &mut a.ln,
-        mean: &mut a.mean,
-        rstd: &mut a.rstd,
-        inp: &a.x,
-        weight: w,
-        bias: b,
-        eps: LN_EPS,
-    };
-    p.enqueue(s, args)
+    p.enqueue(s, LayerNormArgs { out, mean, rstd, inp: x, weight, bias, eps: LN_EPS })
 }

@@ -4,9 +4,11 @@
 use attention::decode::Decode;
 use attention::kv_append::KvAppend;
 use attention::prefill::Prefill;
+use attention::prefill_bf16::PrefillBf16;
 use common::{Error, Op, Result, Variant};
 use matmul::gemv::Gemv;
 use matmul::linear::Linear;
+use matmul::linear_bf16::LinearBf16;
 use norm::layernorm::LayerNorm;
 
 use crate::argmax::Argmax;
@@ -36,15 +38,32 @@ pub struct Plan {
     pub argmax: Variant,
     /// Temperature, top-k and top-p sampling on the device (a sampled step downloads ids too).
     pub sample: Variant,
+    /// The whole-sequence pass on bf16 activations (`None`: fp32, the stages above).
+    pub bf16: Option<Bf16Stages>,
     /// The saved sweep configurations the `fastest` plans applied (`ladder sweep --save-best`), one
     /// line each: `op/NN-stage NAME=value,... (best at SHAPE)`.
     pub tuned: Vec<String>,
 }
 
+/// The stages of a bf16 whole-sequence pass: the residual stream stays fp32 (the encoder writes it,
+/// the projections add into it in their GEMM's tail); LayerNorm reads it and stores bf16, the
+/// linears read bf16 and store bf16 (QKV; the MLP up with GELU) or add into the stream (the
+/// projections); attention reads and writes bf16. The decode step's LayerNorm is `layernorm` too
+/// when its linears run the GEMV (which then reads bf16).
+#[derive(Clone, Debug)]
+pub struct Bf16Stages {
+    /// A LayerNorm stage storing bf16 (`norm/layernorm` at `out` = 16).
+    pub layernorm: Variant,
+    /// A `matmul/linear-bf16` stage that fuses the tails and stores bf16 (stage 12 on, or cuBLASLt).
+    pub linear: Variant,
+    /// A `attention/prefill-bf16` stage.
+    pub attention: Variant,
+}
+
 /// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
 /// cache; `gemv=off` gives the decode step the plan's `linear`; `argmax` ends a greedy decode step,
-/// `sample` a sampled one).
-pub const PLAN_OPS: [&str; 11] = [
+/// `sample` a sampled one); then the bf16 pass's three, all on (a bf16 plan) or all off.
+pub const PLAN_OPS: [&str; 14] = [
     "encoder",
     "layernorm",
     "linear",
@@ -56,12 +75,18 @@ pub const PLAN_OPS: [&str; 11] = [
     "gemv",
     "argmax",
     "sample",
+    "layernorm-bf16",
+    "linear-bf16",
+    "attention-bf16",
 ];
+
+/// The index in [`PLAN_OPS`] of the bf16 pass's first op.
+pub(crate) const BF16_OPS: usize = 11;
 
 /// One stage per op of [`PLAN_OPS`].
 pub type Stages = [u32; PLAN_OPS.len()];
 
-/// No stage: an optional op (`gemv`) is off.
+/// No stage: an optional op (`gemv`, the bf16 pass's) is off.
 pub(crate) const OFF: u32 = u32::MAX;
 
 fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
@@ -73,7 +98,8 @@ fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
 
 /// The named plans, in the model table's order. `fastest` and `fastest-bf16` are chosen on the
 /// device ([`crate::fastest::resolve`]); the others are fixed.
-pub const PLAN_NAMES: [&str; 7] = ["naive", "report", "fp32", "cublas", "cublas-gemv", "fastest", "fastest-bf16"];
+pub const PLAN_NAMES: [&str; 8] =
+    ["naive", "report", "fp32", "cublas", "cublas-gemv", "bf16", "fastest", "fastest-bf16"];
 
 impl Plan {
     /// - `naive`: stage 0 of every op;
@@ -85,16 +111,20 @@ impl Plan {
     ///   must match Hugging Face to 1e-4);
     /// - `cublas`: `fp32` with cuBLAS fp32 for every linear;
     /// - `cublas-gemv`: cuBLAS TF32 for the prefill's linears, and the decode step's linears as
-    ///   our GEMV on bf16 weights.
+    ///   our GEMV on bf16 weights;
+    /// - `bf16`: the whole-sequence pass on bf16 activations with the last rung of each bf16 ladder
+    ///   (LayerNorm 07 storing bf16, `linear-bf16` 16, `prefill-bf16` 10), the decode step on the
+    ///   tensor-core GEMV (04) reading bf16.
     ///
     /// `fastest` and `fastest-bf16` need the device: see [`crate::fastest::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
         let stages: Stages = match name {
-            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0],
-            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0],
-            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0],
-            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0],
-            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0],
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0, OFF, OFF, OFF],
+            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0, OFF, OFF, OFF],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0, OFF, OFF, OFF],
+            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, OFF, OFF, OFF],
+            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, OFF, OFF, OFF],
+            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 4, 1, 0, 7, 16, 10],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (fastest::resolve)",
@@ -107,10 +137,15 @@ impl Plan {
     }
 
     /// Checks `NAME[:op=stage,...]` without a device: a known name, overrides that name ops and
-    /// stages (for `fastest`, checked against stage 0's plan; the chosen stages come later).
+    /// stages (for `fastest`, checked against `naive`, for `fastest-bf16` against `bf16`: the chosen
+    /// stages come later).
     pub fn check_spec(spec: &str) -> Result<()> {
         let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
-        let base = if name.starts_with("fastest") && PLAN_NAMES.contains(&name) { "naive" } else { name };
+        let base = match name {
+            "fastest" => "naive",
+            "fastest-bf16" => "bf16",
+            _ => name,
+        };
         Plan::named(base)?.with_overrides(overrides).map(|_| ())
     }
 
@@ -128,10 +163,27 @@ impl Plan {
             self.gemv.as_ref().map_or(OFF, |v| v.stage),
             self.argmax.stage,
             self.sample.stage,
+            self.bf16.as_ref().map_or(OFF, |b| b.layernorm.stage),
+            self.bf16.as_ref().map_or(OFF, |b| b.linear.stage),
+            self.bf16.as_ref().map_or(OFF, |b| b.attention.stage),
         ]
     }
 
     pub(crate) fn from_stages(name: &str, s: Stages) -> Result<Plan> {
+        let bf16 = match s[BF16_OPS..] {
+            [OFF, OFF, OFF] => None,
+            [ln, lin, att] if ![ln, lin, att].contains(&OFF) => Some(Bf16Stages {
+                layernorm: stage_of(&LayerNorm, ln)?,
+                linear: stage_of(&LinearBf16, lin)?,
+                attention: stage_of(&PrefillBf16, att)?,
+            }),
+            _ => {
+                return Err(Error::constraint(
+                    "layernorm-bf16, linear-bf16 and attention-bf16 all on (a bf16 pass) or all off",
+                    format!("{:?}", &PLAN_OPS[BF16_OPS..]),
+                ))
+            }
+        };
         Ok(Plan {
             name: name.to_string(),
             encoder: stage_of(&Encoder, s[0])?,
@@ -145,6 +197,7 @@ impl Plan {
             gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
             argmax: stage_of(&Argmax, s[9])?,
             sample: stage_of(&Sample, s[10])?,
+            bf16,
             tuned: Vec::new(),
         })
     }
@@ -163,6 +216,9 @@ impl Plan {
             8 => self.gemv.as_mut(),
             9 => Some(&mut self.argmax),
             10 => Some(&mut self.sample),
+            11 => self.bf16.as_mut().map(|b| &mut b.layernorm),
+            12 => self.bf16.as_mut().map(|b| &mut b.linear),
+            13 => self.bf16.as_mut().map(|b| &mut b.attention),
             _ => None,
         }
     }
@@ -179,10 +235,10 @@ impl Plan {
                 .position(|&o| o == op)
                 .ok_or_else(|| Error::constraint(format!("op in {PLAN_OPS:?}"), format!("'{op}'")))?;
             stages[i] = match stage {
-                "off" if op == "gemv" => OFF,
-                _ => stage
-                    .parse()
-                    .map_err(|_| Error::constraint("a stage number (gemv: or off)", format!("'{stage}'")))?,
+                "off" if op == "gemv" || i >= BF16_OPS => OFF,
+                _ => stage.parse().map_err(|_| {
+                    Error::constraint("a stage number (gemv and the bf16 ops: or off)", format!("'{stage}'"))
+                })?,
             };
         }
         let name = if spec.is_empty() { self.name.clone() } else { format!("{}+{spec}", self.name) };

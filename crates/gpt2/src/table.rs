@@ -152,12 +152,13 @@ pub fn model_table(gpu: &Gpu, cfg: Config, opts: &TableOptions, progress: &mut d
     let mut loo = Vec::new();
     if opts.leave_one_out {
         let base = resolve(&base_spec, progress)?;
-        for (op, stage) in PLAN_OPS.iter().zip(base.stages()) {
-            // An op at stage 0 already, or off, has nothing to leave out.
-            if stage == 0 || stage == u32::MAX {
+        for (i, (op, stage)) in PLAN_OPS.iter().zip(base.stages()).enumerate() {
+            // An op at its first stage already, or off, has nothing to leave out.
+            let first = crate::fastest::first_runnable(&cfg, i)?;
+            if stage == first || stage == u32::MAX {
                 continue;
             }
-            let spec = if *op == "gemv" { "gemv=off".to_string() } else { format!("{op}=0") };
+            let spec = if *op == "gemv" { "gemv=off".to_string() } else { format!("{op}={first}") };
             let plan = base.clone().with_overrides(&spec)?;
             progress(&format!("leave one out: {}", plan.name));
             loo.push(plan_row(gpu, cfg, &weights, plan, opts, steps, decode_from, false, progress)?);

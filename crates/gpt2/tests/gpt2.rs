@@ -145,7 +145,15 @@ mod model {
         assert_eq!(p.clone().with_overrides("linear=0,gelu=0").unwrap().linear.stage, 0);
         // A paged decode stage (vLLM v1 and v2) gives the model a paged cache.
         assert_eq!(p.clone().with_overrides("decode=3").unwrap().decode.stage, 3);
-        assert!(p.with_overrides("decode=9").is_err());
+        assert!(p.clone().with_overrides("decode=9").is_err());
+        // The bf16 pass's three ops go on and off together.
+        let e = p.clone().with_overrides("linear-bf16=16").unwrap_err().to_string();
+        assert!(e.contains("all on (a bf16 pass) or all off"), "{e}");
+        let bf16 = p.with_overrides("layernorm-bf16=7,linear-bf16=16,attention-bf16=10").unwrap().bf16.unwrap();
+        assert_eq!((bf16.layernorm.stage, bf16.linear.stage, bf16.attention.stage), (7, 16, 10));
+        let off = Plan::named("bf16").unwrap().with_overrides("layernorm-bf16=off,linear-bf16=off,attention-bf16=off");
+        assert!(off.unwrap().bf16.is_none());
+        assert!(Plan::named("bf16").unwrap().with_overrides("attention-bf16=off").is_err());
     }
 
     #[test]
@@ -158,6 +166,8 @@ mod model {
         let report = Plan::named("report").unwrap();
         assert_eq!((report.layernorm.stage, report.linear.stage, report.attention.stage), (4, 90, 5));
         assert!(Plan::check_spec("fastest:linear=0").is_ok());
+        assert!(Plan::check_spec("fastest-bf16:linear-bf16=12").is_ok());
+        assert!(Plan::check_spec("fastest:linear-bf16=12").is_err(), "fastest has no bf16 pass to change one op of");
         assert!(Plan::check_spec("fastest:softmax=0").is_err());
         assert!(Plan::check_spec("fastest-ever").is_err());
     }

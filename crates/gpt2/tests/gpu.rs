@@ -102,6 +102,31 @@ fn main() -> std::process::ExitCode {
                 }
             }
         })
+        .gpu("bf16_model_matches_the_f64_reference", |gpu| {
+            // The bf16 pass (attention needs heads of 64 or 128): bf16 weights, and LayerNorm's,
+            // QKV's, attention's and the MLP up's outputs rounded to bf16 once each (2^-9 relative
+            // apiece), the residual stream and logits fp32: bf16's 1e-2. Ragged T, every linear-bf16
+            // rung that fuses the tails and stores bf16, and cuBLASLt.
+            let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
+            for (seed, t) in [(1u64, 17usize), (2, 33)] {
+                let w = Weights::random(&cfg, seed);
+                let tokens: Vec<Vec<i32>> =
+                    (0..3).map(|b| (0..t).map(|i| ((b * 31 + i * 7 + seed as usize) % 101) as i32).collect()).collect();
+                let want = reference::forward(&cfg, &w, &tokens);
+                let v = cfg.vocab;
+                let want_last: Vec<f64> = want.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect();
+                for spec in ["bf16", "bf16:linear-bf16=12", "bf16:linear-bf16=90,attention-bf16=0"] {
+                    let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+                    let plan = Plan::named(name).unwrap().with_overrides(overrides).unwrap();
+                    let mut m = Model::new(gpu, cfg, &w, plan).unwrap();
+                    let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
+                    eprintln!("plan {spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e}");
+                    assert!(err <= 1e-2, "plan {spec}, seed {seed}: logits rel L2 {err:e}");
+                    let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &want_last);
+                    assert!(err <= 1e-2, "plan {spec}, seed {seed}: last-position logits rel L2 {err:e}");
+                }
+            }
+        })
         .gpu("kv_cache_decode_matches_the_f64_reference", |gpu| {
             // Head size 64 (the decode op's), ragged prompts, six steps through the bf16 cache.
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
@@ -119,6 +144,11 @@ fn main() -> std::process::ExitCode {
                 ("cublas-gemv:gemv=4", true),
                 ("fp32:decode=3", false),
                 ("cublas-gemv:decode=4", true),
+                // The bf16 pass fills the cache from bf16 QKV rows; its decode step's GEMVs read the
+                // bf16 LayerNorm's output.
+                ("bf16", false),
+                ("bf16", true),
+                ("bf16:decode=4", true),
             ];
             for (spec, graph) in plans {
                 let (plan, overrides) = spec.split_once(':').unwrap_or((spec, ""));
@@ -230,6 +260,10 @@ fn main() -> std::process::ExitCode {
             assert!(e.contains("token"), "{e}");
             let wrong = Weights::random(&Config { vocab: 100, ..cfg }, 1);
             assert!(Model::new(gpu, cfg, &wrong, Plan::named("fp32").unwrap()).is_err());
+            // The bf16 pass's attention takes heads of 64 or 128 elements (these are 32).
+            let mut m = Model::new(gpu, cfg, &Weights::random(&cfg, 1), Plan::named("bf16").unwrap()).unwrap();
+            let e = m.forward(gpu, &[vec![1, 2]]).unwrap_err().to_string();
+            assert!(e.contains("HS"), "{e}");
         })
         .gpu("limits_past_refused_inside_verified", |gpu| assert_limits_on_gpu(gpu, &gpt2::Gpt2))
         .gpu("graph_replay_every_stage", |gpu| {

@@ -11,8 +11,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Act, ActBuf, ActType, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -97,44 +97,7 @@ pub struct GemvDims {
     pub k: usize,
     pub bias: bool,
     pub tail: Tail,
-    pub input: Input,
-}
-
-/// The element type of `inp`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Input {
-    F32,
-    Bf16,
-}
-
-/// `inp` of one call, in the type the stage was prepared for.
-pub enum GemvInput<'a> {
-    F32(&'a CudaSlice<f32>),
-    /// bf16 bit patterns.
-    Bf16(&'a CudaSlice<u16>),
-}
-
-impl GemvInput<'_> {
-    fn len(&self) -> usize {
-        match self {
-            GemvInput::F32(x) => x.len(),
-            GemvInput::Bf16(x) => x.len(),
-        }
-    }
-
-    fn input(&self) -> Input {
-        match self {
-            GemvInput::F32(_) => Input::F32,
-            GemvInput::Bf16(_) => Input::Bf16,
-        }
-    }
-
-    fn ptr(&self) -> u64 {
-        match self {
-            GemvInput::F32(x) => common::device_ptr(*x),
-            GemvInput::Bf16(x) => common::device_ptr(*x),
-        }
-    }
+    pub input: ActType,
 }
 
 pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
@@ -161,10 +124,10 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
     // Rows of inp per pass: the FMA stages take up to 8 and loop; the tensor-core stage takes all
     // M at once, in a tile of 8 to 64 columns.
     let (entry, mt) = match (plan, d.input) {
-        (Plan::Mma, Input::F32) => ("gemv_mma_m", d.m.next_power_of_two().max(8)),
-        (Plan::Mma, Input::Bf16) => ("gemv_mma_bf16_m", d.m.next_power_of_two().max(8)),
-        (_, Input::F32) => ("gemv_m", d.m.next_power_of_two().min(8)),
-        (_, Input::Bf16) => ("gemv_bf16_m", d.m.next_power_of_two().min(8)),
+        (Plan::Mma, ActType::F32) => ("gemv_mma_m", d.m.next_power_of_two().max(8)),
+        (Plan::Mma, ActType::Bf16) => ("gemv_mma_bf16_m", d.m.next_power_of_two().max(8)),
+        (_, ActType::F32) => ("gemv_m", d.m.next_power_of_two().min(8)),
+        (_, ActType::Bf16) => ("gemv_bf16_m", d.m.next_power_of_two().min(8)),
     };
     if plan == Plan::SplitK {
         let split = v.tunable("GEMV_SPLIT")?;
@@ -188,7 +151,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
 /// and with the residual tail `residual` M·N (not `out`: see [`Prepared::enqueue_residual_in_place`]).
 pub struct GemvArgs<'a> {
     pub out: &'a mut CudaSlice<f32>,
-    pub inp: GemvInput<'a>,
+    pub inp: Act<'a>,
     pub weight: &'a CudaSlice<u16>,
     pub bias: Option<&'a CudaSlice<f32>>,
     pub residual: Option<&'a CudaSlice<f32>>,
@@ -218,7 +181,7 @@ impl Prepared {
         &self,
         stream: &CudaStream,
         out: &mut CudaSlice<f32>,
-        inp: GemvInput,
+        inp: Act,
         weight: &CudaSlice<u16>,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
@@ -231,14 +194,14 @@ impl Prepared {
         &self,
         stream: &CudaStream,
         out: &mut CudaSlice<f32>,
-        inp: GemvInput,
+        inp: Act,
         weight: &CudaSlice<u16>,
         bias: Option<&CudaSlice<f32>>,
         residual: u64,
     ) -> Result<()> {
         let d = self.d;
-        require(inp.input() == d.input, "inp of the type the stage was prepared for", || {
-            format!("{:?} for a stage prepared for {:?}", inp.input(), d.input)
+        require(inp.ty() == d.input, "inp of the type the stage was prepared for", || {
+            format!("{:?} for a stage prepared for {:?}", inp.ty(), d.input)
         })?;
         require_len("out", out.len(), d.m * d.n)?;
         require_len("inp", inp.len(), d.m * d.k)?;
@@ -293,11 +256,7 @@ fn dims(s: &Shape) -> Result<GemvDims> {
     let bias = s.get("bias").unwrap_or(1);
     require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
     let (m, n, k) = (s.dim("M", big)?, s.dim("N", big)?, s.dim("K", big)?);
-    let input = match s.get("in").unwrap_or(32) {
-        32 => Input::F32,
-        16 => Input::Bf16,
-        i => return Err(common::Error::constraint("in in {32, 16}", format!("in = {i}"))),
-    };
+    let input = ActType::from_key(s, "in")?;
     Ok(GemvDims { m, n, k, bias: bias == 1, tail: tail_of(s)?, input })
 }
 
@@ -350,11 +309,8 @@ impl Op for Gemv {
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = dims(s)?;
         require(d.m >= 1 && d.n >= 1 && d.k >= 1 && d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
-        // bf16 activations: rounded once here; the reference runs on exactly those values.
-        let inp: Vec<f32> = uniform(d.m * d.k, -1.0, 1.0, seed ^ 1)
-            .into_iter()
-            .map(|x| if d.input == Input::Bf16 { bf16::from_f32(x).to_f32() } else { x })
-            .collect();
+        // bf16 activations: rounded once at upload; the reference runs on exactly those values.
+        let (inp_dev, inp) = ActBuf::upload(gpu, d.input, &uniform(d.m * d.k, -1.0, 1.0, seed ^ 1))?;
         let w: Vec<u16> =
             uniform(d.n * d.k, -1.0, 1.0, seed ^ 2).into_iter().map(|x| bf16::from_f32(x).to_bits()).collect();
         let bias = uniform(d.n, -1.0, 1.0, seed ^ 3);
@@ -377,12 +333,7 @@ impl Op for Gemv {
         let copies = rotation_copies(gpu, (2 * d.n * d.k) as u64);
         Ok(Box::new(GemvProblem {
             d,
-            inp: match d.input {
-                Input::F32 => ProblemInput::F32(gpu.upload(&inp)?),
-                Input::Bf16 => ProblemInput::Bf16(
-                    gpu.upload(&inp.iter().map(|&x| bf16::from_f32(x).to_bits()).collect::<Vec<u16>>())?,
-                ),
-            },
+            inp: inp_dev,
             w: Rotated::upload(gpu, &w, copies)?,
             bias: gpu.upload(&bias)?,
             residual: residual.map(|r| gpu.upload(&r)).transpose()?,
@@ -394,24 +345,9 @@ impl Op for Gemv {
     }
 }
 
-/// A problem's `inp` in its element type.
-enum ProblemInput {
-    F32(CudaSlice<f32>),
-    Bf16(CudaSlice<u16>),
-}
-
-impl ProblemInput {
-    fn arg(&self) -> GemvInput<'_> {
-        match self {
-            ProblemInput::F32(x) => GemvInput::F32(x),
-            ProblemInput::Bf16(x) => GemvInput::Bf16(x),
-        }
-    }
-}
-
 struct GemvProblem {
     d: GemvDims,
-    inp: ProblemInput,
+    inp: ActBuf,
     w: Rotated<u16>,
     bias: CudaSlice<f32>,
     residual: Option<CudaSlice<f32>>,
@@ -425,7 +361,7 @@ impl Problem for GemvProblem {
     fn workload(&self) -> Workload {
         let GemvDims { m, n, k, bias, tail, input } = self.d;
         let residual = if tail == Tail::Residual { 4 * m * n } else { 0 };
-        let inp = if input == Input::Bf16 { 2 * m * k } else { 4 * m * k };
+        let inp = if input == ActType::Bf16 { 2 * m * k } else { 4 * m * k };
         let bytes = 2 * n * k + inp + 4 * m * n + if bias { 4 * n } else { 0 } + residual;
         Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Memory }
     }
@@ -442,7 +378,7 @@ impl Problem for GemvProblem {
         let (_, p) = self.prepared.get()?;
         let bias = self.d.bias.then_some(&self.bias);
         let (out, weight, residual) = (self.out.get_mut(copy), self.w.get(copy), self.residual.as_ref());
-        p.enqueue(stream, GemvArgs { out, inp: self.inp.arg(), weight, bias, residual })
+        p.enqueue(stream, GemvArgs { out, inp: self.inp.act(), weight, bias, residual })
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;

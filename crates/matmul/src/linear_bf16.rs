@@ -661,29 +661,58 @@ impl Prepared {
 
     pub fn enqueue<T: OutElement>(&self, stream: &CudaStream, a: LinearBf16Args<T>) -> Result<()> {
         let d = self.d;
+        match a.residual {
+            Some(r) if d.tail == Tail::Residual => require_len("residual", r.len(), d.m * d.n)?,
+            None if d.tail != Tail::Residual => {}
+            _ => return Err(Error::constraint("a residual exactly with the residual tail", format!("{:?}", d.tail))),
+        }
+        let residual = a.residual.map_or(0, common::device_ptr);
+        self.launch(stream, a.out, a.inp, a.weight, a.bias, residual)
+    }
+
+    /// The residual tail with `out` as its own residual: `out += inp · Wᵀ + bias` (a model's
+    /// residual stream). Every stage that fuses the tail reads each residual element in the thread
+    /// that then writes it (and cuBLASLt takes C = D).
+    pub fn enqueue_residual_in_place<T: OutElement>(
+        &self,
+        stream: &CudaStream,
+        out: &mut CudaSlice<T>,
+        inp: &CudaSlice<u16>,
+        weight: &CudaSlice<u16>,
+        bias: Option<&CudaSlice<T>>,
+    ) -> Result<()> {
+        require(self.d.tail == Tail::Residual, "a stage prepared with epi = 2", || format!("{:?}", self.d.tail))?;
+        let residual = common::device_ptr(out);
+        self.launch(stream, out, inp, weight, bias, residual)
+    }
+
+    fn launch<T: OutElement>(
+        &self,
+        stream: &CudaStream,
+        out: &mut CudaSlice<T>,
+        inp: &CudaSlice<u16>,
+        weight: &CudaSlice<u16>,
+        bias: Option<&CudaSlice<T>>,
+        residual: u64,
+    ) -> Result<()> {
+        let d = self.d;
         require(T::OUTPUT == d.out, "out of the type prepared (out = 32: f32, out = 16: u16 bf16 bits)", || {
             format!("{:?} buffers for {:?}", T::OUTPUT, d.out)
         })?;
-        require_len("inp", a.inp.len(), d.m * d.k)?;
-        require_len("weight", a.weight.len(), d.n * d.k)?;
-        require_len("out", a.out.len(), d.m * d.n)?;
-        match a.bias {
+        require_len("inp", inp.len(), d.m * d.k)?;
+        require_len("weight", weight.len(), d.n * d.k)?;
+        require_len("out", out.len(), d.m * d.n)?;
+        match bias {
             Some(b) if d.bias => require_len("bias", b.len(), d.n)?,
             None if !d.bias => {}
             _ => {
                 return Err(Error::constraint(format!("a bias exactly when prepared with bias = {}", d.bias), "other"))
             }
         }
-        match a.residual {
-            Some(r) if d.tail == Tail::Residual => require_len("residual", r.len(), d.m * d.n)?,
-            None if d.tail != Tail::Residual => {}
-            _ => return Err(Error::constraint("a residual exactly with the residual tail", format!("{:?}", d.tail))),
-        }
-        let bias = a.bias.map_or(0, common::device_ptr);
+        let bias = bias.map_or(0, common::device_ptr);
         if matches!(self.stage, Stage::Tma { bias_aligned: true, .. }) {
             require(bias.is_multiple_of(16), BIAS_ALIGNED, || format!("bias at {bias:#x}"))?;
         }
-        let residual = a.residual.map_or(0, common::device_ptr);
         // SAFETY: every buffer's length was checked against the prepared sizes, which satisfy the
         // stage's limits; the mma entries take (out, inp, w, bias, M, N, K) and read bias only when
         // it is non-null; cuBLASLt reads the bias only with its BIAS epilogue (prepared with one).
@@ -692,9 +721,9 @@ impl Prepared {
                 Stage::Mma(l) => l.enqueue(
                     stream,
                     &[
-                        Arg::buf(a.out),
-                        Arg::buf(a.inp),
-                        Arg::buf(a.weight),
+                        Arg::buf(out),
+                        Arg::buf(inp),
+                        Arg::buf(weight),
                         Arg::Ptr(bias),
                         Arg::int(d.m),
                         Arg::int(d.n),
@@ -702,10 +731,10 @@ impl Prepared {
                     ],
                 ),
                 Stage::Tma { launch, b_rows, tail, .. } => {
-                    let map_a = common::tma::bf16_map(common::device_ptr(a.inp), d.m, d.k, TILE_M as u32)?;
-                    let map_b = common::tma::bf16_map(common::device_ptr(a.weight), d.n, d.k, *b_rows)?;
+                    let map_a = common::tma::bf16_map(common::device_ptr(inp), d.m, d.k, TILE_M as u32)?;
+                    let map_b = common::tma::bf16_map(common::device_ptr(weight), d.n, d.k, *b_rows)?;
                     // (map_a, map_b, out, bias[, residual], M, N, K[, tail code])
-                    let mut args = vec![Arg::value(&map_a), Arg::value(&map_b), Arg::buf(a.out), Arg::Ptr(bias)];
+                    let mut args = vec![Arg::value(&map_a), Arg::value(&map_b), Arg::buf(out), Arg::Ptr(bias)];
                     if *tail != TailArgs::None {
                         args.push(Arg::Ptr(residual));
                     }
@@ -716,8 +745,7 @@ impl Prepared {
                     launch.enqueue(stream, &args)
                 }
                 Stage::Lt(lt) => {
-                    let (inp, w, out) =
-                        (common::device_ptr(a.inp), common::device_ptr(a.weight), common::device_ptr(a.out));
+                    let (inp, w, out) = (common::device_ptr(inp), common::device_ptr(weight), common::device_ptr(out));
                     lt.enqueue(stream, inp, w, bias, residual, out)
                 }
             }

@@ -1,12 +1,13 @@
 //! LayerNorm forward over the last dimension: `out = (x - mean) * rstd * w + b`, rows = B·T, also
-//! writing `mean` and `rstd` per row.
+//! writing `mean` and `rstd` per row. Shape keys `rows`, `C` and `out` (the output's bits: 32, the
+//! default, or 16: bf16 for a bf16 GEMM to read, stage 7; stages 0-6 store fp32).
 
 use common::check::{checked_rows, gather_rows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, ActMut, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, RotatedAct, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
@@ -83,7 +84,32 @@ fn stages() -> Vec<Variant> {
             "row read once into registers with 16-byte loads, stats from registers, 16-byte streaming stores",
         )
         .with_tunables(&[("LN_WARPS", 4)]),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            7,
+            "bf16-out",
+            "layernorm/06_single_pass_vectorized.cu",
+            Precision::Bf16,
+            "stage 6 storing bf16 (8-byte stores): 6 bytes an element instead of 8, for a bf16 GEMM",
+        )
+        .with_plan(Plan::WarpPerRowInRegisters)
+        .with_defines(vec![Define::on(OUT_BF16)])
+        .with_tunables(&[("LN_WARPS", 4)]),
     ]
+}
+
+/// Stage 7's switch of stage 6's file: the output stored as bf16.
+const OUT_BF16: &str = "LN_OUT_BF16";
+const STORES: &str = "out = 16 for a stage storing bf16 (7), out = 32 for the others (0-6)";
+
+/// The output type stage `v` stores.
+fn stores(v: &Variant) -> ActType {
+    if v.define(OUT_BF16).is_some() {
+        ActType::Bf16
+    } else {
+        ActType::F32
+    }
 }
 
 /// The sizes of one LayerNorm call.
@@ -91,11 +117,14 @@ fn stages() -> Vec<Variant> {
 pub struct LayerNormDims {
     pub rows: usize,
     pub c: usize,
+    /// The output's element type.
+    pub out: ActType,
 }
 
 /// Shape constraints of `v` at `d`: what its header's `Limits:` line documents.
 pub fn check_shape(v: &Variant, d: LayerNormDims) -> Result<()> {
-    let LayerNormDims { rows, c } = d;
+    let LayerNormDims { rows, c, out } = d;
+    require(out == stores(v), STORES, || format!("out = {} for stage {}", 8 * out.bytes(), v.stage))?;
     require(rows >= 1, "rows >= 1", || format!("rows = {rows}"))?;
     require(c >= 1, "C >= 1", || format!("C = {c}"))?;
     require(rows.checked_mul(c).is_some_and(|n| n < 1 << 31), ELEMS, || format!("rows = {rows}, C = {c}"))?;
@@ -118,9 +147,9 @@ pub struct Prepared {
     constant: bool,
 }
 
-/// The buffers of one call.
+/// The buffers of one call; `out` of the prepared type.
 pub struct LayerNormArgs<'a> {
-    pub out: &'a mut CudaSlice<f32>,
+    pub out: ActMut<'a>,
     pub mean: &'a mut CudaSlice<f32>,
     pub rstd: &'a mut CudaSlice<f32>,
     pub inp: &'a CudaSlice<f32>,
@@ -176,7 +205,8 @@ impl Prepared {
 
     /// Enqueues the stage on `stream` after checking every buffer length and `eps`.
     pub fn enqueue(&self, stream: &CudaStream, a: LayerNormArgs) -> Result<()> {
-        let LayerNormDims { rows, c } = self.d;
+        let LayerNormDims { rows, c, out } = self.d;
+        require(a.out.ty() == out, "out of the prepared type", || format!("{:?} for {out:?}", a.out.ty()))?;
         require(a.eps.is_finite() && a.eps > 0.0, "eps > 0 and finite", || format!("eps = {}", a.eps))?;
         for (name, len, want) in [
             ("inp", a.inp.len(), rows * c),
@@ -188,7 +218,7 @@ impl Prepared {
         ] {
             require_len(name, len, want)?;
         }
-        let (out, mean, rstd, inp) = (Arg::buf(a.out), Arg::buf(a.mean), Arg::buf(a.rstd), Arg::buf(a.inp));
+        let (out, mean, rstd, inp) = (Arg::Ptr(a.out.ptr()), Arg::buf(a.mean), Arg::buf(a.rstd), Arg::buf(a.inp));
         let (w, b) = (Arg::buf(a.weight), Arg::buf(a.bias));
         let (rows, c, eps) = (Arg::int(rows), Arg::int(c), Arg::F32(a.eps));
         // SAFETY: the entries take (out, mean, rstd, inp, [weight, bias,] rows, C, eps); lengths were
@@ -237,16 +267,25 @@ fn shape(rows: i64, c: i64) -> Shape {
     Shape::new(&[("rows", rows), ("C", c)])
 }
 
+/// [`shape`] storing bf16 (`out` = 16).
+fn shape_bf16_out(rows: i64, c: i64) -> Shape {
+    Shape::new(&[("rows", rows), ("C", c), ("out", 16)])
+}
+
 fn dims(shape: &Shape) -> Result<LayerNormDims> {
-    Ok(LayerNormDims { rows: shape.dim("rows", i32::MAX as i64)?, c: shape.dim("C", i32::MAX as i64)? })
+    Ok(LayerNormDims {
+        rows: shape.dim("rows", i32::MAX as i64)?,
+        c: shape.dim("C", i32::MAX as i64)?,
+        out: ActType::from_key(shape, "out")?,
+    })
 }
 
 static INFO: OpInfo = OpInfo {
     family: FAMILY,
     name: OP,
-    description: "LayerNorm forward over C (fp32), rows = B*T; writes out, mean, rstd",
+    description: "LayerNorm forward over C (fp32 math and stats; fp32 or bf16 out), rows = B*T; writes out, mean, rstd",
     sources: &SOURCES,
-    shape_keys: &["rows", "C"],
+    shape_keys: &["rows", "C", "out"],
     stages,
 };
 
@@ -255,12 +294,15 @@ impl Op for LayerNorm {
         &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
-        vec![shape(4096, 768), shape(32768, 4096)]
+        // GPT-2's B·T = 4096 rows and a wide model's, storing fp32 (stages 0-6) and bf16 (stage 7).
+        vec![shape(4096, 768), shape(32768, 4096), shape_bf16_out(4096, 768), shape_bf16_out(32768, 4096)]
     }
     fn validate(&self, v: &Variant, shape: &Shape) -> Result<()> {
         check_shape(v, dims(shape)?)
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
+        // Each limit at the output type the stage stores.
+        let shape = |rows, c| if stores(v) == ActType::Bf16 { shape_bf16_out(rows, c) } else { shape(rows, c) };
         let mut limits = vec![Limit { constraint: ELEMS, past: shape(1 << 20, 2048), inside: None }];
         match v.plan::<Plan>() {
             Ok(Plan::ThreadPerRow { constant: true }) => {
@@ -276,7 +318,7 @@ impl Op for LayerNorm {
     }
     fn problem(&self, gpu: &Gpu, shape: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = dims(shape)?;
-        let LayerNormDims { rows, c } = d;
+        let LayerNormDims { rows, c, out } = d;
         require(rows.checked_mul(c).is_some_and(|n| n < 1 << 31), ELEMS, || format!("rows = {rows}, C = {c}"))?;
         // Inputs with a non-zero mean and spread, so mean subtraction matters.
         let x = uniform(rows * c, -2.0, 3.0, seed);
@@ -284,7 +326,7 @@ impl Op for LayerNorm {
         let b = uniform(c, -0.5, 0.5, seed ^ 2);
         let checked = checked_rows(rows, c, seed ^ 4);
         let reference = reference(&gather_rows(&x, c, &checked), &w, &b, checked.len(), c, EPS as f64);
-        let bytes_per_copy = ((2 * rows * c + 2 * rows) * 4) as u64;
+        let bytes_per_copy = ((rows * c + 2 * rows) * 4 + rows * c * out.bytes()) as u64;
         let copies = rotation_copies(gpu, bytes_per_copy);
         Ok(Box::new(LayerNormProblem {
             d,
@@ -293,7 +335,7 @@ impl Op for LayerNorm {
             b_dev: gpu.upload(&b)?,
             w,
             b,
-            out: Rotated::outputs(gpu, rows * c, copies)?,
+            out: RotatedAct::outputs(gpu, out, rows * c, copies)?,
             mean: Rotated::outputs(gpu, rows, copies)?,
             rstd: Rotated::outputs(gpu, rows, copies)?,
             checked,
@@ -311,7 +353,7 @@ struct LayerNormProblem {
     b: Vec<f32>,
     w_dev: CudaSlice<f32>,
     b_dev: CudaSlice<f32>,
-    out: Rotated<f32>,
+    out: RotatedAct,
     mean: Rotated<f32>,
     rstd: Rotated<f32>,
     /// The rows compared with the reference ([`checked_rows`]), and their reference.
@@ -323,9 +365,9 @@ struct LayerNormProblem {
 
 impl Problem for LayerNormProblem {
     fn workload(&self) -> Workload {
-        let (r, c) = (self.d.rows as u64, self.d.c as u64);
+        let (r, c, out) = (self.d.rows as u64, self.d.c as u64, self.d.out.bytes() as u64);
         // x read once, out written once, w/b read once, mean/rstd written; ~8 flops per element.
-        Workload { bytes: 4 * (2 * r * c + 2 * c + 2 * r), flops: 8 * r * c, bound: Bound::Memory }
+        Workload { bytes: 4 * (r * c + 2 * c + 2 * r) + out * r * c, flops: 8 * r * c, bound: Bound::Memory }
     }
     fn copies(&self) -> usize {
         self.copies
@@ -360,9 +402,10 @@ impl Problem for LayerNormProblem {
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
         let (rows, c, checked) = (self.d.rows, self.d.c, &self.checked[..]);
-        let (out, mean, rstd) = (self.out.get(copy), self.mean.get(copy), self.rstd.get(copy));
-        Verification::new(v.tolerance())
-            .add_device_rows(gpu, "out", &out.as_view(), (rows, c), checked, &self.reference.0)?
+        let (mean, rstd) = (self.mean.get(copy), self.rstd.get(copy));
+        let ver = Verification::new(v.tolerance());
+        self.out
+            .add_device_rows(ver, gpu, "out", copy, (rows, c), checked, &self.reference.0)?
             .add_device_rows(gpu, "mean", &mean.as_view(), (rows, 1), checked, &self.reference.1)?
             .add_device_rows(gpu, "rstd", &rstd.as_view(), (rows, 1), checked, &self.reference.2)
     }

@@ -2,7 +2,7 @@
 //! documented limits. The GPU tests are in `gpu.rs`.
 
 use common::testing::check_stage_files;
-use common::Op;
+use common::{ActType, Op};
 use norm::layernorm::{self, LayerNorm, LayerNormDims};
 use norm::softmax::{self, Softmax, SoftmaxDims};
 
@@ -47,10 +47,16 @@ fn softmax_reference_of_sampled_rows_is_those_rows() {
 #[test]
 fn bad_shapes_are_typed_errors() {
     for v in LayerNorm.variants() {
+        // Each stage at the output type it stores (stage 7: bf16), and at the other.
+        let stores = if v.stage == 7 { ActType::Bf16 } else { ActType::F32 };
         for (rows, c) in [(0, 768), (4, 0), (1 << 20, 1 << 12)] {
-            let e = layernorm::check_shape(&v, LayerNormDims { rows, c }).unwrap_err();
+            let e = layernorm::check_shape(&v, LayerNormDims { rows, c, out: stores }).unwrap_err();
             assert!(matches!(e, common::Error::Constraint { .. }), "{}: {e}", v.id());
         }
+        layernorm::check_shape(&v, LayerNormDims { rows: 4, c: 768, out: stores }).unwrap();
+        let other = if stores == ActType::F32 { ActType::Bf16 } else { ActType::F32 };
+        let e = layernorm::check_shape(&v, LayerNormDims { rows: 4, c: 768, out: other }).unwrap_err();
+        assert!(e.to_string().contains("out = 16 for a stage storing bf16"), "{}: {e}", v.id());
     }
     for v in Softmax.variants() {
         let e = softmax::check_shape(&v, SoftmaxDims { rows: 10, t: 4, causal: true }).unwrap_err();
