@@ -38,7 +38,7 @@ pub const PREFILL_B: usize = 4;
 pub const DECODE_BATCHES: [usize; 3] = [1, 8, 32];
 
 /// Bump when the selection changes, so old cache files are not trusted.
-const CACHE_VERSION: u32 = 4;
+const CACHE_VERSION: u32 = 6;
 
 /// One op's evidence: every stage's median at each shape (`None`: failed, or not applicable).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -86,15 +86,18 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
     // The LM head at the padded vocabulary, as the model runs it.
     let linears = [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c), (cfg.padded_vocab() as i64, c)];
     let decode = |b: usize| vec![("B", b as i64), ("HQ", nh), ("HKV", nh), ("D", hs), ("seq", t), ("ragged", 0)];
-    // The bf16 pass's linears as it runs them: QKV storing bf16, the projections adding into the
-    // fp32 residual stream, the MLP up with GELU storing bf16, the LM head (no bias) storing fp32.
-    let linears_bf16 = [
-        (3 * c, c, 1, 0, 16),
-        (c, c, 1, 2, 32),
-        (4 * c, c, 1, 1, 16),
-        (c, 4 * c, 1, 2, 32),
-        (cfg.padded_vocab() as i64, c, 0, 0, 32),
-    ];
+    // The bf16 pass's linears as it runs them (N, K, bias, epi, out bits): QKV storing bf16, the MLP
+    // up with GELU storing bf16, the LM head (no bias) storing bf16 logits; and apart, the two
+    // projections adding into the fp32 residual stream.
+    let linears_bf16 = [(3 * c, c, 1, 0, 16), (4 * c, c, 1, 1, 16), (cfg.padded_vocab() as i64, c, 0, 0, 16)];
+    let residual_linears_bf16 = [(c, c, 1, 2, 32), (c, 4 * c, 1, 2, 32)];
+    let bf16_shapes = |l: &[(i64, i64, i64, i64, i64)]| -> Vec<Dims> {
+        l.iter()
+            .map(|&(n, k, bias, epi, out)| {
+                vec![("M", rows), ("N", n), ("K", k), ("bias", bias), ("epi", epi), ("out", out)]
+            })
+            .collect()
+    };
     let ops: Vec<(&'static dyn Op, Vec<Dims>)> = vec![
         (&Encoder, vec![vec![("B", PREFILL_B as i64), ("T", t), ("C", c), ("V", v)]]),
         (&LayerNorm, vec![vec![("rows", rows), ("C", c)]]),
@@ -107,14 +110,25 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
             &KvAppend,
             DECODE_BATCHES.iter().map(|&b| vec![("R", b as i64), ("B", b as i64), ("Tmax", t), ("C", c)]).collect(),
         ),
-        // The decode step's linears at every decode batch size: a stage that only wins at one
-        // sequence (the FMA stages re-read W per 8 rows) must not be chosen for all of them.
+        // The decode step's linears at every decode batch size (a stage that only wins at one
+        // sequence, as the FMA stages that re-read W per 8 rows, must not be chosen for all of
+        // them), as the step runs them: QKV, the MLP up (with GELU) and the LM head with the
+        // LayerNorm before them folded in, the projections adding into the residual stream (the
+        // attention's on its bf16 output). Only a stage that folds runs the first three: the one
+        // whose step has no LayerNorm kernels.
         (
             &Gemv,
             DECODE_BATCHES
                 .iter()
                 .flat_map(|&b| {
-                    linears.iter().map(move |&(n, k)| vec![("M", b as i64), ("N", n), ("K", k), ("bias", 1)])
+                    let m = ("M", b as i64);
+                    [
+                        vec![m, ("N", 3 * c), ("K", c), ("bias", 1), ("ln", 1)],
+                        vec![m, ("N", c), ("K", c), ("bias", 1), ("epi", 2), ("in", 16)],
+                        vec![m, ("N", 4 * c), ("K", c), ("bias", 1), ("epi", 1), ("ln", 1)],
+                        vec![m, ("N", c), ("K", 4 * c), ("bias", 1), ("epi", 2)],
+                        vec![m, ("N", vp), ("K", c), ("bias", 1), ("ln", 1)],
+                    ]
                 })
                 .collect(),
         ),
@@ -127,15 +141,8 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
                 .collect(),
         ),
         (&LayerNorm, vec![vec![("rows", rows), ("C", c), ("out", 16)]]),
-        (
-            &LinearBf16,
-            linears_bf16
-                .iter()
-                .map(|&(n, k, bias, epi, out)| {
-                    vec![("M", rows), ("N", n), ("K", k), ("bias", bias), ("epi", epi), ("out", out)]
-                })
-                .collect(),
-        ),
+        (&LinearBf16, bf16_shapes(&linears_bf16)),
+        (&LinearBf16, bf16_shapes(&residual_linears_bf16)),
         (&PrefillBf16, vec![vec![("B", PREFILL_B as i64), ("T", t), ("NH", nh), ("HS", hs), ("causal", 1)]]),
     ];
     ops.into_iter()

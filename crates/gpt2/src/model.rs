@@ -49,13 +49,17 @@ enum Prepared {
 }
 
 impl Prepared {
-    /// The logits a pass ending in `which` wrote: `[B·T, Vp]` or `[B, Vp]`.
-    fn logits(&self, which: Logits) -> &CudaSlice<f32> {
+    /// The logits a pass ending in `which` wrote, as fp32: `[B·T, V]` or `[B, V]` (from the padded
+    /// `[rows, Vp]` on the device).
+    fn download_logits(&self, gpu: &Gpu, which: Logits, rows: usize, (v, vp): (usize, usize)) -> Result<Vec<f32>> {
         match (self, which) {
-            (Prepared::F32(p), Logits::All) => &p.acts.logits,
-            (Prepared::F32(p), Logits::Last) => &p.last.logits,
-            (Prepared::Bf16(p), Logits::All) => &p.acts.logits,
-            (Prepared::Bf16(p), Logits::Last) => &p.last.logits,
+            (Prepared::F32(p), Logits::All) => gpu.download_rows(&p.acts.logits, rows, v, vp),
+            (Prepared::F32(p), Logits::Last) => gpu.download_rows(&p.last.logits, rows, v, vp),
+            (Prepared::Bf16(p), Logits::All) => {
+                let bits = gpu.download_rows(&p.acts.logits, rows, v, vp)?;
+                Ok(bits.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect())
+            }
+            (Prepared::Bf16(p), Logits::Last) => gpu.download_rows(&p.last.logits, rows, v, vp),
         }
     }
 }
@@ -79,7 +83,7 @@ struct Stages32 {
 struct Stages16 {
     encoder: encoder::Prepared,
     layernorm: layernorm::Prepared,
-    /// A block's linears, in [`BlockLinear`] order.
+    /// A block's linears, in [`BlockLinear`] order (the projections on the plan's residual stage).
     linears: [linear_bf16::Prepared; 4],
     lm_head: linear_bf16::Prepared,
     attention: prefill_bf16::Prepared,
@@ -169,8 +173,10 @@ impl Activations {
     }
 }
 
-/// The activations of one bf16 pass over `rows` positions: the residual stream `x` and the logits
-/// fp32, the rest bf16 bit patterns (`gelu`: the MLP up's output, GELU applied in its tail).
+/// The activations of one bf16 pass over `rows` positions: the residual stream `x` fp32, the rest
+/// bf16 bit patterns (`gelu`: the MLP up's output, GELU applied in its tail; `logits`: every
+/// position's, bf16 as Hugging Face's bf16 model returns them; the last positions' are fp32,
+/// [`LastLogits`], for sampling).
 struct Activations16 {
     x: CudaSlice<f32>,
     ln: CudaSlice<u16>,
@@ -180,7 +186,7 @@ struct Activations16 {
     att: CudaSlice<u16>,
     att_lse: CudaSlice<f32>,
     gelu: CudaSlice<u16>,
-    logits: CudaSlice<f32>,
+    logits: CudaSlice<u16>,
 }
 
 impl Activations16 {
@@ -227,8 +233,9 @@ impl Model {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
         let lm_head = padded_head(weights, &cfg);
+        let fold = plan.gemv.as_ref().is_some_and(gemv::folds_layernorm);
         let bf16 = if plan.gemv.is_some() || plan.bf16.is_some() {
-            Some(Bf16Weights::new(gpu, weights, &lm_head)?)
+            Some(Bf16Weights::new(gpu, weights, &lm_head, fold)?)
         } else {
             None
         };
@@ -286,40 +293,38 @@ impl Model {
     ) -> Result<Stages16> {
         let cfg = self.cfg;
         let (c, m) = (cfg.c, b * t);
-        let lin = |m: usize, n: usize, k: usize, tail: Tail, out: Output| {
-            let bias = n != cfg.padded_vocab();
-            linear_bf16::prepare(gpu, &bf.linear, LinearBf16Dims { m, n, k, bias, tail, out })
+        let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output| {
+            let stage = if tail == Tail::Residual { &bf.residual_linear } else { &bf.linear };
+            linear_bf16::prepare(gpu, stage, LinearBf16Dims { m, n, k, bias, tail, out })
         };
         let dims = PrefillBf16Dims { dims: AttnDims { b, t, c, nh: cfg.heads }, causal: true };
         Ok(Stages16 {
             encoder,
             layernorm: layernorm::prepare(gpu, &bf.layernorm, LayerNormDims { rows: m, c, out: ActType::Bf16 })?,
             linears: [
-                lin(m, 3 * c, c, Tail::None, Output::Bf16)?,
-                lin(m, c, c, Tail::Residual, Output::F32)?,
-                lin(m, 4 * c, c, Tail::Gelu, Output::Bf16)?,
-                lin(m, c, 4 * c, Tail::Residual, Output::F32)?,
+                lin(m, 3 * c, c, true, Tail::None, Output::Bf16)?,
+                lin(m, c, c, true, Tail::Residual, Output::F32)?,
+                lin(m, 4 * c, c, true, Tail::Gelu, Output::Bf16)?,
+                lin(m, c, 4 * c, true, Tail::Residual, Output::F32)?,
             ],
-            lm_head: lin(m, cfg.padded_vocab(), c, Tail::None, Output::F32)?,
+            lm_head: lin(m, cfg.padded_vocab(), c, false, Tail::None, Output::Bf16)?,
             attention: prefill_bf16::prepare(gpu, &bf.attention, dims)?,
             acts: Activations16::new(gpu, &cfg, m)?,
-            last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, Tail::None, Output::F32)?)?,
+            last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, false, Tail::None, Output::F32)?)?,
         })
     }
 
     /// The logits `[B, T, V]` of `tokens` (`B` rows of `T` ids each).
     pub fn forward(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
         let (b, t) = self.run(gpu, tokens, Logits::All)?;
-        let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
-        gpu.download_rows(self.prepared[&(b, t)].logits(Logits::All), b * t, v, vp)
+        self.prepared[&(b, t)].download_logits(gpu, Logits::All, b * t, (self.cfg.vocab, self.cfg.padded_vocab()))
     }
 
     /// The logits of each row's last position only, `[B, V]` (what generation samples from): the
     /// same pass with the LM head over those B rows alone.
     pub fn forward_last(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
         let (b, t) = self.run(gpu, tokens, Logits::Last)?;
-        let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
-        gpu.download_rows(self.prepared[&(b, t)].logits(Logits::Last), b, v, vp)
+        self.prepared[&(b, t)].download_logits(gpu, Logits::Last, b, (self.cfg.vocab, self.cfg.padded_vocab()))
     }
 
     /// Checks `tokens`, prepares (B, T) and enqueues the forward pass on the harness stream.
@@ -689,16 +694,42 @@ struct DeviceWeights {
 }
 
 impl DeviceWeights {
+    /// Linear `which` of layer `layer` with the LayerNorm before it folded in (QKV and the MLP up),
+    /// when the decode step's GEMV folds it.
+    fn folded(&self, which: BlockLinear, layer: usize) -> Option<&Folded> {
+        let f = self.bf16.as_ref()?.folded.as_ref()?;
+        match which {
+            BlockLinear::Qkv => Some(&f.blocks[layer][0]),
+            BlockLinear::Fc => Some(&f.blocks[layer][1]),
+            BlockLinear::Proj | BlockLinear::FcProj => None,
+        }
+    }
+
     fn bf16(&self) -> Result<&Bf16Weights> {
         self.bf16.as_ref().ok_or_else(|| Error::constraint("bf16 weights for a bf16 or GEMV plan", "none made"))
     }
 }
 
 /// bf16 copies of the linear weights (the padded LM head; per layer QKV, projection, MLP up, MLP
-/// down, and the biases of the two linears that store bf16), made once at load.
+/// down, and the biases of the two linears that store bf16), made once at load; and for a decode
+/// step whose GEMV folds the LayerNorm in, the folded linears.
 struct Bf16Weights {
     blocks: Vec<Bf16Block>,
     lm_head: CudaSlice<u16>,
+    folded: Option<FoldedWeights>,
+}
+
+/// A linear with the LayerNorm before it folded in ([`gemv::fold_layernorm`]): `W'` (bf16) and
+/// `bias'`.
+struct Folded {
+    weight: CudaSlice<u16>,
+    bias: CudaSlice<f32>,
+}
+
+/// Per layer QKV with ln_1 and the MLP up with ln_2 folded in, and the LM head with ln_f.
+struct FoldedWeights {
+    blocks: Vec<[Folded; 2]>,
+    lm_head: Folded,
 }
 
 struct Bf16Block {
@@ -710,9 +741,31 @@ struct Bf16Block {
 }
 
 impl Bf16Weights {
-    fn new(gpu: &Gpu, w: &Weights, lm_head: &Vec<f32>) -> Result<Bf16Weights> {
+    /// `fold`: also the LayerNorm-folded linears.
+    fn new(gpu: &Gpu, w: &Weights, lm_head: &Vec<f32>, fold: bool) -> Result<Bf16Weights> {
         let conv =
             |x: &Vec<f32>| gpu.upload(&x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect::<Vec<u16>>());
+        let fold_one = |weight: &[f32], bias: Option<&[f32]>, gamma: &[f32], beta: &[f32]| -> Result<Folded> {
+            let (weight, bias) = gemv::fold_layernorm(weight, bias, gamma, beta);
+            Ok(Folded { weight: gpu.upload(&weight)?, bias: gpu.upload(&bias)? })
+        };
+        let folded = fold
+            .then(|| -> Result<FoldedWeights> {
+                Ok(FoldedWeights {
+                    blocks: w
+                        .blocks
+                        .iter()
+                        .map(|b| {
+                            Ok([
+                                fold_one(&b.qkv_w, Some(&b.qkv_b), &b.ln1_w, &b.ln1_b)?,
+                                fold_one(&b.fc_w, Some(&b.fc_b), &b.ln2_w, &b.ln2_b)?,
+                            ])
+                        })
+                        .collect::<Result<_>>()?,
+                    lm_head: fold_one(lm_head, None, &w.lnf_w, &w.lnf_b)?,
+                })
+            })
+            .transpose()?;
         Ok(Bf16Weights {
             blocks: w
                 .blocks
@@ -726,8 +779,17 @@ impl Bf16Weights {
                 })
                 .collect::<Result<_>>()?,
             lm_head: conv(lm_head)?,
+            folded,
         })
     }
+}
+
+/// What a decode step's linear reads: the LayerNorm's output (or, folding it, the residual stream),
+/// or another activation of the given type.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Input {
+    LayerNorm,
+    Act(ActType),
 }
 
 /// Every op of one decode step prepared for a batch of `b` sequences.
@@ -744,6 +806,8 @@ struct DecodeStep {
     acts: Activations,
     /// The LayerNorm's bf16 output, which the GEMVs read, in a bf16 plan that runs them.
     ln16: Option<CudaSlice<u16>>,
+    /// The GEMVs after each LayerNorm fold it in (then no LayerNorm kernel runs).
+    folds_ln: bool,
     q16: CudaSlice<u16>,
     att16: CudaSlice<u16>,
     /// The step's inputs, in device memory a captured graph reads: the new tokens, their positions,
@@ -836,8 +900,7 @@ impl Model {
         let fill = Fill { cache, cells: &cells, kv: &kv, q16: &mut q16 };
         self.enqueue_forward(&stream, 1, t, &ids, Some(fill), Logits::Last)?;
         cache.lens[slot] = t;
-        let (v, vp) = (self.cfg.vocab, self.cfg.padded_vocab());
-        gpu.download_rows(self.prepared[&(1, t)].logits(Logits::Last), 1, v, vp)
+        self.prepared[&(1, t)].download_logits(gpu, Logits::Last, 1, (self.cfg.vocab, self.cfg.padded_vocab()))
     }
 
     fn prepare_decode(&mut self, gpu: &Gpu, b: usize) -> Result<()> {
@@ -846,9 +909,23 @@ impl Model {
         }
         let (cfg, p) = (self.cfg, &self.plan);
         let c = cfg.c;
-        let lin = |n: usize, k: usize, bias: bool, tail: Tail, input: ActType| -> Result<DecodeLinear> {
+        let (ln_stage, ln_out) = match (&p.bf16, &p.gemv) {
+            (Some(bf), Some(_)) => (&bf.layernorm, ActType::Bf16),
+            _ => (&p.layernorm, ActType::F32),
+        };
+        // A GEMV that folds the LayerNorm in (stage 5) takes QKV, the MLP up and the LM head with it:
+        // they read the residual stream (fp32) and add the folded shift as a bias.
+        let fold = p.gemv.as_ref().is_some_and(gemv::folds_layernorm);
+        let lin = |n: usize, k: usize, bias: bool, tail: Tail, input: Input| -> Result<DecodeLinear> {
+            let ln = fold && input == Input::LayerNorm;
+            let input = match input {
+                Input::LayerNorm if ln => ActType::F32,
+                Input::LayerNorm => ln_out,
+                Input::Act(t) => t,
+            };
+            let bias = bias || ln;
             Ok(match &p.gemv {
-                Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias, tail, input })?),
+                Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias, tail, input, ln })?),
                 None => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
             })
         };
@@ -862,26 +939,23 @@ impl Model {
         };
         let kv_dims = self.kv_dims(b, b, ActType::F32)?;
         // A bf16 plan's GEMVs read its bf16 LayerNorm's output; otherwise the plan's fp32 one's.
-        let (ln_stage, ln) = match (&p.bf16, &p.gemv) {
-            (Some(bf), Some(_)) => (&bf.layernorm, ActType::Bf16),
-            _ => (&p.layernorm, ActType::F32),
-        };
         let step = DecodeStep {
             encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
-            layernorm: layernorm::prepare(gpu, ln_stage, LayerNormDims { rows: b, c, out: ln })?,
+            layernorm: layernorm::prepare(gpu, ln_stage, LayerNormDims { rows: b, c, out: ln_out })?,
             linears: [
-                lin(3 * c, c, true, Tail::None, ln)?,
-                lin(c, c, true, Tail::Residual, ActType::Bf16)?,
-                lin(4 * c, c, true, Tail::Gelu, ln)?,
-                lin(c, 4 * c, true, Tail::Residual, ActType::F32)?,
+                lin(3 * c, c, true, Tail::None, Input::LayerNorm)?,
+                lin(c, c, true, Tail::Residual, Input::Act(ActType::Bf16))?,
+                lin(4 * c, c, true, Tail::Gelu, Input::LayerNorm)?,
+                lin(c, 4 * c, true, Tail::Residual, Input::Act(ActType::F32))?,
             ],
-            lm_head: lin(cfg.padded_vocab(), c, false, Tail::None, ln)?,
+            lm_head: lin(cfg.padded_vocab(), c, false, Tail::None, Input::LayerNorm)?,
+            folds_ln: fold,
             kv: kv_append::prepare(gpu, &p.kv_append, kv_dims)?,
             attention: attn_decode::prepare(gpu, &p.decode, dd)?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, b * c)?,
             acts: Activations::new(gpu, &cfg, b)?,
-            ln16: if ln == ActType::Bf16 { Some(gpu.zeros(b * c)?) } else { None },
+            ln16: if ln_out == ActType::Bf16 && !fold { Some(gpu.zeros(b * c)?) } else { None },
             q16: gpu.zeros(b * c)?,
             att16: gpu.zeros(b * c)?,
             ids: TokenIds::upload(gpu, &vec![0; b], cfg.vocab)?,
@@ -1099,8 +1173,12 @@ impl Pass for Step<'_> {
         (self.mark)("encoder")
     }
 
+    /// Nothing when the GEMVs after it fold it in.
     fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
         let op = &mut *self.op;
+        if op.folds_ln {
+            return Ok(());
+        }
         let a = &mut op.acts;
         let out = match op.ln16.as_mut() {
             Some(ln) => ActMut::Bf16(ln),
@@ -1122,6 +1200,13 @@ impl Pass for Step<'_> {
         let op = &mut *self.op;
         let linear = &op.linears[which as usize];
         let fused = linear.fuses_tail();
+        if let Some(f) = self.w.folded(which, layer).filter(|_| op.folds_ln) {
+            // The LayerNorm folded in: the raw residual stream, W' and bias'.
+            let a = &mut op.acts;
+            let out = if which == BlockLinear::Qkv { &mut a.qkv } else { &mut a.gelu };
+            linear.enqueue(s, out, Act::F32(&a.x), (weight, Some(&f.weight)), Some(&f.bias))?;
+            return (self.mark)(which.name());
+        }
         let (out, inp) = op.acts.linear_io(which, fused);
         let inp = match (which, &op.ln16) {
             // A bf16 plan's GEMVs read its LayerNorm's bf16 output.
@@ -1182,6 +1267,18 @@ impl Pass for Step<'_> {
 
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         let op = &mut *self.op;
+        let folded = self.w.bf16.as_ref().and_then(|x| x.folded.as_ref()).filter(|_| op.folds_ln);
+        if let Some(f) = folded {
+            let (a, head) = (&mut op.acts, &f.lm_head);
+            op.lm_head.enqueue(
+                s,
+                &mut a.logits,
+                Act::F32(&a.x),
+                (&self.w.lm_head, Some(&head.weight)),
+                Some(&head.bias),
+            )?;
+            return (self.mark)("linear lm-head");
+        }
         let w16 = self.w.bf16.as_ref().map(|x| &x.lm_head);
         let ln = match &op.ln16 {
             Some(ln) => Act::Bf16(ln),

@@ -54,8 +54,13 @@ pub struct Plan {
 pub struct Bf16Stages {
     /// A LayerNorm stage storing bf16 (`norm/layernorm` at `out` = 16).
     pub layernorm: Variant,
-    /// A `matmul/linear-bf16` stage that fuses the tails and stores bf16 (stage 12 on, or cuBLASLt).
+    /// A `matmul/linear-bf16` stage that fuses the tails and stores bf16 (stage 12 on, or cuBLASLt):
+    /// QKV, the MLP up with GELU, the LM head.
     pub linear: Variant,
+    /// The `matmul/linear-bf16` stage of the two projections, which add into the fp32 residual
+    /// stream in their tail (a choice of its own: an epilogue that reads as much as it writes, and
+    /// N = C columns, where another tiling may win).
+    pub residual_linear: Variant,
     /// A `attention/prefill-bf16` stage.
     pub attention: Variant,
 }
@@ -63,7 +68,7 @@ pub struct Bf16Stages {
 /// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
 /// cache; `gemv=off` gives the decode step the plan's `linear`; `argmax` ends a greedy decode step,
 /// `sample` a sampled one); then the bf16 pass's three, all on (a bf16 plan) or all off.
-pub const PLAN_OPS: [&str; 14] = [
+pub const PLAN_OPS: [&str; 15] = [
     "encoder",
     "layernorm",
     "linear",
@@ -77,6 +82,7 @@ pub const PLAN_OPS: [&str; 14] = [
     "sample",
     "layernorm-bf16",
     "linear-bf16",
+    "linear-bf16-residual",
     "attention-bf16",
 ];
 
@@ -113,18 +119,18 @@ impl Plan {
     /// - `cublas-gemv`: cuBLAS TF32 for the prefill's linears, and the decode step's linears as
     ///   our GEMV on bf16 weights;
     /// - `bf16`: the whole-sequence pass on bf16 activations with the last rung of each bf16 ladder
-    ///   (LayerNorm 07 storing bf16, `linear-bf16` 16, `prefill-bf16` 10), the decode step on the
-    ///   tensor-core GEMV (04) reading bf16.
+    ///   (LayerNorm 07 storing bf16, `linear-bf16` 16 for every linear, `prefill-bf16` 10), the
+    ///   decode step on the tensor-core GEMV with the LayerNorms folded in (05).
     ///
     /// `fastest` and `fastest-bf16` need the device: see [`crate::fastest::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
         let stages: Stages = match name {
-            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0, OFF, OFF, OFF],
-            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0, OFF, OFF, OFF],
-            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0, OFF, OFF, OFF],
-            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, OFF, OFF, OFF],
-            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, OFF, OFF, OFF],
-            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 4, 1, 0, 7, 16, 10],
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0, OFF, OFF, OFF, OFF],
+            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0, OFF, OFF, OFF, OFF],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0, OFF, OFF, OFF, OFF],
+            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, OFF, OFF, OFF, OFF],
+            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, OFF, OFF, OFF, OFF],
+            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 7, 16, 16, 10],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (fastest::resolve)",
@@ -165,21 +171,23 @@ impl Plan {
             self.sample.stage,
             self.bf16.as_ref().map_or(OFF, |b| b.layernorm.stage),
             self.bf16.as_ref().map_or(OFF, |b| b.linear.stage),
+            self.bf16.as_ref().map_or(OFF, |b| b.residual_linear.stage),
             self.bf16.as_ref().map_or(OFF, |b| b.attention.stage),
         ]
     }
 
     pub(crate) fn from_stages(name: &str, s: Stages) -> Result<Plan> {
         let bf16 = match s[BF16_OPS..] {
-            [OFF, OFF, OFF] => None,
-            [ln, lin, att] if ![ln, lin, att].contains(&OFF) => Some(Bf16Stages {
+            [OFF, OFF, OFF, OFF] => None,
+            [ln, lin, res, att] if ![ln, lin, res, att].contains(&OFF) => Some(Bf16Stages {
                 layernorm: stage_of(&LayerNorm, ln)?,
                 linear: stage_of(&LinearBf16, lin)?,
+                residual_linear: stage_of(&LinearBf16, res)?,
                 attention: stage_of(&PrefillBf16, att)?,
             }),
             _ => {
                 return Err(Error::constraint(
-                    "layernorm-bf16, linear-bf16 and attention-bf16 all on (a bf16 pass) or all off",
+                    "the bf16 pass's ops all on (a bf16 pass) or all off",
                     format!("{:?}", &PLAN_OPS[BF16_OPS..]),
                 ))
             }
@@ -218,7 +226,8 @@ impl Plan {
             10 => Some(&mut self.sample),
             11 => self.bf16.as_mut().map(|b| &mut b.layernorm),
             12 => self.bf16.as_mut().map(|b| &mut b.linear),
-            13 => self.bf16.as_mut().map(|b| &mut b.attention),
+            13 => self.bf16.as_mut().map(|b| &mut b.residual_linear),
+            14 => self.bf16.as_mut().map(|b| &mut b.attention),
             _ => None,
         }
     }

@@ -153,12 +153,16 @@ pub fn model_table(gpu: &Gpu, cfg: Config, opts: &TableOptions, progress: &mut d
     if opts.leave_one_out {
         let base = resolve(&base_spec, progress)?;
         for (i, (op, stage)) in PLAN_OPS.iter().zip(base.stages()).enumerate() {
-            // An op at its first stage already, or off, has nothing to leave out.
-            let first = crate::fastest::first_runnable(&cfg, i)?;
-            if stage == first || stage == u32::MAX {
-                continue;
-            }
-            let spec = if *op == "gemv" { "gemv=off".to_string() } else { format!("{op}={first}") };
+            // An op off, or at its first stage already, has nothing to leave out; the GEMV goes off
+            // (the step's linears on the plan's `linear`).
+            let spec = match *op {
+                _ if stage == u32::MAX => continue,
+                "gemv" => "gemv=off".to_string(),
+                _ => match crate::fastest::first_runnable(&cfg, i)? {
+                    first if first == stage => continue,
+                    first => format!("{op}={first}"),
+                },
+            };
             let plan = base.clone().with_overrides(&spec)?;
             progress(&format!("leave one out: {}", plan.name));
             loo.push(plan_row(gpu, cfg, &weights, plan, opts, steps, decode_from, false, progress)?);

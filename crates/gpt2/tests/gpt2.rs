@@ -149,9 +149,13 @@ mod model {
         // The bf16 pass's three ops go on and off together.
         let e = p.clone().with_overrides("linear-bf16=16").unwrap_err().to_string();
         assert!(e.contains("all on (a bf16 pass) or all off"), "{e}");
-        let bf16 = p.with_overrides("layernorm-bf16=7,linear-bf16=16,attention-bf16=10").unwrap().bf16.unwrap();
-        assert_eq!((bf16.layernorm.stage, bf16.linear.stage, bf16.attention.stage), (7, 16, 10));
-        let off = Plan::named("bf16").unwrap().with_overrides("layernorm-bf16=off,linear-bf16=off,attention-bf16=off");
+        let on = "layernorm-bf16=7,linear-bf16=16,linear-bf16-residual=90,attention-bf16=10";
+        let bf16 = p.with_overrides(on).unwrap().bf16.unwrap();
+        let stages = (bf16.layernorm.stage, bf16.linear.stage, bf16.residual_linear.stage, bf16.attention.stage);
+        assert_eq!(stages, (7, 16, 90, 10));
+        let off = Plan::named("bf16")
+            .unwrap()
+            .with_overrides("layernorm-bf16=off,linear-bf16=off,linear-bf16-residual=off,attention-bf16=off");
         assert!(off.unwrap().bf16.is_none());
         assert!(Plan::named("bf16").unwrap().with_overrides("attention-bf16=off").is_err());
     }

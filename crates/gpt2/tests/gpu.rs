@@ -115,7 +115,11 @@ fn main() -> std::process::ExitCode {
                 let want = reference::forward(&cfg, &w, &tokens);
                 let v = cfg.vocab;
                 let want_last: Vec<f64> = want.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect();
-                for spec in ["bf16", "bf16:linear-bf16=12", "bf16:linear-bf16=90,attention-bf16=0"] {
+                for spec in [
+                    "bf16",
+                    "bf16:linear-bf16=12,linear-bf16-residual=14",
+                    "bf16:linear-bf16=90,linear-bf16-residual=90,attention-bf16=0",
+                ] {
                     let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
                     let plan = Plan::named(name).unwrap().with_overrides(overrides).unwrap();
                     let mut m = Model::new(gpu, cfg, &w, plan).unwrap();
@@ -144,11 +148,12 @@ fn main() -> std::process::ExitCode {
                 ("cublas-gemv:gemv=4", true),
                 ("fp32:decode=3", false),
                 ("cublas-gemv:decode=4", true),
-                // The bf16 pass fills the cache from bf16 QKV rows; its decode step's GEMVs read the
-                // bf16 LayerNorm's output.
+                // The bf16 pass fills the cache from bf16 QKV rows; its decode step's GEMVs fold the
+                // LayerNorms in (gemv=5), or read the bf16 LayerNorm's output (gemv=4).
                 ("bf16", false),
                 ("bf16", true),
                 ("bf16:decode=4", true),
+                ("bf16:gemv=4", true),
             ];
             for (spec, graph) in plans {
                 let (plan, overrides) = spec.split_once(':').unwrap_or((spec, ""));
@@ -175,7 +180,7 @@ fn main() -> std::process::ExitCode {
                     let err = rel_l2(&last, &want);
                     assert!(err <= 2e-2, "plan {spec}, graph {graph}, step {step}: logits rel L2 {err:e}");
                 }
-                assert_eq!(cache.is_paged(), spec.contains("decode="), "{spec}");
+                assert_eq!(cache.is_paged(), spec.contains("decode=4") || spec.contains("decode=3"), "{spec}");
                 assert_eq!(cache.lens(), &[11, 17, 23]);
                 assert!(m.decode_step(gpu, &mut cache, &[1, 2]).is_err(), "one token per sequence");
                 let mut empty = m.new_cache(gpu, 2).unwrap();
@@ -245,6 +250,15 @@ fn main() -> std::process::ExitCode {
             // The encoder, 8 a layer (the GEMV plan's fused tails and bf16 projection input), ln_f
             // and the LM head.
             assert_eq!(kernels, 1 + cfg.layers * 8 + 2, "kernels in a step of {} layers", cfg.layers);
+            // The GEMV that folds the LayerNorms in: 6 a layer, and the LM head without ln_f.
+            let mut m = Model::new(gpu, cfg, &w, Plan::named("bf16").unwrap()).unwrap();
+            let mut cache = m.new_cache(gpu, 2).unwrap();
+            for (i, p) in prompts.iter().enumerate() {
+                m.prefill_into(gpu, &mut cache, i, p).unwrap();
+            }
+            let ops = m.decode_step_profiled(gpu, &mut cache, &[4, 5]).unwrap();
+            assert_eq!(ops.len(), 1 + cfg.layers * 6 + 1, "{ops:?}");
+            assert!(!ops.iter().any(|(name, _)| *name == "layernorm"), "{ops:?}");
             let t = m.time_forward(gpu, 2, 16, Logits::Last, &common::timing::TimingConfig::quick()).unwrap();
             assert!(t.median_ms > 0.0 && t.min_ms <= t.median_ms && t.median_ms <= t.max_ms, "{t:?}");
         })

@@ -5,14 +5,16 @@
 //! At M = 1 every weight is used once, so the floor is reading W: 2 bytes a weight.
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the tail: 0 none, 1 GELU, 2 residual), `in` (32:
-//! fp32 activations, the default; 16: bf16, as the decode step's attention output lies).
+//! fp32 activations, the default; 16: bf16, as the decode step's attention output lies), `ln` (1:
+//! the LayerNorm before the linear folded in, stage 5: `inp` is the raw fp32 residual stream, the
+//! weights and bias those [`fold_layernorm`] makes; needs `bias` = 1, the folded shift).
 
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Act, ActBuf, ActType, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo,
+    Precision, Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -77,7 +79,41 @@ fn stages() -> Vec<Variant> {
             "mma.sync on 16 rows of W x all M rows of inp, fragments straight from global, W read once",
         )
         .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)]),
+        k(
+            5,
+            "layernorm-folded",
+            "gemv/04_skinny_mma.cu",
+            Plan::Mma,
+            "stage 4 with the LayerNorm before it folded in: row stats in the block, gain and shift in W and bias",
+        )
+        .with_defines(vec![Define::on(LN_FOLD)])
+        .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)]),
     ]
+}
+
+/// Stage 5's switch of stage 4's file: the `gemv_mma_ln_m*` entries.
+const LN_FOLD: &str = "GEMV_LN_FOLD";
+const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (5)";
+const LN_ARGS: &str = "ln = 1 with fp32 inp (the residual stream) and bias = 1 (the folded shift)";
+
+/// Whether stage `v` can fold the LayerNorm before it (`ln` = 1).
+pub fn folds_layernorm(v: &Variant) -> bool {
+    v.define(LN_FOLD).is_some()
+}
+
+/// The LayerNorm before a linear folded into it, once at load, for an `ln` = 1 GEMV:
+/// `LayerNorm(x) · Wᵀ + bias = rstd · ((x - mean) · W'ᵀ) + bias'` with `W' = bf16(W ⊙ gamma)` (each
+/// row of W times the gain, element by element) and `bias' = W · beta + bias` (fp32, from the
+/// unrounded W; `bias` may be absent). `w` is `[N, K]`; returns `(W' as bf16 bits, bias')`.
+pub fn fold_layernorm(w: &[f32], bias: Option<&[f32]>, gamma: &[f32], beta: &[f32]) -> (Vec<u16>, Vec<f32>) {
+    let k = gamma.len();
+    let folded =
+        w.par_chunks(k).flat_map_iter(|row| row.iter().zip(gamma).map(|(a, g)| bf16::from_f32(a * g).to_bits()));
+    let shift = w.par_chunks(k).enumerate().map(|(n, row)| {
+        let dot: f64 = row.iter().zip(beta).map(|(a, b)| *a as f64 * *b as f64).sum();
+        (dot + bias.map_or(0.0, |b| b[n] as f64)) as f32
+    });
+    (folded.collect(), shift.collect())
 }
 
 /// Warps per block of the tensor-core stage for `blocks` blocks of 16 rows and a tile of `mt`
@@ -98,9 +134,15 @@ pub struct GemvDims {
     pub bias: bool,
     pub tail: Tail,
     pub input: ActType,
+    /// The LayerNorm before it folded in ([`fold_layernorm`]).
+    pub ln: bool,
 }
 
 pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
+    if d.ln {
+        require(folds_layernorm(v), LN_STAGE, || format!("stage {}", v.stage))?;
+        require(d.input == ActType::F32 && d.bias, LN_ARGS, || format!("{:?} inp, bias {}", d.input, d.bias))?;
+    }
     for (key, x) in [("M", d.m), ("N", d.n), ("K", d.k)] {
         require(x >= 1, &format!("{key} >= 1"), || format!("{key} = {x}"))?;
     }
@@ -124,6 +166,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
     // Rows of inp per pass: the FMA stages take up to 8 and loop; the tensor-core stage takes all
     // M at once, in a tile of 8 to 64 columns.
     let (entry, mt) = match (plan, d.input) {
+        (Plan::Mma, _) if d.ln => ("gemv_mma_ln_m", d.m.next_power_of_two().max(8)),
         (Plan::Mma, ActType::F32) => ("gemv_mma_m", d.m.next_power_of_two().max(8)),
         (Plan::Mma, ActType::Bf16) => ("gemv_mma_bf16_m", d.m.next_power_of_two().max(8)),
         (_, ActType::F32) => ("gemv_m", d.m.next_power_of_two().min(8)),
@@ -149,6 +192,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
 
 /// The buffers of one call: `out` M·N, `inp` M·K, `weight` N·K bf16 bit patterns, `bias` N,
 /// and with the residual tail `residual` M·N (not `out`: see [`Prepared::enqueue_residual_in_place`]).
+/// With `ln` = 1, `weight` and `bias` are the folded ones ([`fold_layernorm`]).
 pub struct GemvArgs<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub inp: Act<'a>,
@@ -246,6 +290,11 @@ pub fn shape_with_tail(m: i64, n: i64, k: i64, bias: i64, epi: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias), ("epi", epi)])
 }
 
+/// [`shape_with_tail`] with the LayerNorm before it folded in (`ln` = 1; a bias, the folded shift).
+pub fn shape_ln(m: i64, n: i64, k: i64, epi: i64) -> Shape {
+    Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", 1), ("epi", epi), ("ln", 1)])
+}
+
 /// [`shape_with_tail`] on bf16 activations (`in` = 16).
 pub fn shape_bf16_in(m: i64, n: i64, k: i64, bias: i64, epi: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias), ("epi", epi), ("in", 16)])
@@ -257,7 +306,9 @@ fn dims(s: &Shape) -> Result<GemvDims> {
     require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
     let (m, n, k) = (s.dim("M", big)?, s.dim("N", big)?, s.dim("K", big)?);
     let input = ActType::from_key(s, "in")?;
-    Ok(GemvDims { m, n, k, bias: bias == 1, tail: tail_of(s)?, input })
+    let ln = s.get("ln").unwrap_or(0);
+    require(ln == 0 || ln == 1, "ln in {0, 1}", || format!("ln = {ln}"))?;
+    Ok(GemvDims { m, n, k, bias: bias == 1, tail: tail_of(s)?, input, ln: ln == 1 })
 }
 
 static INFO: OpInfo = OpInfo {
@@ -265,7 +316,7 @@ static INFO: OpInfo = OpInfo {
     name: OP,
     description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias, then GELU or + residual (fp32 activations, bf16 weights, M <= 64)",
     sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi", "in"],
+    shape_keys: &["M", "N", "K", "bias", "epi", "in", "ln"],
     stages,
 };
 
@@ -291,6 +342,12 @@ impl Op for Gemv {
             shape_with_tail(1, 3072, 768, 1, 1),
             shape_bf16_in(1, 768, 768, 1, 2),
             shape_with_tail(1, 768, 3072, 1, 2),
+            // The LayerNorm folded in (stage 5): QKV and the MLP up with GELU at one and 32
+            // sequences, the LM head (its folded shift is its bias).
+            shape_ln(1, 2304, 768, 0),
+            shape_ln(1, 3072, 768, 1),
+            shape_ln(32, 3072, 768, 1),
+            shape_ln(1, 50257, 768, 0),
         ]
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
@@ -309,18 +366,32 @@ impl Op for Gemv {
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = dims(s)?;
         require(d.m >= 1 && d.n >= 1 && d.k >= 1 && d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
-        // bf16 activations: rounded once at upload; the reference runs on exactly those values.
-        let (inp_dev, inp) = ActBuf::upload(gpu, d.input, &uniform(d.m * d.k, -1.0, 1.0, seed ^ 1))?;
-        let w: Vec<u16> =
-            uniform(d.n * d.k, -1.0, 1.0, seed ^ 2).into_iter().map(|x| bf16::from_f32(x).to_bits()).collect();
+        // bf16 activations: rounded once at upload; the reference runs on exactly those values. A
+        // folded LayerNorm's input is a residual stream: a mean away from zero and a spread.
+        let x = if d.ln { uniform(d.m * d.k, -2.0, 3.0, seed ^ 1) } else { uniform(d.m * d.k, -1.0, 1.0, seed ^ 1) };
+        let (inp_dev, inp) = ActBuf::upload(gpu, d.input, &x)?;
+        let w32 = uniform(d.n * d.k, -1.0, 1.0, seed ^ 2);
         let bias = uniform(d.n, -1.0, 1.0, seed ^ 3);
         let residual = (d.tail == Tail::Residual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 4));
+        // The reference's input rows and weights: the LayerNorm's output in f64 and the unrounded W
+        // (the folded bf16 W' is the stage's own rounding), or inp and the bf16 W as uploaded.
+        let (w, bias_dev, rows, weights): (Vec<u16>, Vec<f32>, Vec<f64>, Vec<f64>) = if d.ln {
+            let gamma = uniform(d.k, 0.5, 1.5, seed ^ 5);
+            let beta = uniform(d.k, -0.5, 0.5, seed ^ 6);
+            let (folded, shift) = fold_layernorm(&w32, Some(&bias), &gamma, &beta);
+            let rows = layernorm_rows(&inp, &gamma, &beta, d.k);
+            (folded, shift, rows, w32.iter().map(|&v| v as f64).collect())
+        } else {
+            let w: Vec<u16> = w32.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+            let weights = w.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
+            (w, bias.clone(), inp.iter().map(|&v| v as f64).collect(), weights)
+        };
         let mut reference = vec![0f64; d.m * d.n];
         reference.par_chunks_mut(d.n).enumerate().for_each(|(m, row)| {
-            let x = &inp[m * d.k..(m + 1) * d.k];
+            let x = &rows[m * d.k..(m + 1) * d.k];
             for (n, o) in row.iter_mut().enumerate() {
-                let wr = &w[n * d.k..(n + 1) * d.k];
-                let dot: f64 = x.iter().zip(wr).map(|(a, b)| *a as f64 * bf16::from_bits(*b).to_f64()).sum();
+                let wr = &weights[n * d.k..(n + 1) * d.k];
+                let dot: f64 = x.iter().zip(wr).map(|(a, b)| a * b).sum();
                 let v = dot + if d.bias { bias[n] as f64 } else { 0.0 };
                 *o = match (d.tail, &residual) {
                     (Tail::Gelu, _) => gelu_tanh(v),
@@ -335,7 +406,7 @@ impl Op for Gemv {
             d,
             inp: inp_dev,
             w: Rotated::upload(gpu, &w, copies)?,
-            bias: gpu.upload(&bias)?,
+            bias: gpu.upload(&bias_dev)?,
             residual: residual.map(|r| gpu.upload(&r)).transpose()?,
             out: Rotated::outputs(gpu, d.m * d.n, copies)?,
             reference,
@@ -343,6 +414,18 @@ impl Op for Gemv {
             prepared: Current::default(),
         }))
     }
+}
+
+/// GPT-2's LayerNorm (eps 1e-5, the kernel's `GEMV_LN_EPS`) of each row of `x` (`[rows, k]`), in f64.
+fn layernorm_rows(x: &[f32], gamma: &[f32], beta: &[f32], k: usize) -> Vec<f64> {
+    x.chunks(k)
+        .flat_map(|row| {
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / k as f64;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / k as f64;
+            let rstd = 1.0 / (var + 1e-5).sqrt();
+            row.iter().zip(gamma).zip(beta).map(move |((&v, &g), &b)| (v as f64 - mean) * rstd * g as f64 + b as f64)
+        })
+        .collect()
 }
 
 struct GemvProblem {
@@ -359,7 +442,7 @@ struct GemvProblem {
 
 impl Problem for GemvProblem {
     fn workload(&self) -> Workload {
-        let GemvDims { m, n, k, bias, tail, input } = self.d;
+        let GemvDims { m, n, k, bias, tail, input, .. } = self.d;
         let residual = if tail == Tail::Residual { 4 * m * n } else { 0 };
         let inp = if input == ActType::Bf16 { 2 * m * k } else { 4 * m * k };
         let bytes = 2 * n * k + inp + 4 * m * n + if bias { 4 * n } else { 0 } + residual;

@@ -313,14 +313,15 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &Gemv, &s, &Gemv.variants());
             }
             // M up to 64 (several passes of 8), N not a multiple of 4 or 16, K a multiple of 8 or not
-            // (the 16-byte stages refuse the latter with a typed error), every tail, fp32 or bf16 inp.
-            let strategy = (1i64..=64, 1i64..=300, 1i64..=130, 0i64..=1, 0i64..=1, 0i64..=2, 0i64..=1);
-            proptest(16, strategy, |(m, n, k8, ragged, bias, epi, bf16_in)| {
+            // (the 16-byte stages refuse the latter with a typed error), every tail, fp32 or bf16 inp,
+            // or the LayerNorm folded in (stage 5 alone).
+            let strategy = (1i64..=64, 1i64..=300, 1i64..=130, 0i64..=1, 0i64..=1, 0i64..=2, 0i64..=2);
+            proptest(24, strategy, |(m, n, k8, ragged, bias, epi, input)| {
                 let k = 8 * k8 - ragged * 3;
-                let s = if bf16_in == 1 {
-                    gemv::shape_bf16_in(m, n, k, bias, epi)
-                } else {
-                    gemv::shape_with_tail(m, n, k, bias, epi)
+                let s = match input {
+                    0 => gemv::shape_with_tail(m, n, k, bias, epi),
+                    1 => gemv::shape_bf16_in(m, n, k, bias, epi),
+                    _ => gemv::shape_ln(m, n, k, epi),
                 };
                 assert_stages_pass(gpu, &Gemv, &s, &Gemv.variants());
             })

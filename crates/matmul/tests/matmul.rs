@@ -133,3 +133,39 @@ fn bad_shapes_are_typed_errors() {
 fn documented_limits_are_enforced() {
     common::testing::check_limits(&matmul::Matmul).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn a_folded_layernorm_is_the_layernorm_then_the_linear() {
+    use matmul::gemv::{fold_layernorm, folds_layernorm, Gemv};
+    // One row through LayerNorm(gamma, beta) then W, bias; and through the fold: rstd · ((x - mean)
+    // · W'ᵀ) + bias'. W' is bf16, so the two agree to bf16's rounding of W ⊙ gamma.
+    let (k, n) = (16, 3);
+    let x: Vec<f32> = (0..k).map(|i| 2.0 + (i as f32 * 0.7).sin() * 3.0).collect();
+    let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).cos()).collect();
+    let (gamma, beta): (Vec<f32>, Vec<f32>) = (0..k).map(|i| (1.0 + 0.03 * i as f32, 0.1 - 0.02 * i as f32)).unzip();
+    let bias = [0.5f32, -0.25, 0.0];
+    let mean = x.iter().sum::<f32>() / k as f32;
+    let rstd = 1.0 / (x.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / k as f32 + 1e-5).sqrt();
+    let (folded, shift) = fold_layernorm(&w, Some(&bias), &gamma, &beta);
+    for j in 0..n {
+        let row = &w[j * k..(j + 1) * k];
+        let plain: f32 = (0..k).map(|i| ((x[i] - mean) * rstd * gamma[i] + beta[i]) * row[i]).sum::<f32>() + bias[j];
+        let wf = |i: usize| half::bf16::from_bits(folded[j * k + i]).to_f32();
+        let fold: f32 = rstd * (0..k).map(|i| (x[i] - mean) * wf(i)).sum::<f32>() + shift[j];
+        assert!((plain - fold).abs() <= 1e-2 * plain.abs().max(1.0), "column {j}: {plain} vs {fold}");
+    }
+    // Only stage 5 folds; it needs fp32 inp and the folded shift as a bias.
+    let shape = |kv: &[(&'static str, i64)]| common::Shape::new(kv);
+    for v in Gemv.variants() {
+        let ln = shape(&[("M", 1), ("N", 64), ("K", 64), ("bias", 1), ("ln", 1)]);
+        assert_eq!(Gemv.validate(&v, &ln).is_ok(), folds_layernorm(&v), "{}", v.id());
+        if folds_layernorm(&v) {
+            let no_shift = shape(&[("M", 1), ("N", 64), ("K", 64), ("bias", 0), ("ln", 1)]);
+            let bf16_in = shape(&[("M", 1), ("N", 64), ("K", 64), ("bias", 1), ("ln", 1), ("in", 16)]);
+            for s in [no_shift, bf16_in] {
+                let e = Gemv.validate(&v, &s).unwrap_err().to_string();
+                assert!(e.contains("ln = 1 with fp32 inp"), "{e}");
+            }
+        }
+    }
+}

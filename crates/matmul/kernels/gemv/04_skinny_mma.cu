@@ -1,4 +1,5 @@
-// Decode GEMV, stage 4: skinny tensor-core GEMM (mma.sync m16n8k16 bf16, W read once for all M rows).
+// Decode GEMV, stage 4: skinny tensor-core GEMM (mma.sync m16n8k16 bf16, W read once for all M rows);
+// and stage 5 (GEMV_LN_FOLD): the LayerNorm before it folded in.
 // Changed from stage 3: the product is computed transposed, out^T[N, M] = W[N, K] . inp^T[K, M], so W
 //   is the 16-row A operand and inp the 8-column B operand of mma.sync.m16n8k16; a block of
 //   `split` warps owns 16 rows of W, its warps take interleaved 32-wide steps of K, and partial
@@ -16,10 +17,20 @@
 //   should stay near the M = 1 time up to M = 64 (predicted: MLP up at M = 8, 11.7 us at stage 1,
 //   to about its M = 1 time, ~6-7 us). At M = 1, 7/8 of each mma is padding, which costs nothing
 //   in a kernel bound by reading W: predicted on par with stage 3.
+// Stage 5 (GEMV_LN_FOLD) adds the gemv_mma_ln_m* entries: out = LayerNorm(x) . W^T + bias with the
+//   LayerNorm's gain folded into the weights and its shift into the bias on the host, once at load
+//   (W' = bf16(W * gamma) per column k, bias' = W . beta + bias), so the kernel reads the raw
+//   residual stream x (fp32): each block first takes its M rows' mean and rstd (a warp a row, two
+//   passes over the row in L2: 3 KB at M = 1), rounds (x - mean) to bf16 for the B fragments, and
+//   scales each output by its row's rstd before bias' and the tail. Why: the decode step loses its
+//   LayerNorm kernels (two a layer and the final one: 25 of 100 at batch 1, each a launch and a
+//   ramp of ~3-5 us on the step's critical path) for a few hundred ns of row statistics per GEMV;
+//   predicted 1.2x on the batch-1 step (~510 -> ~420 us). The eps is GPT-2's, GEMV_LN_EPS.
 // Launch: gemv_mma_m{8,16,32,64} and gemv_mma_bf16_m{...} (fp32 / bf16 inp; MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
 //   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
 //   tiles are reduced one 8-column tile at a time).
-// Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte pieces of W and inp); N * K < 2^31.
+// Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte pieces of W and inp); N * K < 2^31; a folded
+//   LayerNorm reads fp32 inp.
 // Tolerance: 1e-2 preset (inp is rounded to bf16 here, W already is; fp32 accumulation).
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
 #include "matmul_gemv.cuh"
@@ -28,16 +39,64 @@
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
 #endif
+#define GEMV_LN_EPS 1e-5f
 
-// Eight consecutive fp32 of inp row m from k (zeros when the row or the piece is out of range), as
-// the two B fragments of the two k16 steps that the matching piece of W feeds.
+// A folded LayerNorm's statistics of the block's rows (none without one).
+template <int MT, bool LN>
+struct RowStats {
+    __device__ __forceinline__ float mean(int) const { return 0.0f; }
+    __device__ __forceinline__ float rstd(int) const { return 1.0f; }
+};
+
+template <int MT>
+struct RowStats<MT, true> {
+    const float* m_;
+    const float* r_;
+    __device__ __forceinline__ float mean(int m) const { return m_[m]; }
+    __device__ __forceinline__ float rstd(int m) const { return r_[m]; }
+};
+
+// Rows m < M of x [M, K] (K % 4 == 0): mean and rstd into mean[m], rstd[m], a warp a row, the two
+// passes of LayerNorm's numerics over the row (read twice, from L2 after the first).
+__device__ __forceinline__ void row_stats(float* mean, float* rstd, const float* x, int M, int K, int rows) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int m = warp; m < rows; m += warps) {
+        float mu = 0.0f, r = 1.0f;
+        if (m < M) {
+            const float* row = x + (size_t)m * K;
+            float s = 0.0f;
+            for (int k = 4 * lane; k < K; k += 128) {
+                const float4 v = *reinterpret_cast<const float4*>(row + k);
+                s += (v.x + v.y) + (v.z + v.w);
+            }
+            mu = warp_sum(s) / K;
+            float q = 0.0f;
+            for (int k = 4 * lane; k < K; k += 128) {
+                const float4 v = *reinterpret_cast<const float4*>(row + k);
+                q += (v.x - mu) * (v.x - mu) + (v.y - mu) * (v.y - mu) + (v.z - mu) * (v.z - mu) +
+                     (v.w - mu) * (v.w - mu);
+            }
+            r = rsqrtf(warp_sum(q) / K + GEMV_LN_EPS);
+        }
+        if (lane == 0) {
+            mean[m] = mu;
+            rstd[m] = r;
+        }
+    }
+}
+
+// Eight consecutive fp32 of inp row m from k, less `shift` (a folded LayerNorm's row mean; zeros
+// when the row or the piece is out of range), as the two B fragments of the two k16 steps that the
+// matching piece of W feeds.
 __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const float* inp, int m, int M, int k, bool valid,
-                                              int K) {
+                                              int K, float shift = 0.0f) {
     float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
     if (valid && m < M) {
         const float* p = inp + (size_t)m * K + k;
         x0 = *reinterpret_cast<const float4*>(p);
         x1 = *reinterpret_cast<const float4*>(p + 4);
+        x0 = make_float4(x0.x - shift, x0.y - shift, x0.z - shift, x0.w - shift);
+        x1 = make_float4(x1.x - shift, x1.y - shift, x1.z - shift, x1.w - shift);
     }
     b[0][0] = pack_bf16x2(x0.x, x0.y);
     b[0][1] = pack_bf16x2(x0.z, x0.w);
@@ -56,11 +115,18 @@ __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const __nv_bf
     b[1][1] = x.w;
 }
 
-template <int MT, typename In>
+template <int MT, bool LN = false, typename In>
 __device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const __nv_bfloat16* w,
                                                 const float* bias, const float* residual, int tail, int M, int N, int K) {
     constexpr int TILES = MT / 8;
     extern __shared__ float part[];  // [split][16][8]
+    RowStats<MT, LN> stats;
+    if constexpr (LN) {
+        __shared__ float mean[MT], rstd[MT];
+        row_stats(mean, rstd, inp, M, K, MT);
+        __syncthreads();
+        stats = {mean, rstd};
+    }
     const int split = blockDim.x >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -91,7 +157,11 @@ __device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
                 unsigned b[2][2];
-                inp_fragments(b, inp, 8 * i + g, M, k, valid, K);
+                if constexpr (LN) {
+                    inp_fragments(b, inp, 8 * i + g, M, k, valid, K, stats.mean(8 * i + g));
+                } else {
+                    inp_fragments(b, inp, 8 * i + g, M, k, valid, K);
+                }
                 // k16 step 0 takes elements 0-3 of the piece, step 1 elements 4-7.
                 mma_16816<__nv_bfloat16>(acc[i], wa[u].x, wb[u].x, wa[u].y, wb[u].y, b[0][0], b[0][1]);
                 mma_16816<__nv_bfloat16>(acc[i], wa[u].z, wb[u].z, wa[u].w, wb[u].w, b[1][0], b[1][1]);
@@ -115,6 +185,7 @@ __device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const
                 float s = 0.0f;
 #pragma unroll
                 for (int p = 0; p < split; ++p) s += part[p * 128 + r * 8 + c];
+                s *= stats.rstd(m);
                 out[(size_t)m * N + n] = gemv_out(s, bias, residual, tail, n, (size_t)m * N + n);
             }
         }
@@ -137,3 +208,17 @@ GEMV_MMA_ENTRY(8)
 GEMV_MMA_ENTRY(16)
 GEMV_MMA_ENTRY(32)
 GEMV_MMA_ENTRY(64)
+
+#ifdef GEMV_LN_FOLD
+// inp: the raw fp32 residual stream x; w, bias: the LayerNorm-folded W' and bias' (see the header).
+#define GEMV_MMA_LN_ENTRY(MT)                                                                               \
+    extern "C" __global__ void gemv_mma_ln_m##MT(float* out, const float* inp, const __nv_bfloat16* w,      \
+                                                 const float* bias, const float* residual, int tail, int M, \
+                                                 int N, int K) {                                            \
+        gemv_skinny_mma<MT, true>(out, inp, w, bias, residual, tail, M, N, K);                              \
+    }
+GEMV_MMA_LN_ENTRY(8)
+GEMV_MMA_LN_ENTRY(16)
+GEMV_MMA_LN_ENTRY(32)
+GEMV_MMA_LN_ENTRY(64)
+#endif
