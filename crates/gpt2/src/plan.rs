@@ -210,6 +210,14 @@ impl Plan {
         })
     }
 
+    /// Whether the model runs op `i` of [`PLAN_OPS`] under this plan: a bf16 plan's whole-sequence
+    /// pass replaces the fp32 LayerNorm, linear, attention, GELU and residual stages, and its decode
+    /// step runs them only without the GEMV.
+    pub fn runs(&self, i: usize) -> bool {
+        let replaced = (1..=5).contains(&i) && self.bf16.is_some() && self.gemv.is_some();
+        self.stages()[i] != OFF && !replaced
+    }
+
     /// The variant of op `i` of [`PLAN_OPS`] (`None`: an optional op that is off).
     pub fn variant_mut(&mut self, i: usize) -> Option<&mut Variant> {
         match i {

@@ -154,10 +154,10 @@ pub fn model_table(gpu: &Gpu, cfg: Config, opts: &TableOptions, progress: &mut d
     if opts.leave_one_out {
         let base = resolve(&base_spec, progress)?;
         for (i, (op, stage)) in PLAN_OPS.iter().zip(base.stages()).enumerate() {
-            // An op off, or at its first stage already, has nothing to leave out; the GEMV goes off
+            // An op off or not run, or at its first stage already, has nothing to leave out; the GEMV goes off
             // (the step's linears on the plan's `linear`).
             let spec = match *op {
-                _ if stage == u32::MAX => continue,
+                _ if !base.runs(i) => continue,
                 "gemv" => "gemv=off".to_string(),
                 _ => match crate::fastest::first_runnable(&cfg, i)? {
                     first if first == stage => continue,
