@@ -477,8 +477,10 @@ struct Whole<'a, 'f> {
 }
 
 impl Whole<'_, '_> {
-    fn tokens(&self) -> Result<&TokenIds> {
-        self.ids.ok_or_else(|| Error::constraint("token ids for a pass that embeds", "a block alone"))
+    /// `x = wte[token] + wpe[position]` for the pass's tokens.
+    fn embed(&self, s: &Arc<CudaStream>, encoder: &encoder::Prepared, x: &mut CudaSlice<f32>) -> Result<()> {
+        let tokens = self.ids.ok_or_else(|| Error::constraint("token ids for a pass that embeds", "a block alone"))?;
+        encoder.enqueue(s, EncoderArgs { out: x, tokens, wte: &self.w.p.wte, wpe: &self.w.p.wpe })
     }
 }
 
@@ -491,8 +493,7 @@ struct Sequence<'a, 'f, S> {
 
 impl Pass for Sequence<'_, '_, Stages32> {
     fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
-        let (w, tokens) = (&self.ctx.w.p, self.ctx.tokens()?);
-        self.op.encoder.enqueue(s, EncoderArgs { out: &mut self.op.acts.x, tokens, wte: &w.wte, wpe: &w.wpe })
+        self.ctx.embed(s, &self.op.encoder, &mut self.op.acts.x)
     }
 
     fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
@@ -543,8 +544,7 @@ impl Pass for Sequence<'_, '_, Stages32> {
 
 impl Pass for Sequence<'_, '_, Stages16> {
     fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
-        let (w, tokens) = (&self.ctx.w.p, self.ctx.tokens()?);
-        self.op.encoder.enqueue(s, EncoderArgs { out: &mut self.op.acts.x, tokens, wte: &w.wte, wpe: &w.wpe })
+        self.ctx.embed(s, &self.op.encoder, &mut self.op.acts.x)
     }
 
     fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {

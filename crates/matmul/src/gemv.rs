@@ -379,7 +379,8 @@ impl Op for Gemv {
             let gamma = uniform(d.k, 0.5, 1.5, seed ^ 5);
             let beta = uniform(d.k, -0.5, 0.5, seed ^ 6);
             let (folded, shift) = fold_layernorm(&w32, Some(&bias), &gamma, &beta);
-            let rows = layernorm_rows(&inp, &gamma, &beta, d.k);
+            // GPT-2's eps, the kernel's GEMV_LN_EPS.
+            let (rows, _, _) = norm::layernorm::reference(&inp, &gamma, &beta, d.m, d.k, 1e-5);
             (folded, shift, rows, w32.iter().map(|&v| v as f64).collect())
         } else {
             let w: Vec<u16> = w32.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
@@ -414,18 +415,6 @@ impl Op for Gemv {
             prepared: Current::default(),
         }))
     }
-}
-
-/// GPT-2's LayerNorm (eps 1e-5, the kernel's `GEMV_LN_EPS`) of each row of `x` (`[rows, k]`), in f64.
-fn layernorm_rows(x: &[f32], gamma: &[f32], beta: &[f32], k: usize) -> Vec<f64> {
-    x.chunks(k)
-        .flat_map(|row| {
-            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / k as f64;
-            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / k as f64;
-            let rstd = 1.0 / (var + 1e-5).sqrt();
-            row.iter().zip(gamma).zip(beta).map(move |((&v, &g), &b)| (v as f64 - mean) * rstd * g as f64 + b as f64)
-        })
-        .collect()
 }
 
 struct GemvProblem {
