@@ -826,6 +826,15 @@ struct DecodeStep {
     graph: Option<graph::Captured<(u64, StepEnd)>>,
 }
 
+/// One graph-replayed decode step, op by op ([`Model::decode_step_timeline`]).
+#[derive(Clone, Debug)]
+pub struct StepTimeline {
+    /// `(op, start, end)` in ms from the step's start, in launch order (an op recurs once a layer).
+    pub ops: Vec<(&'static str, f64, f64)>,
+    /// The same step captured without the event nodes: its median device time in ms.
+    pub plain_ms: f64,
+}
+
 /// How a decode step ends: with the logits on the device, or with each sequence's next token picked
 /// there (greedy, or drawn under the sampling settings, which a captured graph bakes in).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1069,6 +1078,72 @@ impl Model {
         }
         cache.lens.iter_mut().for_each(|l| *l += 1);
         Ok(out)
+    }
+
+    /// The greedy decode step as a CUDA graph with an event node after every op, replayed `replays`
+    /// times: where the replayed step's device time goes, op by op in launch order. Returns each op's
+    /// `(name, start, end)` in ms from the step's start (medians over the replays) and the median
+    /// device time of the same step captured without the event nodes (what they cost is the
+    /// difference). Every replay writes the same cache cells; the lengths advance once at the end.
+    pub fn decode_step_timeline(
+        &mut self,
+        gpu: &Gpu,
+        cache: &mut KvCache,
+        tokens: &[i32],
+        replays: usize,
+    ) -> Result<StepTimeline> {
+        use common::cudarc::driver::sys::{CUevent_flags, CUevent_record_flags};
+        require(replays >= 1, "replays >= 1", || format!("replays = {replays}"))?;
+        self.begin_step(gpu, cache, tokens)?;
+        let (_, op) = self.decode.as_mut().expect("prepared by begin_step");
+        let s = gpu.stream().clone();
+        let event = || gpu.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).ctx("event");
+        // An external record inside a capture becomes an event node of the graph, recorded at each replay.
+        let record = |e: &common::cudarc::driver::CudaEvent, st: &CudaStream| {
+            let flags = CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
+            // SAFETY: the event and the stream are live for the call.
+            unsafe { common::cudarc::driver::sys::cuEventRecordWithFlags(e.cu_event(), st.cu_stream(), flags) }
+                .result()
+                .ctx("record an event node")
+        };
+        let start = event()?;
+        let mut marks = Vec::new();
+        let w = &self.weights;
+        let marked = common::timing::capture(&s, |st| {
+            record(&start, st)?;
+            enqueue_decode(st, w, op, cache, StepEnd::Greedy, &mut |name| {
+                let e = event()?;
+                record(&e, st)?;
+                marks.push((name, e));
+                Ok(())
+            })
+        })?;
+        let plain =
+            common::timing::capture(&s, |st| enqueue_decode(st, w, op, cache, StepEnd::Greedy, &mut |_| Ok(())))?;
+        let (before, after) = (event()?, event()?);
+        let mut offsets = vec![Vec::with_capacity(replays); marks.len()];
+        let mut plain_ms = Vec::with_capacity(replays);
+        for _ in 0..replays {
+            marked.launch().ctx("replay the marked step")?;
+            before.record(&s).ctx("record")?;
+            plain.launch().ctx("replay the step")?;
+            after.record(&s).ctx("record")?;
+            s.synchronize().ctx("the replays")?;
+            for ((_, e), o) in marks.iter().zip(&mut offsets) {
+                o.push(start.elapsed_ms(e).ctx("elapsed")? as f64);
+            }
+            plain_ms.push(before.elapsed_ms(&after).ctx("elapsed")? as f64);
+        }
+        let median = |v: &mut Vec<f64>| Timing::from_samples(v).median_ms;
+        let mut ops = Vec::with_capacity(marks.len());
+        let mut prev = 0.0;
+        for ((name, _), o) in marks.iter().zip(&mut offsets) {
+            let end = median(o);
+            ops.push((*name, prev, end));
+            prev = end;
+        }
+        cache.lens.iter_mut().for_each(|l| *l += 1);
+        Ok(StepTimeline { ops, plain_ms: median(&mut plain_ms) })
     }
 
     /// Kernels in the captured decode graph (every launch of one step), once a graph step ran.

@@ -99,6 +99,28 @@ pub struct Breakdown {
     pub kernels: Option<usize>,
     /// The step on the host clock, replayed from a graph (inputs, replay, logits download).
     pub step_graph_ms: Option<f64>,
+    /// The greedy step replayed from a graph with an event node after every op: `(op, start, end)`
+    /// in ms from the step's start, in launch order ([`Model::decode_step_timeline`]).
+    pub timeline: Vec<(String, f64, f64)>,
+    /// That step's device time without the event nodes.
+    pub timeline_plain_ms: f64,
+}
+
+impl Breakdown {
+    /// The timeline's time per op summed over its launches, in `ops`' order (then any op only the
+    /// greedy step runs).
+    fn replayed_per_op(&self) -> Vec<(String, f64)> {
+        let mut names: Vec<&str> = self.ops.iter().map(|(n, _)| n.as_str()).collect();
+        for (n, _, _) in &self.timeline {
+            if !names.contains(&n.as_str()) {
+                names.push(n);
+            }
+        }
+        names
+            .into_iter()
+            .map(|n| (n.to_string(), self.timeline.iter().filter(|(o, _, _)| o == n).map(|(_, a, b)| b - a).sum()))
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -168,7 +190,7 @@ pub fn model_table(gpu: &Gpu, cfg: Config, opts: &TableOptions, progress: &mut d
             progress(&format!("leave one out: {}", plan.name));
             loo.push(plan_row(gpu, cfg, &weights, plan, opts, steps, decode_from, false, progress)?);
         }
-        for b in [1, 8] {
+        for b in DECODE_BATCHES {
             progress(&format!("breakdown of {} at batch {b}", base.name));
             breakdown.push(step_breakdown(gpu, cfg, &weights, base.clone(), b, steps, decode_from)?);
         }
@@ -332,6 +354,7 @@ fn step_breakdown(
     }
     let ops =
         order.iter().map(|op| (op.to_string(), Timing::from_samples(&mut per_op[op].clone()).median_ms)).collect();
+    let replayed = model.decode_step_timeline(gpu, &mut cache, &tokens, steps.max(20))?;
     model.set_graph(true);
     let step = time_steps(gpu, &mut model, b, steps, from, false)?;
     Ok(Breakdown {
@@ -340,10 +363,78 @@ fn step_breakdown(
         ops,
         kernels: model.decode_graph_kernels()?,
         step_graph_ms: Some(step.median_ms),
+        timeline: replayed.ops.into_iter().map(|(n, a, e)| (n.to_string(), a, e)).collect(),
+        timeline_plain_ms: replayed.plain_ms,
     })
 }
 
 // ---------------------------------------------------------------- rendering
+
+/// One step's per-op breakdown (eager, and replayed from the graph) and its graph timeline, layer by
+/// layer: ops launched once a layer are the columns, each cell that launch's time; the ops launched
+/// once a step follow with their start and end.
+fn render_breakdown(md: &mut String, bd: &Breakdown) {
+    let sum: f64 = bd.ops.iter().map(|(_, ms)| ms).sum();
+    let replayed = bd.replayed_per_op();
+    let marked = bd.timeline.last().map_or(0.0, |(_, _, e)| *e);
+    md.push_str(&format!(
+        "\nOne decode step of `{}` at batch {}, {} kernels. Eager: device time per op between events, summed over \
+         layers (launches queued behind a gate), {} in all. Replayed: the greedy step's graph with an event node \
+         after every op, {} (without the event nodes {}, so a node costs about {:.1} µs and each op's replayed \
+         time includes one); on the host clock with inputs and logits {}.\n\n\
+         | op | eager | share | replayed | share |\n|---|---|---|---|---|\n",
+        bd.plan,
+        bd.batch,
+        bd.kernels.map_or("?".into(), |k| k.to_string()),
+        fmt_time(sum),
+        fmt_time(marked),
+        fmt_time(bd.timeline_plain_ms),
+        1e3 * (marked - bd.timeline_plain_ms) / bd.timeline.len().max(1) as f64,
+        bd.step_graph_ms.map_or("-".into(), fmt_time)
+    ));
+    for (op, ms) in &replayed {
+        let eager = bd.ops.iter().find(|(n, _)| n == op).map(|(_, e)| *e);
+        md.push_str(&format!(
+            "| {op} | {} | {} | {} | {:.1}% |\n",
+            eager.map_or("-".into(), fmt_time),
+            eager.map_or("-".into(), |e| format!("{:.1}%", 100.0 * e / sum)),
+            fmt_time(*ms),
+            100.0 * ms / marked.max(f64::MIN_POSITIVE)
+        ));
+    }
+    let count = |op: &str| bd.timeline.iter().filter(|(n, _, _)| n == op).count();
+    let layers = bd.timeline.iter().map(|(n, _, _)| count(n)).max().unwrap_or(0);
+    if layers < 2 {
+        return;
+    }
+    let mut cols: Vec<&str> = Vec::new();
+    for (n, _, _) in &bd.timeline {
+        if count(n) == layers && !cols.contains(&n.as_str()) {
+            cols.push(n);
+        }
+    }
+    md.push_str("\nThe replayed step's timeline (µs: each launch's time; a layer's start from the step's start):\n\n| layer | starts |");
+    cols.iter().for_each(|c| md.push_str(&format!(" {c} |")));
+    md.push_str(&format!("\n|---|---|{}\n", "---|".repeat(cols.len())));
+    for l in 0..layers {
+        let nth = |op: &str| bd.timeline.iter().filter(|(n, _, _)| n == op).nth(l);
+        let start = cols.iter().filter_map(|c| nth(c)).map(|(_, a, _)| *a).fold(f64::INFINITY, f64::min);
+        md.push_str(&format!("| {l} | {:.1} |", 1e3 * start));
+        for c in &cols {
+            md.push_str(&nth(c).map_or(" - |".into(), |(_, a, e)| format!(" {:.1} |", 1e3 * (e - a))));
+        }
+        md.push('\n');
+    }
+    md.push_str("\nOnce a step: ");
+    let once: Vec<String> = bd
+        .timeline
+        .iter()
+        .filter(|(n, _, _)| count(n) < layers)
+        .map(|(n, a, e)| format!("{n} {:.1}–{:.1} µs", 1e3 * a, 1e3 * e))
+        .collect();
+    md.push_str(&once.join(", "));
+    md.push_str(".\n");
+}
 
 /// Tokens per second of a step that makes `b` tokens.
 fn tok_s(cell: &Cell, b: usize) -> String {
@@ -453,19 +544,7 @@ impl ModelTable {
             }
         }
         for bd in &self.breakdown {
-            let sum: f64 = bd.ops.iter().map(|(_, ms)| ms).sum();
-            md.push_str(&format!(
-                "\nOne decode step of `{}` at batch {} (device time per op between events, summed over layers): \
-                 sum {} over {} kernels; the graph-replayed step on the host clock {}\n\n| op | time | share |\n|---|---|---|\n",
-                bd.plan,
-                bd.batch,
-                fmt_time(sum),
-                bd.kernels.map_or("?".into(), |k| k.to_string()),
-                bd.step_graph_ms.map_or("-".into(), fmt_time)
-            ));
-            for (op, ms) in &bd.ops {
-                md.push_str(&format!("| {op} | {} | {:.1}% |\n", fmt_time(*ms), 100.0 * ms / sum));
-            }
+            render_breakdown(&mut md, bd);
         }
         if let Some(sel) = &self.selection {
             md.push_str("\nThe `fastest` choice (sum over the model's shapes of time / best time; lower wins):\n\n");

@@ -259,6 +259,24 @@ fn main() -> std::process::ExitCode {
             let ops = m.decode_step_profiled(gpu, &mut cache, &[4, 5]).unwrap();
             assert_eq!(ops.len(), 1 + cfg.layers * 6 + 1, "{ops:?}");
             assert!(!ops.iter().any(|(name, _)| *name == "layernorm"), "{ops:?}");
+            // The replayed timeline: the greedy step's ops in launch order (the argmax last), each
+            // starting where the one before ended, and the cache appended as a plain step appends.
+            let mut twin = m.new_cache(gpu, 2).unwrap();
+            for (i, p) in prompts.iter().enumerate() {
+                m.prefill_into(gpu, &mut twin, i, p).unwrap();
+            }
+            m.decode_step(gpu, &mut twin, &[4, 5]).unwrap();
+            let tl = m.decode_step_timeline(gpu, &mut cache, &[6, 7], 3).unwrap();
+            m.decode_step_greedy(gpu, &mut twin, &[6, 7]).unwrap();
+            let names: Vec<&str> = tl.ops.iter().map(|(n, _, _)| *n).collect();
+            assert_eq!(names.len(), 1 + cfg.layers * 6 + 2, "{names:?}");
+            assert_eq!((names[0], names[names.len() - 1]), ("encoder", "argmax"), "{names:?}");
+            assert!(tl.ops.windows(2).all(|w| w[0].2 == w[1].1), "{:?}", tl.ops);
+            assert!(tl.ops.iter().all(|(_, a, e)| a.is_finite() && *a >= 0.0 && e >= a), "{:?}", tl.ops);
+            assert!(tl.plain_ms > 0.0, "{}", tl.plain_ms);
+            assert!(m.decode_step_timeline(gpu, &mut cache, &[6, 7], 0).is_err(), "replays >= 1");
+            let after: Vec<Vec<f32>> = [&mut cache, &mut twin].map(|c| m.decode_step(gpu, c, &[8, 9]).unwrap()).into();
+            assert_eq!(after[0], after[1], "the timeline's step appended different keys or values");
             let t = m.time_forward(gpu, 2, 16, Logits::Last, &common::timing::TimingConfig::quick()).unwrap();
             assert!(t.median_ms > 0.0 && t.min_ms <= t.median_ms && t.median_ms <= t.max_ms, "{t:?}");
         })
