@@ -60,7 +60,7 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
-    /// Host cost of one launch: a prepared stage's enqueue against a raw cuLaunchKernel.
+    /// Host cost of one launch: a prepared stage's enqueue against a raw cuLaunchKernel; and the device cost of a kernel boundary in a replayed CUDA graph.
     LaunchOverhead {
         /// Launches per path.
         #[arg(long, default_value_t = 10_000)]
@@ -787,6 +787,17 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 println!("  {name:<28} {:.3} us (min {:.3}, max {:.3})", p.median_us, p.min_us, p.max_us);
             }
             println!("  prepared / raw: {:.2}x", o.ratio());
+            // A decode step's 75 kernels, as one block and as a grid of 4 blocks per SM.
+            let sms = gpu.info().sm_count;
+            println!("device time per kernel node of a replayed graph of 75 empty kernels (a kernel boundary):");
+            for blocks in [1, 4 * sms] {
+                let g = common::overhead::graph_node(&gpu, 75, blocks, 200)?;
+                let p = g.per_node;
+                println!(
+                    "  {:>4} blocks of 256 threads   {:.3} us (min {:.3}, max {:.3})",
+                    g.blocks, p.median_us, p.min_us, p.max_us
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Device { remeasure, format } => {

@@ -1,7 +1,7 @@
 //! The runner on the GPU: its interleaved rounds (`ladder run --rounds`: every stage of a table is
 //! checked, then timed in turns, its samples pooled over the rounds and its output checked again
-//! after its last round; the table records the mode), and the device-side check of sampled
-//! outputs against the host's.
+//! after its last round; the table records the mode), the device-side check of sampled
+//! outputs against the host's, and `ladder launch-overhead`'s replayed graph of empty kernels.
 
 use std::process::ExitCode;
 
@@ -88,9 +88,23 @@ fn device_check_matches_the_host(gpu: &Gpu) {
     device_check_matches_the_host_for(gpu, seed, |v| v as f64);
 }
 
+fn graph_node_times_a_replayed_chain(gpu: &Gpu) {
+    // The chain's time grows with its nodes: 40 nodes take longer than 4 (a replay is one launch
+    // either way, so a per-node figure that ignored the nodes could not pass).
+    let short = common::overhead::graph_node(gpu, 4, 1, 20).unwrap();
+    let long = common::overhead::graph_node(gpu, 40, 264, 20).unwrap();
+    for g in [short, long] {
+        let p = g.per_node;
+        assert!(p.min_us > 0.0 && p.min_us <= p.median_us && p.median_us <= p.max_us, "{g:?}");
+    }
+    assert!(40.0 * long.per_node.median_us > 4.0 * short.per_node.median_us, "{short:?} {long:?}");
+    assert!(common::overhead::graph_node(gpu, 0, 1, 20).is_err(), "nodes >= 1");
+}
+
 fn main() -> ExitCode {
     Suite::new()
         .gpu("rounds_pool_every_stages_samples", rounds_pool_every_stages_samples)
         .gpu("device_check_matches_the_host", device_check_matches_the_host)
+        .gpu("graph_node_times_a_replayed_chain", graph_node_times_a_replayed_chain)
         .main()
 }

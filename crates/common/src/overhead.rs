@@ -3,6 +3,10 @@
 //! builder (`cuLaunchKernel`) in the same process. Launches go in batches with a synchronisation
 //! between them, and only the host time of the enqueue loops is counted, so a full launch queue
 //! never turns the figure into GPU time.
+//!
+//! And the device cost of a kernel boundary in a CUDA graph ([`graph_node`]): a graph of empty
+//! kernels in one stream (each starts after the one before ends), replayed and timed with events;
+//! what a decode step composed of kernels pays per kernel before any of its work.
 
 use std::time::Instant;
 
@@ -43,6 +47,15 @@ pub struct PerLaunch {
     pub median_us: f64,
     pub min_us: f64,
     pub max_us: f64,
+}
+
+/// Device microseconds per node of a replayed graph of empty kernels: median, min and max over replays.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct GraphNode {
+    pub nodes: usize,
+    /// Blocks of 256 threads per empty kernel.
+    pub blocks: u32,
+    pub per_node: PerLaunch,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -106,4 +119,34 @@ pub fn measure(gpu: &Gpu, launches: usize, batch: usize) -> Result<Overhead> {
         gpu.synchronize()?;
     }
     Ok(Overhead { launches, batch, prepared: per_launch(prepared), raw: per_launch(raw) })
+}
+
+/// A graph of `nodes` launches of the empty kernel on `blocks` blocks of 256 threads, captured once
+/// and replayed `replays` times (after a warm-up), each replay between its own pair of events:
+/// device time per node.
+pub fn graph_node(gpu: &Gpu, nodes: usize, blocks: u32, replays: usize) -> Result<GraphNode> {
+    crate::require(nodes >= 1 && replays >= 1, "nodes >= 1 and replays >= 1", || format!("{nodes}, {replays}"))?;
+    let launch = gpu.prepare_launch(&SOURCES, &noop(), "ladder_noop", LaunchShape::linear(blocks, 256))?;
+    let out = gpu.zeros::<f32>(1)?;
+    let graph = crate::timing::capture(gpu.stream(), |s| {
+        for _ in 0..nodes {
+            // SAFETY: ladder_noop(float*, int) never writes for n >= 0.
+            unsafe { launch.enqueue(s, &[Arg::buf(&out), Arg::I32(1)]) }?;
+        }
+        Ok(())
+    })?;
+    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let (start, end) = (gpu.context().new_event(timed).ctx("event")?, gpu.context().new_event(timed).ctx("event")?);
+    let stream = gpu.stream();
+    let mut per_node = Vec::with_capacity(replays);
+    for i in 0..replays + 3 {
+        start.record(stream).ctx("record")?;
+        graph.launch().ctx("replay the graph of empty kernels")?;
+        end.record(stream).ctx("record")?;
+        stream.synchronize().ctx("the replay")?;
+        if i >= 3 {
+            per_node.push(start.elapsed_ms(&end).ctx("elapsed")? as f64 * 1e3 / nodes as f64);
+        }
+    }
+    Ok(GraphNode { nodes, blocks, per_node: per_launch(per_node) })
 }
