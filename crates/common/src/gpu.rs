@@ -473,7 +473,7 @@ impl Gpu {
         let max_active_clusters = match shape.cluster {
             Some(_) => {
                 // SAFETY: plain C structs for which all-zero bytes are a valid value.
-                let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+                let mut attrs: [sys::CUlaunchAttribute; 3] = unsafe { std::mem::zeroed() };
                 let config = launch_config(&shape, std::ptr::null_mut(), &mut attrs);
                 let mut n = 0i32;
                 // SAFETY: a valid function handle and a configuration whose attribute outlives the call.
@@ -495,6 +495,13 @@ impl Gpu {
                 "no block of this shape fits on an SM (registers or shared memory): {threads} threads x \
                  {registers} registers, {static_shared} + {} bytes of shared memory",
                 shape.dynamic_shared_bytes
+            )));
+        }
+        let resident = blocks_per_sm as u64 * info.sm_count as u64;
+        if shape.cooperative && gx as u64 * gy as u64 * gz as u64 > resident {
+            return Err(fail(format!(
+                "a cooperative grid of {:?} blocks; {resident} fit on the device at once ({blocks_per_sm} an SM)",
+                shape.grid
             )));
         }
         let params = param_sizes(&func).map_err(|e| fail(format!("reading the parameter layout: {e}")))?;

@@ -30,6 +30,9 @@ pub struct LaunchShape {
     /// `griddepcontrol.launch_dependents` (or exited). Only for a kernel that executes
     /// `griddepcontrol.wait` before it touches memory the previous kernel may write or read.
     pub dependent: bool,
+    /// A cooperative launch: every block resident at once (the driver refuses a grid that does not
+    /// fit), as a kernel with grid-wide barriers needs.
+    pub cooperative: bool,
 }
 
 impl LaunchShape {
@@ -38,7 +41,7 @@ impl LaunchShape {
     }
 
     pub fn new(grid: (u32, u32, u32), block: (u32, u32, u32)) -> LaunchShape {
-        LaunchShape { grid, block, dynamic_shared_bytes: 0, cluster: None, dependent: false }
+        LaunchShape { grid, block, dynamic_shared_bytes: 0, cluster: None, dependent: false, cooperative: false }
     }
 
     pub fn with_shared(mut self, bytes: u32) -> LaunchShape {
@@ -54,6 +57,12 @@ impl LaunchShape {
     /// Launched as a programmatic dependent of the previous kernel in the stream ([`Self::dependent`]).
     pub fn with_dependent_launch(mut self) -> LaunchShape {
         self.dependent = true;
+        self
+    }
+
+    /// Launched cooperatively ([`Self::cooperative`]).
+    pub fn with_cooperative(mut self) -> LaunchShape {
+        self.cooperative = true;
         self
     }
 
@@ -181,7 +190,7 @@ impl Launch {
         for (slot, a) in params.iter_mut().zip(args) {
             *slot = a.param();
         }
-        let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
+        let mut attrs: [sys::CUlaunchAttribute; 3] = std::mem::zeroed();
         let config = launch_config(&self.shape, stream.cu_stream(), &mut attrs);
         stream.context().bind_to_thread().ctx("bind the context")?;
         sys::cuLaunchKernelEx(&config, self.func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
@@ -207,7 +216,7 @@ impl Launch {
 pub(crate) fn launch_config(
     s: &LaunchShape,
     stream: sys::CUstream,
-    attrs: &mut [sys::CUlaunchAttribute; 2],
+    attrs: &mut [sys::CUlaunchAttribute; 3],
 ) -> sys::CUlaunchConfig {
     let mut count = 0;
     if let Some((x, y, z)) = s.cluster {
@@ -218,6 +227,11 @@ pub(crate) fn launch_config(
     if s.dependent {
         attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attrs[count].value.programmaticStreamSerializationAllowed = 1;
+        count += 1;
+    }
+    if s.cooperative {
+        attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attrs[count].value.cooperative = 1;
         count += 1;
     }
     sys::CUlaunchConfig {

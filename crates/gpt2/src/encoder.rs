@@ -59,6 +59,11 @@ impl TokenIds {
         self.ids.len()
     }
 
+    /// The ids on the device.
+    pub(crate) fn device(&self) -> &CudaSlice<i32> {
+        &self.ids
+    }
+
     /// New ids for as many rows, checked as in [`TokenIds::upload`], copied into place.
     pub fn set(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<()> {
         require_len("tokens", ids.len(), self.ids.len())?;
@@ -83,6 +88,11 @@ impl Positions {
             return Err(Error::constraint(format!("position < context {max_t}"), format!("positions[{i}] = {p}")));
         }
         Ok(Positions { pos: gpu.upload(&pos.iter().map(|&p| p as i32).collect::<Vec<i32>>())?, max_t })
+    }
+
+    /// The positions on the device.
+    pub(crate) fn device(&self) -> &CudaSlice<i32> {
+        &self.pos
     }
 
     /// New positions for as many rows, checked as in [`Positions::upload`], copied into place.

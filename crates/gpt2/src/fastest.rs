@@ -27,6 +27,7 @@ use norm::layernorm::LayerNorm;
 
 use crate::argmax::Argmax;
 use crate::config::Config;
+use crate::decode_step::DecodeStep;
 use crate::encoder::Encoder;
 use crate::plan::{Plan, Stages, BF16_OPS, OFF, PLAN_OPS};
 use crate::pointwise::{Gelu, Residual};
@@ -138,6 +139,17 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
             DECODE_BATCHES
                 .iter()
                 .map(|&b| vec![("B", b as i64), ("V", v), ("ld", vp), ("k", 50), ("p", 900), ("t", 100)])
+                .collect(),
+        ),
+        // The whole step at the model table's decode batches, the cache filled as its decode is timed.
+        (
+            &DecodeStep,
+            DECODE_BATCHES
+                .iter()
+                .map(|&b| {
+                    let len = (t - 24).max(1);
+                    vec![("B", b as i64), ("len", len), ("L", cfg.layers as i64), ("C", c), ("H", nh)]
+                })
                 .collect(),
         ),
         (&LayerNorm, vec![vec![("rows", rows), ("C", c), ("out", 16)]]),

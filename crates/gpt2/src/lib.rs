@@ -8,6 +8,7 @@ pub mod argmax;
 pub mod cache;
 pub mod check;
 pub mod config;
+pub mod decode_step;
 pub mod encoder;
 pub mod fastest;
 pub mod generate;
@@ -43,6 +44,13 @@ impl Family for Gpt2 {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&encoder::Encoder, &pointwise::Gelu, &pointwise::Residual, &argmax::Argmax, &sample::Sample]
+        vec![
+            &encoder::Encoder,
+            &pointwise::Gelu,
+            &pointwise::Residual,
+            &argmax::Argmax,
+            &sample::Sample,
+            &decode_step::DecodeStep,
+        ]
     }
 }

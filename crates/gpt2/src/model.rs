@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::uniform;
+use common::launch::device_ptr;
 use common::timing::{Timing, TimingConfig};
 use common::{require, Act, ActMut, ActType, DriverContext, Error, Gpu, Result};
 
@@ -34,6 +35,7 @@ use norm::layernorm::{self, LayerNormArgs, LayerNormDims};
 use crate::argmax::{self, ArgmaxDims};
 use crate::cache::{KvCache, LayerCache, PAGED_BLOCK};
 use crate::config::{Config, LN_EPS};
+use crate::decode_step::{self as step, HostCache, MegaStep, MkIo, MkLayer, MkModel};
 use crate::encoder::{self, EncoderArgs, EncoderDims, Positions, TokenIds};
 use crate::graph;
 use crate::plan::{Bf16Stages, Plan};
@@ -216,6 +218,8 @@ pub struct Model {
     decode: Option<(usize, DecodeStep)>,
     /// Replay the decode step from a CUDA graph captured once per batch size and cache.
     graph: bool,
+    /// Blocks of a megakernel step's launch (`None`: its stage's default, every SM).
+    mega_grid: Option<u32>,
 }
 
 impl Model {
@@ -233,14 +237,16 @@ impl Model {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
         let lm_head = padded_head(weights, &cfg);
-        let fold = plan.gemv.as_ref().is_some_and(gemv::folds_layernorm);
-        let bf16 = if plan.gemv.is_some() || plan.bf16.is_some() {
+        // A megakernel step reads the folded linears too.
+        let mega = is_megakernel(&plan.step)?;
+        let fold = mega || plan.gemv.as_ref().is_some_and(gemv::folds_layernorm);
+        let bf16 = if mega || plan.gemv.is_some() || plan.bf16.is_some() {
             Some(Bf16Weights::new(gpu, weights, &lm_head, fold)?)
         } else {
             None
         };
         let weights = DeviceWeights { p: weights.map(|w| gpu.upload(w))?, lm_head: gpu.upload(&lm_head)?, bf16 };
-        Ok(Model { cfg, plan, weights, prepared: HashMap::new(), decode: None, graph: false })
+        Ok(Model { cfg, plan, weights, prepared: HashMap::new(), decode: None, graph: false, mega_grid: None })
     }
 
     fn prepare(&mut self, gpu: &Gpu, b: usize, t: usize) -> Result<()> {
@@ -824,6 +830,10 @@ struct DecodeStep {
     next: CudaSlice<i32>,
     /// The captured step, and the cache (its id) and ending it was captured for.
     graph: Option<graph::Captured<(u64, StepEnd)>>,
+    /// The whole step as one persistent kernel (a megakernel plan): it runs instead of the ops above
+    /// (but `sample`), reading the step's inputs from the same buffers and writing `acts.logits`,
+    /// `acts.x` and `next`.
+    mega: Option<MegaStep>,
 }
 
 /// One graph-replayed decode step, op by op ([`Model::decode_step_timeline`]).
@@ -976,6 +986,17 @@ impl Model {
             uniforms: gpu.zeros(b)?,
             next: gpu.zeros(b)?,
             graph: None,
+            mega: match is_megakernel(&p.step)? {
+                false => None,
+                true => {
+                    require(
+                        attn_decode::layout_of(&p.decode)? == Layout::Contiguous,
+                        "a contiguous cache for a megakernel step",
+                        || format!("decode stage {} reads the paged layout", p.decode.stage),
+                    )?;
+                    Some(MegaStep::prepare(gpu, &p.step, cfg, b, self.mega_grid)?)
+                }
+            },
         };
         self.decode = Some((b, step));
         Ok(())
@@ -994,7 +1015,12 @@ impl Model {
     pub fn decode_step_greedy(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32]) -> Result<Vec<i32>> {
         self.run_step(gpu, cache, tokens, StepEnd::Greedy)?;
         let (_, op) = self.decode.as_ref().expect("prepared by run_step");
-        gpu.download(&op.next)
+        let ids = gpu.download(&op.next)?;
+        // A megakernel step that failed a wait leaves -1: its error says which.
+        if ids.iter().any(|&i| i < 0) {
+            self.check_step(gpu)?;
+        }
+        Ok(ids)
     }
 
     /// A sampled decode step: as [`Model::decode_step`], with the plan's `sample` stage drawing each
@@ -1168,6 +1194,42 @@ impl Model {
         }
         self.prepare_decode(gpu, b)?;
         let (_, op) = self.decode.as_mut().expect("prepared above");
+        if let Some(mega) = op.mega.as_mut() {
+            let (w, p) = (&self.weights, &self.weights.p);
+            let bf = w.bf16()?;
+            let folded =
+                bf.folded.as_ref().ok_or_else(|| Error::constraint("folded weights for a megakernel", "none"))?;
+            let layers: Vec<MkLayer> = cache
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(l, lc)| {
+                    let LayerCache::Contiguous { k, v } = lc else {
+                        return Err(Error::constraint("a contiguous cache for a megakernel step", "a paged one"));
+                    };
+                    let [qkv, fc] = &folded.blocks[l];
+                    Ok(MkLayer {
+                        qkv_w: device_ptr(&qkv.weight),
+                        qkv_b: device_ptr(&qkv.bias),
+                        proj_w: device_ptr(&bf.blocks[l].weights[1]),
+                        proj_b: device_ptr(&p.blocks[l].proj_b),
+                        fc_w: device_ptr(&fc.weight),
+                        fc_b: device_ptr(&fc.bias),
+                        fcproj_w: device_ptr(&bf.blocks[l].weights[3]),
+                        fcproj_b: device_ptr(&p.blocks[l].fcproj_b),
+                        k: device_ptr(k),
+                        v: device_ptr(v),
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let model = MkModel {
+                wte: device_ptr(&p.wte),
+                wpe: device_ptr(&p.wpe),
+                head_w: device_ptr(&folded.lm_head.weight),
+                head_b: device_ptr(&folded.lm_head.bias),
+            };
+            mega.bind(gpu, model, &layers, cache.id)?;
+        }
         op.ids.set(gpu, tokens)?;
         op.pos.set(gpu, &cache.lens)?;
         op.cells.set(gpu, &cache.lens.iter().enumerate().map(|(i, &l)| (i, l)).collect::<Vec<_>>())?;
@@ -1202,6 +1264,126 @@ impl Model {
     }
 }
 
+/// Whether a `decode-step` stage is a megakernel (stage 0 is the composed step).
+fn is_megakernel(v: &common::Variant) -> Result<bool> {
+    Ok(v.plan::<step::Plan>()? != step::Plan::Composed)
+}
+
+/// The decode step as `gpt2/decode-step` drives it: a stage set, a cache filled from the host, the
+/// greedy step replayed without advancing, its outputs read back.
+impl Model {
+    /// Runs the decode step with `decode-step` stage `v` (re-prepared at the next step), a
+    /// megakernel on `grid` blocks (`None`: its default).
+    pub fn set_step_stage(&mut self, v: common::Variant, grid: Option<u32>) {
+        self.plan.step = v;
+        self.mega_grid = grid;
+        self.decode = None;
+    }
+
+    /// A cache of `lens.len()` sequences holding `host`'s keys and values and claiming `lens`.
+    pub(crate) fn cache_from_host(&self, gpu: &Gpu, host: &HostCache, lens: &[usize]) -> Result<KvCache> {
+        let mut cache = self.new_cache(gpu, lens.len())?;
+        for (l, layer) in cache.layers.iter_mut().enumerate() {
+            let LayerCache::Contiguous { k, v } = layer else {
+                return Err(Error::constraint("a contiguous cache to fill from the host", "a paged one"));
+            };
+            gpu.stream().memcpy_htod(&host.k[l], k).ctx("upload the keys")?;
+            gpu.stream().memcpy_htod(&host.v[l], v).ctx("upload the values")?;
+        }
+        cache.lens = lens.to_vec();
+        Ok(cache)
+    }
+
+    /// Writes a greedy step's inputs for `cache` (as a step does, without running it); returns the
+    /// megakernel's resources, if the step runs one.
+    pub fn prepare_step(&mut self, gpu: &Gpu, cache: &KvCache, tokens: &[i32]) -> Result<Vec<common::ResourceUse>> {
+        self.begin_step(gpu, cache, tokens)?;
+        let (_, op) = self.decode.as_ref().expect("prepared by begin_step");
+        Ok(op.mega.iter().map(MegaStep::resources).collect())
+    }
+
+    /// Enqueues the greedy step prepared by [`Model::prepare_step`] on `s` as its CUDA graph
+    /// (captured at the first call for this cache); the lengths do not advance, so every replay
+    /// writes the same cells.
+    pub fn replay_step(&mut self, s: &Arc<CudaStream>, cache: &mut KvCache) -> Result<()> {
+        let (_, op) = self.decode.as_mut().ok_or(Error::NotPrepared)?;
+        let w = &self.weights;
+        let end = StepEnd::Greedy;
+        let mut graph = op.graph.take();
+        let replayed =
+            graph::replay(&mut graph, (cache.id, end), s, |st| enqueue_decode(st, w, op, cache, end, &mut |_| Ok(())));
+        op.graph = graph;
+        replayed
+    }
+
+    /// The logits `[B, V]` the last decode step left on the device (a greedy or sampled step keeps
+    /// them there).
+    pub fn last_logits(&self, gpu: &Gpu, b: usize) -> Result<Vec<f32>> {
+        let (n, op) = self.decode.as_ref().ok_or(Error::NotPrepared)?;
+        require(b == *n, "the batch of the last step", || format!("{b}, the step had {n}"))?;
+        gpu.download_rows(&op.acts.logits, b, self.cfg.vocab, self.cfg.padded_vocab())
+    }
+
+    /// Fails with the megakernel's typed error when its last launch reported one.
+    pub fn check_step(&mut self, gpu: &Gpu) -> Result<()> {
+        match self.decode.as_mut().and_then(|(_, op)| op.mega.as_mut()) {
+            Some(m) => m.check(gpu),
+            None => Ok(()),
+        }
+    }
+
+    /// NaN in the step's logits, -1 in its ids and NaN in the cells it appends to (at `lens`).
+    pub(crate) fn poison_step(&mut self, gpu: &Gpu, cache: &mut KvCache, lens: &[usize]) -> Result<()> {
+        let (_, op) = self.decode.as_mut().ok_or(Error::NotPrepared)?;
+        gpu.poison(&mut op.acts.logits)?;
+        gpu.stream().memcpy_htod(&vec![-1i32; lens.len()], &mut op.next).ctx("poison the ids")?;
+        let (c, tmax) = (self.cfg.c, self.cfg.max_t);
+        let nan = vec![0x7FC0u16; c];
+        for layer in &mut cache.layers {
+            let LayerCache::Contiguous { k, v } = layer else { continue };
+            for (b, &p) in lens.iter().enumerate() {
+                let cell = (b * tmax + p) * c;
+                gpu.stream().memcpy_htod(&nan, &mut k.slice_mut(cell..cell + c)).ctx("poison a cell")?;
+                gpu.stream().memcpy_htod(&nan, &mut v.slice_mut(cell..cell + c)).ctx("poison a cell")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The last step's logits `[B, V]`, ids `[B]`, and the k and v it appended at `lens` in every
+    /// layer, `[L, B, C]` each.
+    pub(crate) fn step_outputs(&self, gpu: &Gpu, cache: &KvCache, lens: &[usize]) -> Result<StepOutputs> {
+        let (_, op) = self.decode.as_ref().ok_or(Error::NotPrepared)?;
+        let b = lens.len();
+        let logits = gpu.download_rows(&op.acts.logits, b, self.cfg.vocab, self.cfg.padded_vocab())?;
+        let ids = gpu.download(&op.next)?;
+        let (c, tmax) = (self.cfg.c, self.cfg.max_t);
+        let (mut k_out, mut v_out) = (Vec::new(), Vec::new());
+        for layer in &cache.layers {
+            let LayerCache::Contiguous { k, v } = layer else {
+                return Err(Error::constraint("a contiguous cache to read back", "a paged one"));
+            };
+            for (b, &p) in lens.iter().enumerate() {
+                let cell = (b * tmax + p) * c;
+                for (src, out) in [(k, &mut k_out), (v, &mut v_out)] {
+                    let bits: Vec<u16> = gpu.stream().clone_dtoh(&src.slice(cell..cell + c)).ctx("read a cell")?;
+                    out.extend(bits.into_iter().map(|x| half::bf16::from_bits(x).to_f32()));
+                }
+            }
+        }
+        Ok(StepOutputs { logits, ids, k: k_out, v: v_out })
+    }
+}
+
+/// What [`Model::step_outputs`] reads back: logits `[B, V]`, ids `[B]`, and the appended k and v of
+/// every layer, `[L, B, C]` each.
+pub(crate) struct StepOutputs {
+    pub logits: Vec<f32>,
+    pub ids: Vec<i32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
 /// One decode step's kernels, op by op, on `s`, reading the step's inputs from `op`'s buffers.
 /// Ending `Greedy`, the plan's argmax picks each sequence's next token into `op.next`; ending
 /// `Sample`, the plan's sampling stage draws it there. `mark(name)` is called after each op is
@@ -1214,6 +1396,26 @@ fn enqueue_decode(
     end: StepEnd,
     mark: &mut dyn FnMut(&'static str) -> Result<()>,
 ) -> Result<()> {
+    if let Some(mega) = &op.mega {
+        let io = MkIo {
+            ids: device_ptr(op.ids.device()),
+            pos: device_ptr(op.pos.device()),
+            lens: device_ptr(op.lens.device()),
+            x: device_ptr(&op.acts.x),
+            logits: device_ptr(&op.acts.logits),
+            next: device_ptr(&op.next),
+        };
+        mega.enqueue(s, io)?;
+        mark("decode-step megakernel")?;
+        return match end {
+            // The megakernel picked the greedy ids already.
+            StepEnd::Logits | StepEnd::Greedy => Ok(()),
+            StepEnd::Sample(sampling) => {
+                op.sample.enqueue(s, &mut op.next, &op.acts.logits, &op.uniforms, &sampling)?;
+                mark("sample")
+            }
+        };
+    }
     let mut step = Step { op, w: weights, cache, mark };
     forward(s, &mut step, &weights.p)?;
     let Step { op, mark, .. } = step;

@@ -12,6 +12,7 @@ use matmul::linear_bf16::LinearBf16;
 use norm::layernorm::LayerNorm;
 
 use crate::argmax::Argmax;
+use crate::decode_step::DecodeStep;
 use crate::encoder::Encoder;
 use crate::pointwise::{Gelu, Residual};
 use crate::sample::Sample;
@@ -38,6 +39,10 @@ pub struct Plan {
     pub argmax: Variant,
     /// Temperature, top-k and top-p sampling on the device (a sampled step downloads ids too).
     pub sample: Variant,
+    /// How the decode step runs: stage 0, the ops above as kernels of their own (replayed as a
+    /// CUDA graph with `--graph`); a megakernel stage, the whole step in one persistent kernel
+    /// (`gpt2/decode-step`), which replaces the step's ops above but `sample`.
+    pub step: Variant,
     /// The whole-sequence pass on bf16 activations (`None`: fp32, the stages above).
     pub bf16: Option<Bf16Stages>,
     /// The saved sweep configurations the `fastest` plans applied (`ladder sweep --save-best`), one
@@ -67,8 +72,9 @@ pub struct Bf16Stages {
 
 /// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
 /// cache; `gemv=off` gives the decode step the plan's `linear`; `argmax` ends a greedy decode step,
-/// `sample` a sampled one); then the bf16 pass's three, all on (a bf16 plan) or all off.
-pub const PLAN_OPS: [&str; 15] = [
+/// `sample` a sampled one; `decode-step` above 0 runs the step as a megakernel); then the bf16
+/// pass's four, all on (a bf16 plan) or all off.
+pub const PLAN_OPS: [&str; 16] = [
     "encoder",
     "layernorm",
     "linear",
@@ -80,6 +86,7 @@ pub const PLAN_OPS: [&str; 15] = [
     "gemv",
     "argmax",
     "sample",
+    "decode-step",
     "layernorm-bf16",
     "linear-bf16",
     "linear-bf16-residual",
@@ -87,7 +94,7 @@ pub const PLAN_OPS: [&str; 15] = [
 ];
 
 /// The index in [`PLAN_OPS`] of the bf16 pass's first op.
-pub(crate) const BF16_OPS: usize = 11;
+pub(crate) const BF16_OPS: usize = 12;
 
 /// One stage per op of [`PLAN_OPS`].
 pub type Stages = [u32; PLAN_OPS.len()];
@@ -104,8 +111,8 @@ fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
 
 /// The named plans, in the model table's order. `fastest` and `fastest-bf16` are chosen on the
 /// device ([`crate::fastest::resolve`]); the others are fixed.
-pub const PLAN_NAMES: [&str; 8] =
-    ["naive", "report", "fp32", "cublas", "cublas-gemv", "bf16", "fastest", "fastest-bf16"];
+pub const PLAN_NAMES: [&str; 9] =
+    ["naive", "report", "fp32", "cublas", "cublas-gemv", "bf16", "megakernel", "fastest", "fastest-bf16"];
 
 impl Plan {
     /// - `naive`: stage 0 of every op;
@@ -120,17 +127,19 @@ impl Plan {
     ///   our GEMV on bf16 weights;
     /// - `bf16`: the whole-sequence pass on bf16 activations with the last rung of each bf16 ladder
     ///   (LayerNorm 07 storing bf16, `linear-bf16` 16 for every linear, `prefill-bf16` 10), the
-    ///   decode step on the tensor-core GEMV with the LayerNorms folded in (05).
+    ///   decode step on the tensor-core GEMV with the LayerNorms folded in (05);
+    /// - `megakernel`: `bf16` with the decode step as one persistent kernel (`decode-step` 5).
     ///
     /// `fastest` and `fastest-bf16` need the device: see [`crate::fastest::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
         let stages: Stages = match name {
-            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0, OFF, OFF, OFF, OFF],
-            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0, OFF, OFF, OFF, OFF],
-            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0, OFF, OFF, OFF, OFF],
-            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, OFF, OFF, OFF, OFF],
-            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, OFF, OFF, OFF, OFF],
-            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 7, 16, 16, 10],
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
+            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
+            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
+            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF],
+            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 10],
+            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 10],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (fastest::resolve)",
@@ -169,6 +178,7 @@ impl Plan {
             self.gemv.as_ref().map_or(OFF, |v| v.stage),
             self.argmax.stage,
             self.sample.stage,
+            self.step.stage,
             self.bf16.as_ref().map_or(OFF, |b| b.layernorm.stage),
             self.bf16.as_ref().map_or(OFF, |b| b.linear.stage),
             self.bf16.as_ref().map_or(OFF, |b| b.residual_linear.stage),
@@ -205,6 +215,7 @@ impl Plan {
             gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
             argmax: stage_of(&Argmax, s[9])?,
             sample: stage_of(&Sample, s[10])?,
+            step: stage_of(&DecodeStep, s[11])?,
             bf16,
             tuned: Vec::new(),
         })
@@ -232,10 +243,11 @@ impl Plan {
             8 => self.gemv.as_mut(),
             9 => Some(&mut self.argmax),
             10 => Some(&mut self.sample),
-            11 => self.bf16.as_mut().map(|b| &mut b.layernorm),
-            12 => self.bf16.as_mut().map(|b| &mut b.linear),
-            13 => self.bf16.as_mut().map(|b| &mut b.residual_linear),
-            14 => self.bf16.as_mut().map(|b| &mut b.attention),
+            11 => Some(&mut self.step),
+            12 => self.bf16.as_mut().map(|b| &mut b.layernorm),
+            13 => self.bf16.as_mut().map(|b| &mut b.linear),
+            14 => self.bf16.as_mut().map(|b| &mut b.residual_linear),
+            15 => self.bf16.as_mut().map(|b| &mut b.attention),
             _ => None,
         }
     }

@@ -12,6 +12,7 @@ use gpt2::pointwise::{Gelu, Residual};
 use gpt2::reference;
 use gpt2::sampling::Sampling;
 use gpt2::weights::Weights;
+use proptest::prelude::{prop_oneof, Just};
 
 /// Relative L2 error of `got` against `want`; NaN if any value is not finite.
 fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
@@ -185,6 +186,75 @@ fn main() -> std::process::ExitCode {
                 assert!(m.decode_step(gpu, &mut cache, &[1, 2]).is_err(), "one token per sequence");
                 let mut empty = m.new_cache(gpu, 2).unwrap();
                 assert!(m.decode_step(gpu, &mut empty, &[1, 2]).is_err(), "an unprefilled cache");
+            }
+        })
+        .gpu("decode_step_default_shapes", |gpu| {
+            let op = &gpt2::decode_step::DecodeStep;
+            for s in op.default_shapes() {
+                assert_stages_pass(gpu, op, &s, &op.variants());
+            }
+        })
+        .gpu("decode_step_ragged_and_smaller_grids", |gpu| {
+            // Ragged lengths, batches that are not multiples of 8, and grids far below the SMs (units
+            // strided over fewer blocks; the barriers count the blocks there are).
+            let op = &gpt2::decode_step::DecodeStep;
+            proptest(
+                6,
+                (1i64..=32, 2i64..=1022, 0i64..=1, prop_oneof![Just(0i64), 1i64..=40]),
+                |(b, len, ragged, grid)| {
+                    let shape = Shape::new(&[
+                        ("B", b),
+                        ("len", len),
+                        ("ragged", ragged),
+                        ("L", 2),
+                        ("C", 768),
+                        ("H", 12),
+                        ("grid", grid),
+                    ]);
+                    assert_stages_pass(gpu, op, &shape, &op.variants());
+                },
+            )
+        })
+        .gpu("megakernel_plan_decodes_like_the_reference", |gpu| {
+            // The megakernel's constraints (C % 256, head size 64) on a small model; ragged prompts,
+            // six steps through the bf16 cache, eager and replayed, logits and greedy ids.
+            let cfg = Config { layers: 2, heads: 4, c: 256, vocab: 101, max_t: 40 };
+            let w = Weights::random(&cfg, 7);
+            let seqs: Vec<Vec<i32>> =
+                [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
+            for graph in [false, true] {
+                let mut m = Model::new(gpu, cfg, &w, Plan::named("megakernel").unwrap()).unwrap();
+                m.set_graph(graph);
+                let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
+                let mut s = seqs.clone();
+                for (i, q) in s.iter().enumerate() {
+                    m.prefill_into(gpu, &mut cache, i, q).unwrap();
+                }
+                for step in 1..7 {
+                    let fed: Vec<i32> = (0..s.len()).map(|i| ((step * 17 + i * 5) % 101) as i32).collect();
+                    s.iter_mut().zip(&fed).for_each(|(q, &t)| q.push(t));
+                    let want: Vec<f64> = s
+                        .iter()
+                        .flat_map(|q| {
+                            let all = reference::forward(&cfg, &w, std::slice::from_ref(q));
+                            all[(q.len() - 1) * cfg.vocab..].to_vec()
+                        })
+                        .collect();
+                    let (got, ids) = if step % 2 == 1 {
+                        (m.decode_step(gpu, &mut cache, &fed).unwrap(), None)
+                    } else {
+                        // The greedy step's ids are the argmax of the logits it leaves on the device.
+                        let ids = m.decode_step_greedy(gpu, &mut cache, &fed).unwrap();
+                        (m.last_logits(gpu, s.len()).unwrap(), Some(ids))
+                    };
+                    let err = rel_l2(&got, &want);
+                    assert!(err <= 2e-2, "graph {graph}, step {step}: logits rel L2 {err:e}");
+                    if let Some(ids) = ids {
+                        let picks: Vec<i32> = got.chunks(cfg.vocab).map(gpt2::sampling::argmax).collect();
+                        assert_eq!(ids, picks, "graph {graph}, step {step}");
+                    }
+                }
+                assert_eq!(cache.lens(), &[11, 17, 23]);
             }
         })
         .gpu("profiled_decode_step_appends_like_a_plain_step", |gpu| {

@@ -1,0 +1,769 @@
+// gpt2/decode-step, stages 2-3: the whole decode step (embedding, 12 blocks, the final LayerNorm,
+// the LM head and the argmax) in one persistent kernel, its ops as phases separated by grid
+// barriers. Stage 2 launches it once per layer (the phases of one block, the embedding with the
+// first, the LM head with the last); stage 3 launches it once for the whole step.
+// Changed from stage 0 (the composed bf16 step replayed as a CUDA graph: 75 kernels at batch 1):
+//   every op is a phase of one cooperative kernel; each block takes a phase's work units (16 weight
+//   rows by one K range of a GEMV, a (sequence, head, split) of attention) unit u = blockIdx.x,
+//   + gridDim.x, ..., and a grid barrier separates phases that depend on each other. The
+//   LayerNorms stay folded into the GEMVs after them (stage 0's gemv 05: W' = W * gamma, bias' =
+//   W . beta + bias, each block takes its rows' statistics and stages bf16(x - mean) in shared
+//   memory); kv-append is the QKV phase's epilogue (k and v columns go to the cache as bf16, q to
+//   an fp32 buffer); the attention split merge is done by the last block of each (sequence, head)
+//   (a ticket); the projections add into the fp32 residual stream with atomics (their K is split
+//   into ranges so every SM has work at N = C = 768); GELU is the MLP up's epilogue; the argmax
+//   runs in the LM head's epilogue (a running best per thread, one partial per block, the last
+//   block merges).
+// Why it should be faster: stage 0 pays a kernel boundary (~1 us of launch and ~3 us of ramp and
+//   tail, measured) 75 times; here a phase boundary is a grid barrier (an atomic and a spin, ~1-2
+//   us predicted) and no block is ever launched again. 62 phases at batch 1: predicted ~62 x (1.5 us
+//   barrier + ~1 us first loads) + 89 us of bytes ~ 240 us for stage 3 (409 us at stage 0), and
+//   stage 2 ~ 12 x 4 us more.
+// Stage 5 (MK_WEIGHT_RING): each block's weight tiles stream through a ring of shared-memory slots,
+//   bulk-copied (TMA) by its last warp as many units ahead as fit (6-7 of 24.6 KB), across phases.
+//   Measured slower than stage 3 at every batch (H100: 547 vs 501 us at B = 1): the phase time is
+//   not the weights' latency (see the notes' timeline).
+// Launch: decode_step(MkArgs) cooperative, grid = SMs x MK_BLOCKS_PER_SM (any smaller grid is
+//   correct: units are strided over gridDim.x), block MK_THREADS = 256; dynamic shared memory
+//   32 x (C + 8) bf16 (staged rows) + MK_WARPS x 16 x 32 floats (partial tiles) + tmax floats
+//   (attention scores) + 64 floats.
+// Constraints: B <= 32; head size 64; C % 256 == 0, C <= 1024; every cached length in [1, tmax);
+//   the vocabulary padded to a multiple of 16.
+// Tolerance: 1e-2 preset (bf16 weights and staged activations, fp32 accumulation and residual stream).
+// Timeline: 0 block start; 1 layer 6 QKV start (its barrier passed); 2 QKV done; 3 attention start; 4 attention done; 5 projection start; 6 projection done; 7 MLP up start; 8 MLP up done; 9 MLP down start; 10 MLP down done; 11 LM head start; 12 LM head units done; 13 block exit
+// Limits: B <= 32; head size == 64; C % 256 == 0; C <= 1024
+#include "ladder_mma.cuh"
+#include "ladder_reduce.cuh"
+#include "gpt2_pointwise.cuh"
+#include "ladder_timeline.cuh"
+#include "ladder_hopper.cuh"
+
+#ifndef MK_THREADS
+#error "MK_THREADS is a tunable: the host sets it"
+#endif
+#define MK_WARPS (MK_THREADS / 32)
+#define MK_HEAD 64
+#define MK_BMAX 32
+#define MK_TILES (MK_BMAX / 8)
+#define MK_CMAX 1024
+#define MK_PROJ_CHUNK 256
+#define MK_UNROLL 4
+#define MK_ATT_ILP 4
+#define MK_WAIT_NS 500000000ull
+#define MK_ERR_BARRIER 1
+#define MK_LOG2E 1.4426950408889634f
+
+typedef __nv_bfloat16 bf16;
+
+// One block's parameters: the LayerNorm-folded QKV and MLP up (W', bias'), the two projections,
+// and its layer of the contiguous bf16 cache, [B, tmax, C] each.
+struct MkLayer {
+    const bf16* qkv_w;
+    const float* qkv_b;
+    const bf16* proj_w;
+    const float* proj_b;
+    const bf16* fc_w;
+    const float* fc_b;
+    const bf16* fcproj_w;
+    const float* fcproj_b;
+    bf16* k;
+    bf16* v;
+};
+
+// Everything a step reads and writes (the host's `MkArgs`, field for field).
+struct MkArgs {
+    const MkLayer* layers;
+    const float* wte;
+    const float* wpe;
+    const bf16* head_w;  // ln_f folded into the padded LM head, [Vp, C]
+    const float* head_b;
+    const int* ids;
+    const int* pos;
+    const int* lens;  // lengths after this step's append
+    float* x;         // residual stream [B, C]
+    float* q;         // [B, C]
+    bf16* att;        // attention output [B, C]
+    bf16* h;          // GELU(MLP up) [B, 4C]
+    float* logits;    // [B, Vp]
+    int* next;        // [B]
+    float* part;      // attention partials [B * H * splits][MK_HEAD + 2]
+    unsigned* tickets;  // [B * H], zero between launches
+    float* best_v;      // [gridDim.x][MK_BMAX]
+    int* best_i;
+    unsigned* sync;  // [0] barrier arrivals, [1] exits, [2] argmax ticket; zero between launches
+    int* error;      // nonzero: a wait timed out
+    int B, C, H, L, V, Vp, tmax, splits, first, last;
+    int stages;  // weight ring slots (stage 5)
+};
+
+// Phases: 0 the embedding; 1 + 5l + {0 QKV and kv-append, 1 attention, 2 projection, 3 MLP up,
+// 4 MLP down} for layer l; 1 + 5L the LM head and argmax.
+enum { PH_QKV = 0, PH_ATTN = 1, PH_PROJ = 2, PH_FC = 3, PH_FCPROJ = 4 };
+
+__device__ __forceinline__ unsigned long long mk_now() {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return ns;
+}
+
+__device__ __forceinline__ unsigned mk_load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Weights are read once per step: no L1 allocation.
+__device__ __forceinline__ uint4 mk_load_weights(const bf16* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// Waits until *p >= want; false when another block reported an error or MK_WAIT_NS passed (then
+// this one reports it): the kernel returns instead of spinning forever.
+__device__ bool mk_wait_at_least(const unsigned* p, unsigned want, int* error) {
+    const unsigned long long start = mk_now();
+    while (mk_load_acquire(p) < want) {
+        if (*reinterpret_cast<volatile int*>(error) != 0) return false;
+        if (mk_now() - start > MK_WAIT_NS) {
+            atomicCAS(error, 0, MK_ERR_BARRIER);
+            return false;
+        }
+    }
+    return true;
+}
+
+// Every block's writes before it are visible to every block after it. `arrived` counts the
+// arrivals this block expects in all (the counter only grows within a launch).
+__device__ bool mk_grid_barrier(const MkArgs& a, unsigned& arrived) {
+    __shared__ int ok;
+    __syncthreads();
+    arrived += gridDim.x;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(&a.sync[0], 1u);
+        ok = mk_wait_at_least(&a.sync[0], arrived, a.error);
+        __threadfence();
+        // A failed step picks no token: -1 tells the host to read the error.
+        if (!ok)
+            for (int b = 0; b < a.B; ++b) a.next[b] = -1;
+    }
+    __syncthreads();
+    return ok;
+}
+
+// The end of a launch: the last block out resets the counters for the next launch (every other
+// block has passed its last wait by then).
+__device__ void mk_exit(const MkArgs& a) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&a.sync[1], 1u) == gridDim.x - 1) {
+            a.sync[0] = 0;
+            a.sync[1] = 0;
+            __threadfence();
+        }
+    }
+}
+
+// Shared memory carve-up (dynamic): staged rows, partial tiles, attention scores, statistics.
+struct MkSmem {
+    bf16* xs;      // [8 * tiles][C + 8]
+    float* red;    // [MK_WARPS][16][MK_BMAX]
+    float* score;  // [tmax]
+    float* rstd;   // [MK_BMAX]
+    float* misc;   // [32]
+    bf16* ring;    // [stages][16 * C] (stage 5), 128-byte aligned
+    unsigned long long* full;  // [stages] mbarriers
+    int stride;
+};
+
+__device__ __forceinline__ MkSmem mk_smem(unsigned char* base, const MkArgs& a, int tiles) {
+    MkSmem s;
+    s.stride = a.C + 8;
+    s.xs = reinterpret_cast<bf16*>(base);
+    s.red = reinterpret_cast<float*>(base + (size_t)8 * tiles * s.stride * 2);
+    s.score = s.red + MK_WARPS * 16 * MK_BMAX;
+    s.rstd = s.score + a.tmax;
+    s.misc = s.rstd + MK_BMAX;
+    const size_t ring = ((reinterpret_cast<size_t>(s.misc + 32) - reinterpret_cast<size_t>(base)) + 127) & ~(size_t)127;
+    s.ring = reinterpret_cast<bf16*>(base + ring);
+    s.full = reinterpret_cast<unsigned long long*>(s.ring + (size_t)a.stages * 16 * a.C);
+    return s;
+}
+
+// The LayerNorm folded into the next GEMV: each row b < B of x as bf16(x - mean) into xs and its
+// rstd; rows up to the padded batch are zeros.
+__device__ void mk_stage_ln_rows(const MkArgs& a, const MkSmem& s, int tiles) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, C = a.C;
+    for (int b = warp; b < 8 * tiles; b += MK_WARPS) {
+        bf16* row = s.xs + (size_t)b * s.stride;
+        if (b >= a.B) {
+            for (int k = 2 * lane; k < C; k += 64) *reinterpret_cast<unsigned*>(row + k) = 0u;
+            continue;
+        }
+        float4 v[MK_CMAX / 128];
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MK_CMAX / 128; ++i) {
+            const int k = 128 * i + 4 * lane;
+            v[i] = k < C ? __ldcg(reinterpret_cast<const float4*>(a.x + (size_t)b * C + k)) : make_float4(0, 0, 0, 0);
+            sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+        }
+        const float mean = warp_sum(sum) / C;
+        float sq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MK_CMAX / 128; ++i) {
+            if (128 * i + 4 * lane < C) {
+                const float dx = v[i].x - mean, dy = v[i].y - mean, dz = v[i].z - mean, dw = v[i].w - mean;
+                sq += dx * dx + dy * dy + dz * dz + dw * dw;
+            }
+        }
+        const float rstd = rsqrtf(warp_sum(sq) / C + 1e-5f);
+#pragma unroll
+        for (int i = 0; i < MK_CMAX / 128; ++i) {
+            const int k = 128 * i + 4 * lane;
+            if (k < C) {
+                uint2 p = make_uint2(pack_bf16x2(v[i].x - mean, v[i].y - mean), pack_bf16x2(v[i].z - mean, v[i].w - mean));
+                *reinterpret_cast<uint2*>(row + k) = p;
+            }
+        }
+        if (lane == 0) s.rstd[b] = rstd;
+    }
+    __syncthreads();
+}
+
+// The B operand's eight bf16 of row `row` from k: staged rows in shared memory.
+struct MkSmemRows {
+    const bf16* xs;
+    int stride;
+    __device__ __forceinline__ uint4 piece(int row, int k) const {
+        return *reinterpret_cast<const uint4*>(xs + (size_t)row * stride + k);
+    }
+};
+
+// The same from a bf16 activation in global memory written earlier in this launch (L2, not L1).
+struct MkGlobalRows {
+    const bf16* p;
+    int ld, B;
+    __device__ __forceinline__ uint4 piece(int row, int k) const {
+        return row < B ? __ldcg(reinterpret_cast<const uint4*>(p + (size_t)row * ld + k)) : make_uint4(0, 0, 0, 0);
+    }
+};
+
+// One GEMV work unit: 16 rows n0.. of a weight matrix (row stride ld) over the K range
+// [k0, k0 + klen).
+struct MkTile {
+    const bf16* w;
+    int ld, n0, k0, klen;
+    __device__ __forceinline__ const bf16* row(int r) const { return w + (size_t)(n0 + r) * ld + k0; }
+};
+
+// The weights unit u of `phase` reads (false: the phase reads none, or has no unit u). Every N is
+// a multiple of 16 (3C, C, 4C, the padded vocabulary), so a unit's rows are all in range.
+__device__ bool mk_weight_tile(const MkArgs& a, int phase, int u, MkTile& t) {
+    const int C = a.C, row_tiles = C / 16;
+    if (phase <= 0 || phase > 1 + 5 * a.L || u < 0) return false;
+    if (phase == 1 + 5 * a.L) {
+        t = {a.head_w, C, 16 * u, 0, C};
+        return u < a.Vp / 16;
+    }
+    const MkLayer& L = a.layers[(phase - 1) / 5];
+    switch ((phase - 1) % 5) {
+        case PH_QKV:
+            t = {L.qkv_w, C, 16 * u, 0, C};
+            return u < 3 * row_tiles;
+        case PH_PROJ:
+            // K split into ranges of MK_PROJ_CHUNK so every SM has work at N = C.
+            t = {L.proj_w, C, 16 * (u % row_tiles), MK_PROJ_CHUNK * (u / row_tiles), MK_PROJ_CHUNK};
+            return u < row_tiles * (C / MK_PROJ_CHUNK);
+        case PH_FC:
+            t = {L.fc_w, C, 16 * u, 0, C};
+            return u < 4 * row_tiles;
+        case PH_FCPROJ:
+            t = {L.fcproj_w, 4 * C, 16 * (u % row_tiles), C * (u / row_tiles), C};
+            return u < 4 * row_tiles;
+        default:
+            return false;
+    }
+}
+
+// A unit's weights straight from global memory (stages 2-3): each lane's 16 bytes of rows g, g + 8.
+struct MkGlobalTile {
+    const bf16* ra;
+    const bf16* rb;
+    __device__ __forceinline__ uint4 a(int k) const { return mk_load_weights(ra + k); }
+    __device__ __forceinline__ uint4 b(int k) const { return mk_load_weights(rb + k); }
+};
+
+// The same from the unit's ring slot in shared memory (stage 5), rows klen apart.
+struct MkSmemTile {
+    const bf16* ra;
+    const bf16* rb;
+    __device__ __forceinline__ uint4 a(int k) const { return *reinterpret_cast<const uint4*>(ra + k); }
+    __device__ __forceinline__ uint4 b(int k) const { return *reinterpret_cast<const uint4*>(rb + k); }
+};
+
+// acc[i] (batch columns 8i..8i+7) += W[16 rows, klen] . X[8i.., k0 ..]^T on the tensor cores, the
+// block's warps taking interleaved 32-wide steps of K (the layout of matmul/gemv 04: each lane's
+// 16 contiguous bytes of rows g and g + 8 are the A fragments of two k16 steps, and the same
+// eight elements of X the B fragments). All of a pass's weight loads are issued before its mmas.
+template <class Weights, class Rows>
+__device__ __forceinline__ void mk_mma_rows(float (&acc)[MK_TILES][4], const Weights& w, int k0, int klen, int tiles,
+                                            const Rows& rows) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int steps = klen / 32;
+#pragma unroll
+    for (int i = 0; i < MK_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int s0 = warp; s0 < steps; s0 += MK_WARPS * MK_UNROLL) {
+        uint4 ea[MK_UNROLL], eb[MK_UNROLL];
+#pragma unroll
+        for (int u = 0; u < MK_UNROLL; ++u) {
+            const int s = s0 + u * MK_WARPS, k = 32 * s + 8 * t;
+            if (s < steps) {
+                ea[u] = w.a(k);
+                eb[u] = w.b(k);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MK_UNROLL; ++u) {
+            const int s = s0 + u * MK_WARPS, k = 32 * s + 8 * t;
+            if (s >= steps) break;
+#pragma unroll
+            for (int i = 0; i < MK_TILES; ++i) {
+                if (i < tiles) {
+                    const uint4 x = rows.piece(8 * i + g, k0 + k);
+                    mma_16816<bf16>(acc[i], ea[u].x, eb[u].x, ea[u].y, eb[u].y, x.x, x.y);
+                    mma_16816<bf16>(acc[i], ea[u].z, eb[u].z, ea[u].w, eb[u].w, x.z, x.w);
+                }
+            }
+        }
+    }
+}
+
+// The warps' partial tiles summed: epi(b, n, sum, j, valid) for each output (row n0 + r, batch
+// column b), j = which of the thread's outputs (a thread's columns are the same in every unit of a
+// phase). `released()` runs once every warp has finished reading the unit's weights.
+template <class Epi, class Released>
+__device__ __forceinline__ void mk_reduce(float (&acc)[MK_TILES][4], const MkSmem& s, int tiles, int n0, int B,
+                                          Epi& epi, Released released) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float* mine = s.red + warp * 16 * MK_BMAX;
+#pragma unroll
+    for (int i = 0; i < MK_TILES; ++i) {
+        if (i < tiles) {
+            const int c = 8 * i + 2 * t;
+            mine[g * MK_BMAX + c] = acc[i][0];
+            mine[g * MK_BMAX + c + 1] = acc[i][1];
+            mine[(g + 8) * MK_BMAX + c] = acc[i][2];
+            mine[(g + 8) * MK_BMAX + c + 1] = acc[i][3];
+        }
+    }
+    __syncthreads();
+    released();
+    const int outputs = 16 * 8 * tiles;
+    for (int idx = threadIdx.x, j = 0; idx < outputs; idx += MK_THREADS, ++j) {
+        const int r = idx & 15, b = idx >> 4;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MK_WARPS; ++w) sum += s.red[w * 16 * MK_BMAX + r * MK_BMAX + b];
+        epi(b, n0 + r, sum, j, b < B);
+    }
+    __syncthreads();
+}
+
+#ifdef MK_WEIGHT_RING
+// Stage 5: each block's GEMV units, in the order it runs them across every phase of the launch,
+// stream through a ring of `stages` shared-memory slots (one unit's 16 x klen tile each), filled by
+// bulk copies (TMA) that the last warp issues `stages` units ahead: the next phases' weights are in
+// flight while the block computes, and while it waits at a barrier for its inputs.
+__device__ __forceinline__ unsigned mk_smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mk_bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// Where the producer is in the block's walk (phase, unit) and how many units it has issued.
+struct MkProducer {
+    int phase, u;
+    unsigned issued;
+};
+
+// Moves to the block's next unit that reads weights: u + gridDim.x in this phase, else the first
+// of a later phase; phase = a.last when there is none.
+__device__ void mk_walk(const MkArgs& a, MkProducer& p, bool step) {
+    MkTile t;
+    if (step) p.u += gridDim.x;
+    while (p.phase < a.last && !mk_weight_tile(a, p.phase, p.u, t)) {
+        ++p.phase;
+        p.u = blockIdx.x;
+    }
+}
+
+// One warp: the producer's next unit into its slot (a no-op past the last one). A unit whose rows
+// are contiguous (a whole-K tile) is one bulk copy, a K range one copy a row, issued by 16 lanes.
+__device__ void mk_issue(const MkArgs& a, const MkSmem& s, MkProducer& p) {
+    const int lane = threadIdx.x & 31;
+    MkTile t;
+    if (p.phase >= a.last || !mk_weight_tile(a, p.phase, p.u, t)) return;
+    const int slot = p.issued % a.stages;
+    const unsigned bar = mk_smem_addr(s.full + slot), row_bytes = 2 * t.klen;
+    const unsigned dst = mk_smem_addr(s.ring + (size_t)slot * 16 * a.C);
+    if (lane == 0) {
+        // The slot's previous unit was read through the generic proxy; the copy writes through the async one.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        mbar_expect_tx(bar, 16 * row_bytes);
+        if (t.klen == t.ld) mk_bulk_load(dst, t.row(0), 16 * row_bytes, bar);
+    }
+    __syncwarp();
+    if (t.klen != t.ld && lane < 16) mk_bulk_load(dst + lane * row_bytes, t.row(lane), row_bytes, bar);
+    ++p.issued;
+    mk_walk(a, p, true);
+}
+
+// Waits for the ring's next unit (the consumer's count-th) and returns its rows g and g + 8.
+__device__ __forceinline__ MkSmemTile mk_ring_tile(const MkArgs& a, const MkSmem& s, unsigned count, int klen) {
+    const int slot = count % a.stages, g = (threadIdx.x & 31) >> 2;
+    mbar_wait(mk_smem_addr(s.full + slot), (count / a.stages) & 1);
+    const bf16* tile = s.ring + (size_t)slot * 16 * a.C;
+    return MkSmemTile{tile + (size_t)g * klen, tile + (size_t)(g + 8) * klen};
+}
+#endif
+
+// The block's position in the weight walk: the producer's (the last warp's) and how many units it
+// has consumed (every thread's).
+struct MkStream {
+#ifdef MK_WEIGHT_RING
+    MkProducer producer;
+#endif
+    unsigned consumed;
+};
+
+// One GEMV unit: its weight tile (from the ring, or from global memory), the mmas against the
+// rows `rows` gives, and the epilogue.
+template <class Rows, class Epi>
+__device__ __forceinline__ void mk_gemv_unit(const MkArgs& a, const MkSmem& s, MkStream& st, int phase, int u,
+                                             int tiles, const Rows& rows, Epi& epi) {
+    MkTile t;
+    mk_weight_tile(a, phase, u, t);
+    float acc[MK_TILES][4];
+#ifdef MK_WEIGHT_RING
+    mk_mma_rows(acc, mk_ring_tile(a, s, st.consumed++, t.klen), t.k0, t.klen, tiles, rows);
+    mk_reduce(acc, s, tiles, t.n0, a.B, epi, [&] {
+        if ((threadIdx.x >> 5) == MK_WARPS - 1) mk_issue(a, s, st.producer);
+    });
+#else
+    const int g = (threadIdx.x & 31) >> 2;
+    mk_mma_rows(acc, MkGlobalTile{t.row(g), t.row(g + 8)}, t.k0, t.klen, tiles, rows);
+    mk_reduce(acc, s, tiles, t.n0, a.B, epi, [] {});
+#endif
+}
+
+__device__ void mk_embed(const MkArgs& a) {
+    const int n = a.B * a.C;
+    for (int i = blockIdx.x * MK_THREADS + threadIdx.x; i < n; i += gridDim.x * MK_THREADS) {
+        const int b = i / a.C, c = i % a.C;
+        a.x[i] = a.wte[(size_t)a.ids[b] * a.C + c] + a.wpe[(size_t)a.pos[b] * a.C + c];
+    }
+}
+
+// QKV with ln_1 folded in; q to a.q, k and v into the cache at each sequence's position.
+struct MkQkvEpi {
+    const MkArgs& a;
+    const MkLayer& L;
+    const float* rstd;
+    __device__ __forceinline__ void operator()(int b, int n, float sum, int, bool valid) const {
+        if (!valid) return;
+        const int C = a.C;
+        const float v = rstd[b] * sum + L.qkv_b[n];
+        if (n < C) {
+            a.q[(size_t)b * C + n] = v;
+        } else {
+            bf16* cache = n < 2 * C ? L.k : L.v;
+            const size_t cell = ((size_t)b * a.tmax + a.pos[b]) * C;
+            cache[cell + (n % C)] = __float2bfloat16_rn(v);
+        }
+    }
+};
+
+// The MLP up with ln_2 folded in, GELU in the epilogue, bf16 out.
+struct MkFcEpi {
+    const MkArgs& a;
+    const MkLayer& L;
+    const float* rstd;
+    __device__ __forceinline__ void operator()(int b, int n, float sum, int, bool valid) const {
+        if (valid) a.h[(size_t)b * 4 * a.C + n] = __float2bfloat16_rn(gelu_tanh(rstd[b] * sum + L.fc_b[n]));
+    }
+};
+
+// A projection's K range added into the residual stream; the first range adds the bias.
+struct MkResidualEpi {
+    const MkArgs& a;
+    const float* bias;
+    bool first;
+    __device__ __forceinline__ void operator()(int b, int n, float sum, int, bool valid) const {
+        if (valid) atomicAdd(a.x + (size_t)b * a.C + n, sum + (first ? bias[n] : 0.0f));
+    }
+};
+
+// The LM head with ln_f folded in: logits out, and each thread's best (value, index) so far for its
+// two batch columns (ties: the lowest index).
+struct MkHeadEpi {
+    const MkArgs& a;
+    const float* rstd;
+    float best_v[2];
+    int best_i[2];
+    __device__ __forceinline__ void operator()(int b, int n, float sum, int j, bool valid) {
+        if (!valid) return;
+        const float v = rstd[b] * sum + a.head_b[n];
+        a.logits[(size_t)b * a.Vp + n] = v;
+        if (n < a.V && (v > best_v[j] || (v == best_v[j] && n < best_i[j]))) {
+            best_v[j] = v;
+            best_i[j] = n;
+        }
+    }
+};
+
+__device__ __forceinline__ void mk_better(float& v, int& i, float ov, int oi) {
+    if (ov > v || (ov == v && oi < i)) {
+        v = ov;
+        i = oi;
+    }
+}
+
+// The block's best per batch column to best_v/best_i[blockIdx.x]; the last block to finish merges
+// every block's into a.next.
+__device__ void mk_argmax_merge(const MkArgs& a, MkHeadEpi& epi, const MkSmem& s, int tiles) {
+    const int outputs = 16 * 8 * tiles;
+    for (int idx = threadIdx.x, j = 0; idx < outputs; idx += MK_THREADS, ++j) {
+        float v = epi.best_v[j];
+        int i = epi.best_i[j];
+        // The 16 threads of one column are consecutive lanes.
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) mk_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+        if ((idx & 15) == 0) {
+            a.best_v[blockIdx.x * MK_BMAX + (idx >> 4)] = v;
+            a.best_i[blockIdx.x * MK_BMAX + (idx >> 4)] = i;
+        }
+    }
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&a.sync[2], 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int b = warp; b < a.B; b += MK_WARPS) {
+        float v = -INFINITY;
+        int i = 0x7fffffff;
+        for (int k = lane; k < gridDim.x; k += 32) mk_better(v, i, __ldcg(a.best_v + k * MK_BMAX + b), __ldcg(a.best_i + k * MK_BMAX + b));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mk_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+        if (lane == 0) a.next[b] = i;
+    }
+    if (threadIdx.x == 0) a.sync[2] = 0;
+}
+
+// One (sequence b, head h, split) of decode attention over the cache (the new token included):
+// scores of its token range into shared memory, their max and exponentials, P.V; the partial
+// (o, max, sum) to a.part; the (b, h)'s last split to finish merges all of them into a.att.
+__device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, const MkSmem& s) {
+    const int S = a.splits, split = u % S, bh = u / S, h = bh % a.H, b = bh / a.H, C = a.C;
+    const int len = a.lens[b], chunk = (len + S - 1) / S;
+    const int t0 = min(len, split * chunk), t1 = min(len, t0 + chunk);
+    const int grp = threadIdx.x >> 3, j = threadIdx.x & 7;  // 8 lanes a token, 8 dims a lane
+    constexpr int GROUPS = MK_THREADS / 8;
+    float qv[8];
+    {
+        const float* qp = a.q + (size_t)b * C + h * MK_HEAD + 8 * j;
+        const float4 q0 = __ldcg(reinterpret_cast<const float4*>(qp)), q1 = __ldcg(reinterpret_cast<const float4*>(qp + 4));
+        const float sc = rsqrtf((float)MK_HEAD) * MK_LOG2E;
+        qv[0] = q0.x * sc; qv[1] = q0.y * sc; qv[2] = q0.z * sc; qv[3] = q0.w * sc;
+        qv[4] = q1.x * sc; qv[5] = q1.y * sc; qv[6] = q1.z * sc; qv[7] = q1.w * sc;
+    }
+    const size_t base = (size_t)b * a.tmax * C + h * MK_HEAD + 8 * j;
+    // Every lane runs every pass (the shuffles take the whole warp); lanes past t1 load nothing.
+    // Each pass issues MK_ATT_ILP tokens' loads a lane before using any.
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    float mloc = -INFINITY;
+    for (int first = t0; first < t1; first += GROUPS * MK_ATT_ILP) {
+        uint4 kk[MK_ATT_ILP];
+#pragma unroll
+        for (int i = 0; i < MK_ATT_ILP; ++i) {
+            const int t = first + i * GROUPS + grp;
+            kk[i] = t < t1 ? __ldcg(reinterpret_cast<const uint4*>(L.k + base + (size_t)t * C)) : zero;
+        }
+#pragma unroll
+        for (int i = 0; i < MK_ATT_ILP; ++i) {
+            const int t = first + i * GROUPS + grp;
+            const unsigned kw[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 f = unpack_bf16x2(kw[e]);
+                d += qv[2 * e] * f.x + qv[2 * e + 1] * f.y;
+            }
+            d += __shfl_xor_sync(0xffffffffu, d, 1);
+            d += __shfl_xor_sync(0xffffffffu, d, 2);
+            d += __shfl_xor_sync(0xffffffffu, d, 4);
+            if (t < t1) {
+                if (j == 0) s.score[t - t0] = d;
+                mloc = fmaxf(mloc, d);
+            }
+        }
+    }
+    const float m = block_max(mloc, s.misc);  // synchronises: the scores are visible
+    float o[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l = 0.0f;
+    for (int first = t0; first < t1; first += GROUPS * MK_ATT_ILP) {
+        uint4 vv[MK_ATT_ILP];
+#pragma unroll
+        for (int i = 0; i < MK_ATT_ILP; ++i) {
+            const int t = first + i * GROUPS + grp;
+            vv[i] = t < t1 ? __ldcg(reinterpret_cast<const uint4*>(L.v + base + (size_t)t * C)) : zero;
+        }
+#pragma unroll
+        for (int i = 0; i < MK_ATT_ILP; ++i) {
+            const int t = first + i * GROUPS + grp;
+            if (t >= t1) break;
+            const float p = exp2f(s.score[t - t0] - m);
+            l += p;
+            const unsigned vw[4] = {vv[i].x, vv[i].y, vv[i].z, vv[i].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 f = unpack_bf16x2(vw[e]);
+                o[2 * e] += p * f.x;
+                o[2 * e + 1] += p * f.y;
+            }
+        }
+    }
+    // Across the token groups: [GROUPS][64] partial outputs, [GROUPS] partial sums, in s.red.
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s.red[grp * MK_HEAD + 8 * j + e] = o[e];
+    if (j == 0) s.red[GROUPS * MK_HEAD + grp] = l;
+    __syncthreads();
+    float* part = a.part + (size_t)u * (MK_HEAD + 2);
+    if (threadIdx.x < MK_HEAD) {
+        float acc = 0.0f;
+        for (int g = 0; g < GROUPS; ++g) acc += s.red[g * MK_HEAD + threadIdx.x];
+        part[threadIdx.x] = acc;
+    } else if (threadIdx.x == MK_HEAD) {
+        float acc = 0.0f;
+        for (int g = 0; g < GROUPS; ++g) acc += s.red[GROUPS * MK_HEAD + g];
+        part[MK_HEAD] = m;
+        part[MK_HEAD + 1] = acc;
+    }
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&a.tickets[bh], 1u) == (unsigned)S - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < MK_HEAD) {
+        const float* p0 = a.part + (size_t)bh * S * (MK_HEAD + 2);
+        float mx = -INFINITY;
+        for (int k = 0; k < S; ++k) mx = fmaxf(mx, __ldcg(p0 + k * (MK_HEAD + 2) + MK_HEAD));
+        float sum = 0.0f, acc = 0.0f;
+        for (int k = 0; k < S; ++k) {
+            const float* pk = p0 + k * (MK_HEAD + 2);
+            const float w = exp2f(__ldcg(pk + MK_HEAD) - mx);
+            sum += w * __ldcg(pk + MK_HEAD + 1);
+            acc += w * __ldcg(pk + threadIdx.x);
+        }
+        a.att[(size_t)b * C + h * MK_HEAD + threadIdx.x] = __float2bfloat16_rn(acc / sum);
+    }
+    if (threadIdx.x == 0) a.tickets[bh] = 0;
+    __syncthreads();
+}
+
+
+// One phase: this block's units of it, u = blockIdx.x, + gridDim.x, ...
+__device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, MkStream& st, int tiles) {
+    const int C = a.C, G = gridDim.x;
+    if (phase == 0) {
+        mk_embed(a);
+        return;
+    }
+    MkTile t;
+    const MkSmemRows staged{s.xs, s.stride};
+    if (phase == 1 + 5 * a.L) {
+        mk_stage_ln_rows(a, s, tiles);
+        MkHeadEpi epi{a, s.rstd, {-INFINITY, -INFINITY}, {0x7fffffff, 0x7fffffff}};
+        for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, st, phase, u, tiles, staged, epi);
+        mk_argmax_merge(a, epi, s, tiles);
+        return;
+    }
+    const MkLayer& L = a.layers[(phase - 1) / 5];
+    switch ((phase - 1) % 5) {
+        case PH_QKV: {
+            mk_stage_ln_rows(a, s, tiles);
+            MkQkvEpi epi{a, L, s.rstd};
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, st, phase, u, tiles, staged, epi);
+            break;
+        }
+        case PH_ATTN:
+            for (int u = blockIdx.x; u < a.B * a.H * a.splits; u += G) mk_attention_unit(a, L, u, s);
+            break;
+        case PH_PROJ:
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
+                MkResidualEpi epi{a, L.proj_b, t.k0 == 0};
+                mk_gemv_unit(a, s, st, phase, u, tiles, MkGlobalRows{a.att, C, a.B}, epi);
+            }
+            break;
+        case PH_FC: {
+            mk_stage_ln_rows(a, s, tiles);
+            MkFcEpi epi{a, L, s.rstd};
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, st, phase, u, tiles, staged, epi);
+            break;
+        }
+        case PH_FCPROJ:
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
+                MkResidualEpi epi{a, L.fcproj_b, t.k0 == 0};
+                mk_gemv_unit(a, s, st, phase, u, tiles, MkGlobalRows{a.h, 4 * C, a.B}, epi);
+            }
+            break;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) decode_step(const MkArgs a) {
+    extern __shared__ __align__(128) unsigned char mk_shared[];
+    const int tiles = (a.B + 7) / 8;
+    const MkSmem s = mk_smem(mk_shared, a, tiles);
+    MkStream st;
+    st.consumed = 0;
+    unsigned arrived = 0;
+    ladder_stamp(0);
+#ifdef MK_WEIGHT_RING
+    // The last warp produces: it fills the ring, then refills a slot as each unit is consumed.
+    if (threadIdx.x == 0)
+        for (int i = 0; i < a.stages; ++i) mbar_init(mk_smem_addr(s.full + i), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncthreads();
+    if ((threadIdx.x >> 5) == MK_WARPS - 1) {
+        st.producer = {a.first, (int)blockIdx.x, 0u};
+        mk_walk(a, st.producer, false);
+        for (int i = 0; i < a.stages; ++i) mk_issue(a, s, st.producer);
+    }
+#endif
+    for (int phase = a.first; phase < a.last; ++phase) {
+        if (phase > a.first && !mk_grid_barrier(a, arrived)) return;
+        // The timeline's slots: layer 6's five phases and the LM head, start and end.
+        const int slot = phase == 1 + 5 * a.L ? 11 : (phase - 31 >= 0 && phase - 31 < 5 ? 1 + 2 * (phase - 31) : -1);
+        if (slot >= 0) ladder_stamp(slot);
+        mk_phase(a, phase, s, st, tiles);
+        if (slot >= 0) ladder_stamp(slot + 1);
+    }
+    mk_exit(a);
+    ladder_stamp(13);
+}
