@@ -19,7 +19,7 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::launch::device_ptr;
 use common::{
-    require, Arg, Bound, Define, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Problem,
+    require, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Problem,
     ResourceUse, Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
@@ -38,10 +38,6 @@ const B_LIMIT: &str = "B <= 32";
 const HEAD_LIMIT: &str = "head size == 64";
 const C_MULTIPLE: &str = "C % 256 == 0";
 const C_LIMIT: &str = "C <= 1024";
-static WEIGHT_RING: [Define; 1] = [Define::on("MK_WEIGHT_RING")];
-static WEIGHT_RING_TOGGLE: [&str; 1] = ["MK_WEIGHT_RING"];
-/// Ring slots at most (stage 5): more than a layer's units a block at batch 1.
-const MAX_RING: usize = 8;
 
 /// How a stage runs the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,14 +79,6 @@ fn stages() -> Vec<Variant> {
             Plan::WholeStep,
             "the same kernel launched once for the whole step: no kernel boundary left, 62 phases and their grid barriers",
         ),
-        mk(
-            5,
-            "weight-ring",
-            Plan::WholeStep,
-            "each block's weight tiles stream through a ring of shared-memory slots by bulk copies (TMA) issued units ahead, across phases: the next phases' weights load while the block computes and while it waits at a barrier",
-        )
-        .with_defines(&WEIGHT_RING[..])
-        .with_toggles(&WEIGHT_RING_TOGGLE[..]),
     ]
 }
 
@@ -144,7 +132,6 @@ struct MkArgs {
     splits: i32,
     first: i32,
     last: i32,
-    stages: i32,
 }
 
 /// The model-wide pointers a megakernel step reads: the embeddings, the folded LM head.
@@ -179,8 +166,6 @@ pub fn check_megakernel(cfg: &Config, b: usize) -> Result<()> {
 /// The megakernel prepared for a model and a batch: its launch, scratch and the layer table.
 pub(crate) struct MegaStep {
     launch: Launch,
-    /// Weight-ring slots (stage 5; 0 before it).
-    stages: usize,
     plan: Plan,
     cfg: Config,
     b: usize,
@@ -223,26 +208,14 @@ impl MegaStep {
         let per_sm = variant.tunable("MK_BLOCKS_PER_SM")?;
         let grid = grid.unwrap_or(gpu.info().sm_count * per_sm);
         // Staged rows (the batch padded to 8), partial tiles, attention scores, row statistics and
-        // a reduction's scratch; then, for stage 5, as many 16-row weight tiles (and an mbarrier
-        // each) as fit.
-        let fixed = (b.div_ceil(8) * 8 * (cfg.c + 8) * 2 + 4 * ((threads as usize / 32) * 16 * MAX_B + cfg.max_t + 64))
-            .next_multiple_of(128);
-        let slot = 16 * cfg.c * 2 + 8;
-        let stages = if variant.has("MK_WEIGHT_RING") {
-            let room = (gpu.info().shared_memory_per_block_optin as usize).saturating_sub(fixed + 1024) / slot;
-            require(room >= 2, "two weight-ring slots in shared memory", || format!("{room}"))?;
-            room.min(MAX_RING)
-        } else {
-            0
-        };
-        let smem = fixed + stages * slot;
+        // a reduction's scratch.
+        let smem = b.div_ceil(8) * 8 * (cfg.c + 8) * 2 + 4 * ((threads as usize / 32) * 16 * MAX_B + cfg.max_t + 64);
         let shape = LaunchShape::linear(grid, threads).with_shared(smem as u32).with_cooperative();
         let launch = gpu.prepare_launch(&SOURCES, variant, "decode_step", shape)?;
         let splits = splits_for(b * cfg.heads, grid as usize);
         let c = cfg.c;
         Ok(MegaStep {
             launch,
-            stages,
             plan,
             cfg,
             b,
@@ -309,7 +282,6 @@ impl MegaStep {
             splits: self.splits as i32,
             first,
             last,
-            stages: self.stages as i32,
         };
         // Phases: 0 the embedding, 1 + 5l .. 6 + 5l layer l, 1 + 5L the LM head.
         let ranges: Vec<(i32, i32)> = match self.plan {

@@ -128,7 +128,7 @@ impl Plan {
     /// - `bf16`: the whole-sequence pass on bf16 activations with the last rung of each bf16 ladder
     ///   (LayerNorm 07 storing bf16, `linear-bf16` 16 for every linear, `prefill-bf16` 10), the
     ///   decode step on the tensor-core GEMV with the LayerNorms folded in (05);
-    /// - `megakernel`: `bf16` with the decode step as one persistent kernel (`decode-step` 5).
+    /// - `megakernel`: `bf16` with the decode step as one persistent kernel (`decode-step` 3).
     ///
     /// `fastest` and `fastest-bf16` need the device: see [`crate::fastest::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
@@ -139,7 +139,7 @@ impl Plan {
             "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
             "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF],
             "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 10],
-            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 10],
+            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 3, 7, 16, 16, 10],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (fastest::resolve)",

@@ -17,16 +17,20 @@
 // Why it should be faster: stage 0 pays a kernel boundary (~1 us of launch and ~3 us of ramp and
 //   tail, measured) 75 times; here a phase boundary is a grid barrier (an atomic and a spin, ~1-2
 //   us predicted) and no block is ever launched again. 62 phases at batch 1: predicted ~62 x (1.5 us
-//   barrier + ~1 us first loads) + 89 us of bytes ~ 240 us for stage 3 (409 us at stage 0), and
+//   barrier + ~1 us first loads) + 89 us of bytes ~ 240 us for stage 3 (403 us at stage 0), and
 //   stage 2 ~ 12 x 4 us more.
-// Stage 5 (MK_WEIGHT_RING): each block's weight tiles stream through a ring of shared-memory slots,
-//   bulk-copied (TMA) by its last warp as many units ahead as fit (6-7 of 24.6 KB), across phases.
-//   Measured slower than stage 3 at every batch (H100: 547 vs 501 us at B = 1): the phase time is
-//   not the weights' latency (see the notes' timeline).
+// Measured (H100, B = 1 / 8 / 32 at 1000 cached tokens): stage 2 523 / 756 / 1439 us, stage 3
+//   501 / 703 / 1358 us, against stage 0's 404 / 476 / 1208 us. Refuted: the timeline (slots
+//   below) puts ~1.3 us in each barrier and 2.5-5 us in each phase, 30 us a layer where the
+//   prediction had 12: a phase is a chain of dependent round trips (the rows' statistics from L2,
+//   the weights, the reduction through shared memory, the epilogue's stores), and half the blocks
+//   run two units of the 16-row phases (144 or 192 units on 132 blocks). The notes say what was
+//   tried next (an L2 prefetch a phase ahead, a TMA weight ring: both slower) and why.
 // Launch: decode_step(MkArgs) cooperative, grid = SMs x MK_BLOCKS_PER_SM (any smaller grid is
-//   correct: units are strided over gridDim.x), block MK_THREADS = 256; dynamic shared memory
-//   32 x (C + 8) bf16 (staged rows) + MK_WARPS x 16 x 32 floats (partial tiles) + tmax floats
-//   (attention scores) + 64 floats.
+//   correct: units are strided over gridDim.x), block MK_THREADS = 384 (measured 2-12% faster than
+//   256; 512 does not fit the registers); dynamic shared memory 8 ceil(B / 8) x (C + 8) bf16
+//   (staged rows) + MK_WARPS x 16 x 32 floats (partial tiles) + tmax floats (attention scores) +
+//   64 floats. Attention issues MK_ATT_ILP = 4 tokens' loads a lane before using any.
 // Constraints: B <= 32; head size 64; C % 256 == 0, C <= 1024; every cached length in [1, tmax);
 //   the vocabulary padded to a multiple of 16.
 // Tolerance: 1e-2 preset (bf16 weights and staged activations, fp32 accumulation and residual stream).
@@ -36,7 +40,6 @@
 #include "ladder_reduce.cuh"
 #include "gpt2_pointwise.cuh"
 #include "ladder_timeline.cuh"
-#include "ladder_hopper.cuh"
 
 #ifndef MK_THREADS
 #error "MK_THREADS is a tunable: the host sets it"
@@ -93,7 +96,6 @@ struct MkArgs {
     unsigned* sync;  // [0] barrier arrivals, [1] exits, [2] argmax ticket; zero between launches
     int* error;      // nonzero: a wait timed out
     int B, C, H, L, V, Vp, tmax, splits, first, last;
-    int stages;  // weight ring slots (stage 5)
 };
 
 // Phases: 0 the embedding; 1 + 5l + {0 QKV and kv-append, 1 attention, 2 projection, 3 MLP up,
@@ -175,8 +177,6 @@ struct MkSmem {
     float* score;  // [tmax]
     float* rstd;   // [MK_BMAX]
     float* misc;   // [32]
-    bf16* ring;    // [stages][16 * C] (stage 5), 128-byte aligned
-    unsigned long long* full;  // [stages] mbarriers
     int stride;
 };
 
@@ -188,9 +188,6 @@ __device__ __forceinline__ MkSmem mk_smem(unsigned char* base, const MkArgs& a, 
     s.score = s.red + MK_WARPS * 16 * MK_BMAX;
     s.rstd = s.score + a.tmax;
     s.misc = s.rstd + MK_BMAX;
-    const size_t ring = ((reinterpret_cast<size_t>(s.misc + 32) - reinterpret_cast<size_t>(base)) + 127) & ~(size_t)127;
-    s.ring = reinterpret_cast<bf16*>(base + ring);
-    s.full = reinterpret_cast<unsigned long long*>(s.ring + (size_t)a.stages * 16 * a.C);
     return s;
 }
 
@@ -290,20 +287,12 @@ __device__ bool mk_weight_tile(const MkArgs& a, int phase, int u, MkTile& t) {
     }
 }
 
-// A unit's weights straight from global memory (stages 2-3): each lane's 16 bytes of rows g, g + 8.
+// A unit's weights from global memory: each lane's 16 bytes of rows g and g + 8.
 struct MkGlobalTile {
     const bf16* ra;
     const bf16* rb;
     __device__ __forceinline__ uint4 a(int k) const { return mk_load_weights(ra + k); }
     __device__ __forceinline__ uint4 b(int k) const { return mk_load_weights(rb + k); }
-};
-
-// The same from the unit's ring slot in shared memory (stage 5), rows klen apart.
-struct MkSmemTile {
-    const bf16* ra;
-    const bf16* rb;
-    __device__ __forceinline__ uint4 a(int k) const { return *reinterpret_cast<const uint4*>(ra + k); }
-    __device__ __forceinline__ uint4 b(int k) const { return *reinterpret_cast<const uint4*>(rb + k); }
 };
 
 // acc[i] (batch columns 8i..8i+7) += W[16 rows, klen] . X[8i.., k0 ..]^T on the tensor cores, the
@@ -345,10 +334,10 @@ __device__ __forceinline__ void mk_mma_rows(float (&acc)[MK_TILES][4], const Wei
 
 // The warps' partial tiles summed: epi(b, n, sum, j, valid) for each output (row n0 + r, batch
 // column b), j = which of the thread's outputs (a thread's columns are the same in every unit of a
-// phase). `released()` runs once every warp has finished reading the unit's weights.
-template <class Epi, class Released>
+// phase).
+template <class Epi>
 __device__ __forceinline__ void mk_reduce(float (&acc)[MK_TILES][4], const MkSmem& s, int tiles, int n0, int B,
-                                          Epi& epi, Released released) {
+                                          Epi& epi) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     float* mine = s.red + warp * 16 * MK_BMAX;
 #pragma unroll
@@ -362,7 +351,6 @@ __device__ __forceinline__ void mk_reduce(float (&acc)[MK_TILES][4], const MkSme
         }
     }
     __syncthreads();
-    released();
     const int outputs = 16 * 8 * tiles;
     for (int idx = threadIdx.x, j = 0; idx < outputs; idx += MK_THREADS, ++j) {
         const int r = idx & 15, b = idx >> 4;
@@ -374,95 +362,16 @@ __device__ __forceinline__ void mk_reduce(float (&acc)[MK_TILES][4], const MkSme
     __syncthreads();
 }
 
-#ifdef MK_WEIGHT_RING
-// Stage 5: each block's GEMV units, in the order it runs them across every phase of the launch,
-// stream through a ring of `stages` shared-memory slots (one unit's 16 x klen tile each), filled by
-// bulk copies (TMA) that the last warp issues `stages` units ahead: the next phases' weights are in
-// flight while the block computes, and while it waits at a barrier for its inputs.
-__device__ __forceinline__ unsigned mk_smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mk_bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
-// Where the producer is in the block's walk (phase, unit) and how many units it has issued.
-struct MkProducer {
-    int phase, u;
-    unsigned issued;
-};
-
-// Moves to the block's next unit that reads weights: u + gridDim.x in this phase, else the first
-// of a later phase; phase = a.last when there is none.
-__device__ void mk_walk(const MkArgs& a, MkProducer& p, bool step) {
-    MkTile t;
-    if (step) p.u += gridDim.x;
-    while (p.phase < a.last && !mk_weight_tile(a, p.phase, p.u, t)) {
-        ++p.phase;
-        p.u = blockIdx.x;
-    }
-}
-
-// One warp: the producer's next unit into its slot (a no-op past the last one). A unit whose rows
-// are contiguous (a whole-K tile) is one bulk copy, a K range one copy a row, issued by 16 lanes.
-__device__ void mk_issue(const MkArgs& a, const MkSmem& s, MkProducer& p) {
-    const int lane = threadIdx.x & 31;
-    MkTile t;
-    if (p.phase >= a.last || !mk_weight_tile(a, p.phase, p.u, t)) return;
-    const int slot = p.issued % a.stages;
-    const unsigned bar = mk_smem_addr(s.full + slot), row_bytes = 2 * t.klen;
-    const unsigned dst = mk_smem_addr(s.ring + (size_t)slot * 16 * a.C);
-    if (lane == 0) {
-        // The slot's previous unit was read through the generic proxy; the copy writes through the async one.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        mbar_expect_tx(bar, 16 * row_bytes);
-        if (t.klen == t.ld) mk_bulk_load(dst, t.row(0), 16 * row_bytes, bar);
-    }
-    __syncwarp();
-    if (t.klen != t.ld && lane < 16) mk_bulk_load(dst + lane * row_bytes, t.row(lane), row_bytes, bar);
-    ++p.issued;
-    mk_walk(a, p, true);
-}
-
-// Waits for the ring's next unit (the consumer's count-th) and returns its rows g and g + 8.
-__device__ __forceinline__ MkSmemTile mk_ring_tile(const MkArgs& a, const MkSmem& s, unsigned count, int klen) {
-    const int slot = count % a.stages, g = (threadIdx.x & 31) >> 2;
-    mbar_wait(mk_smem_addr(s.full + slot), (count / a.stages) & 1);
-    const bf16* tile = s.ring + (size_t)slot * 16 * a.C;
-    return MkSmemTile{tile + (size_t)g * klen, tile + (size_t)(g + 8) * klen};
-}
-#endif
-
-// The block's position in the weight walk: the producer's (the last warp's) and how many units it
-// has consumed (every thread's).
-struct MkStream {
-#ifdef MK_WEIGHT_RING
-    MkProducer producer;
-#endif
-    unsigned consumed;
-};
-
-// One GEMV unit: its weight tile (from the ring, or from global memory), the mmas against the
-// rows `rows` gives, and the epilogue.
+// One GEMV unit: its weight tile, the mmas against the rows `rows` gives, and the epilogue.
 template <class Rows, class Epi>
-__device__ __forceinline__ void mk_gemv_unit(const MkArgs& a, const MkSmem& s, MkStream& st, int phase, int u,
-                                             int tiles, const Rows& rows, Epi& epi) {
+__device__ __forceinline__ void mk_gemv_unit(const MkArgs& a, const MkSmem& s, int phase, int u, int tiles,
+                                             const Rows& rows, Epi& epi) {
     MkTile t;
     mk_weight_tile(a, phase, u, t);
     float acc[MK_TILES][4];
-#ifdef MK_WEIGHT_RING
-    mk_mma_rows(acc, mk_ring_tile(a, s, st.consumed++, t.klen), t.k0, t.klen, tiles, rows);
-    mk_reduce(acc, s, tiles, t.n0, a.B, epi, [&] {
-        if ((threadIdx.x >> 5) == MK_WARPS - 1) mk_issue(a, s, st.producer);
-    });
-#else
     const int g = (threadIdx.x & 31) >> 2;
     mk_mma_rows(acc, MkGlobalTile{t.row(g), t.row(g + 8)}, t.k0, t.klen, tiles, rows);
-    mk_reduce(acc, s, tiles, t.n0, a.B, epi, [] {});
-#endif
+    mk_reduce(acc, s, tiles, t.n0, a.B, epi);
 }
 
 __device__ void mk_embed(const MkArgs& a) {
@@ -689,7 +598,7 @@ __device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
 
 
 // One phase: this block's units of it, u = blockIdx.x, + gridDim.x, ...
-__device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, MkStream& st, int tiles) {
+__device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles) {
     const int C = a.C, G = gridDim.x;
     if (phase == 0) {
         mk_embed(a);
@@ -700,7 +609,7 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, MkStream& 
     if (phase == 1 + 5 * a.L) {
         mk_stage_ln_rows(a, s, tiles);
         MkHeadEpi epi{a, s.rstd, {-INFINITY, -INFINITY}, {0x7fffffff, 0x7fffffff}};
-        for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, st, phase, u, tiles, staged, epi);
+        for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
         mk_argmax_merge(a, epi, s, tiles);
         return;
     }
@@ -709,7 +618,7 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, MkStream& 
         case PH_QKV: {
             mk_stage_ln_rows(a, s, tiles);
             MkQkvEpi epi{a, L, s.rstd};
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, st, phase, u, tiles, staged, epi);
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
             break;
         }
         case PH_ATTN:
@@ -718,50 +627,36 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, MkStream& 
         case PH_PROJ:
             for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
                 MkResidualEpi epi{a, L.proj_b, t.k0 == 0};
-                mk_gemv_unit(a, s, st, phase, u, tiles, MkGlobalRows{a.att, C, a.B}, epi);
+                mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.att, C, a.B}, epi);
             }
             break;
         case PH_FC: {
             mk_stage_ln_rows(a, s, tiles);
             MkFcEpi epi{a, L, s.rstd};
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, st, phase, u, tiles, staged, epi);
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
             break;
         }
         case PH_FCPROJ:
             for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
                 MkResidualEpi epi{a, L.fcproj_b, t.k0 == 0};
-                mk_gemv_unit(a, s, st, phase, u, tiles, MkGlobalRows{a.h, 4 * C, a.B}, epi);
+                mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.h, 4 * C, a.B}, epi);
             }
             break;
     }
 }
 
 extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) decode_step(const MkArgs a) {
-    extern __shared__ __align__(128) unsigned char mk_shared[];
+    extern __shared__ __align__(16) unsigned char mk_shared[];
     const int tiles = (a.B + 7) / 8;
     const MkSmem s = mk_smem(mk_shared, a, tiles);
-    MkStream st;
-    st.consumed = 0;
     unsigned arrived = 0;
     ladder_stamp(0);
-#ifdef MK_WEIGHT_RING
-    // The last warp produces: it fills the ring, then refills a slot as each unit is consumed.
-    if (threadIdx.x == 0)
-        for (int i = 0; i < a.stages; ++i) mbar_init(mk_smem_addr(s.full + i), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    __syncthreads();
-    if ((threadIdx.x >> 5) == MK_WARPS - 1) {
-        st.producer = {a.first, (int)blockIdx.x, 0u};
-        mk_walk(a, st.producer, false);
-        for (int i = 0; i < a.stages; ++i) mk_issue(a, s, st.producer);
-    }
-#endif
     for (int phase = a.first; phase < a.last; ++phase) {
         if (phase > a.first && !mk_grid_barrier(a, arrived)) return;
         // The timeline's slots: layer 6's five phases and the LM head, start and end.
         const int slot = phase == 1 + 5 * a.L ? 11 : (phase - 31 >= 0 && phase - 31 < 5 ? 1 + 2 * (phase - 31) : -1);
         if (slot >= 0) ladder_stamp(slot);
-        mk_phase(a, phase, s, st, tiles);
+        mk_phase(a, phase, s, tiles);
         if (slot >= 0) ladder_stamp(slot + 1);
     }
     mk_exit(a);
