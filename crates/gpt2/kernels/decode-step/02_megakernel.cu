@@ -19,13 +19,13 @@
 //   us predicted) and no block is ever launched again. 62 phases at batch 1: predicted ~62 x (1.5 us
 //   barrier + ~1 us first loads) + 89 us of bytes ~ 240 us for stage 3 (403 us at stage 0), and
 //   stage 2 ~ 12 x 4 us more.
-// Measured (H100, B = 1 / 8 / 32 at 1000 cached tokens): stage 2 523 / 756 / 1439 us, stage 3
-//   501 / 703 / 1358 us, against stage 0's 404 / 476 / 1208 us. Refuted: the timeline (slots
-//   below) puts ~1.3 us in each barrier and 2.5-5 us in each phase, 30 us a layer where the
+// Measured (H100, B = 1 / 8 / 32 at 1000 cached tokens): stage 2 497 / 729 / 1411 us, stage 3
+//   472 / 674 / 1329 us, against stage 0's 403 / 473 / 1205 us. Refuted: the timeline (slots
+//   below) puts ~0.9 us in each barrier and 2.5-6 us in each phase, 28 us a layer where the
 //   prediction had 12: a phase is a chain of dependent round trips (the rows' statistics from L2,
-//   the weights, the reduction through shared memory, the epilogue's stores), and half the blocks
-//   run two units of the 16-row phases (144 or 192 units on 132 blocks). The notes say what was
-//   tried next (an L2 prefetch a phase ahead, a TMA weight ring: both slower) and why.
+//   the weights, the reduction through shared memory, the epilogue's stores), and its slowest
+//   block runs ~2 us behind the mean (144 or 192 units on 132 blocks). The notes say what was
+//   tried next (an L2 prefetch a phase ahead, a TMA weight ring, two units a pass: all slower).
 // Launch: decode_step(MkArgs) cooperative, grid = SMs x MK_BLOCKS_PER_SM (any smaller grid is
 //   correct: units are strided over gridDim.x), block MK_THREADS = 384 (measured 2-12% faster than
 //   256; 512 does not fit the registers); dynamic shared memory 8 ceil(B / 8) x (C + 8) bf16
@@ -127,7 +127,9 @@ __device__ __forceinline__ uint4 mk_load_weights(const bf16* p) {
 // this one reports it): the kernel returns instead of spinning forever.
 __device__ bool mk_wait_at_least(const unsigned* p, unsigned want, int* error) {
     const unsigned long long start = mk_now();
-    while (mk_load_acquire(p) < want) {
+    for (unsigned spin = 0; mk_load_acquire(p) < want; ++spin) {
+        // The error word and the clock every 64 polls: the poll itself is the hot loop.
+        if ((spin & 63) != 63) continue;
         if (*reinterpret_cast<volatile int*>(error) != 0) return false;
         if (mk_now() - start > MK_WAIT_NS) {
             atomicCAS(error, 0, MK_ERR_BARRIER);
@@ -144,10 +146,10 @@ __device__ bool mk_grid_barrier(const MkArgs& a, unsigned& arrived) {
     __syncthreads();
     arrived += gridDim.x;
     if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(&a.sync[0], 1u);
+        // A release add: the block's writes (ordered before it by the __syncthreads above) are
+        // visible to whoever acquires the count; no separate fence.
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&a.sync[0]) : "memory");
         ok = mk_wait_at_least(&a.sync[0], arrived, a.error);
-        __threadfence();
         // A failed step picks no token: -1 tells the host to read the error.
         if (!ok)
             for (int b = 0; b < a.B; ++b) a.next[b] = -1;
