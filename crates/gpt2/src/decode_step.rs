@@ -19,7 +19,7 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::launch::device_ptr;
 use common::{
-    require, Arg, Bound, Define, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Problem,
+    require, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Problem,
     ResourceUse, Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
@@ -38,10 +38,6 @@ const B_LIMIT: &str = "B <= 32";
 const HEAD_LIMIT: &str = "head size == 64";
 const C_MULTIPLE: &str = "C % 256 == 0";
 const C_LIMIT: &str = "C <= 1024";
-/// The projection's K range a unit takes (the kernel's `MK_PROJ_CHUNK`).
-const PROJ_CHUNK: usize = 256;
-static COUNTERS: [Define; 1] = [Define::on("MK_COUNTERS")];
-static COUNTERS_TOGGLE: [&str; 1] = ["MK_COUNTERS"];
 
 /// How a stage runs the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,14 +79,6 @@ fn stages() -> Vec<Variant> {
             Plan::WholeStep,
             "the same kernel launched once for the whole step: no kernel boundary left, 62 phases and their grid barriers",
         ),
-        mk(
-            4,
-            "counters",
-            Plan::WholeStep,
-            "per-layer counters (release adds, acquire polls) instead of the barriers before attention, the projection and the MLP down: a unit starts once its own inputs are written (its heads' QKV tiles, its K range's merged heads or MLP-up tiles)",
-        )
-        .with_defines(&COUNTERS[..])
-        .with_toggles(&COUNTERS_TOGGLE[..]),
     ]
 }
 
@@ -134,7 +122,6 @@ struct MkArgs {
     best_i: u64,
     sync: u64,
     error: u64,
-    ready: u64,
     b: i32,
     c: i32,
     heads: i32,
@@ -192,8 +179,6 @@ pub(crate) struct MegaStep {
     best_i: CudaSlice<i32>,
     sync: CudaSlice<u32>,
     error: CudaSlice<i32>,
-    /// Stage 4's per-layer counters (zero between launches: the last block out resets them).
-    ready: CudaSlice<u32>,
     /// The layer table and the cache (its id) it points into.
     table: Option<(u64, CudaSlice<MkLayer>)>,
     model: Option<MkModel>,
@@ -244,7 +229,6 @@ impl MegaStep {
             best_i: gpu.zeros(grid as usize * MAX_B)?,
             sync: gpu.zeros(3)?,
             error: gpu.zeros(1)?,
-            ready: gpu.zeros(cfg.layers * (cfg.heads + c / PROJ_CHUNK + 6))?,
             table: None,
             model: None,
         })
@@ -288,7 +272,6 @@ impl MegaStep {
             best_i: device_ptr(&self.best_i),
             sync: device_ptr(&self.sync),
             error: device_ptr(&self.error),
-            ready: device_ptr(&self.ready),
             b: self.b as i32,
             c: cfg.c as i32,
             heads: cfg.heads as i32,
@@ -324,7 +307,6 @@ impl MegaStep {
         if e[0] != 0 {
             gpu.stream().memset_zeros(&mut self.sync).ctx("reset the barrier")?;
             gpu.stream().memset_zeros(&mut self.tickets).ctx("reset the tickets")?;
-            gpu.stream().memset_zeros(&mut self.ready).ctx("reset the counters")?;
             gpu.stream().memset_zeros(&mut self.error).ctx("reset the error")?;
             return Err(Error::constraint(
                 "every megakernel wait met within 0.5 s",

@@ -1,4 +1,4 @@
-// gpt2/decode-step, stages 2-4: the whole decode step (embedding, 12 blocks, the final LayerNorm,
+// gpt2/decode-step, stages 2-3: the whole decode step (embedding, 12 blocks, the final LayerNorm,
 // the LM head and the argmax) in one persistent kernel, its ops as phases separated by grid
 // barriers. Stage 2 launches it once per layer (the phases of one block, the embedding with the
 // first, the LM head with the last); stage 3 launches it once for the whole step.
@@ -25,15 +25,8 @@
 //   prediction had 12: a phase is a chain of dependent round trips (the rows' statistics from L2,
 //   the weights, the reduction through shared memory, the epilogue's stores), and its slowest
 //   block runs ~2 us behind the mean (144 or 192 units on 132 blocks). The notes say what was
-//   tried next (an L2 prefetch a phase ahead, a TMA weight ring, two units a pass: all slower).
-// Stage 4 (MK_COUNTERS): per-layer counters replace the barriers before attention, the projection
-//   and the MLP down (the three whose inputs are a known subset of the phase before): a QKV unit
-//   counts its head done, the merging block of a (sequence, head) its 256-column range of the
-//   attention output, an MLP-up unit its C-column range; a unit of the next phase waits only for
-//   its own (release adds, acquire polls). The projections add into x, which the QKV and MLP-up
-//   phases read to stage their rows, so they also wait until every block has staged. Predicted:
-//   three barriers (~0.9 us each) and most of the slowest block's ~2 us lag of three phases a layer,
-//   ~5 us a layer: ~410 us at B = 1.
+//   tried next (an L2 prefetch a phase ahead, a TMA weight ring, two units a pass, counters in place
+//   of three barriers a layer: all slower).
 // Launch: decode_step(MkArgs) cooperative, grid = SMs x MK_BLOCKS_PER_SM (any smaller grid is
 //   correct: units are strided over gridDim.x), block MK_THREADS = 384 (measured 2-12% faster than
 //   256; 512 does not fit the registers); dynamic shared memory 8 ceil(B / 8) x (C + 8) bf16
@@ -103,7 +96,6 @@ struct MkArgs {
     int* best_i;
     unsigned* sync;  // [0] barrier arrivals, [1] exits, [2] argmax ticket; zero between launches
     int* error;      // nonzero: a wait timed out
-    unsigned* ready;  // stage 4's counters, [L][H + C / MK_PROJ_CHUNK + 6]; zero between launches
     int B, C, H, L, V, Vp, tmax, splits, first, last;
 };
 
@@ -176,50 +168,10 @@ __device__ void mk_exit(const MkArgs& a) {
         if (atomicAdd(&a.sync[1], 1u) == gridDim.x - 1) {
             a.sync[0] = 0;
             a.sync[1] = 0;
-#ifdef MK_COUNTERS
-            for (int i = 0; i < a.L * (a.H + a.C / MK_PROJ_CHUNK + 6); ++i) a.ready[i] = 0;
-#endif
             __threadfence();
         }
     }
 }
-
-#ifdef MK_COUNTERS
-// Stage 4: per-layer counters in place of the barriers before attention, the projection and the
-// MLP down. A layer's counters, in order: QKV tiles done per head (3 x 64 / 16 = 12 complete it),
-// attention outputs merged per MK_PROJ_CHUNK columns (4 heads x B), MLP-up tiles done per C columns
-// (C / 16), and the blocks past their QKV and their MLP-up staging of x (the projections add into x
-// only once every block has read it).
-struct MkReady {
-    unsigned* qkv;      // [H]
-    unsigned* att;      // [C / MK_PROJ_CHUNK]
-    unsigned* fc;       // [4]
-    unsigned* staged;   // [2]: QKV, MLP up
-};
-
-__device__ __forceinline__ MkReady mk_ready(const MkArgs& a, int layer) {
-    unsigned* r = a.ready + (size_t)layer * (a.H + a.C / MK_PROJ_CHUNK + 6);
-    return MkReady{r, r + a.H, r + a.H + a.C / MK_PROJ_CHUNK, r + a.H + a.C / MK_PROJ_CHUNK + 4};
-}
-
-// Thread 0 counts a unit done; the caller's last __syncthreads ordered the block's writes before it.
-__device__ __forceinline__ void mk_signal(unsigned* c) {
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
-}
-
-// The block waits until *c >= want (bounded: a timeout sets the error word and ids of -1).
-__device__ void mk_await(const MkArgs& a, const unsigned* c, unsigned want) {
-    if (threadIdx.x == 0 && !mk_wait_at_least(c, want, a.error))
-        for (int b = 0; b < a.B; ++b) a.next[b] = -1;
-    __syncthreads();
-}
-
-// Whether `phase` starts without a grid barrier (its inputs are counted instead).
-__device__ __forceinline__ bool mk_counted(const MkArgs& a, int phase) {
-    const int op = (phase - 1) % 5;
-    return phase >= 1 && phase < 1 + 5 * a.L && (op == PH_ATTN || op == PH_PROJ || op == PH_FCPROJ);
-}
-#endif
 
 // Shared memory carve-up (dynamic): staged rows, partial tiles, attention scores, statistics.
 struct MkSmem {
@@ -536,14 +488,8 @@ __device__ void mk_argmax_merge(const MkArgs& a, MkHeadEpi& epi, const MkSmem& s
 // One (sequence b, head h, split) of decode attention over the cache (the new token included):
 // scores of its token range into shared memory, their max and exponentials, P.V; the partial
 // (o, max, sum) to a.part; the (b, h)'s last split to finish merges all of them into a.att.
-__device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, const MkSmem& s, int layer) {
+__device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, const MkSmem& s) {
     const int S = a.splits, split = u % S, bh = u / S, h = bh % a.H, b = bh / a.H, C = a.C;
-#ifdef MK_COUNTERS
-    const MkReady ready = mk_ready(a, layer);
-    mk_await(a, ready.qkv + h, 3 * MK_HEAD / 16);
-#else
-    (void)layer;
-#endif
     const int len = a.lens[b], chunk = (len + S - 1) / S;
     const int t0 = min(len, split * chunk), t1 = min(len, t0 + chunk);
     const int grp = threadIdx.x >> 3, j = threadIdx.x & 7;  // 8 lanes a token, 8 dims a lane
@@ -651,9 +597,6 @@ __device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
     }
     if (threadIdx.x == 0) a.tickets[bh] = 0;
     __syncthreads();
-#ifdef MK_COUNTERS
-    mk_signal(ready.att + h * MK_HEAD / MK_PROJ_CHUNK);
-#endif
 }
 
 
@@ -673,61 +616,31 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles)
         mk_argmax_merge(a, epi, s, tiles);
         return;
     }
-    const int layer = (phase - 1) / 5;
-    const MkLayer& L = a.layers[layer];
-#ifdef MK_COUNTERS
-    const MkReady ready = mk_ready(a, layer);
-#endif
+    const MkLayer& L = a.layers[(phase - 1) / 5];
     switch ((phase - 1) % 5) {
         case PH_QKV: {
             mk_stage_ln_rows(a, s, tiles);
-#ifdef MK_COUNTERS
-            mk_signal(ready.staged);
-#endif
             MkQkvEpi epi{a, L, s.rstd};
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
-                mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
-#ifdef MK_COUNTERS
-                mk_signal(ready.qkv + (t.n0 % C) / MK_HEAD);
-#endif
-            }
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
             break;
         }
         case PH_ATTN:
-            for (int u = blockIdx.x; u < a.B * a.H * a.splits; u += G) mk_attention_unit(a, L, u, s, layer);
+            for (int u = blockIdx.x; u < a.B * a.H * a.splits; u += G) mk_attention_unit(a, L, u, s);
             break;
         case PH_PROJ:
             for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
-#ifdef MK_COUNTERS
-                // Its K range's heads merged, and every block past reading x for the QKV.
-                mk_await(a, ready.att + t.k0 / MK_PROJ_CHUNK, (MK_PROJ_CHUNK / MK_HEAD) * a.B);
-                mk_await(a, ready.staged, G);
-#endif
                 MkResidualEpi epi{a, L.proj_b, t.k0 == 0};
                 mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.att, C, a.B}, epi);
             }
             break;
         case PH_FC: {
             mk_stage_ln_rows(a, s, tiles);
-#ifdef MK_COUNTERS
-            mk_signal(ready.staged + 1);
-#endif
             MkFcEpi epi{a, L, s.rstd};
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
-                mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
-#ifdef MK_COUNTERS
-                mk_signal(ready.fc + t.n0 / C);
-#endif
-            }
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
             break;
         }
         case PH_FCPROJ:
             for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
-#ifdef MK_COUNTERS
-                // Its K range of the MLP up done, and every block past reading x for the MLP up.
-                mk_await(a, ready.fc + t.k0 / C, C / 16);
-                mk_await(a, ready.staged + 1, G);
-#endif
                 MkResidualEpi epi{a, L.fcproj_b, t.k0 == 0};
                 mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.h, 4 * C, a.B}, epi);
             }
@@ -742,12 +655,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) decode_step(const Mk
     unsigned arrived = 0;
     ladder_stamp(0);
     for (int phase = a.first; phase < a.last; ++phase) {
-#ifdef MK_COUNTERS
-        const bool barrier = phase > a.first && !mk_counted(a, phase);
-#else
-        const bool barrier = phase > a.first;
-#endif
-        if (barrier && !mk_grid_barrier(a, arrived)) return;
+        if (phase > a.first && !mk_grid_barrier(a, arrived)) return;
         // The timeline's slots: layer 6's five phases and the LM head, start and end.
         const int slot = phase == 1 + 5 * a.L ? 11 : (phase - 31 >= 0 && phase - 31 < 5 ? 1 + 2 * (phase - 31) : -1);
         if (slot >= 0) ladder_stamp(slot);
