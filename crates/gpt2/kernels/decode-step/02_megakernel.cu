@@ -26,7 +26,7 @@
 //   the weights, the reduction through shared memory, the epilogue's stores), and its slowest
 //   block runs ~2 us behind the mean (144 or 192 units on 132 blocks). The notes say what was
 //   tried next (an L2 prefetch a phase ahead, a TMA weight ring, two units a pass, counters in place
-//   of three barriers a layer: all slower).
+//   of three barriers a layer, a warp a weight row: all slower).
 // Launch: decode_step(MkArgs) cooperative, grid = SMs x MK_BLOCKS_PER_SM (any smaller grid is
 //   correct: units are strided over gridDim.x), block MK_THREADS = 384 (measured 2-12% faster than
 //   256; 512 does not fit the registers); dynamic shared memory 8 ceil(B / 8) x (C + 8) bf16
