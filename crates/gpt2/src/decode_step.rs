@@ -621,3 +621,55 @@ impl Problem for StepProblem {
             .add("ids (reference logit within the error of the max)", &picks, &vec![1.0; ids.len()]))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference;
+
+    /// The step reference, run token by token from an empty cache (each step's k and v appended in
+    /// bf16), ends where the whole-sequence reference does: the two f64 references agree up to the
+    /// cache's bf16 rounding.
+    #[test]
+    fn step_reference_matches_the_sequence_reference() {
+        let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 16 };
+        let w = Weights::random(&cfg, 3);
+        let tokens = [5, 17, 99, 0, 42, 7];
+        let mut cache = HostCache {
+            k: vec![vec![0u16; cfg.max_t * cfg.c]; cfg.layers],
+            v: vec![vec![0u16; cfg.max_t * cfg.c]; cfg.layers],
+        };
+        let bits = |x: f64| half::bf16::from_f64(x).to_bits();
+        let mut last = Vec::new();
+        for (t, &tok) in tokens.iter().enumerate() {
+            let r = reference(&cfg, &w, &cache, &[t], &[tok]);
+            for l in 0..cfg.layers {
+                let row = t * cfg.c..(t + 1) * cfg.c;
+                for (dst, &x) in cache.k[l][row.clone()].iter_mut().zip(&r.k[l * cfg.c..(l + 1) * cfg.c]) {
+                    *dst = bits(x);
+                }
+                for (dst, &x) in cache.v[l][row].iter_mut().zip(&r.v[l * cfg.c..(l + 1) * cfg.c]) {
+                    *dst = bits(x);
+                }
+            }
+            last = r.logits;
+        }
+        let whole = reference::forward(&cfg, &w, &[tokens.to_vec()]);
+        let want = &whole[(tokens.len() - 1) * cfg.vocab..];
+        let err = (last.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum::<f64>()
+            / want.iter().map(|b| b * b).sum::<f64>())
+        .sqrt();
+        assert!(err < 5e-3, "rel L2 {err:e} (measured 7.2e-4)");
+        assert!(err > 0.0, "the cache is rounded to bf16: the two cannot agree exactly");
+    }
+
+    #[test]
+    fn attention_splits_fill_the_grid() {
+        // GPT-2's 12 heads on 132 blocks: one sequence splits 11 ways (132 units), 8 sequences 4 ways
+        // (3 waves of 384 units, 3% from the best), 32 sequences not at all.
+        assert_eq!(splits_for(12, 132), 11);
+        assert_eq!(splits_for(96, 132), 4);
+        assert_eq!(splits_for(384, 132), 1);
+        assert_eq!(splits_for(1, 1), 1);
+    }
+}
