@@ -24,7 +24,7 @@ use common::{
 };
 use rayon::prelude::*;
 
-use crate::config::{Config, LN_EPS};
+use crate::config::Config;
 use crate::model::Model;
 use crate::plan::Plan as ModelPlan;
 use crate::weights::Weights;
@@ -462,21 +462,7 @@ pub struct StepReference {
 pub(crate) fn reference(cfg: &Config, w: &Weights, cache: &HostCache, lens: &[usize], tokens: &[i32]) -> StepReference {
     let (c, hs, nh) = (cfg.c, cfg.head_size(), cfg.heads);
     let bf = |x: u16| half::bf16::from_bits(x).to_f64();
-    let ln = |x: &[f64], g: &[f32], bias: &[f32]| -> Vec<f64> {
-        let mean = x.iter().sum::<f64>() / c as f64;
-        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / c as f64;
-        let rstd = 1.0 / (var + LN_EPS as f64).sqrt();
-        x.iter().enumerate().map(|(i, v)| (v - mean) * rstd * g[i] as f64 + bias[i] as f64).collect()
-    };
-    let lin = |x: &[f64], wt: &[f32], bias: Option<&[f32]>, n: usize| -> Vec<f64> {
-        let k = x.len();
-        (0..n)
-            .map(|o| {
-                x.iter().zip(&wt[o * k..(o + 1) * k]).map(|(a, b)| a * *b as f64).sum::<f64>()
-                    + bias.map_or(0.0, |bb| bb[o] as f64)
-            })
-            .collect()
-    };
+    let (ln, lin) = (crate::reference::layernorm_row, crate::reference::linear_row);
     let per_seq: Vec<StepReference> = (0..lens.len())
         .into_par_iter()
         .map(|b| {

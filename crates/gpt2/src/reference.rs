@@ -14,28 +14,11 @@ pub fn forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
             .map(|i| w.wte[row[i / c] as usize * c + i % c] as f64 + w.wpe[(i / c) * c + i % c] as f64)
             .collect();
         let ln = |x: &[f64], g: &[f32], bias: &[f32]| -> Vec<f64> {
-            x.chunks(c)
-                .flat_map(|r| {
-                    let mean = r.iter().sum::<f64>() / c as f64;
-                    let var = r.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / c as f64;
-                    let rstd = 1.0 / (var + LN_EPS as f64).sqrt();
-                    r.iter()
-                        .enumerate()
-                        .map(move |(i, v)| (v - mean) * rstd * g[i] as f64 + bias[i] as f64)
-                        .collect::<Vec<_>>()
-                })
-                .collect()
+            x.chunks(c).flat_map(|r| layernorm_row(r, g, bias)).collect()
         };
         // out[t, n] = inp[t, :] . W[n, :] + bias[n]
         let lin = |inp: &[f64], wt: &[f32], bias: Option<&[f32]>, k: usize, n: usize| -> Vec<f64> {
-            inp.chunks(k)
-                .flat_map(|r| {
-                    (0..n).map(move |o| {
-                        r.iter().zip(&wt[o * k..(o + 1) * k]).map(|(a, b)| a * *b as f64).sum::<f64>()
-                            + bias.map_or(0.0, |bb| bb[o] as f64)
-                    })
-                })
-                .collect()
+            inp.chunks(k).flat_map(|r| linear_row(r, wt, bias, n)).collect()
         };
         for l in &w.blocks {
             let h = ln(&x, &l.ln1_w, &l.ln1_b);
@@ -72,4 +55,24 @@ pub fn forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
         logits.extend(lin(&h, &w.wte, None, c, cfg.vocab));
     }
     logits
+}
+
+/// LayerNorm of one row in f64 (GPT-2's epsilon) with gain `g` and shift `bias`.
+pub(crate) fn layernorm_row(x: &[f64], g: &[f32], bias: &[f32]) -> Vec<f64> {
+    let c = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / c;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / c;
+    let rstd = 1.0 / (var + LN_EPS as f64).sqrt();
+    x.iter().enumerate().map(|(i, v)| (v - mean) * rstd * g[i] as f64 + bias[i] as f64).collect()
+}
+
+/// `out[n] = x . W[n, :] + bias[n]` for one row `x` of K = x.len(), W `[N, K]`.
+pub(crate) fn linear_row(x: &[f64], wt: &[f32], bias: Option<&[f32]>, n: usize) -> Vec<f64> {
+    let k = x.len();
+    (0..n)
+        .map(|o| {
+            x.iter().zip(&wt[o * k..(o + 1) * k]).map(|(a, b)| a * *b as f64).sum::<f64>()
+                + bias.map_or(0.0, |bb| bb[o] as f64)
+        })
+        .collect()
 }
