@@ -9,7 +9,7 @@
 // Limits: blocks past LADDER_TIMELINE_BLOCKS are not stamped; slots 0 .. LADDER_TIMELINE_SLOTS - 1.
 #pragma once
 
-#define LADDER_TIMELINE_SLOTS 16
+#define LADDER_TIMELINE_SLOTS 32
 #define LADDER_TIMELINE_BLOCKS 1024
 
 #ifdef LADDER_TIMELINE

@@ -20,7 +20,7 @@ use crate::timing::Timing;
 use crate::variant::{Source, Variant};
 
 /// `LADDER_TIMELINE_SLOTS` and `LADDER_TIMELINE_BLOCKS` of `ladder_timeline.cuh`.
-pub const SLOTS: usize = 16;
+pub const SLOTS: usize = 32;
 pub const BLOCKS: usize = 1024;
 /// The switch that turns the stamps on, and the device array they go to.
 pub const SWITCH: &str = "LADDER_TIMELINE";
@@ -324,7 +324,7 @@ mod tests {
         assert_eq!(s.iter().map(|s| s.slot).collect::<Vec<_>>(), [0, 2, 15]);
         assert_eq!(s[1].name, "producer's last load");
         for bad in
-            ["// Timeline:", "// Timeline: x start", "// Timeline: 16 past", "// Timeline: 0 a; 0 b", "// Timeline: 3"]
+            ["// Timeline:", "// Timeline: x start", "// Timeline: 32 past", "// Timeline: 0 a; 0 b", "// Timeline: 3"]
         {
             assert!(matches!(parse_slots(bad), Err(Error::Constraint { .. })), "{bad}");
         }

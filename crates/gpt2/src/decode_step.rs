@@ -19,7 +19,7 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::launch::device_ptr;
 use common::{
-    require, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Problem,
+    require, Arg, Bound, Define, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Problem,
     ResourceUse, Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
@@ -79,6 +79,13 @@ fn stages() -> Vec<Variant> {
             Plan::WholeStep,
             "the same kernel launched once for the whole step: no kernel boundary left, 62 phases and their grid barriers",
         ),
+        mk(
+            5,
+            "early-weights",
+            Plan::WholeStep,
+            "each block's first unit of a phase has its weights loaded into registers before the barrier that precedes the phase: the loads' latency overlaps the wait and the LayerNorm rows' staging",
+        )
+        .with_defines(vec![Define::on("MK_EARLY_WEIGHTS")]),
     ]
 }
 

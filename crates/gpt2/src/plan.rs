@@ -139,7 +139,7 @@ impl Plan {
             "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
             "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF],
             "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 10],
-            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 3, 7, 16, 16, 10],
+            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 10],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (fastest::resolve)",

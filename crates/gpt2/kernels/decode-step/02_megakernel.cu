@@ -1,7 +1,8 @@
-// gpt2/decode-step, stages 2-3: the whole decode step (embedding, 12 blocks, the final LayerNorm,
-// the LM head and the argmax) in one persistent kernel, its ops as phases separated by grid
-// barriers. Stage 2 launches it once per layer (the phases of one block, the embedding with the
-// first, the LM head with the last); stage 3 launches it once for the whole step.
+// gpt2/decode-step, stages 2, 3 and 5: the whole decode step (embedding, 12 blocks, the final
+// LayerNorm, the LM head and the argmax) in one persistent kernel, its ops as phases separated by
+// grid barriers. Stage 2 launches it once per layer (the phases of one block, the embedding with the
+// first, the LM head with the last); stage 3 launches it once for the whole step; stage 5
+// (MK_EARLY_WEIGHTS) also issues weight loads before the waits they do not depend on.
 // Changed from stage 0 (the composed bf16 step replayed as a CUDA graph: 75 kernels at batch 1):
 //   every op is a phase of one cooperative kernel; each block takes a phase's work units (16 weight
 //   rows by one K range of a GEMV, a (sequence, head, split) of attention) unit u = blockIdx.x,
@@ -27,6 +28,16 @@
 //   block runs ~2 us behind the mean (144 or 192 units on 132 blocks). The notes say what was
 //   tried next (an L2 prefetch a phase ahead, a TMA weight ring, two units a pass, counters in place
 //   of three barriers a layer, a warp a weight row: all slower).
+// Stage 5 (MK_EARLY_WEIGHTS), changed from stage 3: the timeline with stamps inside each phase (the
+//   slots below; layer 6 at B = 1) showed the first unit's weights arriving 1.8-3.2 us after its
+//   barrier, behind the rows' staging (1.25 us), and a block's second unit paying the whole load
+//   again. A block's first unit of a phase now has its weights loaded into registers between the
+//   barrier's arrival and its wait, and each unit issues its next unit's loads as soon as its mmas
+//   have read the registers, ahead of its reduction and epilogue. Issued before the arrival instead,
+//   the release add waited for them: the barrier went from ~1 to ~2 us and the step did not move
+//   (479 vs 481 us). Predicted ~1.5 us a GEMV phase, ~70 us a step at B = 1. Measured 440 / 648 /
+//   1301 us against stage 3's 490 / 699 / 1359 in the same call (1.12x / 1.08x / 1.04x); still
+//   slower than stage 0. 168 registers, 8 bytes of spill.
 // Launch: decode_step(MkArgs) cooperative, grid = SMs x MK_BLOCKS_PER_SM (any smaller grid is
 //   correct: units are strided over gridDim.x), block MK_THREADS = 384 (measured 2-12% faster than
 //   256; 512 does not fit the registers); dynamic shared memory 8 ceil(B / 8) x (C + 8) bf16
@@ -35,7 +46,7 @@
 // Constraints: B <= 32; head size 64; C % 256 == 0, C <= 1024; every cached length in [1, tmax);
 //   the vocabulary padded to a multiple of 16.
 // Tolerance: 1e-2 preset (bf16 weights and staged activations, fp32 accumulation and residual stream).
-// Timeline: 0 block start; 1 layer 6 QKV start (its barrier passed); 2 QKV done; 3 attention start; 4 attention done; 5 projection start; 6 projection done; 7 MLP up start; 8 MLP up done; 9 MLP down start; 10 MLP down done; 11 LM head start; 12 LM head units done; 13 block exit
+// Timeline: 0 block start; 1 layer L/2 QKV start (its barrier passed); 2 QKV rows staged; 3 QKV first unit's partials in shared memory; 4 QKV first unit done; 5 QKV done; 6 attention start; 7 attention first unit's scores; 8 attention first unit done; 9 attention done; 10 projection start; 11 projection first unit's partials; 12 projection first unit done; 13 projection done; 14 MLP up start; 15 MLP up rows staged; 16 MLP up first unit's partials; 17 MLP up first unit done; 18 MLP up done; 19 MLP down start; 20 MLP down first unit's partials; 21 MLP down first unit done; 22 MLP down done; 23 LM head start; 24 LM head rows staged; 25 LM head first unit's partials; 26 LM head first unit done; 27 LM head units done; 28 block exit
 // Limits: B <= 32; head size == 64; C % 256 == 0; C <= 1024
 #include "ladder_mma.cuh"
 #include "ladder_reduce.cuh"
@@ -44,6 +55,9 @@
 
 #ifndef MK_THREADS
 #error "MK_THREADS is a tunable: the host sets it"
+#endif
+#ifndef MK_EARLY_WEIGHTS
+#define MK_EARLY_WEIGHTS 0
 #endif
 #define MK_WARPS (MK_THREADS / 32)
 #define MK_HEAD 64
@@ -109,6 +123,30 @@ __device__ __forceinline__ unsigned long long mk_now() {
     return ns;
 }
 
+// The timeline's slots of a stamped phase (the five of layer L/2, and the LM head): its start, its
+// rows staged, its first unit's partial tiles in shared memory (attention: its scores), that unit
+// done, and the phase done; -1 where a phase has no such point or is not stamped.
+struct MkSlots {
+    int start, staged, partial, unit, done;
+};
+
+__device__ __forceinline__ MkSlots mk_slots(const MkArgs& a, int phase) {
+    const int mid = 1 + 5 * (a.L / 2);
+    if (phase == 1 + 5 * a.L) return {23, 24, 25, 26, 27};
+    switch (phase - mid) {
+        case PH_QKV: return {1, 2, 3, 4, 5};
+        case PH_ATTN: return {6, -1, 7, 8, 9};
+        case PH_PROJ: return {10, -1, 11, 12, 13};
+        case PH_FC: return {14, 15, 16, 17, 18};
+        case PH_FCPROJ: return {19, -1, 20, 21, 22};
+        default: return {-1, -1, -1, -1, -1};
+    }
+}
+
+__device__ __forceinline__ void mk_stamp(int slot) {
+    if (slot >= 0) ladder_stamp(slot);
+}
+
 __device__ __forceinline__ unsigned mk_load_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -140,16 +178,21 @@ __device__ bool mk_wait_at_least(const unsigned* p, unsigned want, int* error) {
     return true;
 }
 
-// Every block's writes before it are visible to every block after it. `arrived` counts the
-// arrivals this block expects in all (the counter only grows within a launch).
-__device__ bool mk_grid_barrier(const MkArgs& a, unsigned& arrived) {
-    __shared__ int ok;
+// The grid barrier in two halves, so that loads independent of the phase before can be issued
+// between them: every block's writes before mk_arrive are visible to every block after mk_wait.
+// `arrived` counts the arrivals this block expects in all (the counter only grows within a launch).
+__device__ __forceinline__ void mk_arrive(const MkArgs& a, unsigned& arrived) {
     __syncthreads();
     arrived += gridDim.x;
+    // A release add: the block's writes (ordered before it by the __syncthreads above) are visible
+    // to whoever acquires the count; no separate fence. It waits for the issuing thread's memory
+    // operations before it, so nothing should be issued ahead of it that need not be.
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&a.sync[0]) : "memory");
+}
+
+__device__ bool mk_wait(const MkArgs& a, unsigned arrived) {
+    __shared__ int ok;
     if (threadIdx.x == 0) {
-        // A release add: the block's writes (ordered before it by the __syncthreads above) are
-        // visible to whoever acquires the count; no separate fence.
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&a.sync[0]) : "memory");
         ok = mk_wait_at_least(&a.sync[0], arrived, a.error);
         // A failed step picks no token: -1 tells the host to read the error.
         if (!ok)
@@ -290,46 +333,46 @@ __device__ bool mk_weight_tile(const MkArgs& a, int phase, int u, MkTile& t) {
     }
 }
 
-// A unit's weights from global memory: each lane's 16 bytes of rows g and g + 8.
-struct MkGlobalTile {
-    const bf16* ra;
-    const bf16* rb;
-    __device__ __forceinline__ uint4 a(int k) const { return mk_load_weights(ra + k); }
-    __device__ __forceinline__ uint4 b(int k) const { return mk_load_weights(rb + k); }
+// A unit's weights in registers: each lane's 16 bytes of rows g and g + 8 for each of its warp's
+// 32-wide steps of K (steps warp, warp + MK_WARPS, ...). A unit is one pass: its K range is at most
+// C <= 1024, 32 steps, within MK_WARPS x MK_UNROLL = 48.
+struct MkFrags {
+    uint4 a[MK_UNROLL], b[MK_UNROLL];
 };
 
-// acc[i] (batch columns 8i..8i+7) += W[16 rows, klen] . X[8i.., k0 ..]^T on the tensor cores, the
-// block's warps taking interleaved 32-wide steps of K (the layout of matmul/gemv 04: each lane's
-// 16 contiguous bytes of rows g and g + 8 are the A fragments of two k16 steps, and the same
-// eight elements of X the B fragments). All of a pass's weight loads are issued before its mmas.
-template <class Weights, class Rows>
-__device__ __forceinline__ void mk_mma_rows(float (&acc)[MK_TILES][4], const Weights& w, int k0, int klen, int tiles,
-                                            const Rows& rows) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int steps = klen / 32;
+__device__ __forceinline__ void mk_issue(MkFrags& f, const MkTile& t) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const bf16* ra = t.row(g);
+    const bf16* rb = t.row(g + 8);
+#pragma unroll
+    for (int u = 0; u < MK_UNROLL; ++u) {
+        const int s = warp + u * MK_WARPS, k = 32 * s + 8 * q;
+        if (s < t.klen / 32) {
+            f.a[u] = mk_load_weights(ra + k);
+            f.b[u] = mk_load_weights(rb + k);
+        }
+    }
+}
+
+// acc[i] (batch columns 8i..8i+7) = W[16 rows, klen] . X[8i.., k0 ..]^T on the tensor cores (the
+// layout of matmul/gemv 04: each lane's 16 contiguous bytes of rows g and g + 8 are the A fragments
+// of two k16 steps, and the same eight elements of X the B fragments).
+template <class Rows>
+__device__ __forceinline__ void mk_mma_frags(float (&acc)[MK_TILES][4], const MkFrags& f, int k0, int klen,
+                                             int tiles, const Rows& rows) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int i = 0; i < MK_TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    for (int s0 = warp; s0 < steps; s0 += MK_WARPS * MK_UNROLL) {
-        uint4 ea[MK_UNROLL], eb[MK_UNROLL];
 #pragma unroll
-        for (int u = 0; u < MK_UNROLL; ++u) {
-            const int s = s0 + u * MK_WARPS, k = 32 * s + 8 * t;
-            if (s < steps) {
-                ea[u] = w.a(k);
-                eb[u] = w.b(k);
-            }
-        }
+    for (int u = 0; u < MK_UNROLL; ++u) {
+        const int s = warp + u * MK_WARPS, k = 32 * s + 8 * q;
+        if (s >= klen / 32) break;
 #pragma unroll
-        for (int u = 0; u < MK_UNROLL; ++u) {
-            const int s = s0 + u * MK_WARPS, k = 32 * s + 8 * t;
-            if (s >= steps) break;
-#pragma unroll
-            for (int i = 0; i < MK_TILES; ++i) {
-                if (i < tiles) {
-                    const uint4 x = rows.piece(8 * i + g, k0 + k);
-                    mma_16816<bf16>(acc[i], ea[u].x, eb[u].x, ea[u].y, eb[u].y, x.x, x.y);
-                    mma_16816<bf16>(acc[i], ea[u].z, eb[u].z, ea[u].w, eb[u].w, x.z, x.w);
-                }
+        for (int i = 0; i < MK_TILES; ++i) {
+            if (i < tiles) {
+                const uint4 x = rows.piece(8 * i + g, k0 + k);
+                mma_16816<bf16>(acc[i], f.a[u].x, f.b[u].x, f.a[u].y, f.b[u].y, x.x, x.y);
+                mma_16816<bf16>(acc[i], f.a[u].z, f.b[u].z, f.a[u].w, f.b[u].w, x.z, x.w);
             }
         }
     }
@@ -340,7 +383,7 @@ __device__ __forceinline__ void mk_mma_rows(float (&acc)[MK_TILES][4], const Wei
 // phase).
 template <class Epi>
 __device__ __forceinline__ void mk_reduce(float (&acc)[MK_TILES][4], const MkSmem& s, int tiles, int n0, int B,
-                                          Epi& epi) {
+                                          Epi& epi, int partial_slot) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     float* mine = s.red + warp * 16 * MK_BMAX;
 #pragma unroll
@@ -354,6 +397,7 @@ __device__ __forceinline__ void mk_reduce(float (&acc)[MK_TILES][4], const MkSme
         }
     }
     __syncthreads();
+    mk_stamp(partial_slot);
     const int outputs = 16 * 8 * tiles;
     for (int idx = threadIdx.x, j = 0; idx < outputs; idx += MK_THREADS, ++j) {
         const int r = idx & 15, b = idx >> 4;
@@ -365,16 +409,29 @@ __device__ __forceinline__ void mk_reduce(float (&acc)[MK_TILES][4], const MkSme
     __syncthreads();
 }
 
-// One GEMV unit: its weight tile, the mmas against the rows `rows` gives, and the epilogue.
+// One GEMV unit: its weights (in f already when `issued`), the mmas against the rows `rows` gives,
+// and the epilogue. With MK_EARLY_WEIGHTS the loads of the block's next unit of the phase go into f
+// as soon as the mmas have read it, ahead of this unit's reduction and epilogue; returns whether
+// they did. The block's first unit of a stamped phase stamps its partials and its end.
 template <class Rows, class Epi>
-__device__ __forceinline__ void mk_gemv_unit(const MkArgs& a, const MkSmem& s, int phase, int u, int tiles,
-                                             const Rows& rows, Epi& epi) {
+__device__ __forceinline__ bool mk_gemv_unit(const MkArgs& a, const MkSmem& s, int phase, int u, int tiles,
+                                             const Rows& rows, Epi& epi, const MkSlots& sl, MkFrags& f,
+                                             bool issued) {
     MkTile t;
     mk_weight_tile(a, phase, u, t);
+    if (!issued) mk_issue(f, t);
     float acc[MK_TILES][4];
-    const int g = (threadIdx.x & 31) >> 2;
-    mk_mma_rows(acc, MkGlobalTile{t.row(g), t.row(g + 8)}, t.k0, t.klen, tiles, rows);
-    mk_reduce(acc, s, tiles, t.n0, a.B, epi);
+    mk_mma_frags(acc, f, t.k0, t.klen, tiles, rows);
+    bool next = false;
+#if MK_EARLY_WEIGHTS
+    MkTile tn;
+    next = mk_weight_tile(a, phase, u + gridDim.x, tn);
+    if (next) mk_issue(f, tn);
+#endif
+    const bool first = u == (int)blockIdx.x;
+    mk_reduce(acc, s, tiles, t.n0, a.B, epi, first ? sl.partial : -1);
+    if (first) mk_stamp(sl.unit);
+    return next;
 }
 
 __device__ void mk_embed(const MkArgs& a) {
@@ -488,7 +545,7 @@ __device__ void mk_argmax_merge(const MkArgs& a, MkHeadEpi& epi, const MkSmem& s
 // One (sequence b, head h, split) of decode attention over the cache (the new token included):
 // scores of its token range into shared memory, their max and exponentials, P.V; the partial
 // (o, max, sum) to a.part; the (b, h)'s last split to finish merges all of them into a.att.
-__device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, const MkSmem& s) {
+__device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, const MkSmem& s, int scores_slot) {
     const int S = a.splits, split = u % S, bh = u / S, h = bh % a.H, b = bh / a.H, C = a.C;
     const int len = a.lens[b], chunk = (len + S - 1) / S;
     const int t0 = min(len, split * chunk), t1 = min(len, t0 + chunk);
@@ -534,6 +591,7 @@ __device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
         }
     }
     const float m = block_max(mloc, s.misc);  // synchronises: the scores are visible
+    mk_stamp(scores_slot);
     float o[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l = 0.0f;
     for (int first = t0; first < t1; first += GROUPS * MK_ATT_ILP) {
         uint4 vv[MK_ATT_ILP];
@@ -601,7 +659,9 @@ __device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
 
 
 // One phase: this block's units of it, u = blockIdx.x, + gridDim.x, ...
-__device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles) {
+// `pre` holds the weights of the block's first unit when `early` (issued before the barrier's wait).
+__device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles, const MkSlots& sl, MkFrags& pre,
+                         bool early) {
     const int C = a.C, G = gridDim.x;
     if (phase == 0) {
         mk_embed(a);
@@ -611,8 +671,9 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles)
     const MkSmemRows staged{s.xs, s.stride};
     if (phase == 1 + 5 * a.L) {
         mk_stage_ln_rows(a, s, tiles);
+        mk_stamp(sl.staged);
         MkHeadEpi epi{a, s.rstd, {-INFINITY, -INFINITY}, {0x7fffffff, 0x7fffffff}};
-        for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
+        for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) early = mk_gemv_unit(a, s, phase, u, tiles, staged, epi, sl, pre, early);
         mk_argmax_merge(a, epi, s, tiles);
         return;
     }
@@ -620,29 +681,34 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles)
     switch ((phase - 1) % 5) {
         case PH_QKV: {
             mk_stage_ln_rows(a, s, tiles);
+            mk_stamp(sl.staged);
             MkQkvEpi epi{a, L, s.rstd};
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) early = mk_gemv_unit(a, s, phase, u, tiles, staged, epi, sl, pre, early);
             break;
         }
         case PH_ATTN:
-            for (int u = blockIdx.x; u < a.B * a.H * a.splits; u += G) mk_attention_unit(a, L, u, s);
+            for (int u = blockIdx.x; u < a.B * a.H * a.splits; u += G) {
+                mk_attention_unit(a, L, u, s, u == (int)blockIdx.x ? sl.partial : -1);
+                if (u == (int)blockIdx.x) mk_stamp(sl.unit);
+            }
             break;
         case PH_PROJ:
             for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
                 MkResidualEpi epi{a, L.proj_b, t.k0 == 0};
-                mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.att, C, a.B}, epi);
+                early = mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.att, C, a.B}, epi, sl, pre, early);
             }
             break;
         case PH_FC: {
             mk_stage_ln_rows(a, s, tiles);
+            mk_stamp(sl.staged);
             MkFcEpi epi{a, L, s.rstd};
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) mk_gemv_unit(a, s, phase, u, tiles, staged, epi);
+            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) early = mk_gemv_unit(a, s, phase, u, tiles, staged, epi, sl, pre, early);
             break;
         }
         case PH_FCPROJ:
             for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
                 MkResidualEpi epi{a, L.fcproj_b, t.k0 == 0};
-                mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.h, 4 * C, a.B}, epi);
+                early = mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.h, 4 * C, a.B}, epi, sl, pre, early);
             }
             break;
     }
@@ -654,14 +720,24 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) decode_step(const Mk
     const MkSmem s = mk_smem(mk_shared, a, tiles);
     unsigned arrived = 0;
     ladder_stamp(0);
+    MkFrags pre;
     for (int phase = a.first; phase < a.last; ++phase) {
-        if (phase > a.first && !mk_grid_barrier(a, arrived)) return;
-        // The timeline's slots: layer 6's five phases and the LM head, start and end.
-        const int slot = phase == 1 + 5 * a.L ? 11 : (phase - 31 >= 0 && phase - 31 < 5 ? 1 + 2 * (phase - 31) : -1);
-        if (slot >= 0) ladder_stamp(slot);
-        mk_phase(a, phase, s, tiles);
-        if (slot >= 0) ladder_stamp(slot + 1);
+        if (phase > a.first) mk_arrive(a, arrived);
+        bool early = false;
+#if MK_EARLY_WEIGHTS
+        // The weights of this block's first unit do not depend on the phase before: their loads go
+        // out between the barrier's arrival and its wait (before the arrival, the release would wait
+        // for them), so their latency overlaps the wait and the rows' staging.
+        MkTile first;
+        early = phase > a.first && mk_weight_tile(a, phase, blockIdx.x, first);
+        if (early) mk_issue(pre, first);
+#endif
+        if (phase > a.first && !mk_wait(a, arrived)) return;
+        const MkSlots sl = mk_slots(a, phase);
+        mk_stamp(sl.start);
+        mk_phase(a, phase, s, tiles, sl, pre, early);
+        mk_stamp(sl.done);
     }
     mk_exit(a);
-    ladder_stamp(13);
+    ladder_stamp(28);
 }
