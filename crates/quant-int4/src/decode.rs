@@ -38,10 +38,11 @@ pub const MAX_GROUP: usize = 8;
 /// Largest split count accepted.
 pub const MAX_SPLITS: usize = 256;
 
-/// The optimization switches in the reference's numbering (OPTS[i] is optimization i + 1).
-pub const OPTS: [&str; 10] = ["OPT1", "OPT2", "OPT3", "OPT4", "OPT5", "OPT6", "OPT7", "OPT8", "OPT9", "OPT10"];
+/// The optimization switches (OPTS[i] is optimization i + 1): the reference's ten, then ours.
+pub const OPTS: [&str; 13] =
+    ["OPT1", "OPT2", "OPT3", "OPT4", "OPT5", "OPT6", "OPT7", "OPT8", "OPT9", "OPT10", "OPT11", "OPT12", "OPT13"];
 
-const OPT_SUMMARY: [&str; 10] = [
+const OPT_SUMMARY: [&str; 13] = [
     "+1 unrolled K loads: all of a lane's code words in flight before dequantizing",
     "+2 in-place fp32->bf16 conversion of P by all threads, 2 per thread, one barrier",
     "+3 per-head max in one register per thread (no runtime-indexed local array)",
@@ -52,12 +53,17 @@ const OPT_SUMMARY: [&str; 10] = [
     "+8 P packed into the A fragment straight from fp32 (no bf16 pass, no barrier)",
     "+9 swizzled P layout (column ^ 8*head): conflict-free fragment loads and stores",
     "+10 K/V tile rows padded by 2 bf16 against bank conflicts",
+    "+11 the tile's traffic in 16-byte instructions: ldmatrix fragments (V transposed by ldmatrix.trans) and 16-byte stores, rows padded by 8 bf16",
+    "+12 codes into the tile as the exact bf16 128 + q (a shift and an AND-OR a pair); scale and shift applied to the scores and to P instead",
+    "+13 at most 128 registers (__launch_bounds__ for 4 blocks an SM): a fourth block an SM for a few spilled registers",
 ];
 
 /// Optimizations added one by one on the row-wise ladder (6 is the group-wise format).
 const ROW_STEPS: [usize; 9] = [1, 2, 3, 4, 5, 7, 8, 9, 10];
 /// The group-wise ladder starts from 1..6 and adds these.
 const GROUP_STEPS: [usize; 4] = [7, 8, 9, 10];
+/// Past the reference: added to each format's all-on stage, row-wise first.
+const NEXT_STEPS: [usize; 3] = [11, 12, 13];
 
 /// "1..5,7..8" for [1, 2, 3, 4, 5, 7, 8].
 fn range_label(opts: &[usize]) -> String {
@@ -90,8 +96,9 @@ fn int4_variant(stage: u32, name: String, opts: &[usize], summary: String) -> Va
 }
 
 /// The decode ladder, generated from the toggle table: bf16 baseline, INT4 row-wise baseline, the
-/// row-wise cumulative ladder (1, 1..2, …, 1..5, 1..5+7, …, 1..5+7..10), then the group-wise one
-/// (1..6, …, 1..10). The two all-on stages carry their toggles for `--leave-one-out`.
+/// row-wise cumulative ladder (1, 1..2, …, 1..5, 1..5+7, …, 1..5+7..10), the group-wise one
+/// (1..6, …, 1..10), then our rungs past the reference on each (row-wise 16-18, group-wise 19-21).
+/// The two all-on stages carry their toggles for `--leave-one-out`.
 pub fn stages() -> Vec<Variant> {
     let mut v = vec![
         Variant::kernel(
@@ -125,7 +132,7 @@ pub fn stages() -> Vec<Variant> {
         };
         v.push(int4_variant(stage, format!("int4-row+{}", range_label(&opts)), &opts, summary));
     }
-    v.last_mut().unwrap().toggles = Cow::Owned(opts.iter().map(|&o| OPTS[o - 1]).collect());
+    let row_opts = opts;
     let mut opts: Vec<usize> = (1..=6).collect();
     let stage = v.len() as u32;
     v.push(int4_variant(
@@ -139,8 +146,22 @@ pub fn stages() -> Vec<Variant> {
         let stage = v.len() as u32;
         v.push(int4_variant(stage, format!("int4-group+{}", range_label(&opts)), &opts, OPT_SUMMARY[step - 1].into()));
     }
-    // OPT6 is the format, not a switch of the group-wise kernel: leaving it out is not a stage.
-    v.last_mut().unwrap().toggles = Cow::Owned(opts.iter().filter(|&&o| o != 6).map(|&o| OPTS[o - 1]).collect());
+    for (label, mut opts) in [("row", row_opts), ("group", opts)] {
+        for step in NEXT_STEPS {
+            opts.push(step);
+            let stage = v.len() as u32;
+            v.push(int4_variant(
+                stage,
+                format!("int4-{label}+{}", range_label(&opts)),
+                &opts,
+                OPT_SUMMARY[step - 1].into(),
+            ));
+        }
+        // The all-on stage carries its toggles for `--leave-one-out`: not OPT6 (the format) and
+        // not OPT10 (OPT11's wider pad replaces its pad).
+        v.last_mut().unwrap().toggles =
+            Cow::Owned(opts.iter().filter(|&&o| o != 6 && o != 10).map(|&o| OPTS[o - 1]).collect());
+    }
     v
 }
 

@@ -57,6 +57,12 @@ fn decode_ladder_table() {
             "int4-group+1..8",
             "int4-group+1..9",
             "int4-group+1..10",
+            "int4-row+1..5,7..11",
+            "int4-row+1..5,7..12",
+            "int4-row+1..5,7..13",
+            "int4-group+1..11",
+            "int4-group+1..12",
+            "int4-group+1..13",
         ],
     );
     for s in &v {
@@ -64,33 +70,36 @@ fn decode_ladder_table() {
     }
     assert_eq!(decode::stage_format(&v[0]).unwrap(), KvFormat::Bf16);
     // Cumulative: each ladder step adds exactly one switch to the previous stage.
-    for w in v[1..=10].windows(2).chain(v[11..].windows(2)) {
+    let row: Vec<&Variant> = v[1..=10].iter().chain(&v[16..=18]).collect();
+    let group: Vec<&Variant> = v[11..=15].iter().chain(&v[19..=21]).collect();
+    for w in row.windows(2).chain(group.windows(2)) {
         let (a, b) = (opts_of(&w[0]), opts_of(&w[1]));
         assert_eq!(b.len(), a.len() + 1, "{} -> {}", w[0].name, w[1].name);
         assert!(a.iter().all(|o| b.contains(o)), "{} -> {}", w[0].name, w[1].name);
     }
-    for s in &v[1..=10] {
+    for s in &row {
         assert_eq!(decode::stage_format(s).unwrap(), ROW, "{}", s.name);
         assert!(!opts_of(s).contains(&"OPT6".to_string()));
     }
-    for s in &v[11..] {
+    for s in &group {
         assert_eq!(decode::stage_format(s).unwrap(), GROUP, "{}", s.name);
     }
-    assert_eq!(opts_of(&v[10]).len(), 9);
-    assert_eq!(opts_of(&v[15]).len(), 10);
-    assert_eq!(v[10].toggles.len(), 9);
-    assert_eq!(v[15].toggles.len(), 9, "OPT6 is the format, not a leave-one-out toggle");
+    assert_eq!(opts_of(&v[18]).len(), 12);
+    assert_eq!(opts_of(&v[21]).len(), 13);
+    // OPT6 is the format and OPT11's pad replaces OPT10's: neither is a leave-one-out toggle.
+    assert_eq!(v[18].toggles.len(), 11);
+    assert_eq!(v[21].toggles.len(), 11);
     assert!(v.iter().filter(|s| !s.toggles.is_empty()).count() == 2);
 
     let loo = Decode.leave_one_out();
-    assert_eq!(loo.len(), 18);
+    assert_eq!(loo.len(), 22);
     let mut ids: Vec<String> = v.iter().chain(&loo).map(|s| s.id()).collect();
     let n = ids.len();
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), n, "variant ids are unique");
     for l in &loo {
-        assert_eq!(opts_of(l).len() + 1, if l.name.starts_with("group") { 10 } else { 9 }, "{}", l.name);
+        assert_eq!(opts_of(l).len() + 1, if l.name.starts_with("group") { 13 } else { 12 }, "{}", l.name);
         let want = if l.name.starts_with("group") { GROUP } else { ROW };
         assert_eq!(decode::stage_format(l).unwrap(), want, "{}", l.name);
     }
@@ -301,8 +310,11 @@ fn cache_buffers_must_match_the_format() {
 #[test]
 fn validate_matches_stage_and_shape_formats() {
     let v = Decode.variants();
-    for (fmt, runs) in [(KvFormat::Bf16, vec![0]), (ROW, (0..=10).collect()), (GROUP, [0, 11, 12, 13, 14, 15].to_vec())]
-    {
+    for (fmt, runs) in [
+        (KvFormat::Bf16, vec![0]),
+        (ROW, (0..=10).chain(16..=18).collect()),
+        (GROUP, [0, 11, 12, 13, 14, 15, 19, 20, 21].to_vec()),
+    ] {
         let s = decode::shape(2, 64, 64, false, 8, 1, 128, fmt, 0);
         let ok: Vec<usize> = v.iter().filter(|x| Decode.validate(x, &s).is_ok()).map(|x| x.stage as usize).collect();
         assert_eq!(ok, runs, "fmt {fmt:?}");

@@ -1,10 +1,12 @@
-// decode, stages 0-15: split-K GQA decode attention over a bf16 or INT4 KV cache, one kernel file
+// decode, stages 0-21: split-K GQA decode attention over a bf16 or INT4 KV cache, one kernel file
 // whose defines are the ladder.
 //   QI4_KV_BF16=1   stage 0 `bf16-splitk`: the bf16 cache (the BF16 CU baseline).
 //   no define       stage 1 `int4-splitk`: row-wise INT4 dequantized in the kernel (the INT4 CU baseline).
 //   OPT1..OPT10     the reference's ten optimizations, each a switch (see the list below); the
 //                   row-wise ladder adds 1..5 then 7..10 (6 is the group-wise format itself), the
 //                   group-wise ladder starts from 1..6 and adds 7..10.
+//   OPT11..OPT13    ours, past the reference: added to each format's all-on stage (row-wise stages
+//                   16-18, group-wise 19-21).
 // Changed from previous: every stage adds one switch; the table is in src/decode.rs.
 //
 // Work split (the CU design): one block of 4 warps per (sequence b, KV head, split). The split's
@@ -46,6 +48,28 @@
 //         load/store hit different banks (stride PASS alone maps them all to the same 8 banks).
 //   OPT10 shared-memory rows of the dequantized K/V tile padded by 2 bf16 (D + 2), spreading the
 //         dequantize stores and the fragment loads over more banks.
+//   Past the reference (stage 10's counters at B = 512: DRAM 25%, SM 58%, stalls on fixed-latency
+//   dependencies and the shared-memory queue, i.e. the tile's instruction traffic, not HBM):
+//   OPT11 the tile's traffic in 16-byte instructions: K fragments by ldmatrix.x4 (4 a tile's n-tile
+//         instead of 16 32-bit loads), V fragments by ldmatrix.x4.trans (8 a tile instead of 64
+//         16-bit loads and 32 shifts/ORs), the dequantized tile written in 16-byte stores; rows
+//         padded by 8 bf16 so each row starts on a 16-byte boundary (OPT10's pad of 2 is replaced).
+//         Predicted 1.2-1.3x (the MIO share of the stalls). Measured (H100, B = 32 / 128 / 512,
+//         row-wise): 1.05 / 1.15 / 1.12x stage 10; group-wise 1.01 / 1.17 / 1.07x stage 15.
+//   OPT12 the codes go into the tile as the exact bf16 values 128 + q (a shift and an AND-OR a pair,
+//         no float conversion, subtract or FMA); the affine map moves to where it is cheap: a score
+//         is scale (S' - 128 sum(Q)) + shift sum(Q) per group (S' = Q.(128 + q) exact in fp32), and
+//         P.V is (P scale).(128 + q) + corr, corr = sum over tokens of P shift - 128 bf16(P scale)
+//         (the same rounded values as the mma's, so the 128 cancels exactly), a scalar per head and
+//         group rescaled with O. The cache values are no longer rounded to bf16 (error 4.6e-3 ->
+//         3.7e-3). Predicted 1.1-1.2x (dequantization was ~10 instructions a pair). Measured
+//         row-wise 1.12 / 1.17 / 1.17x stage 16; group-wise 0.94 / 0.83 / 0.89x stage 19 (147 ->
+//         183 registers: one accumulator a group for the scores and four P fragments, 2 blocks an SM).
+//   OPT13 __launch_bounds__(128, 4): at most 128 registers, 4 blocks an SM, a few spills (row-wise
+//         143 -> 128 with 92 bytes, group-wise 183 -> 128 with 80). Predicted ~1.1x where the block
+//         count rises. Measured row-wise 1.01 / 0.84 / 1.05x stage 17; group-wise 1.11 / 1.03 / 1.21x
+//         stage 20 (row-wise counters at B = 512: occupancy 17% -> 25%, L2 hit rate 7% -> 43%, the
+//         spills).
 // Why faster: each switch removes stalls the reference profiled (global latency: 1, 5, 6; shared
 //   memory conflicts/indirection: 2, 8, 9, 10; local memory: 3, 4; shared round trip: 7); none
 //   changes the bytes read from HBM: K, V (+ scales) once, Q and the partials.
@@ -97,6 +121,26 @@
 #ifndef OPT10
 #define OPT10 0
 #endif
+#ifndef OPT11
+#define OPT11 0
+#endif
+#ifndef OPT12
+#define OPT12 0
+#endif
+#ifndef OPT13
+#define OPT13 0
+#endif
+// OPT13 asks ptxas for 4 blocks an SM (at most 128 registers a thread at 128 threads). Without it
+// the bounds name no block count: a minimum of 1 is not the same request (ptxas then took up to 225
+// registers where it takes 128).
+#if OPT13
+#define QI4_BOUNDS __launch_bounds__(QI4_THREADS, 4)
+#else
+#define QI4_BOUNDS __launch_bounds__(QI4_THREADS)
+#endif
+#if QI4_KV_BF16 && OPT12
+#error "OPT12 folds the INT4 affine map into the products; the bf16 cache has none"
+#endif
 #if QI4_KV_BF16 && OPT6
 #error "OPT6 is the group-wise INT4 format; it does not apply to the bf16 cache"
 #endif
@@ -109,8 +153,12 @@ constexpr int QI4_TILE = 16;                               // tokens per warp ti
 constexpr int QI4_PASS = 256;                              // tokens per pass (scores kept in shared memory)
 constexpr int QI4_TPW = QI4_PASS / (QI4_TILE * QI4_WARPS);  // tiles per warp per pass
 constexpr int QI4_MAXH = 8;                                // query heads per KV head
-constexpr int QI4_PAD = OPT10 ? 2 : 0;
+// OPT11 reads the tile with ldmatrix and writes it with 16-byte stores: rows 16-byte aligned (pad 8,
+// 272 bytes at D = 128: eight rows start in eight different 16-byte bank groups).
+constexpr int QI4_PAD = OPT11 ? 8 : (OPT10 ? 2 : 0);
 constexpr int QI4_G = OPT6 ? 4 : 1;
+// k-steps (16 dims) per scale group at head size D.
+#define KS_PER_GROUP_ANY(D) ((D) / 16 / QI4_G)
 static_assert(QI4_PASS == 2 * QI4_THREADS, "OPT2 converts one fp32 pair per thread per head");
 static_assert(QI4_PASS % 64 == 0, "the OPT9 swizzle permutes 8-column chunks within 64");
 
@@ -167,9 +215,12 @@ __device__ __forceinline__ void kv_load(KvRaw<D>& r, const unsigned char* __rest
 #endif
 }
 
-// Dequantizes (or copies) a loaded half row into shared memory: D/4 32-bit stores.
+// Dequantizes (or copies) a loaded half row into shared memory: D/4 32-bit stores (OPT11: D/16
+// 16-byte stores). With OPT12 the tile gets the codes as the exact bf16 values 128 + q (one shift and
+// one AND-OR a pair) and `par` the token's (scale, shift) for the groups of this half: the products
+// take the affine map afterwards (see decode_splitk).
 template <int D>
-__device__ __forceinline__ void kv_store(const KvRaw<D>& r, unsigned* dst) {
+__device__ __forceinline__ void kv_store(const KvRaw<D>& r, unsigned* dst, float2* par, int hf) {
 #if QI4_KV_BF16
 #pragma unroll
     for (int i = 0; i < D / 16; ++i) {
@@ -181,17 +232,38 @@ __device__ __forceinline__ void kv_store(const KvRaw<D>& r, unsigned* dst) {
 #else
     const float2 sz0 = unpack_half2(r.s0);
     const float2 sz1 = unpack_half2(r.s1);
+#if OPT12
+    if (QI4_G == 1) {
+        if (hf == 0) par[0] = sz0;
+    } else {
+        par[2 * hf] = sz0;
+        par[2 * hf + 1] = sz1;
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < D / 16; ++i) {
+        unsigned w[4];
+#if OPT12
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = ((r.u[i] >> (4 * k)) & 0x000F000Fu) | 0x43004300u;
+#else
         const float2 sz = (i < D / 32) ? sz0 : sz1;  // a group is D/32 words
-        qi4_dequant_word(r.u[i], sz.x, sz.y, dst + 4 * i);
+        qi4_dequant_word(r.u[i], sz.x, sz.y, w);
+#endif
+#if OPT11
+        *reinterpret_cast<uint4*>(dst + 4 * i) = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+#pragma unroll
+        for (int k = 0; k < 4; ++k) dst[4 * i + k] = w[k];
+#endif
     }
 #endif
 }
 
 // The baseline path: 16 values (2 units) loaded, converted and stored per iteration, not unrolled.
 template <int D>
-__device__ __forceinline__ void kv_load_store_chunked(const unsigned char* __restrict__ row, int hf, unsigned* dst) {
+__device__ __forceinline__ void kv_load_store_chunked(const unsigned char* __restrict__ row, int hf, unsigned* dst,
+                                                      float2* par) {
 #if QI4_KV_BF16
     const uint4* p = reinterpret_cast<const uint4*>(row + hf * D);
 #pragma unroll 1
@@ -220,16 +292,42 @@ __device__ __forceinline__ void kv_load_store_chunked(const unsigned char* __res
         const unsigned w0 = p[2 * c], w1 = p[2 * c + 1];
 #endif
         const float2 sz = unpack_half2((2 * c < D / 32) ? s0 : s1);
+#if OPT12
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            dst[8 * c + k] = ((w0 >> (4 * k)) & 0x000F000Fu) | 0x43004300u;
+            dst[8 * c + 4 + k] = ((w1 >> (4 * k)) & 0x000F000Fu) | 0x43004300u;
+        }
+        (void)sz;
+#else
         qi4_dequant_word(w0, sz.x, sz.y, dst + 8 * c);
         qi4_dequant_word(w1, sz.x, sz.y, dst + 8 * c + 4);
+#endif
     }
+#if OPT12
+    if (QI4_G == 1) {
+        if (hf == 0) par[0] = unpack_half2(s0);
+    } else {
+        par[2 * hf] = unpack_half2(s0);
+        par[2 * hf + 1] = unpack_half2(s1);
+    }
+#else
+    (void)par;
+#endif
 #endif
 }
 
+// A token past the split's end: zeros (OPT12: and zero (scale, shift), so that P = 0 times its
+// stale parameters cannot make a NaN).
 template <int D>
-__device__ __forceinline__ void kv_zero(unsigned* dst) {
+__device__ __forceinline__ void kv_zero(unsigned* dst, float2* par, int hf) {
 #pragma unroll
     for (int i = 0; i < D / 4; ++i) dst[i] = 0u;
+#if OPT12
+    if (hf == 0)
+#pragma unroll
+        for (int j = 0; j < QI4_G; ++j) par[j] = make_float2(0.0f, 0.0f);
+#endif
 }
 
 template <int D>
@@ -247,6 +345,9 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
     __shared__ __align__(16) unsigned char s_kv[QI4_WARPS * QI4_TILE * C::KSTRIDE * 2];
     __shared__ float s_red[QI4_WARPS * QI4_MAXH];
     __shared__ float s_m[QI4_MAXH], s_l[QI4_MAXH], s_alpha[QI4_MAXH];
+#if OPT12
+    __shared__ float2 s_par[QI4_WARPS][QI4_TILE][QI4_G];  // the warp tile's tokens' (scale, shift)
+#endif
     static_assert(QI4_WARPS * QI4_TILE * C::KSTRIDE * 2 >= QI4_MAXH * D * 4, "s_kv holds the O reduction");
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -287,6 +388,29 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
     float o[D / 8][4];
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+#if OPT12
+    // With the tile holding 128 + q, a group's slice of Q.K^T is scale (S' - 128 sum(Q)) + shift
+    // sum(Q) (S' = Q.(128 + q), exact products in fp32): sum(Q) of head g over each group's dims,
+    // from the bf16 values the mma multiplies. P.V becomes (P scale).(128 + q) + corr with corr =
+    // sum over tokens of P shift - 128 bf16(P scale), one per group and head, rescaled with O.
+    constexpr int KS_PER_GROUP = D / 16 / QI4_G;
+    float qsum[QI4_G], corr[QI4_G];
+#pragma unroll
+    for (int j = 0; j < QI4_G; ++j) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int ks = j * KS_PER_GROUP; ks < (j + 1) * KS_PER_GROUP; ++ks) {
+            const float2 a = unpack_bf16x2(qa[ks][0]), c = unpack_bf16x2(qa[ks][1]);
+            sum += (a.x + a.y) + (c.x + c.y);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        qsum[j] = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+        corr[j] = 0.0f;
+    }
+    float2* my_par = s_par[warp][r];
+#else
+    float2* my_par = nullptr;
+#endif
     if (tid < QI4_MAXH) {
         s_m[tid] = -INFINITY;
         s_l[tid] = 0.0f;
@@ -320,25 +444,55 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
 #if OPT1
                 KvRaw<D> raw;
                 kv_load<D>(raw, row, hf);
-                kv_store<D>(raw, my_dst);
+                kv_store<D>(raw, my_dst, my_par, hf);
 #else
-                kv_load_store_chunked<D>(row, hf, my_dst);
+                kv_load_store_chunked<D>(row, hf, my_dst, my_par);
 #endif
             } else {
-                kv_zero<D>(my_dst);
+                kv_zero<D>(my_dst, my_par, hf);
             }
             __syncwarp();
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                // One accumulator per group under OPT12 (each takes its own scale), else one.
+                constexpr int NACC = OPT12 ? QI4_G : 1;
+                float acc[NACC][4];
+#pragma unroll
+                for (int j = 0; j < NACC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#if OPT11
+                // B = K^T straight from the token-major tile: ldmatrix's matrix j is dims 32p + 8j of
+                // the n-tile's 8 tokens, i.e. (b0b1, b2b3) of k-steps 2p and 2p + 1.
+#pragma unroll
+                for (int p = 0; p < D / 32; ++p) {
+                    unsigned kb[4];
+                    ldmatrix_x4(kb, smem_u32(kv_w + (nt * 8 + (lane & 7)) * C::KSTRIDE + 32 * p + 8 * (lane >> 3)));
+                    float (&a0)[4] = acc[OPT12 ? (2 * p) / KS_PER_GROUP_ANY(D) : 0];
+                    float (&a1)[4] = acc[OPT12 ? (2 * p + 1) / KS_PER_GROUP_ANY(D) : 0];
+                    mma_16816<__nv_bfloat16>(a0, qa[2 * p][0], 0u, qa[2 * p][1], 0u, kb[0], kb[1]);
+                    mma_16816<__nv_bfloat16>(a1, qa[2 * p + 1][0], 0u, qa[2 * p + 1][1], 0u, kb[2], kb[3]);
+                }
+#else
                 const unsigned* krow = reinterpret_cast<const unsigned*>(kv_w + (nt * 8 + g) * C::KSTRIDE);
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ++ks) {
-                    mma_16816<__nv_bfloat16>(acc, qa[ks][0], 0u, qa[ks][1], 0u, krow[ks * 8 + t], krow[ks * 8 + 4 + t]);
+                    mma_16816<__nv_bfloat16>(acc[OPT12 ? ks / KS_PER_GROUP_ANY(D) : 0], qa[ks][0], 0u, qa[ks][1], 0u,
+                                             krow[ks * 8 + t], krow[ks * 8 + 4 + t]);
                 }
+#endif
                 const int li = li0 + nt * 8 + 2 * t;
-                const float s0 = (pass0 + li < t_end) ? acc[0] * qk_scale : -INFINITY;
-                const float s1 = (pass0 + li + 1 < t_end) ? acc[1] * qk_scale : -INFINITY;
+#if OPT12
+                float sc0 = 0.0f, sc1 = 0.0f;
+#pragma unroll
+                for (int j = 0; j < QI4_G; ++j) {
+                    const float2 p0 = s_par[warp][nt * 8 + 2 * t][j], p1 = s_par[warp][nt * 8 + 2 * t + 1][j];
+                    sc0 += p0.x * (acc[j][0] - 128.0f * qsum[j]) + p0.y * qsum[j];
+                    sc1 += p1.x * (acc[j][1] - 128.0f * qsum[j]) + p1.y * qsum[j];
+                }
+#else
+                const float sc0 = acc[0][0], sc1 = acc[0][1];
+#endif
+                const float s0 = (pass0 + li < t_end) ? sc0 * qk_scale : -INFINITY;
+                const float s1 = (pass0 + li + 1 < t_end) ? sc1 * qk_scale : -INFINITY;
                 if (g < nh) *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + qi4_swz(g, li)]) = make_float2(s0, s1);
 #if OPT7
                 lane_max = fmaxf(lane_max, fmaxf(s0, s1));
@@ -465,6 +619,10 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
                 o[nt][0] *= a;
                 o[nt][1] *= a;
             }
+#if OPT12
+#pragma unroll
+            for (int j = 0; j < QI4_G; ++j) corr[j] *= a;
+#endif
         }
 #pragma unroll 1
         for (int j = 0; j < QI4_TPW; ++j) {
@@ -472,33 +630,70 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
             if (pass0 + li0 >= t_end) break;
             const int tok = pass0 + li0 + r;
 #if OPT5
-            if (tok < t_end) kv_store<D>(vraw, my_dst); else kv_zero<D>(my_dst);
+            if (tok < t_end) kv_store<D>(vraw, my_dst, my_par, hf); else kv_zero<D>(my_dst, my_par, hf);
             {
                 const int ntok = tok + QI4_WARPS * QI4_TILE;
                 if (j + 1 < QI4_TPW && ntok < t_end) kv_load<D>(vraw, vbase + (size_t)ntok * tok_stride, hf);
             }
 #else
-            if (tok < t_end) kv_load_store_chunked<D>(vbase + (size_t)tok * tok_stride, hf, my_dst);
-            else kv_zero<D>(my_dst);
+            if (tok < t_end) kv_load_store_chunked<D>(vbase + (size_t)tok * tok_stride, hf, my_dst, my_par);
+            else kv_zero<D>(my_dst, my_par, hf);
 #endif
             __syncwarp();
             unsigned pa0 = 0u, pa2 = 0u;  // A = P: a0 = P[g][2t..], a2 = P[g][2t+8..]; rows g+8 zero
+            float2 f0 = make_float2(0.0f, 0.0f), f1 = f0;  // the same four P values in fp32
             if (g < nh) {
                 const int i0 = qi4_swz(g, li0 + 2 * t), i1 = qi4_swz(g, li0 + 8 + 2 * t);
 #if OPT8
-                const float2 f0 = *reinterpret_cast<const float2*>(s_p + g * QI4_PASS + i0);
-                const float2 f1 = *reinterpret_cast<const float2*>(s_p + g * QI4_PASS + i1);
+                f0 = *reinterpret_cast<const float2*>(s_p + g * QI4_PASS + i0);
+                f1 = *reinterpret_cast<const float2*>(s_p + g * QI4_PASS + i1);
                 pa0 = pack_bf16x2(f0.x, f0.y);
                 pa2 = pack_bf16x2(f1.x, f1.y);
 #elif OPT2
                 const __nv_bfloat16* prow = reinterpret_cast<const __nv_bfloat16*>(s_p + g * QI4_PASS);
                 pa0 = *reinterpret_cast<const unsigned*>(prow + i0);
                 pa2 = *reinterpret_cast<const unsigned*>(prow + i1);
+                f0 = unpack_bf16x2(pa0);
+                f1 = unpack_bf16x2(pa2);
 #else
                 pa0 = *reinterpret_cast<const unsigned*>(s_pb + g * QI4_PASS + i0);
                 pa2 = *reinterpret_cast<const unsigned*>(s_pb + g * QI4_PASS + i1);
+                f0 = unpack_bf16x2(pa0);
+                f1 = unpack_bf16x2(pa2);
 #endif
             }
+#if OPT12
+            // A = P scale per group (scale is per token: the A operand's k), and the group's
+            // correction from the same rounded values.
+            unsigned pg0[QI4_G], pg2[QI4_G];
+#pragma unroll
+            for (int j = 0; j < QI4_G; ++j) {
+                const float2 v0 = s_par[warp][2 * t][j], v1 = s_par[warp][2 * t + 1][j];
+                const float2 v8 = s_par[warp][2 * t + 8][j], v9 = s_par[warp][2 * t + 9][j];
+                pg0[j] = pack_bf16x2(f0.x * v0.x, f0.y * v1.x);
+                pg2[j] = pack_bf16x2(f1.x * v8.x, f1.y * v9.x);
+                const float2 r0 = unpack_bf16x2(pg0[j]), r2 = unpack_bf16x2(pg2[j]);
+                corr[j] += (f0.x * v0.y + f0.y * v1.y + f1.x * v8.y + f1.y * v9.y) -
+                           128.0f * ((r0.x + r0.y) + (r2.x + r2.y));
+            }
+#define QI4_PA0(nt) pg0[(nt) * 8 * QI4_G / D]
+#define QI4_PA2(nt) pg2[(nt) * 8 * QI4_G / D]
+#else
+#define QI4_PA0(nt) pa0
+#define QI4_PA2(nt) pa2
+#endif
+#if OPT11
+            // B = V from the token-major tile, transposed by ldmatrix: matrix j is tokens 8 (j & 1)..
+            // and dims 8 (nt + j / 2)..: (b0b1, b2b3) of n-tiles nt and nt + 1.
+#pragma unroll
+            for (int nt = 0; nt < D / 8; nt += 2) {
+                unsigned vb[4];
+                const int j = lane >> 3;
+                ldmatrix_x4_trans(vb, smem_u32(kv_w + ((j & 1) * 8 + (lane & 7)) * C::KSTRIDE + (nt + (j >> 1)) * 8));
+                mma_16816<__nv_bfloat16>(o[nt], QI4_PA0(nt), 0u, QI4_PA2(nt), 0u, vb[0], vb[1]);
+                mma_16816<__nv_bfloat16>(o[nt + 1], QI4_PA0(nt + 1), 0u, QI4_PA2(nt + 1), 0u, vb[2], vb[3]);
+            }
+#else
             const unsigned short* vs = reinterpret_cast<const unsigned short*>(kv_w);
 #pragma unroll
             for (int nt = 0; nt < D / 8; ++nt) {
@@ -507,13 +702,29 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
                                     ((unsigned)vs[(2 * t + 1) * C::KSTRIDE + d] << 16);
                 const unsigned b1 = (unsigned)vs[(2 * t + 8) * C::KSTRIDE + d] |
                                     ((unsigned)vs[(2 * t + 9) * C::KSTRIDE + d] << 16);
-                mma_16816<__nv_bfloat16>(o[nt], pa0, 0u, pa2, 0u, b0, b1);
+                mma_16816<__nv_bfloat16>(o[nt], QI4_PA0(nt), 0u, QI4_PA2(nt), 0u, b0, b1);
             }
+#endif
+#undef QI4_PA0
+#undef QI4_PA2
             __syncwarp();
         }
         __syncthreads();  // s_p, s_red, s_alpha and the tiles are rewritten by the next pass
     }
 
+#if OPT12
+    // The correction of head g's group: the sum over the lane's tokens, then over the 4 lanes t.
+#pragma unroll
+    for (int j = 0; j < QI4_G; ++j) {
+        corr[j] += __shfl_xor_sync(0xffffffffu, corr[j], 1);
+        corr[j] += __shfl_xor_sync(0xffffffffu, corr[j], 2);
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+        o[nt][0] += corr[nt * 8 * QI4_G / D];
+        o[nt][1] += corr[nt * 8 * QI4_G / D];
+    }
+#endif
     // ---- the 4 warps' partial O summed in shared memory (the tile buffer is free now)
     float* s_o = reinterpret_cast<float*>(s_kv);
 #pragma unroll 1
@@ -541,7 +752,7 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
 }
 
 #define QI4_DECODE_ENTRY(NAME, DIM)                                                                             \
-    extern "C" __global__ void __launch_bounds__(QI4_THREADS)                                                 \
+    extern "C" __global__ void QI4_BOUNDS                                                                    \
         NAME(float* __restrict__ o_part, float* __restrict__ m_part, float* __restrict__ l_part,             \
              const __nv_bfloat16* __restrict__ q, const unsigned char* __restrict__ kc,                      \
              const unsigned char* __restrict__ vc, const int* __restrict__ seq_lens, int tmax, int hkv, int nh, \
