@@ -20,8 +20,8 @@
 //   us predicted) and no block is ever launched again. 62 phases at batch 1: predicted ~62 x (1.5 us
 //   barrier + ~1 us first loads) + 89 us of bytes ~ 240 us for stage 3 (403 us at stage 0), and
 //   stage 2 ~ 12 x 4 us more.
-// Measured (H100, B = 1 / 8 / 32 at 1000 cached tokens): stage 2 497 / 729 / 1411 us, stage 3
-//   472 / 674 / 1329 us, against stage 0's 403 / 473 / 1205 us. Refuted: the timeline (slots
+// Measured (H100, B = 1 / 8 / 32 at 1000 cached tokens): stage 2 500 / 740 / 1457 us, stage 3
+//   472 / 686 / 1385 us, against stage 0's 403 / 472 / 1204 us. Refuted: the timeline (slots
 //   below) puts ~0.9 us in each barrier and 2.5-6 us in each phase, 28 us a layer where the
 //   prediction had 12: a phase is a chain of dependent round trips (the rows' statistics from L2,
 //   the weights, the reduction through shared memory, the epilogue's stores), and its slowest
@@ -35,9 +35,13 @@
 //   barrier's arrival and its wait, and each unit issues its next unit's loads as soon as its mmas
 //   have read the registers, ahead of its reduction and epilogue. Issued before the arrival instead,
 //   the release add waited for them: the barrier went from ~1 to ~2 us and the step did not move
-//   (479 vs 481 us). Predicted ~1.5 us a GEMV phase, ~70 us a step at B = 1. Measured 440 / 648 /
-//   1301 us against stage 3's 490 / 699 / 1359 in the same call (1.12x / 1.08x / 1.04x); still
-//   slower than stage 0. 168 registers, 8 bytes of spill.
+//   (479 vs 481 us). Predicted ~1.5 us a GEMV phase, ~70 us a step at B = 1. Measured 424 / 624 /
+//   1285 us against stage 3's 472 / 686 / 1385 in the same call (1.11x / 1.10x / 1.08x); still
+//   0.95x / 0.76x / 0.94x stage 0. 160 registers. Tried on top and not kept (each measured at every
+//   default shape; docs/notes/gpt2.md section 5): the residual projections' K steps dealt out evenly
+//   over the blocks (slower), the attention's cache rows loaded before its barrier's wait (equal:
+//   the phase ends with the merging splits), the split merge moved into the projection's row
+//   staging (slower).
 // Launch: decode_step(MkArgs) cooperative, grid = SMs x MK_BLOCKS_PER_SM (any smaller grid is
 //   correct: units are strided over gridDim.x), block MK_THREADS = 384 (measured 2-12% faster than
 //   256; 512 does not fit the registers); dynamic shared memory 8 ceil(B / 8) x (C + 8) bf16
@@ -278,6 +282,14 @@ __device__ void mk_stage_ln_rows(const MkArgs& a, const MkSmem& s, int tiles) {
     __syncthreads();
 }
 
+// One GEMV work unit: 16 rows n0.. of a weight matrix (row stride ld) over the K range
+// [k0, k0 + klen).
+struct MkTile {
+    const bf16* w;
+    int ld, n0, k0, klen;
+    __device__ __forceinline__ const bf16* row(int r) const { return w + (size_t)(n0 + r) * ld + k0; }
+};
+
 // The B operand's eight bf16 of row `row` from k: staged rows in shared memory.
 struct MkSmemRows {
     const bf16* xs;
@@ -296,19 +308,12 @@ struct MkGlobalRows {
     }
 };
 
-// One GEMV work unit: 16 rows n0.. of a weight matrix (row stride ld) over the K range
-// [k0, k0 + klen).
-struct MkTile {
-    const bf16* w;
-    int ld, n0, k0, klen;
-    __device__ __forceinline__ const bf16* row(int r) const { return w + (size_t)(n0 + r) * ld + k0; }
-};
-
-// The weights unit u of `phase` reads (false: the phase reads none, or has no unit u). Every N is
-// a multiple of 16 (3C, C, 4C, the padded vocabulary), so a unit's rows are all in range.
-__device__ bool mk_weight_tile(const MkArgs& a, int phase, int u, MkTile& t) {
-    const int C = a.C, row_tiles = C / 16;
-    if (phase <= 0 || phase > 1 + 5 * a.L || u < 0) return false;
+// The weights of this block's unit i of `phase` (false: the phase reads none, or the block has no
+// unit i). Units are strided over the grid, u = blockIdx.x + i gridDim.x. Every N is a multiple of
+// 16 (3C, C, 4C, the padded vocabulary), so a unit's rows are all in range.
+__device__ bool mk_unit(const MkArgs& a, int phase, int i, MkTile& t) {
+    const int C = a.C, row_tiles = C / 16, u = blockIdx.x + i * gridDim.x;
+    if (phase <= 0 || phase > 1 + 5 * a.L) return false;
     if (phase == 1 + 5 * a.L) {
         t = {a.head_w, C, 16 * u, 0, C};
         return u < a.Vp / 16;
@@ -414,21 +419,21 @@ __device__ __forceinline__ void mk_reduce(float (&acc)[MK_TILES][4], const MkSme
 // as soon as the mmas have read it, ahead of this unit's reduction and epilogue; returns whether
 // they did. The block's first unit of a stamped phase stamps its partials and its end.
 template <class Rows, class Epi>
-__device__ __forceinline__ bool mk_gemv_unit(const MkArgs& a, const MkSmem& s, int phase, int u, int tiles,
+__device__ __forceinline__ bool mk_gemv_unit(const MkArgs& a, const MkSmem& s, int phase, int i, int tiles,
                                              const Rows& rows, Epi& epi, const MkSlots& sl, MkFrags& f,
                                              bool issued) {
     MkTile t;
-    mk_weight_tile(a, phase, u, t);
+    mk_unit(a, phase, i, t);
     if (!issued) mk_issue(f, t);
     float acc[MK_TILES][4];
     mk_mma_frags(acc, f, t.k0, t.klen, tiles, rows);
     bool next = false;
 #if MK_EARLY_WEIGHTS
     MkTile tn;
-    next = mk_weight_tile(a, phase, u + gridDim.x, tn);
+    next = mk_unit(a, phase, i + 1, tn);
     if (next) mk_issue(f, tn);
 #endif
-    const bool first = u == (int)blockIdx.x;
+    const bool first = i == 0;
     mk_reduce(acc, s, tiles, t.n0, a.B, epi, first ? sl.partial : -1);
     if (first) mk_stamp(sl.unit);
     return next;
@@ -542,13 +547,63 @@ __device__ void mk_argmax_merge(const MkArgs& a, MkHeadEpi& epi, const MkSmem& s
     if (threadIdx.x == 0) a.sync[2] = 0;
 }
 
+// Output dim d of (sequence, head) bh merged over its S split partials (o unnormalized, the max in
+// log2 units, the sum), read from L2: they were written in this launch.
+__device__ __forceinline__ float mk_merge(const float* part, int bh, int S, int d) {
+    const float* p0 = part + (size_t)bh * S * (MK_HEAD + 2);
+    float mx = -INFINITY;
+    for (int k = 0; k < S; ++k) mx = fmaxf(mx, __ldcg(p0 + k * (MK_HEAD + 2) + MK_HEAD));
+    float sum = 0.0f, acc = 0.0f;
+    for (int k = 0; k < S; ++k) {
+        const float* pk = p0 + k * (MK_HEAD + 2);
+        const float w = exp2f(__ldcg(pk + MK_HEAD) - mx);
+        sum += w * __ldcg(pk + MK_HEAD + 1);
+        acc += w * __ldcg(pk + d);
+    }
+    return acc / sum;
+}
+
+// Where attention unit u reads: sequence b, head h, the split's tokens [t0, t1), and this lane's
+// column offset in the cache (8 lanes a token, 8 dims a lane).
+struct MkAttUnit {
+    int b, h, bh, split, len, t0, t1;
+    size_t base;
+};
+
+__device__ __forceinline__ MkAttUnit mk_att_unit(const MkArgs& a, int u) {
+    MkAttUnit w;
+    const int S = a.splits, j = threadIdx.x & 7;
+    w.split = u % S;
+    w.bh = u / S;
+    w.h = w.bh % a.H;
+    w.b = w.bh / a.H;
+    w.len = a.lens[w.b];
+    const int chunk = (w.len + S - 1) / S;
+    w.t0 = min(w.len, w.split * chunk);
+    w.t1 = min(w.len, w.t0 + chunk);
+    w.base = (size_t)w.b * a.tmax * a.C + w.h * MK_HEAD + 8 * j;
+    return w;
+}
+
+// Loads one cache's rows of pass `first` of unit w: lane group grp's tokens first + i GROUPS + grp
+// (zeros past the split's end).
+__device__ __forceinline__ void mk_att_load(uint4 (&k)[MK_ATT_ILP], const bf16* cache, const MkArgs& a,
+                                            const MkAttUnit& w, int first) {
+    constexpr int GROUPS = MK_THREADS / 8;
+    const int grp = threadIdx.x >> 3;
+#pragma unroll
+    for (int i = 0; i < MK_ATT_ILP; ++i) {
+        const int t = first + i * GROUPS + grp;
+        k[i] = t < w.t1 ? __ldcg(reinterpret_cast<const uint4*>(cache + w.base + (size_t)t * a.C)) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // One (sequence b, head h, split) of decode attention over the cache (the new token included):
 // scores of its token range into shared memory, their max and exponentials, P.V; the partial
 // (o, max, sum) to a.part; the (b, h)'s last split to finish merges all of them into a.att.
 __device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, const MkSmem& s, int scores_slot) {
-    const int S = a.splits, split = u % S, bh = u / S, h = bh % a.H, b = bh / a.H, C = a.C;
-    const int len = a.lens[b], chunk = (len + S - 1) / S;
-    const int t0 = min(len, split * chunk), t1 = min(len, t0 + chunk);
+    const MkAttUnit w = mk_att_unit(a, u);
+    const int h = w.h, b = w.b, bh = w.bh, t0 = w.t0, t1 = w.t1, C = a.C, S = a.splits;
     const int grp = threadIdx.x >> 3, j = threadIdx.x & 7;  // 8 lanes a token, 8 dims a lane
     constexpr int GROUPS = MK_THREADS / 8;
     float qv[8];
@@ -559,18 +614,12 @@ __device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
         qv[0] = q0.x * sc; qv[1] = q0.y * sc; qv[2] = q0.z * sc; qv[3] = q0.w * sc;
         qv[4] = q1.x * sc; qv[5] = q1.y * sc; qv[6] = q1.z * sc; qv[7] = q1.w * sc;
     }
-    const size_t base = (size_t)b * a.tmax * C + h * MK_HEAD + 8 * j;
     // Every lane runs every pass (the shuffles take the whole warp); lanes past t1 load nothing.
     // Each pass issues MK_ATT_ILP tokens' loads a lane before using any.
-    const uint4 zero = make_uint4(0, 0, 0, 0);
     float mloc = -INFINITY;
     for (int first = t0; first < t1; first += GROUPS * MK_ATT_ILP) {
         uint4 kk[MK_ATT_ILP];
-#pragma unroll
-        for (int i = 0; i < MK_ATT_ILP; ++i) {
-            const int t = first + i * GROUPS + grp;
-            kk[i] = t < t1 ? __ldcg(reinterpret_cast<const uint4*>(L.k + base + (size_t)t * C)) : zero;
-        }
+        mk_att_load(kk, L.k, a, w, first);
 #pragma unroll
         for (int i = 0; i < MK_ATT_ILP; ++i) {
             const int t = first + i * GROUPS + grp;
@@ -595,11 +644,7 @@ __device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
     float o[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l = 0.0f;
     for (int first = t0; first < t1; first += GROUPS * MK_ATT_ILP) {
         uint4 vv[MK_ATT_ILP];
-#pragma unroll
-        for (int i = 0; i < MK_ATT_ILP; ++i) {
-            const int t = first + i * GROUPS + grp;
-            vv[i] = t < t1 ? __ldcg(reinterpret_cast<const uint4*>(L.v + base + (size_t)t * C)) : zero;
-        }
+        mk_att_load(vv, L.v, a, w, first);
 #pragma unroll
         for (int i = 0; i < MK_ATT_ILP; ++i) {
             const int t = first + i * GROUPS + grp;
@@ -640,19 +685,7 @@ __device__ void mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (threadIdx.x < MK_HEAD) {
-        const float* p0 = a.part + (size_t)bh * S * (MK_HEAD + 2);
-        float mx = -INFINITY;
-        for (int k = 0; k < S; ++k) mx = fmaxf(mx, __ldcg(p0 + k * (MK_HEAD + 2) + MK_HEAD));
-        float sum = 0.0f, acc = 0.0f;
-        for (int k = 0; k < S; ++k) {
-            const float* pk = p0 + k * (MK_HEAD + 2);
-            const float w = exp2f(__ldcg(pk + MK_HEAD) - mx);
-            sum += w * __ldcg(pk + MK_HEAD + 1);
-            acc += w * __ldcg(pk + threadIdx.x);
-        }
-        a.att[(size_t)b * C + h * MK_HEAD + threadIdx.x] = __float2bfloat16_rn(acc / sum);
-    }
+    if (threadIdx.x < MK_HEAD) a.att[(size_t)b * C + h * MK_HEAD + threadIdx.x] = __float2bfloat16_rn(mk_merge(a.part, bh, S, threadIdx.x));
     if (threadIdx.x == 0) a.tickets[bh] = 0;
     __syncthreads();
 }
@@ -673,7 +706,7 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles,
         mk_stage_ln_rows(a, s, tiles);
         mk_stamp(sl.staged);
         MkHeadEpi epi{a, s.rstd, {-INFINITY, -INFINITY}, {0x7fffffff, 0x7fffffff}};
-        for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) early = mk_gemv_unit(a, s, phase, u, tiles, staged, epi, sl, pre, early);
+        for (int i = 0; mk_unit(a, phase, i, t); ++i) early = mk_gemv_unit(a, s, phase, i, tiles, staged, epi, sl, pre, early);
         mk_argmax_merge(a, epi, s, tiles);
         return;
     }
@@ -683,7 +716,7 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles,
             mk_stage_ln_rows(a, s, tiles);
             mk_stamp(sl.staged);
             MkQkvEpi epi{a, L, s.rstd};
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) early = mk_gemv_unit(a, s, phase, u, tiles, staged, epi, sl, pre, early);
+            for (int i = 0; mk_unit(a, phase, i, t); ++i) early = mk_gemv_unit(a, s, phase, i, tiles, staged, epi, sl, pre, early);
             break;
         }
         case PH_ATTN:
@@ -693,22 +726,22 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles,
             }
             break;
         case PH_PROJ:
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
+            for (int i = 0; mk_unit(a, phase, i, t); ++i) {
                 MkResidualEpi epi{a, L.proj_b, t.k0 == 0};
-                early = mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.att, C, a.B}, epi, sl, pre, early);
+                early = mk_gemv_unit(a, s, phase, i, tiles, MkGlobalRows{a.att, C, a.B}, epi, sl, pre, early);
             }
             break;
         case PH_FC: {
             mk_stage_ln_rows(a, s, tiles);
             mk_stamp(sl.staged);
             MkFcEpi epi{a, L, s.rstd};
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) early = mk_gemv_unit(a, s, phase, u, tiles, staged, epi, sl, pre, early);
+            for (int i = 0; mk_unit(a, phase, i, t); ++i) early = mk_gemv_unit(a, s, phase, i, tiles, staged, epi, sl, pre, early);
             break;
         }
         case PH_FCPROJ:
-            for (int u = blockIdx.x; mk_weight_tile(a, phase, u, t); u += G) {
+            for (int i = 0; mk_unit(a, phase, i, t); ++i) {
                 MkResidualEpi epi{a, L.fcproj_b, t.k0 == 0};
-                early = mk_gemv_unit(a, s, phase, u, tiles, MkGlobalRows{a.h, 4 * C, a.B}, epi, sl, pre, early);
+                early = mk_gemv_unit(a, s, phase, i, tiles, MkGlobalRows{a.h, 4 * C, a.B}, epi, sl, pre, early);
             }
             break;
     }
@@ -729,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) decode_step(const Mk
         // out between the barrier's arrival and its wait (before the arrival, the release would wait
         // for them), so their latency overlaps the wait and the rows' staging.
         MkTile first;
-        early = phase > a.first && mk_weight_tile(a, phase, blockIdx.x, first);
+        early = phase > a.first && mk_unit(a, phase, 0, first);
         if (early) mk_issue(pre, first);
 #endif
         if (phase > a.first && !mk_wait(a, arrived)) return;
