@@ -73,7 +73,7 @@ fn decode_ladder_table() {
     let row: Vec<&Variant> = v[1..=10].iter().chain(&v[16..=18]).collect();
     let group: Vec<&Variant> = v[11..=15].iter().chain(&v[19..=21]).collect();
     for w in row.windows(2).chain(group.windows(2)) {
-        let (a, b) = (opts_of(&w[0]), opts_of(&w[1]));
+        let (a, b) = (opts_of(w[0]), opts_of(w[1]));
         assert_eq!(b.len(), a.len() + 1, "{} -> {}", w[0].name, w[1].name);
         assert!(a.iter().all(|o| b.contains(o)), "{} -> {}", w[0].name, w[1].name);
     }
