@@ -263,9 +263,38 @@ pub(crate) fn param_sizes(func: &CudaFunction) -> std::result::Result<Vec<usize>
     }
 }
 
+/// How many ways to split each of `units` independent work items over `resident` blocks (what fits
+/// on the device at once), at most `max`: the fewest splits whose time, taken as the grid's waves per
+/// split (`ceil(units * s / resident) / s`), comes within 5% of the best. Fewer splits mean less to
+/// merge; a grid a few blocks past a whole wave costs a whole extra wave.
+pub fn wave_splits(units: usize, resident: usize, max: usize) -> usize {
+    let (units, resident, max) = (units.max(1), resident.max(1), max.max(1));
+    let cost = |s: usize| (units * s).div_ceil(resident) as f64 / s as f64;
+    let best = (1..=max).map(cost).fold(f64::INFINITY, f64::min);
+    (1..=max).find(|&s| cost(s) <= best * 1.05).unwrap_or(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wave_splits_fill_whole_waves() {
+        // GPT-2's 12 heads on 132 blocks: 11 ways (132 units); 96 pairs 4 ways (3 waves, 3% from the
+        // best); 384 not at all.
+        assert_eq!(wave_splits(12, 132, 16), 11);
+        assert_eq!(wave_splits(96, 132, 16), 4);
+        assert_eq!(wave_splits(384, 132, 16), 1);
+        assert_eq!(wave_splits(1, 1, 16), 1);
+        // 32 sequences on 528 places (4 an SM): 16 ways, one wave; 17 would be 544 blocks, two.
+        assert_eq!(wave_splits(32, 528, 128), 16);
+        assert_eq!(wave_splits(32, 396, 128), 12);
+        // 512 sequences on 396 places: 3 ways (4 waves of 1536 blocks, 1.33 against 1.29 at best),
+        // not 1 (2 waves, the second three quarters empty).
+        assert_eq!(wave_splits(512, 396, 128), 3);
+        assert_eq!(wave_splits(512, 528, 128), 1);
+        assert_eq!(wave_splits(0, 0, 0), 1);
+    }
 
     #[test]
     fn arg_sizes_and_params_point_at_the_values() {

@@ -38,6 +38,8 @@ const B_LIMIT: &str = "B <= 32";
 const HEAD_LIMIT: &str = "head size == 64";
 const C_MULTIPLE: &str = "C % 256 == 0";
 const C_LIMIT: &str = "C <= 1024";
+/// The most ways the megakernel splits one (sequence, head) of attention.
+const ATTENTION_MAX_SPLITS: usize = 16;
 
 /// How a stage runs the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,14 +198,6 @@ unsafe impl common::cudarc::driver::DeviceRepr for MkLayer {}
 // SAFETY: all-zero bytes are valid (null pointers the kernel is never launched with).
 unsafe impl common::cudarc::driver::ValidAsZeroBits for MkLayer {}
 
-/// Attention splits per (sequence, head) for `units` = B·H pairs on `grid` blocks: the fewest whose
-/// waves of units come within 5% of the best (time ∝ waves / splits).
-fn splits_for(units: usize, grid: usize) -> usize {
-    let cost = |s: usize| (units * s).div_ceil(grid) as f64 / s as f64;
-    let best = (1..=16).map(cost).fold(f64::INFINITY, f64::min);
-    (1..=16).find(|&s| cost(s) <= best * 1.05).unwrap_or(1)
-}
-
 impl MegaStep {
     /// `grid`: blocks of a launch (`None`: the SMs times `MK_BLOCKS_PER_SM`); a cooperative launch,
     /// so at most what fits on the device at once.
@@ -219,7 +213,8 @@ impl MegaStep {
         let smem = b.div_ceil(8) * 8 * (cfg.c + 8) * 2 + 4 * ((threads as usize / 32) * 16 * MAX_B + cfg.max_t + 64);
         let shape = LaunchShape::linear(grid, threads).with_shared(smem as u32).with_cooperative();
         let launch = gpu.prepare_launch(&SOURCES, variant, "decode_step", shape)?;
-        let splits = splits_for(b * cfg.heads, grid as usize);
+        // Attention splits per (sequence, head): whole waves of (sequence, head, split) units.
+        let splits = common::launch::wave_splits(b * cfg.heads, grid as usize, ATTENTION_MAX_SPLITS);
         let c = cfg.c;
         Ok(MegaStep {
             launch,
@@ -654,15 +649,5 @@ mod tests {
         .sqrt();
         assert!(err < 5e-3, "rel L2 {err:e} (measured 7.2e-4)");
         assert!(err > 0.0, "the cache is rounded to bf16: the two cannot agree exactly");
-    }
-
-    #[test]
-    fn attention_splits_fill_the_grid() {
-        // GPT-2's 12 heads on 132 blocks: one sequence splits 11 ways (132 units), 8 sequences 4 ways
-        // (3 waves of 384 units, 3% from the best), 32 sequences not at all.
-        assert_eq!(splits_for(12, 132), 11);
-        assert_eq!(splits_for(96, 132), 4);
-        assert_eq!(splits_for(384, 132), 1);
-        assert_eq!(splits_for(1, 1), 1);
     }
 }

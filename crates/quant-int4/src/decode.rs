@@ -220,11 +220,13 @@ fn check_splits(splits: usize) -> Result<()> {
     require(splits <= MAX_SPLITS, SPLITS, || format!("splits = {splits}"))
 }
 
-/// The split count when the shape leaves it at 0: enough blocks for about four per SM, at most
-/// one split per 128 cached tokens and at most 128 splits.
-pub fn default_splits(sm_count: usize, b: usize, hkv: usize, tmax: usize) -> usize {
-    let want = (4 * sm_count.max(1)).div_ceil(b.max(1) * hkv.max(1));
-    want.clamp(1, tmax.div_ceil(128).clamp(1, 128))
+/// The split count when the shape leaves it at 0: whole waves of the stage's own residency
+/// (`resident`: its blocks an SM times SMs) over the B·HKV (sequence, KV head) pairs
+/// ([`common::launch::wave_splits`]), at most one split per 128 cached tokens and at most 128. A fixed
+/// "four blocks an SM, rounded up" gave 17 splits at B = 32: 544 blocks for 528 places, and more than a
+/// wave to every stage that its registers hold to 3 an SM.
+pub fn default_splits(resident: usize, b: usize, hkv: usize, tmax: usize) -> usize {
+    common::launch::wave_splits(b * hkv, resident, tmax.div_ceil(128).clamp(1, 128))
 }
 
 /// The per-split partial results in attention's split layout: O (unnormalized), running max and
@@ -305,19 +307,29 @@ pub struct DecodeArgs<'a> {
     pub seq_lens: &'a SeqLens,
 }
 
-/// Prepares stage `var` for `dims` with `splits` splits: checks the dimensions, the split count and
-/// the stage's format, configures both kernels and allocates the workspace.
+/// Prepares stage `var` for `dims` with `splits` splits (0: [`default_splits`] from this stage's
+/// residency): checks the dimensions, the split count and the stage's format, configures both
+/// kernels and allocates the workspace.
 pub fn prepare(gpu: &Gpu, var: &Variant, dims: Dims, splits: usize) -> Result<Prepared> {
     check_dims(&dims)?;
-    check_splits(splits)?;
     let format = stage_format(var)?;
     if let KvFormat::Int4 { groups } = format {
         check_int4(dims.d, groups)?;
     }
     let entry = if dims.d == 64 { "qi4_decode_d64" } else { "qi4_decode_d128" };
     let threads = 32 * var.tunable("QI4_WARPS")?;
+    let block = (threads, 1, 1);
+    let splits = if splits == 0 {
+        let probe =
+            gpu.prepare_launch(&SOURCES, var, entry, LaunchShape::new((1, dims.hkv as u32, dims.b as u32), block))?;
+        let resident = probe.resources().blocks_per_sm as usize * gpu.info().sm_count as usize;
+        default_splits(resident, dims.b, dims.hkv, dims.tmax)
+    } else {
+        splits
+    };
+    check_splits(splits)?;
     let grid = (splits as u32, dims.hkv as u32, dims.b as u32);
-    let split = gpu.prepare_launch(&SOURCES, var, entry, LaunchShape::new(grid, (threads, 1, 1)))?;
+    let split = gpu.prepare_launch(&SOURCES, var, entry, LaunchShape::new(grid, block))?;
     let combine_shape = LaunchShape::new((dims.hq as u32, dims.b as u32, 1), (dims.d as u32, 1, 1));
     let combine = gpu.prepare_launch(&SOURCES, var, "decode_combine_bf16", combine_shape)?;
     Ok(Prepared { split, combine, ws: Workspace::new(gpu, &dims, splits)?, dims, splits, format })
@@ -528,11 +540,8 @@ impl Op for Decode {
         let s = DecodeShape::parse(shape)?;
         let dims = s.dims;
         let lens = s.lens(seed ^ 0x5EED);
-        let splits = if s.splits == 0 {
-            default_splits(gpu.info().sm_count as usize, dims.b, dims.hkv, dims.tmax)
-        } else {
-            s.splits
-        };
+        // 0 stays 0: each stage sizes its own split count at prepare.
+        let splits = s.splits;
         let q_bf: Vec<bf16> =
             uniform(dims.b * dims.hq * dims.d, -2.0, 2.0, seed ^ 1).into_iter().map(bf16::from_f32).collect();
         let q: Vec<f32> = q_bf.iter().map(|x| x.to_f32()).collect();
@@ -657,13 +666,14 @@ impl Problem for DecodeProblem {
         p.enqueue(stream, args)
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
-        let (v, _) = self.prepared.get()?;
+        let (v, p) = self.prepared.get()?;
+        let splits = p.splits;
         let d = self.s.dims;
         let row = d.hq * d.d;
         let out = gpu.download(self.out.get(copy))?;
         let got: Vec<bf16> = self.checked.iter().flat_map(|&b| out[b * row..(b + 1) * row].iter().copied()).collect();
         let fmt = stage_format(v)?;
-        let mut notes = vec![format!("splits = {}", self.splits)];
+        let mut notes = vec![format!("splits = {splits}")];
         let reference = match fmt {
             KvFormat::Bf16 => &self.ref_bf16,
             KvFormat::Int4 { .. } => {

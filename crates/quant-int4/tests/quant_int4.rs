@@ -329,11 +329,16 @@ fn validate_matches_stage_and_shape_formats() {
 fn split_heuristic_and_subsets() {
     for b in [1usize, 32, 64, 128, 256, 512, 4096] {
         for tmax in [1usize, 100, 8192] {
-            let s = default_splits(132, b, 1, tmax);
+            let s = default_splits(4 * 132, b, 1, tmax);
             assert!((1..=128).contains(&s) && s <= tmax.div_ceil(128).max(1), "B {b} Tmax {tmax}: {s}");
         }
     }
-    assert!(default_splits(132, 32, 1, 8192) > default_splits(132, 512, 1, 8192));
+    assert!(default_splits(4 * 132, 32, 1, 8192) > default_splits(4 * 132, 512, 1, 8192));
+    // Whole waves of the stage's residency: 16 splits of 32 sequences fill 528 places, 17 would not.
+    assert_eq!(default_splits(4 * 132, 32, 1, 8192), 16);
+    assert_eq!(default_splits(3 * 132, 32, 1, 8192), 12);
+    assert_eq!(default_splits(3 * 132, 512, 1, 8192), 3);
+    assert_eq!(default_splits(3 * 132, 32, 1, 1000), 8, "at most one split per 128 tokens");
     assert_eq!(checked_seqs(40, 1), (0..40).collect::<Vec<_>>());
     let c = checked_seqs(512, 1);
     assert_eq!(c.len(), 64);
