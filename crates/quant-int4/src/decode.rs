@@ -25,12 +25,13 @@ use rayon::prelude::*;
 pub use attention::decode::{check_seq_lens, checked_seqs, SeqLens, MAX_CHECKED_SEQS};
 use attention::decode::{lengths, Heads};
 
-use crate::format::{check_int4, dequantize_row, quantize, KvFormat};
+use crate::format::{check_int4, dequantize_row, fragment_cache_bytes, quantize, to_fragments, KvFormat, Layout, Role};
 use crate::quantize::cache_values;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode";
 const KERNEL: &str = "decode/00_splitk.cu";
+const FRAGMENTS_KERNEL: &str = "decode/22_fragments.cu";
 const BF16_DEFINES: &[Define] = &[Define::on("QI4_KV_BF16")];
 
 /// Query heads per KV head the kernel handles (one mma row block).
@@ -83,12 +84,25 @@ fn range_label(opts: &[usize]) -> String {
 /// Warps per block of the split kernel (its pass layout is written for 4).
 const WARPS: (&str, u32) = ("QI4_WARPS", 4);
 
+/// What a stage reads: the cache format and where its rows live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagePlan {
+    pub format: KvFormat,
+    pub layout: Layout,
+}
+
+impl StagePlan {
+    const fn rows(format: KvFormat) -> StagePlan {
+        StagePlan { format, layout: Layout::Rows }
+    }
+}
+
 fn int4_variant(stage: u32, name: String, opts: &[usize], summary: String) -> Variant {
     let format = if opts.contains(&6) { KvFormat::Int4 { groups: 4 } } else { KvFormat::Int4 { groups: 1 } };
     let mut v = Variant::kernel(FAMILY, OP, stage, "", KERNEL, Precision::Int4Bf16, "")
         .with_requirements(Requirements::SM80)
         .with_tunables(&[WARPS])
-        .with_plan(format);
+        .with_plan(StagePlan::rows(format));
     v.name = Cow::Owned(name);
     v.summary = Cow::Owned(summary);
     v.defines = Cow::Owned(opts.iter().map(|&o| Define::on(OPTS[o - 1])).collect());
@@ -112,7 +126,7 @@ pub fn stages() -> Vec<Variant> {
         )
         .with_defines(BF16_DEFINES)
         .with_tunables(&[WARPS])
-        .with_plan(KvFormat::Bf16)
+        .with_plan(StagePlan::rows(KvFormat::Bf16))
         .with_requirements(Requirements::SM80),
         int4_variant(
             1,
@@ -162,12 +176,34 @@ pub fn stages() -> Vec<Variant> {
         v.last_mut().unwrap().toggles =
             Cow::Owned(opts.iter().filter(|&&o| o != 6 && o != 10).map(|&o| OPTS[o - 1]).collect());
     }
+    for (groups, name, chunks) in [(1, "int4-row-fragments", 2), (4, "int4-group-fragments", 1)] {
+        let stage = v.len() as u32;
+        v.push(fragments_variant(stage, name, groups, chunks));
+    }
     v
+}
+
+/// A fragment-direct stage (`22_fragments.cu`) over the `groups` format in the fragment layout, its
+/// warps computing `chunks` chunks of 16 tokens a step.
+fn fragments_variant(stage: u32, name: &'static str, groups: usize, chunks: u32) -> Variant {
+    let summary = "fragment layout: codes loaded straight into mma fragments (K rows = tokens, V^T with P^T by \
+                   movmatrix), per-warp online softmax, the next chunks' loads in flight, no shared tile";
+    let defines = vec![Define::new("QI4F_GROUPS", if groups == 4 { "4" } else { "1" })];
+    Variant::kernel(FAMILY, OP, stage, name, FRAGMENTS_KERNEL, Precision::Int4Bf16, summary)
+        .with_defines(defines)
+        .with_tunables(&[("QI4F_WARPS", 4), ("QI4F_CHUNKS", chunks), ("QI4F_MIN_BLOCKS", 3)])
+        .with_plan(StagePlan { format: KvFormat::Int4 { groups }, layout: Layout::Fragments })
+        .with_requirements(Requirements::SM80)
 }
 
 /// Which cache a stage reads: its plan (leave-one-out variants keep it; OPT6 is never left out).
 pub fn stage_format(v: &Variant) -> Result<KvFormat> {
-    v.plan::<KvFormat>()
+    Ok(v.plan::<StagePlan>()?.format)
+}
+
+/// Where the rows of the cache a stage reads live.
+pub fn stage_layout(v: &Variant) -> Result<Layout> {
+    Ok(v.plan::<StagePlan>()?.layout)
 }
 
 /// Problem dimensions.
@@ -252,15 +288,19 @@ impl Workspace {
 pub enum Cache<'a> {
     /// `[B, Tmax, HKV, D]` bf16.
     Bf16(&'a CudaSlice<bf16>),
-    /// `[B, Tmax, HKV]` rows of `4 * groups + D/2` bytes.
-    Int4 { data: &'a CudaSlice<u8>, groups: usize },
+    /// INT4 with `groups` scale groups a row: `[B, Tmax, HKV]` rows of `4 * groups + D/2` bytes
+    /// ([`Layout::Rows`]), or the same bytes in chunks of 16 tokens per (sequence, KV head)
+    /// ([`Layout::Fragments`]).
+    Int4 { data: &'a CudaSlice<u8>, groups: usize, layout: Layout },
 }
 
 impl Cache<'_> {
-    fn format(&self) -> KvFormat {
+    fn plan(&self) -> StagePlan {
         match self {
-            Cache::Bf16(_) => KvFormat::Bf16,
-            Cache::Int4 { groups, .. } => KvFormat::Int4 { groups: *groups },
+            Cache::Bf16(_) => StagePlan::rows(KvFormat::Bf16),
+            Cache::Int4 { groups, layout, .. } => {
+                StagePlan { format: KvFormat::Int4 { groups: *groups }, layout: *layout }
+            }
         }
     }
     fn bytes(&self) -> usize {
@@ -271,18 +311,32 @@ impl Cache<'_> {
     }
 }
 
-/// A cache buffer against the stage: its format must be the stage's and its length
-/// `B * Tmax * HKV * row_bytes` (68 bytes a row for row-wise INT4 at D = 128, 80 group-wise).
-pub fn check_cache(name: &str, stage: &str, want: KvFormat, got: KvFormat, bytes: usize, dims: &Dims) -> Result<()> {
-    if let KvFormat::Int4 { groups } = got {
+/// The bytes of a cache of `dims` in `plan`'s format and layout.
+pub fn cache_bytes(plan: StagePlan, dims: &Dims) -> usize {
+    match (plan.format, plan.layout) {
+        (KvFormat::Int4 { groups }, Layout::Fragments) => {
+            fragment_cache_bytes(dims.b, dims.tmax, dims.hkv, dims.d, groups)
+        }
+        (format, _) => dims.rows() * format.row_bytes(dims.d),
+    }
+}
+
+/// A cache buffer against the stage: its format and layout must be the stage's and its length
+/// [`cache_bytes`] (`B * Tmax * HKV * 68` for row-wise INT4 rows at D = 128, 80 group-wise).
+pub fn check_cache(name: &str, stage: &str, want: StagePlan, got: StagePlan, bytes: usize, dims: &Dims) -> Result<()> {
+    if let KvFormat::Int4 { groups } = got.format {
         check_int4(dims.d, groups)?;
     }
-    require(got == want, &format!("{name} cache format == {} (stage {stage})", want.label()), || {
-        got.label().to_string()
+    require(
+        got.format == want.format,
+        &format!("{name} cache format == {} (stage {stage})", want.format.label()),
+        || got.format.label().to_string(),
+    )?;
+    require(got.layout == want.layout, &format!("{name} cache layout == {:?} (stage {stage})", want.layout), || {
+        format!("{:?}", got.layout)
     })?;
-    let rb = want.row_bytes(dims.d);
-    let n = dims.rows() * rb;
-    require(bytes == n, &format!("{name} cache bytes == B*Tmax*HKV*{rb} = {n}"), || format!("{bytes} bytes"))
+    let n = cache_bytes(want, dims);
+    require(bytes == n, &format!("{name} cache bytes == {n} ({:?} layout)", want.layout), || format!("{bytes} bytes"))
 }
 
 /// A decode stage prepared for one size, cache format and split count: the split kernel, the merge
@@ -293,7 +347,7 @@ pub struct Prepared {
     ws: Workspace,
     dims: Dims,
     splits: usize,
-    format: KvFormat,
+    plan: StagePlan,
 }
 
 /// The buffers of one decode call.
@@ -312,12 +366,17 @@ pub struct DecodeArgs<'a> {
 /// kernels and allocates the workspace.
 pub fn prepare(gpu: &Gpu, var: &Variant, dims: Dims, splits: usize) -> Result<Prepared> {
     check_dims(&dims)?;
-    let format = stage_format(var)?;
-    if let KvFormat::Int4 { groups } = format {
+    let plan = var.plan::<StagePlan>()?;
+    if let KvFormat::Int4 { groups } = plan.format {
         check_int4(dims.d, groups)?;
     }
-    let entry = if dims.d == 64 { "qi4_decode_d64" } else { "qi4_decode_d128" };
-    let threads = 32 * var.tunable("QI4_WARPS")?;
+    let (entry, warps) = match (plan.layout, dims.d) {
+        (Layout::Rows, 64) => ("qi4_decode_d64", "QI4_WARPS"),
+        (Layout::Rows, _) => ("qi4_decode_d128", "QI4_WARPS"),
+        (Layout::Fragments, 64) => ("qi4_frag_decode_d64", "QI4F_WARPS"),
+        (Layout::Fragments, _) => ("qi4_frag_decode_d128", "QI4F_WARPS"),
+    };
+    let threads = 32 * var.tunable(warps)?;
     let block = (threads, 1, 1);
     let splits = if splits == 0 {
         let probe =
@@ -332,16 +391,16 @@ pub fn prepare(gpu: &Gpu, var: &Variant, dims: Dims, splits: usize) -> Result<Pr
     let split = gpu.prepare_launch(&SOURCES, var, entry, LaunchShape::new(grid, block))?;
     let combine_shape = LaunchShape::new((dims.hq as u32, dims.b as u32, 1), (dims.d as u32, 1, 1));
     let combine = gpu.prepare_launch(&SOURCES, var, "decode_combine_bf16", combine_shape)?;
-    Ok(Prepared { split, combine, ws: Workspace::new(gpu, &dims, splits)?, dims, splits, format })
+    Ok(Prepared { split, combine, ws: Workspace::new(gpu, &dims, splits)?, dims, splits, plan })
 }
 
 impl Prepared {
     /// Enqueues the split kernel and the merge on `stream` after checking the cache formats against
     /// the stage, every buffer length and the sequence lengths.
     pub fn enqueue(&self, stream: &CudaStream, a: DecodeArgs) -> Result<()> {
-        let (dims, var_fmt) = (self.dims, self.format);
+        let (dims, plan) = (self.dims, self.plan);
         for (name, c) in [("K", &a.k), ("V", &a.v)] {
-            check_cache(name, var_fmt.label(), var_fmt, c.format(), c.bytes(), &dims)?;
+            check_cache(name, plan.format.label(), plan, c.plan(), c.bytes(), &dims)?;
         }
         let qo = dims.b * dims.hq * dims.d;
         require_len("q", a.q.len(), qo)?;
@@ -354,25 +413,22 @@ impl Prepared {
         let (hkv, nh, sp) = (Arg::int(dims.hkv), Arg::int(dims.group()), Arg::int(self.splits));
         let scale = Arg::F32((std::f64::consts::LOG2_E / (dims.d as f64).sqrt()) as f32);
         let (o, m, l) = (Arg::buf(&self.ws.o), Arg::buf(&self.ws.m), Arg::buf(&self.ws.l));
+        let inputs = [
+            Arg::buf(a.q),
+            cache(&a.k),
+            cache(&a.v),
+            Arg::buf(a.seq_lens.device()),
+            Arg::int(dims.tmax),
+            hkv,
+            nh,
+            sp,
+            scale,
+        ];
         // SAFETY: the argument lists match the kernel signatures; every length was checked above and
         // at prepare (the workspace holds B*HQ*splits rows), and the kernel reads only tokens below
         // seq_lens[b] <= Tmax.
         unsafe {
-            let split_args = [
-                o,
-                m,
-                l,
-                Arg::buf(a.q),
-                cache(&a.k),
-                cache(&a.v),
-                Arg::buf(a.seq_lens.device()),
-                Arg::int(dims.tmax),
-                hkv,
-                nh,
-                sp,
-                scale,
-            ];
-            self.split.enqueue(stream, &split_args)?;
+            self.split.enqueue(stream, &[&[o, m, l][..], &inputs].concat())?;
             let lse = Arg::buf(&self.ws.lse);
             self.combine.enqueue(stream, &[Arg::buf(a.out), lse, o, m, l, sp, Arg::int(dims.d)])
         }
@@ -567,12 +623,22 @@ impl Op for Decode {
             };
             reference(&dims, &q, &lens, &checked, |b, t, h, o| deq(kq, b, t, h, o), |b, t, h, o| deq(vq, b, t, h, o))
         });
+        // The same quantized bytes in the fragment layout, for the fragment-direct stages.
+        let fragments = quantized.as_ref().map(|(kq, vq, groups)| {
+            let frag = |c: &[u8], role| to_fragments(c, dims.b, dims.tmax, dims.hkv, d, *groups, role);
+            (frag(kq, Role::K), frag(vq, Role::V))
+        });
         let qbytes = dims.b * dims.hq * d * 2;
-        let per_copy = 2 * k.len() * 2 + quantized.as_ref().map_or(0, |(kq, vq, _)| kq.len() + vq.len()) + 2 * qbytes;
+        let int4_bytes = |c: &Option<(Vec<u8>, Vec<u8>, usize)>| c.as_ref().map_or(0, |(k, v, _)| k.len() + v.len());
+        let frag_bytes = fragments.as_ref().map_or(0, |(k, v)| k.len() + v.len());
+        let per_copy = 2 * k.len() * 2 + int4_bytes(&quantized) + frag_bytes + 2 * qbytes;
         let copies = rotation_copies(gpu, per_copy as u64);
-        let (kq, vq) = match &quantized {
-            Some((kq, vq, _)) => (Some(Rotated::upload(gpu, kq, copies)?), Some(Rotated::upload(gpu, vq, copies)?)),
-            None => (None, None),
+        let upload = |c: &[u8]| Rotated::upload(gpu, c, copies);
+        let int4 = match (&quantized, &fragments) {
+            (Some((kq, vq, _)), Some((kf, vf))) => {
+                Some(Int4Caches { rows: (upload(kq)?, upload(vq)?), fragments: (upload(kf)?, upload(vf)?) })
+            }
+            _ => None,
         };
         Ok(Box::new(DecodeProblem {
             s,
@@ -581,8 +647,7 @@ impl Op for Decode {
             q: Rotated::upload(gpu, &q_bf, copies)?,
             kb: Rotated::upload(gpu, &k, copies)?,
             vb: Rotated::upload(gpu, &v, copies)?,
-            kq,
-            vq,
+            int4,
             out: Rotated::outputs(gpu, dims.b * dims.hq * d, copies)?,
             checked,
             ref_bf16,
@@ -612,6 +677,12 @@ pub fn cache(dims: &Dims, lens: &[usize], seed: u64, outlier: bool) -> Vec<bf16>
     c
 }
 
+/// A problem's quantized K and V caches, in both layouts.
+struct Int4Caches {
+    rows: (Rotated<u8>, Rotated<u8>),
+    fragments: (Rotated<u8>, Rotated<u8>),
+}
+
 struct DecodeProblem {
     s: DecodeShape,
     splits: usize,
@@ -619,8 +690,7 @@ struct DecodeProblem {
     q: Rotated<bf16>,
     kb: Rotated<bf16>,
     vb: Rotated<bf16>,
-    kq: Option<Rotated<u8>>,
-    vq: Option<Rotated<u8>>,
+    int4: Option<Int4Caches>,
     out: Rotated<bf16>,
     checked: Vec<usize>,
     ref_bf16: Vec<f64>,
@@ -655,12 +725,17 @@ impl Problem for DecodeProblem {
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
-        let (k, vv) = match (p.format, &self.kq, &self.vq) {
-            (KvFormat::Bf16, _, _) => (Cache::Bf16(self.kb.get(copy)), Cache::Bf16(self.vb.get(copy))),
-            (KvFormat::Int4 { groups }, Some(kq), Some(vq)) => {
-                (Cache::Int4 { data: kq.get(copy), groups }, Cache::Int4 { data: vq.get(copy), groups })
+        let (k, vv) = match (p.plan.format, &self.int4) {
+            (KvFormat::Bf16, _) => (Cache::Bf16(self.kb.get(copy)), Cache::Bf16(self.vb.get(copy))),
+            (KvFormat::Int4 { groups }, Some(int4)) => {
+                let layout = p.plan.layout;
+                let (kc, vc) = match layout {
+                    Layout::Rows => &int4.rows,
+                    Layout::Fragments => &int4.fragments,
+                };
+                (Cache::Int4 { data: kc.get(copy), groups, layout }, Cache::Int4 { data: vc.get(copy), groups, layout })
             }
-            (KvFormat::Int4 { .. }, _, _) => return Err(Error::NotPrepared),
+            (KvFormat::Int4 { .. }, None) => return Err(Error::NotPrepared),
         };
         let args = DecodeArgs { out: self.out.get_mut(copy), q: self.q.get(copy), k, v: vv, seq_lens: &self.seq_lens };
         p.enqueue(stream, args)

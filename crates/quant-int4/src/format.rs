@@ -216,3 +216,120 @@ pub fn dequantize(q: &[u8], d: usize, groups: usize) -> Vec<f64> {
     out.par_chunks_mut(d).zip(q.par_chunks(rb)).for_each(|(o, row)| dequantize_row(row, d, groups, o));
     out
 }
+
+/// Where a cache's rows live in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// `[B, Tmax, HKV]` rows of `row_bytes` each (the format above): stages 1-21.
+    Rows,
+    /// The fragment layout of `kernels/decode/22_fragments.cu`: per (sequence, KV head), chunks of
+    /// [`CHUNK`] tokens whose bytes are exactly the mma fragments a warp's lanes load. K and V differ
+    /// ([`Role`]).
+    Fragments,
+}
+
+/// Which operand a fragment-layout cache feeds: K is the A operand of `K·Qᵀ` (rows = tokens), V the
+/// A operand of `Vᵀ·Pᵀ` (rows = dims, two consecutive tokens in one register).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    K,
+    V,
+}
+
+/// Tokens in one chunk of the fragment layout.
+pub const CHUNK: usize = 16;
+
+/// Bytes of one chunk: the 16 rows' parameters, then their codes (the same bytes as 16 rows).
+pub fn chunk_bytes(d: usize, groups: usize) -> usize {
+    CHUNK * int4_row_bytes(d, groups)
+}
+
+/// Bytes of a `[B, Tmax, HKV]` cache in the fragment layout (`Tmax` rounded up to whole chunks).
+pub fn fragment_cache_bytes(b: usize, tmax: usize, hkv: usize, d: usize, groups: usize) -> usize {
+    b * hkv * tmax.div_ceil(CHUNK) * chunk_bytes(d, groups)
+}
+
+/// Byte offset, inside its chunk, of the `groups` parameter pairs of token `t` (0..16): slot
+/// `2 (t % 8) + t / 8`, so a lane's tokens g and g + 8 are one 8G-byte load.
+pub fn fragment_param_offset(t: usize, groups: usize) -> usize {
+    4 * groups * (2 * (t % 8) + t / 8)
+}
+
+/// (byte offset of the 32-bit word inside its chunk, bit shift) of the code of value `dim` of token
+/// `t` (0..16) in a fragment-layout chunk (the map `22_fragments.cu` documents).
+pub fn fragment_code_position(role: Role, d: usize, groups: usize, t: usize, dim: usize) -> (usize, u32) {
+    let codes = CHUNK * 4 * groups;
+    let (s, r) = (dim / 16, dim % 16);
+    match role {
+        Role::K => {
+            // Lane 4 (t % 8) + c holds dims 16s + 2c + {0, 1, 8, 9} of token t; word s / 2, pair
+            // 2 (s % 2) + (r >= 8), element r % 2.
+            let (g, half) = (t % 8, t / 8);
+            let c = (r % 8) / 2;
+            let lane = 4 * g + c;
+            let pair = 2 * (s % 2) + r / 8;
+            (codes + half * 4 * d + lane * (d / 8) + 4 * (s / 2), (4 * pair + 16 * (r % 2)) as u32)
+        }
+        Role::V => {
+            // Lane 4 (dim % 8) + (t % 8) / 2 holds m-tile s's word: dims 16s + g (+8) x tokens 2c, 2c + 1
+            // (+8); pair (r >= 8) + 2 (t >= 8), element t % 2.
+            let g = r % 8;
+            let c = (t % 8) / 2;
+            let lane = 4 * g + c;
+            let pair = r / 8 + 2 * (t / 8);
+            (codes + (s / 4) * 512 + lane * 16 + 4 * (s % 4), (4 * pair + 16 * (t % 2)) as u32)
+        }
+    }
+}
+
+/// A `[B, Tmax, HKV]` row-layout cache rearranged into the fragment layout for `role` (byte for byte
+/// the same parameters and codes; the tokens past `Tmax` in the last chunk are zero).
+pub fn to_fragments(rows: &[u8], b: usize, tmax: usize, hkv: usize, d: usize, groups: usize, role: Role) -> Vec<u8> {
+    let rb = int4_row_bytes(d, groups);
+    let cb = chunk_bytes(d, groups);
+    let chunks = tmax.div_ceil(CHUNK);
+    let mut out = vec![0u8; fragment_cache_bytes(b, tmax, hkv, d, groups)];
+    out.par_chunks_mut(cb).enumerate().for_each(|(i, chunk)| {
+        let (seq_head, ch) = (i / chunks, i % chunks);
+        let (bi, kvh) = (seq_head / hkv, seq_head % hkv);
+        for t in 0..CHUNK.min(tmax - ch * CHUNK) {
+            let tok = ch * CHUNK + t;
+            let row = &rows[((bi * tmax + tok) * hkv + kvh) * rb..][..rb];
+            let po = fragment_param_offset(t, groups);
+            chunk[po..po + 4 * groups].copy_from_slice(&row[..4 * groups]);
+            for dim in 0..d {
+                let word = u32::from_le_bytes(row[4 * groups + 4 * (dim / 8)..][..4].try_into().unwrap());
+                let q = (word >> nibble_shift(dim)) & 0xF;
+                let (w, shift) = fragment_code_position(role, d, groups, t, dim);
+                let mut dst = u32::from_le_bytes(chunk[w..w + 4].try_into().unwrap());
+                dst |= q << shift;
+                chunk[w..w + 4].copy_from_slice(&dst.to_le_bytes());
+            }
+        }
+    });
+    out
+}
+
+/// A fragment-layout cache back in the `[B, Tmax, HKV]` row layout (the inverse of
+/// [`to_fragments`]).
+pub fn from_fragments(frag: &[u8], b: usize, tmax: usize, hkv: usize, d: usize, groups: usize, role: Role) -> Vec<u8> {
+    let rb = int4_row_bytes(d, groups);
+    let cb = chunk_bytes(d, groups);
+    let chunks = tmax.div_ceil(CHUNK);
+    let mut rows = vec![0u8; b * tmax * hkv * rb];
+    rows.par_chunks_mut(rb).enumerate().for_each(|(i, row)| {
+        let (bi, t, kvh) = (i / (tmax * hkv), (i / hkv) % tmax, i % hkv);
+        let chunk = &frag[((bi * hkv + kvh) * chunks + t / CHUNK) * cb..][..cb];
+        let tc = t % CHUNK;
+        let po = fragment_param_offset(tc, groups);
+        row[..4 * groups].copy_from_slice(&chunk[po..po + 4 * groups]);
+        for dim in 0..d {
+            let (w, shift) = fragment_code_position(role, d, groups, tc, dim);
+            let q = (u32::from_le_bytes(chunk[w..w + 4].try_into().unwrap()) >> shift) & 0xF;
+            let o = 4 * groups + 4 * (dim / 8);
+            let word = u32::from_le_bytes(row[o..o + 4].try_into().unwrap()) | (q << nibble_shift(dim));
+            row[o..o + 4].copy_from_slice(&word.to_le_bytes());
+        }
+    });
+    rows
+}

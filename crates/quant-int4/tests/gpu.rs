@@ -4,12 +4,12 @@
 //! without a GPU; failing with `LADDER_REQUIRE_GPU=1`.
 
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
-use common::{Error, Gpu, Op, Shape, Variant};
+use common::{Error, Gpu, Op, Variant};
 use half::bf16;
 use proptest::prelude::*;
 use quant_int4::decode::{self, Decode, Dims};
-use quant_int4::format::KvFormat;
-use quant_int4::quantize::Quantize;
+use quant_int4::format::{KvFormat, Layout};
+use quant_int4::quantize::{qshape, Quantize};
 
 const ROW: KvFormat = KvFormat::Int4 { groups: 1 };
 const GROUP: KvFormat = KvFormat::Int4 { groups: 4 };
@@ -42,12 +42,20 @@ fn bad_buffers(gpu: &Gpu) {
     assert_eq!(decode::prepare(gpu, stage, dm, 0).unwrap().splits(), 1);
     is_constraint(decode::prepare(gpu, stage, dm, 257).map(|_| ()), "splits <= 256");
     let p = decode::prepare(gpu, stage, dm, 4).unwrap();
-    let cache = |d| decode::Cache::Int4 { data: d, groups: 1 };
+    let cache = |d| decode::Cache::Int4 { data: d, groups: 1, layout: Layout::Rows };
     let s = gpu.stream();
     let run = |k, v, out: &mut _| p.enqueue(s, decode::DecodeArgs { out, q: &q, k, v, seq_lens: &lens });
     is_constraint(run(cache(&short), cache(&good), &mut out), "K cache bytes");
     is_constraint(run(cache(&good), cache(&short), &mut out), "V cache bytes");
-    is_constraint(run(decode::Cache::Int4 { data: &good, groups: 4 }, cache(&good), &mut out), "K cache format");
+    let group = decode::Cache::Int4 { data: &good, groups: 4, layout: Layout::Rows };
+    is_constraint(run(group, cache(&good), &mut out), "K cache format");
+    // The fragment stage takes only the fragment layout (here the same length: Tmax = 16 is one chunk).
+    let frag_stage = Decode.variants().into_iter().find(|v| v.name == "int4-row-fragments").unwrap();
+    let pf = decode::prepare(gpu, &frag_stage, dm, 4).unwrap();
+    let frag = |d| decode::Cache::Int4 { data: d, groups: 1, layout: Layout::Fragments };
+    let run_f = |k, v, out: &mut _| pf.enqueue(s, decode::DecodeArgs { out, q: &q, k, v, seq_lens: &lens });
+    is_constraint(run_f(cache(&good), frag(&good), &mut out), "K cache layout == Fragments");
+    is_constraint(run_f(frag(&good), frag(&short), &mut out), "V cache bytes");
     gpu.synchronize().unwrap();
     assert!(gpu.download(&out).unwrap().iter().all(|x| x.is_nan()), "nothing was launched");
 }
@@ -55,9 +63,16 @@ fn bad_buffers(gpu: &Gpu) {
 fn main() -> std::process::ExitCode {
     Suite::new()
         .gpu("gpu_quantizer_matches_cpu_bytes", |gpu| {
-            for (rows, d, g) in [(4099, 128, 1), (4099, 128, 4), (1001, 64, 1), (1001, 64, 4), (1, 128, 4)] {
-                let shape = Shape::new(&[("rows", rows), ("D", d), ("G", g)]);
-                assert_stages_pass(gpu, &Quantize, &shape, &Quantize.variants());
+            // Ragged chunk tails (4099 = 16 * 256 + 3 tokens), several KV heads, one row.
+            for (rows, d, g, hkv) in [
+                (4099, 128, 1, 1),
+                (4099, 128, 4, 1),
+                (1001, 64, 1, 7),
+                (1001, 64, 4, 1),
+                (999, 128, 4, 3),
+                (1, 128, 4, 1),
+            ] {
+                assert_stages_pass(gpu, &Quantize, &qshape(rows, d, g, hkv), &Quantize.variants());
             }
         })
         .gpu("gpu_decode_default_like_shapes", |gpu| {
@@ -107,8 +122,10 @@ fn main() -> std::process::ExitCode {
                     assert_graph_replay_passes(gpu, &Decode, &shape, v);
                 }
             }
-            let q = Shape::new(&[("rows", 1001), ("D", 128), ("G", 4)]);
-            assert_graph_replay_passes(gpu, &Quantize, &q, &Quantize.variants()[0]);
+            let q = qshape(1001, 128, 4, 1);
+            for v in Quantize.variants() {
+                assert_graph_replay_passes(gpu, &Quantize, &q, &v);
+            }
         })
         .main()
 }

@@ -2,13 +2,13 @@
 //! table, every shape/buffer constraint and the documented limits. The GPU tests are in `gpu.rs`.
 
 use common::testing::check_stage_files;
-use common::{Error, Op, Shape, Variant};
+use common::{Error, Op, Variant};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use quant_int4::decode::{
-    self, check_cache, check_dims, check_seq_lens, checked_seqs, default_splits, Decode, DecodeShape, Dims,
+    self, check_cache, check_dims, check_seq_lens, checked_seqs, default_splits, Decode, DecodeShape, Dims, StagePlan,
 };
-use quant_int4::format::{self, check_int4, KvFormat};
+use quant_int4::format::{self, check_int4, KvFormat, Layout, Role};
 use quant_int4::quantize::{self, Quantize};
 use quant_int4::QuantInt4;
 
@@ -63,6 +63,8 @@ fn decode_ladder_table() {
             "int4-group+1..11",
             "int4-group+1..12",
             "int4-group+1..13",
+            "int4-row-fragments",
+            "int4-group-fragments",
         ],
     );
     for s in &v {
@@ -90,6 +92,13 @@ fn decode_ladder_table() {
     assert_eq!(v[18].toggles.len(), 11);
     assert_eq!(v[21].toggles.len(), 11);
     assert!(v.iter().filter(|s| !s.toggles.is_empty()).count() == 2);
+    // The fragment-direct stages: one a format, the fragment layout, their own kernel file.
+    for (s, want) in [(&v[22], ROW), (&v[23], GROUP)] {
+        assert_eq!(decode::stage_format(s).unwrap(), want, "{}", s.name);
+        assert_eq!(decode::stage_layout(s).unwrap(), Layout::Fragments, "{}", s.name);
+        assert!(opts_of(s).is_empty() && s.toggles.is_empty(), "{}", s.name);
+    }
+    assert!(v[..22].iter().all(|s| decode::stage_layout(s).unwrap() == Layout::Rows));
 
     let loo = Decode.leave_one_out();
     assert_eq!(loo.len(), 22);
@@ -298,13 +307,75 @@ fn bad_shapes_are_typed_errors() {
 fn cache_buffers_must_match_the_format() {
     let dm = dims(2, 10, 8, 1, 128);
     let rows = 20;
-    assert!(check_cache("K", "s", ROW, ROW, rows * 68, &dm).is_ok());
-    assert!(check_cache("K", "s", GROUP, GROUP, rows * 80, &dm).is_ok());
-    assert!(check_cache("K", "s", KvFormat::Bf16, KvFormat::Bf16, rows * 256, &dm).is_ok());
-    is_constraint(check_cache("K", "s", ROW, ROW, rows * 68 - 1, &dm), "K cache bytes == B*Tmax*HKV*68");
-    is_constraint(check_cache("V", "s", GROUP, GROUP, rows * 68, &dm), "V cache bytes == B*Tmax*HKV*80");
-    is_constraint(check_cache("K", "s", ROW, GROUP, rows * 80, &dm), "K cache format == int4 row-wise");
-    is_constraint(check_cache("K", "s", ROW, KvFormat::Int4 { groups: 2 }, rows * 72, &dm), "groups in {1");
+    let plan = |format| StagePlan { format, layout: Layout::Rows };
+    let frag = |format| StagePlan { format, layout: Layout::Fragments };
+    let (row, group) = (plan(ROW), plan(GROUP));
+    assert!(check_cache("K", "s", row, row, rows * 68, &dm).is_ok());
+    assert!(check_cache("K", "s", group, group, rows * 80, &dm).is_ok());
+    assert!(check_cache("K", "s", plan(KvFormat::Bf16), plan(KvFormat::Bf16), rows * 256, &dm).is_ok());
+    is_constraint(check_cache("K", "s", row, row, rows * 68 - 1, &dm), "K cache bytes == 1360");
+    is_constraint(check_cache("V", "s", group, group, rows * 68, &dm), "V cache bytes == 1600");
+    is_constraint(check_cache("K", "s", row, group, rows * 80, &dm), "K cache format == int4 row-wise");
+    is_constraint(check_cache("K", "s", row, plan(KvFormat::Int4 { groups: 2 }), rows * 72, &dm), "groups in {1");
+    // Fragments: Tmax = 10 rounds up to one chunk of 16 tokens a sequence.
+    assert!(check_cache("K", "s", frag(ROW), frag(ROW), 2 * 16 * 68, &dm).is_ok());
+    assert!(check_cache("V", "s", frag(GROUP), frag(GROUP), 2 * 16 * 80, &dm).is_ok());
+    is_constraint(check_cache("K", "s", frag(ROW), frag(ROW), rows * 68, &dm), "K cache bytes == 2176 (Fragments");
+    is_constraint(check_cache("K", "s", frag(ROW), row, 2 * 16 * 68, &dm), "K cache layout == Fragments");
+}
+
+#[test]
+fn fragment_layout_hand_case() {
+    // K, token 9, dim 19: k-step 1, lane 4 * 1 + 1 (g = 1, c = 1) holds dims 18, 19 of token g + 8 as
+    // a1's pair: the second 512-byte half, lane 5's 16 bytes, word 0, pair 2, element 1.
+    assert_eq!(format::fragment_code_position(Role::K, 128, 1, 9, 19), (64 + 512 + 5 * 16, 4 * 2 + 16));
+    // V, token 9, dim 19: m-tile 1, lane 4 * 3 + 0 (g = 3, c = 0) holds dims 19, 27 x tokens 0, 1, 8, 9:
+    // pair a2 (dim 16 + g, tokens 8, 9), element 1 (token 9).
+    assert_eq!(format::fragment_code_position(Role::V, 128, 1, 9, 19), (64 + 12 * 16 + 4, 4 * 2 + 16));
+    // m-tile 5 of V is in the second 512-byte half.
+    assert_eq!(format::fragment_code_position(Role::V, 128, 4, 0, 80).0, 256 + 512 + 4);
+    // Parameters: tokens g and g + 8 side by side.
+    assert_eq!(format::fragment_param_offset(3, 1), 24);
+    assert_eq!(format::fragment_param_offset(11, 1), 28);
+    assert_eq!(format::fragment_param_offset(11, 4), 112);
+}
+
+#[test]
+fn fragment_code_map_is_a_bijection() {
+    // Every nibble of a chunk's codes is the code of exactly one (token, dim).
+    for (d, groups, role) in [(64, 1, Role::K), (128, 1, Role::V), (128, 4, Role::K), (64, 4, Role::V)] {
+        let codes = format::CHUNK * 4 * groups;
+        let mut hits = vec![0u32; 2 * format::chunk_bytes(d, groups)];
+        for t in 0..format::CHUNK {
+            for dim in 0..d {
+                let (w, shift) = format::fragment_code_position(role, d, groups, t, dim);
+                hits[2 * w + shift as usize / 4] += 1;
+            }
+        }
+        assert!(hits[..2 * codes].iter().all(|&n| n == 0), "{role:?} D {d} G {groups}");
+        assert!(hits[2 * codes..].iter().all(|&n| n == 1), "{role:?} D {d} G {groups}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Every row of a fragment-layout cache reads back byte for byte.
+    #[test]
+    fn fragment_layout_round_trips(
+        b in 1usize..3, tmax in 1usize..40, hkv in 1usize..3,
+        d in prop::sample::select(vec![64usize, 128]), groups in prop::sample::select(vec![1usize, 4]),
+        seed in any::<u64>(),
+    ) {
+        let rb = format::int4_row_bytes(d, groups);
+        let mut rows = common::data::uniform(b * tmax * hkv * rb, 0.0, 256.0, seed)
+            .into_iter().map(|x| x as u8).collect::<Vec<u8>>();
+        rows[..rb].fill(0xFF);  // a NaN (padding) row survives too
+        for role in [Role::K, Role::V] {
+            let frag = format::to_fragments(&rows, b, tmax, hkv, d, groups, role);
+            prop_assert_eq!(frag.len(), format::fragment_cache_bytes(b, tmax, hkv, d, groups));
+            prop_assert_eq!(&format::from_fragments(&frag, b, tmax, hkv, d, groups, role)[..], &rows[..], "{:?}", role);
+        }
+    }
 }
 
 #[test]
@@ -312,17 +383,24 @@ fn validate_matches_stage_and_shape_formats() {
     let v = Decode.variants();
     for (fmt, runs) in [
         (KvFormat::Bf16, vec![0]),
-        (ROW, (0..=10).chain(16..=18).collect()),
-        (GROUP, [0, 11, 12, 13, 14, 15, 19, 20, 21].to_vec()),
+        (ROW, (0..=10).chain(16..=18).chain([22]).collect()),
+        (GROUP, [0, 11, 12, 13, 14, 15, 19, 20, 21, 23].to_vec()),
     ] {
         let s = decode::shape(2, 64, 64, false, 8, 1, 128, fmt, 0);
         let ok: Vec<usize> = v.iter().filter(|x| Decode.validate(x, &s).is_ok()).map(|x| x.stage as usize).collect();
         assert_eq!(ok, runs, "fmt {fmt:?}");
     }
     let q = Quantize.variants();
-    assert!(Quantize.validate(&q[0], &Shape::new(&[("rows", 10), ("D", 128), ("G", 4)])).is_ok());
-    is_constraint(Quantize.validate(&q[0], &Shape::new(&[("rows", 10), ("D", 128), ("G", 3)])), "groups in");
-    is_constraint(Quantize.validate(&q[0], &Shape::new(&[("rows", 10), ("D", 32), ("G", 1)])), "D in");
+    let qs = quantize::qshape;
+    assert!(Quantize.validate(&q[0], &qs(10, 128, 4, 1)).is_ok());
+    is_constraint(Quantize.validate(&q[0], &qs(10, 128, 3, 1)), "groups in");
+    is_constraint(Quantize.validate(&q[0], &qs(10, 32, 1, 1)), "D in");
+    // The fragment layout reads the rows as [Tmax, HKV]; the row layout does not care.
+    assert_eq!(q.iter().map(|v| v.name.as_ref()).collect::<Vec<_>>(), ["warp-per-row", "fragments-k", "fragments-v"]);
+    assert!(Quantize.validate(&q[0], &qs(10, 128, 1, 3)).is_ok());
+    assert!(Quantize.validate(&q[1], &qs(12, 128, 1, 3)).is_ok());
+    is_constraint(Quantize.validate(&q[2], &qs(10, 128, 1, 3)), "rows % HKV == 0");
+    is_constraint(Quantize.validate(&q[1], &qs(10, 128, 1, 0)), "1 <= HKV");
 }
 
 #[test]
