@@ -176,22 +176,46 @@ pub fn stages() -> Vec<Variant> {
         v.last_mut().unwrap().toggles =
             Cow::Owned(opts.iter().filter(|&&o| o != 6 && o != 10).map(|&o| OPTS[o - 1]).collect());
     }
-    for (groups, name, chunks) in [(1, "int4-row-fragments", 2), (4, "int4-group-fragments", 1)] {
+    for (groups, name, chunks, blocks) in [(1, "int4-row-fragments", 2, 3), (4, "int4-group-fragments", 1, 3)] {
         let stage = v.len() as u32;
-        v.push(fragments_variant(stage, name, groups, chunks));
+        v.push(fragments_variant(stage, name, groups, chunks, blocks, false));
+    }
+    for (groups, name, chunks) in [(1, "int4-row-fragments+warp-merge", 2), (4, "int4-group-fragments+warp-merge", 1)] {
+        let stage = v.len() as u32;
+        v.push(fragments_variant(stage, name, groups, chunks, 3, true));
     }
     v
 }
 
+/// The fragment stages' switch: the splits merged by `qi4_frag_merge`, a warp a row.
+const WARP_MERGE: &str = "QI4F_WARP_MERGE";
+
 /// A fragment-direct stage (`22_fragments.cu`) over the `groups` format in the fragment layout, its
 /// warps computing `chunks` chunks of 16 tokens a step.
-fn fragments_variant(stage: u32, name: &'static str, groups: usize, chunks: u32) -> Variant {
-    let summary = "fragment layout: codes loaded straight into mma fragments (K rows = tokens, V^T with P^T by \
-                   movmatrix), per-warp online softmax, the next chunks' loads in flight, no shared tile";
-    let defines = vec![Define::new("QI4F_GROUPS", if groups == 4 { "4" } else { "1" })];
+fn fragments_variant(
+    stage: u32,
+    name: &'static str,
+    groups: usize,
+    chunks: u32,
+    blocks: u32,
+    warp_merge: bool,
+) -> Variant {
+    let summary = if warp_merge {
+        "+ the split merge one warp a row: every split's max and sum loaded at once, four splits' partials \
+         in flight a lane (attention's combine walks the splits a load at a time)"
+    } else {
+        "fragment layout: codes loaded straight into mma fragments (K rows = tokens, V^T with P^T by \
+         movmatrix), per-warp online softmax, the next chunks' loads in flight, no shared tile"
+    };
+    let mut defines = vec![Define::new("QI4F_GROUPS", if groups == 4 { "4" } else { "1" })];
+    // The merge's rows a block only where the merge is ours.
+    let tunables = [("QI4F_WARPS", 4), ("QI4F_CHUNKS", chunks), ("QI4F_MIN_BLOCKS", blocks), ("QI4F_MERGE_WARPS", 4)];
+    if warp_merge {
+        defines.push(Define::on(WARP_MERGE));
+    }
     Variant::kernel(FAMILY, OP, stage, name, FRAGMENTS_KERNEL, Precision::Int4Bf16, summary)
         .with_defines(defines)
-        .with_tunables(&[("QI4F_WARPS", 4), ("QI4F_CHUNKS", chunks), ("QI4F_MIN_BLOCKS", 3)])
+        .with_tunables(&tunables[..3 + usize::from(warp_merge)])
         .with_plan(StagePlan { format: KvFormat::Int4 { groups }, layout: Layout::Fragments })
         .with_requirements(Requirements::SM80)
 }
@@ -348,6 +372,8 @@ pub struct Prepared {
     dims: Dims,
     splits: usize,
     plan: StagePlan,
+    /// The merge is `qi4_frag_merge` (rows, splits) rather than attention's combine (splits, D).
+    warp_merge: bool,
 }
 
 /// The buffers of one decode call.
@@ -389,9 +415,17 @@ pub fn prepare(gpu: &Gpu, var: &Variant, dims: Dims, splits: usize) -> Result<Pr
     check_splits(splits)?;
     let grid = (splits as u32, dims.hkv as u32, dims.b as u32);
     let split = gpu.prepare_launch(&SOURCES, var, entry, LaunchShape::new(grid, block))?;
-    let combine_shape = LaunchShape::new((dims.hq as u32, dims.b as u32, 1), (dims.d as u32, 1, 1));
-    let combine = gpu.prepare_launch(&SOURCES, var, "decode_combine_bf16", combine_shape)?;
-    Ok(Prepared { split, combine, ws: Workspace::new(gpu, &dims, splits)?, dims, splits, plan })
+    let rows = (dims.b * dims.hq) as u32;
+    let warp_merge = var.has(WARP_MERGE);
+    let (merge_entry, merge_shape) = if warp_merge {
+        let warps = var.tunable("QI4F_MERGE_WARPS")?;
+        let entry = if dims.d == 64 { "qi4_frag_merge_d64" } else { "qi4_frag_merge_d128" };
+        (entry, LaunchShape::linear(rows.div_ceil(warps), 32 * warps))
+    } else {
+        ("decode_combine_bf16", LaunchShape::new((dims.hq as u32, dims.b as u32, 1), (dims.d as u32, 1, 1)))
+    };
+    let combine = gpu.prepare_launch(&SOURCES, var, merge_entry, merge_shape)?;
+    Ok(Prepared { split, combine, ws: Workspace::new(gpu, &dims, splits)?, dims, splits, plan, warp_merge })
 }
 
 impl Prepared {
@@ -430,7 +464,11 @@ impl Prepared {
         unsafe {
             self.split.enqueue(stream, &[&[o, m, l][..], &inputs].concat())?;
             let lse = Arg::buf(&self.ws.lse);
-            self.combine.enqueue(stream, &[Arg::buf(a.out), lse, o, m, l, sp, Arg::int(dims.d)])
+            if self.warp_merge {
+                self.combine.enqueue(stream, &[Arg::buf(a.out), lse, o, m, l, Arg::int(dims.b * dims.hq), sp])
+            } else {
+                self.combine.enqueue(stream, &[Arg::buf(a.out), lse, o, m, l, sp, Arg::int(dims.d)])
+            }
         }
     }
 

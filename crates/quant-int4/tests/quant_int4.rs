@@ -65,6 +65,8 @@ fn decode_ladder_table() {
             "int4-group+1..13",
             "int4-row-fragments",
             "int4-group-fragments",
+            "int4-row-fragments+warp-merge",
+            "int4-group-fragments+warp-merge",
         ],
     );
     for s in &v {
@@ -93,7 +95,9 @@ fn decode_ladder_table() {
     assert_eq!(v[21].toggles.len(), 11);
     assert!(v.iter().filter(|s| !s.toggles.is_empty()).count() == 2);
     // The fragment-direct stages: one a format, the fragment layout, their own kernel file.
-    for (s, want) in [(&v[22], ROW), (&v[23], GROUP)] {
+    // Stages 24-25 add the warp-a-row merge to 22-23.
+    for (s, want, merge) in [(&v[22], ROW, false), (&v[23], GROUP, false), (&v[24], ROW, true), (&v[25], GROUP, true)] {
+        assert_eq!(s.has("QI4F_WARP_MERGE"), merge, "{}", s.name);
         assert_eq!(decode::stage_format(s).unwrap(), want, "{}", s.name);
         assert_eq!(decode::stage_layout(s).unwrap(), Layout::Fragments, "{}", s.name);
         assert!(opts_of(s).is_empty() && s.toggles.is_empty(), "{}", s.name);
@@ -383,8 +387,8 @@ fn validate_matches_stage_and_shape_formats() {
     let v = Decode.variants();
     for (fmt, runs) in [
         (KvFormat::Bf16, vec![0]),
-        (ROW, (0..=10).chain(16..=18).chain([22]).collect()),
-        (GROUP, [0, 11, 12, 13, 14, 15, 19, 20, 21, 23].to_vec()),
+        (ROW, (0..=10).chain(16..=18).chain([22, 24]).collect()),
+        (GROUP, [0, 11, 12, 13, 14, 15, 19, 20, 21, 23, 25].to_vec()),
     ] {
         let s = decode::shape(2, 64, 64, false, 8, 1, 128, fmt, 0);
         let ok: Vec<usize> = v.iter().filter(|x| Decode.validate(x, &s).is_ok()).map(|x| x.stage as usize).collect();

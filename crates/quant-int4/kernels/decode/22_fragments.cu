@@ -1,9 +1,11 @@
-// decode, stages 22-23: fragment-direct INT4 decode. The codes go from global memory straight into
+// decode, stages 22-25: fragment-direct INT4 decode. The codes go from global memory straight into
 // the mma fragments (no dequantized tile in shared memory), each warp runs its own online softmax
 // over its own chunks (no block barrier in the token loop), and a warp has its next chunks' loads in
 // flight while it computes the current ones.
 //   QI4F_GROUPS=1  stage 22 `int4-row-fragments`: the row-wise cache in the fragment layout.
 //   QI4F_GROUPS=4  stage 23 `int4-group-fragments`: the group-wise cache in the fragment layout.
+//   +QI4F_WARP_MERGE  stages 24 / 25 `+warp-merge`: the splits merged by qi4_frag_merge (below), a
+//                  warp a row, instead of attention's combine.
 // Changed from stages 18 / 21 (the split kernel's best): the cache layout and the kernel, not a switch.
 // Stage 18's counters at B = 512 (DRAM 34%, SM 41%, long-scoreboard stalls first) show warps waiting
 // on their own chains - load a tile, dequantize it into shared memory, barrier, mma, block softmax -
@@ -22,9 +24,11 @@
 //   V, the A operand of O^T = V^T.P^T (rows = dims, k = tokens): lane L's word i (m-tile i, 16 bytes
 //     a lane per 4 m-tiles, 512 bytes a warp) holds dims 16i + g (+8) x tokens 2c, 2c + 1 (+8): the
 //     pairs are a0..a3 directly, two consecutive tokens in one word.
-// The codes enter the mma as the exact bf16 128 + q (OPT12's trick): a score is
-// scale (S' - 128 sum(Q)) + shift sum(Q) per group, and P.V is (P scale).(128 + q) + corr with
-// corr = sum of P shift - 128 bf16(P scale) from the same rounded values (the 128 cancels exactly).
+// The codes become the exact bf16 128 + q with a shift and an AND-OR (OPT12's trick). For K the
+// affine map is folded into the score: scale (S' - 128 sum(Q)) + shift sum(Q) per group (a sum over
+// D products only). For V one bf16x2 subtract more gives q itself, and P.V is (P scale).q + corr with
+// corr = sum of P shift: OPT12's fold here would make the accumulator ~136x the result over a whole
+// split, and the tensor cores' fp32 accumulation error with it (8e-3 against 4e-3 at 8,192 tokens).
 // S^T comes out of the mma with rows = tokens: its C fragment, packed to bf16, is transposed by
 // movmatrix into the B fragment of P^T, so no head row of either mma is padding.
 //
@@ -34,14 +38,20 @@
 // (Little: 3 TB/s x ~1.5 us / 132 SMs = 34 KB), against ~1 KB a warp for stage 18. The first step's
 // loads are issued before Q is read. Predicted: 1.5x stage 18 at B = 512 (~340 us, 60% of the read
 // floor), less at B = 32 (one wave of short splits).
-// Measured (H100, B = 32 / 128 / 512, docs/notes/quant-int4.md): row-wise 29.7 / 65.1 / 218.6 us,
-// 1.63 / 2.11 / 2.31x stage 18, 87% of the copy rate at B = 512; group-wise 32.2 / 79.2 / 280.8 us,
-// 1.71 / 2.04 / 2.13x stage 21. QI4F_CHUNKS = 2 is best row-wise (1 chunk: 0.95x at B = 512; 3
-// chunks spill under 3 blocks an SM), 1 group-wise (its parameters are 4x the registers). Merging the
-// splits in the launch (the last block of a sequence, a ticket) measured 0.92-0.97x and is not kept.
+// Measured (H100, B = 32 / 128 / 512, docs/notes/quant-int4.md): row-wise 29.7 / 64.9 / 219.3 us,
+// 1.62 / 2.09 / 2.28x stage 18, 87% of the copy rate at B = 512; group-wise 31.4 / 75.5 / 272.3 us,
+// 1.74 / 2.11 / 2.17x stage 21. QI4F_CHUNKS = 2 is best row-wise (1 chunk: 0.95x at B = 512; 3
+// chunks spill under 3 blocks an SM), 1 group-wise (its parameters are 4x the registers).
+// Stages 24 / 25 (QI4F_WARP_MERGE) predicted: attention's combine takes 10.3 us of Nsight Compute
+// time at B = 32 (12 splits, a thread walking them a load at a time), so a few us there, nothing at
+// 3 splits. Measured 1.06 / 1.01 / 1.02x row-wise, 1.06 / 1.00 / 1.01x group-wise.
+// Measured and not kept (docs/notes/quant-int4.md): merging the splits in this launch (the last
+// block of a sequence, a ticket; 0.91-0.97x), a cp.async ring of 4 chunks a warp in shared memory
+// (0.90-1.02x), one chunk a step at 4 blocks an SM (1.00-1.01x row-wise, 0.68-0.81x group-wise).
 // Launch: qi4_frag_decode_d{64,128}: grid (splits, HKV, B), block 32 * QI4F_WARPS, static shared
-//   W * 8 * D * 4 bytes (16 KiB at D = 128) for the block's merge; decode_combine_bf16
-//   (attention's) merges the splits.
+//   W * 8 * D * 4 bytes (16 KiB at D = 128) for the block's merge; then decode_combine_bf16
+//   (attention's: grid (HQ, B), block D) or qi4_frag_merge_d{64,128} (grid ceil(B * HQ /
+//   QI4F_MERGE_WARPS), block 32 * QI4F_MERGE_WARPS) merges the splits.
 // Constraints: D in {64, 128}; HQ/HKV <= 8; 1 <= seq_lens[b] <= Tmax; 1 <= splits <= 256; B and HKV
 //   <= 65535 (grid z, y); B * HKV * ceil(Tmax / 16) * 16 < 2^31 rows. Tokens past seq_lens[b] are
 //   loaded with their chunk but masked by select (scores -inf, P and the affine map 0), so NaN there
@@ -51,6 +61,7 @@
 #include "ladder.cuh"
 #include "ladder_convert.cuh"
 #include "ladder_mma.cuh"
+#include "ladder_reduce.cuh"
 #include "attention_decode.cuh"
 
 #ifndef QI4F_GROUPS
@@ -61,6 +72,9 @@
 #endif
 #ifndef QI4F_CHUNKS
 #error "QI4F_CHUNKS (chunks of 16 tokens a warp computes per step) is a tunable: the stage list sets it"
+#endif
+#ifndef QI4F_WARP_MERGE
+#define QI4F_WARP_MERGE 0
 #endif
 #ifndef QI4F_MIN_BLOCKS
 #error "QI4F_MIN_BLOCKS (blocks an SM asked of ptxas) is a tunable: the stage list sets it"
@@ -130,6 +144,17 @@ __device__ __forceinline__ void load_chunk(Chunk<D>& c, const unsigned char* kch
 // Pair p of a code word as the bf16 pair (128 + q0, 128 + q1): exact, one shift and one AND-OR.
 __device__ __forceinline__ unsigned code_pair(unsigned w, int p) {
     return ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
+}
+
+// The same pair as (q0, q1): one bf16x2 subtract of 128, exact. V's codes take it so that P.V
+// accumulates values of the size of the result: with 128 + q the accumulator holds ~136x the
+// result until the correction cancels the 128, and the tensor cores' fp32 accumulation error,
+// which grows with the tokens a warp sums, grows with it (measured: 4e-3 at 2,700 tokens a split,
+// 8e-3 at 8,192).
+__device__ __forceinline__ unsigned code_pair_q(unsigned w, int p) {
+    unsigned c = code_pair(w, p);
+    const __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&c), __float2bfloat162_rn(128.0f));
+    return *reinterpret_cast<const unsigned*>(&q);
 }
 
 // The transpose of an 8x8 bf16 matrix held as a fragment (lane l: row l/4, columns 2(l%4), +1).
@@ -225,16 +250,15 @@ __device__ __forceinline__ void decode_step(WarpState<D>& st, const Chunk<D> (&c
                 float2 sz = unpack_half2(cur[n].vp[h * QG + j]);
                 if (!valid[n][h]) sz = make_float2(0.0f, 0.0f);  // NaN past the length never multiplies
                 x[h] = pack_bf16x2(p[2 * h] * sz.x, p[2 * h + 1] * sz.x);
-                const float2 rounded = unpack_bf16x2(x[h]);
-                st.corr[j][0] += p[2 * h] * sz.y - 128.0f * rounded.x;
-                st.corr[j][1] += p[2 * h + 1] * sz.y - 128.0f * rounded.y;
+                st.corr[j][0] += p[2 * h] * sz.y;
+                st.corr[j][1] += p[2 * h + 1] * sz.y;
             }
             const unsigned b0 = movmatrix_trans(x[0]), b1 = movmatrix_trans(x[1]);
 #pragma unroll
             for (int i = j * F::KS_PER_GROUP; i < (j + 1) * F::KS_PER_GROUP; ++i) {
                 const unsigned w = cur[n].vw[i];
-                mma_16816<__nv_bfloat16>(st.o[i], code_pair(w, 0), code_pair(w, 1), code_pair(w, 2), code_pair(w, 3),
-                                         b0, b1);
+                mma_16816<__nv_bfloat16>(st.o[i], code_pair_q(w, 0), code_pair_q(w, 1), code_pair_q(w, 2),
+                                         code_pair_q(w, 3), b0, b1);
             }
         }
     }
@@ -423,5 +447,60 @@ __device__ __forceinline__ void decode_fragments(float* __restrict__ o_part, flo
 QI4F_DECODE_ENTRY(qi4_frag_decode_d64, 64)
 QI4F_DECODE_ENTRY(qi4_frag_decode_d128, 128)
 
-// The splits are merged by attention's decode_combine (attention_decode.cuh).
+// The splits are merged by attention's decode_combine (attention_decode.cuh), or with QI4F_WARP_MERGE
+// by qi4_frag_merge below.
 DECODE_COMBINE_ENTRIES
+
+// QI4F_WARP_MERGE: the merge one warp a (sequence, query head) row. attention's combine gives a row a
+// block of D threads that each walk the splits in two passes, a load and its use at a time: ~2
+// splits dependent L2 round trips a row, 10.3 us at B = 32 (12 splits) against 22.5 us for the split
+// kernel (Nsight Compute). Here the lanes load the splits' maxima and sums at once (a lane a split),
+// reduce them with shuffles, and each lane sums its D/32 columns over the splits with four splits'
+// loads in flight. Launch: qi4_frag_merge_d{64,128}: grid ceil(rows / QF_MERGE_WARPS), block
+// 32 * QF_MERGE_WARPS; rows = B * HQ, the partials in attention's split layout.
+#if QI4F_WARP_MERGE
+#ifndef QI4F_MERGE_WARPS
+#error "QI4F_MERGE_WARPS (rows a merge block) is a tunable: the stage list sets it"
+#endif
+constexpr int QF_MERGE_WARPS = QI4F_MERGE_WARPS;
+template <int D>
+__device__ __forceinline__ void frag_merge(__nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+                                           const float* __restrict__ o_part, const float* __restrict__ m_part,
+                                           const float* __restrict__ l_part, int rows, int splits) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * QF_MERGE_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;  // whole warps leave together: the shuffles stay full-warp
+    const float* m = m_part + (size_t)row * splits;
+    const float* l = l_part + (size_t)row * splits;
+    const float* o = o_part + (size_t)row * splits * D + lane;
+    float mx = -INFINITY;
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, m[s]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+        const float ms = m[s];
+        sum += (ms == -INFINITY ? 0.0f : __expf(ms - mx)) * l[s];  // an empty split weighs 0
+    }
+    sum = warp_sum(sum);
+    float acc[D / 32] = {};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+        const float ms = m[s];
+        const float w = ms == -INFINITY ? 0.0f : __expf(ms - mx);
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) acc[k] = fmaf(w, o[(size_t)s * D + 32 * k], acc[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) out[(size_t)row * D + lane + 32 * k] = __float2bfloat16_rn(acc[k] / sum);
+    if (lane == 0) lse[row] = mx + __logf(sum);
+}
+
+#define QI4F_MERGE_ENTRY(NAME, DIM)                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * QF_MERGE_WARPS)                                       \
+        NAME(__nv_bfloat16* __restrict__ out, float* __restrict__ lse, const float* __restrict__ o_part,     \
+             const float* __restrict__ m_part, const float* __restrict__ l_part, int rows, int splits) {     \
+        frag_merge<DIM>(out, lse, o_part, m_part, l_part, rows, splits);                                    \
+    }
+QI4F_MERGE_ENTRY(qi4_frag_merge_d64, 64)
+QI4F_MERGE_ENTRY(qi4_frag_merge_d128, 128)
+#endif
