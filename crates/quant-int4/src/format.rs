@@ -123,6 +123,22 @@ pub fn f16_round_up(x: f32) -> f16 {
     }
 }
 
+/// The 4-bit code at bit `shift` of the little-endian 32-bit word at byte `at`.
+fn code_at(bytes: &[u8], at: usize, shift: u32) -> u32 {
+    (u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) >> shift) & 0xF
+}
+
+/// ORs code `q` into the little-endian 32-bit word at byte `at`, bit `shift` (that nibble is zero).
+fn put_code(bytes: &mut [u8], at: usize, shift: u32, q: u32) {
+    let word = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) | (q << shift);
+    bytes[at..at + 4].copy_from_slice(&word.to_le_bytes());
+}
+
+/// Byte offset, in a row of `groups` pairs, of the word holding value `i`'s code.
+fn row_code_word(i: usize, groups: usize) -> usize {
+    4 * groups + 4 * (i / 8)
+}
+
 /// (scale, shift) of one group, as stored.
 pub fn group_params(x: &[f32]) -> (f16, f16) {
     // `+ 0.0` maps -0 to +0, as the kernel does: the sign of a zero extreme never reaches the bytes.
@@ -153,10 +169,7 @@ pub fn quantize_row(x: &[f32], groups: usize, out: &mut [u8]) {
         out[4 * g + 2..4 * g + 4].copy_from_slice(&shift.to_bits().to_le_bytes());
         for (j, &v) in xs.iter().enumerate() {
             let i = g * gs + j;
-            let w = 4 * groups + 4 * (i / 8);
-            let mut word = u32::from_le_bytes(out[w..w + 4].try_into().unwrap());
-            word |= code(v, scale, shift) << nibble_shift(i);
-            out[w..w + 4].copy_from_slice(&word.to_le_bytes());
+            put_code(out, row_code_word(i, groups), nibble_shift(i), code(v, scale, shift));
         }
     }
 }
@@ -177,9 +190,7 @@ pub fn dequantize_row(row: &[u8], d: usize, groups: usize, out: &mut [f64]) {
     let params = row_params(row, groups);
     let gs = d / groups;
     for (i, o) in out.iter_mut().enumerate().take(d) {
-        let w = 4 * groups + 4 * (i / 8);
-        let word = u32::from_le_bytes(row[w..w + 4].try_into().unwrap());
-        let q = (word >> nibble_shift(i)) & 0xF;
+        let q = code_at(row, row_code_word(i, groups), nibble_shift(i));
         let (s, z) = params[i / gs];
         *o = q as f64 * s as f64 + z as f64;
     }
@@ -298,12 +309,8 @@ pub fn to_fragments(rows: &[u8], b: usize, tmax: usize, hkv: usize, d: usize, gr
             let po = fragment_param_offset(t, groups);
             chunk[po..po + 4 * groups].copy_from_slice(&row[..4 * groups]);
             for dim in 0..d {
-                let word = u32::from_le_bytes(row[4 * groups + 4 * (dim / 8)..][..4].try_into().unwrap());
-                let q = (word >> nibble_shift(dim)) & 0xF;
                 let (w, shift) = fragment_code_position(role, d, groups, t, dim);
-                let mut dst = u32::from_le_bytes(chunk[w..w + 4].try_into().unwrap());
-                dst |= q << shift;
-                chunk[w..w + 4].copy_from_slice(&dst.to_le_bytes());
+                put_code(chunk, w, shift, code_at(row, row_code_word(dim, groups), nibble_shift(dim)));
             }
         }
     });
@@ -325,10 +332,7 @@ pub fn from_fragments(frag: &[u8], b: usize, tmax: usize, hkv: usize, d: usize, 
         row[..4 * groups].copy_from_slice(&chunk[po..po + 4 * groups]);
         for dim in 0..d {
             let (w, shift) = fragment_code_position(role, d, groups, tc, dim);
-            let q = (u32::from_le_bytes(chunk[w..w + 4].try_into().unwrap()) >> shift) & 0xF;
-            let o = 4 * groups + 4 * (dim / 8);
-            let word = u32::from_le_bytes(row[o..o + 4].try_into().unwrap()) | (q << nibble_shift(dim));
-            row[o..o + 4].copy_from_slice(&word.to_le_bytes());
+            put_code(row, row_code_word(dim, groups), nibble_shift(dim), code_at(chunk, w, shift));
         }
     });
     rows
