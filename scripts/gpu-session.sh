@@ -121,12 +121,12 @@ for s in "$@"; do
         # Hugging Face's GPT-2 (seeded, no download) as the reference, then every named plan against it,
         # whole-sequence and through the KV cache, eager and graph-replayed.
         step gpt2-check 300 "python3 scripts/gpt2_reference.py --out /tmp/gpt2-ref && $bundle/run.sh ladder gpt2 check \
-            --reference /tmp/gpt2-ref --plan naive report fp32 cublas cublas-gemv bf16 megakernel fastest fastest-bf16 fastest-bf16:decode=4 \
+            --reference /tmp/gpt2-ref --plan naive report fp32 cublas cublas-gemv bf16 pdl megakernel fastest fastest-bf16 fastest-bf16:decode=4 \
             --kv-cache --graph"
         ;;
     gpt2-generate)
         # Text from the reference weights and from random ones, batch 1 and a ragged batch, each plan.
-        step gpt2-generate 200 "[ -f /tmp/gpt2-ref/model.safetensors ] || python3 scripts/gpt2_reference.py --out /tmp/gpt2-ref; for p in report cublas-gemv bf16 megakernel fastest fastest-bf16; do for g in '' --graph; do \
+        step gpt2-generate 200 "[ -f /tmp/gpt2-ref/model.safetensors ] || python3 scripts/gpt2_reference.py --out /tmp/gpt2-ref; for p in report cublas-gemv bf16 pdl megakernel fastest fastest-bf16; do for g in '' --graph; do \
             $bundle/run.sh ladder generate --prompt 'The meaning of life is' --weights /tmp/gpt2-ref/model.safetensors \
             --temperature 0 --max-new-tokens 128 --plan \$p \$g; done; done; \
             $bundle/run.sh ladder generate --prompt Hello --prompt 'A much longer prompt about the city' --batch 2 \

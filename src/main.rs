@@ -501,7 +501,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
             let prompt_tokens: usize = prompts.iter().map(|p| p.len()).sum();
             println!(
-                "prefill: {} tokens in {:.2} ms; decode: {} tokens in {:.2} ms ({:.1} tok/s, {}{})",
+                "prefill: {} tokens in {:.2} ms; decode: {} tokens in {:.2} ms ({:.1} tok/s, {}{}{})",
                 prompt_tokens,
                 g.prefill_ms,
                 g.decode_tokens,
@@ -512,6 +512,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     (false, true) => "KV cache, CUDA graph",
                     (false, false) => "KV cache",
                 },
+                if g.device_loop { ", greedy loop on the device" } else { "" },
                 if weights.is_none() { ", random weights" } else { "" }
             );
             Ok(ExitCode::SUCCESS)

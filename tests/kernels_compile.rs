@@ -30,6 +30,11 @@ fn compile_everything(tc: &common::Toolchain) {
             }
         }
     }
+    // The decode step's host-switched builds (dependent launch, the QKV append, the advancing argmax).
+    for (sources, v) in gpt2::decode_step::host_switched_builds().expect("the pdl plan") {
+        let Source::Kernel(path) = v.source else { continue };
+        jobs.extend([Arch::SM80, Arch::SM90A].map(|arch| (sources, v.clone(), path, arch)));
+    }
     let failures = std::sync::Mutex::new(Vec::new());
     let compiled = std::sync::atomic::AtomicUsize::new(0);
     let next = std::sync::atomic::AtomicUsize::new(0);

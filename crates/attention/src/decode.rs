@@ -99,6 +99,12 @@ impl SeqLens {
     pub fn device(&self) -> &CudaSlice<i32> {
         &self.dev
     }
+
+    /// The lengths on the device, for a kernel that moves them on itself (the decode step's greedy
+    /// loop): it must keep each in `1..=Tmax`. The host copy is then stale until the next [`SeqLens::set`].
+    pub fn device_mut(&mut self) -> &mut CudaSlice<i32> {
+        &mut self.dev
+    }
 }
 
 /// The sequences checked against the reference: all of them up to [`MAX_CHECKED_SEQS`], else the

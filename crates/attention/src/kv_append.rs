@@ -104,6 +104,23 @@ impl Cells {
         Ok(Cells { seq: gpu.upload(&seq)?, pos: gpu.upload(&pos)?, b, tmax })
     }
 
+    /// Each row's sequence and position, on the device: for a kernel that writes the cells itself
+    /// (the decode step's QKV linear with the append in its epilogue), which may trust them.
+    pub fn device(&self) -> (&CudaSlice<i32>, &CudaSlice<i32>) {
+        (&self.seq, &self.pos)
+    }
+
+    /// The cells' positions on the device, for a kernel that moves them on itself (the decode step's
+    /// greedy loop): it must keep every position below `Tmax`.
+    pub fn positions_mut(&mut self) -> &mut CudaSlice<i32> {
+        &mut self.pos
+    }
+
+    /// The `(B, Tmax)` every cell lies below.
+    pub fn bounds(&self) -> (usize, usize) {
+        (self.b, self.tmax)
+    }
+
     /// New cells for as many rows, checked as in [`Cells::upload`], copied into the same buffers.
     pub fn set(&mut self, gpu: &Gpu, cells: &[(usize, usize)]) -> Result<()> {
         let fresh = Cells::upload(gpu, cells, self.b, self.tmax)?;

@@ -409,8 +409,27 @@ impl Gpu {
         entry: &str,
         shape: LaunchShape,
     ) -> Result<Launch> {
-        let module = self.module(sources, variant)?;
+        let mut shape = shape;
         let name = format!("{}:{entry}", variant.id());
+        if variant.has(crate::launch::DEPENDENT_LAUNCH) {
+            // A dependent launch of a kernel that never waits would race the kernel before it.
+            let waits = match &variant.source {
+                crate::Source::Kernel(path) => sources.find(path)?.text.contains(crate::launch::DEPENDENT_WAIT),
+                _ => false,
+            };
+            if !waits {
+                return Err(Error::Launch {
+                    kernel: name,
+                    reason: format!(
+                        "{} is on, but the stage's file never calls {}",
+                        crate::launch::DEPENDENT_LAUNCH,
+                        crate::launch::DEPENDENT_WAIT
+                    ),
+                });
+            }
+            shape.dependent = true;
+        }
+        let module = self.module(sources, variant)?;
         let func = module
             .load_function(entry)
             .map_err(|e| Error::Launch { kernel: name.clone(), reason: format!("entry point not found: {e}") })?;

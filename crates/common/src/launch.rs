@@ -17,6 +17,15 @@ use crate::error::{DriverContext, Error, Result};
 /// Most parameters any entry point takes.
 pub const MAX_ARGS: usize = 24;
 
+/// The define that builds a stage as a link of a programmatic-dependent chain
+/// (`ladder_dependent.cuh`: its kernels wait for the previous grid before touching what it writes)
+/// and makes [`crate::Gpu::prepare_launch`] launch it as a dependent ([`LaunchShape::dependent`]):
+/// one switch for both sides. A host turns it on with [`crate::Variant::switch_on`].
+pub const DEPENDENT_LAUNCH: &str = "LADDER_DEPENDENT";
+
+/// What a stage's own file must call for [`DEPENDENT_LAUNCH`] to be safe.
+pub(crate) const DEPENDENT_WAIT: &str = "ladder_wait_prerequisites()";
+
 /// Grid, block, dynamic shared memory and (optionally) thread-block cluster of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchShape {

@@ -108,6 +108,8 @@ pub struct Requirements {
 impl Requirements {
     pub const ANY: Requirements = Requirements { min_cc: (7, 0), arch_specific: false };
     pub const SM80: Requirements = Requirements { min_cc: (8, 0), arch_specific: false };
+    /// Hopper's plain sm_90 features (programmatic dependent launch, clusters, TMA).
+    pub const SM90: Requirements = Requirements { min_cc: (9, 0), arch_specific: false };
     pub const SM90A: Requirements = Requirements { min_cc: (9, 0), arch_specific: true };
 }
 

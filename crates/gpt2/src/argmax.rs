@@ -93,6 +93,41 @@ pub struct Prepared {
     launch: Launch,
     workspace: Option<Workspace>,
     d: ArgmaxDims,
+    /// The `argmax_rows_advance` entry ([`prepare_advance`]).
+    advance: bool,
+}
+
+/// The host switch that adds `argmax_rows_advance` to the split stage's file.
+pub const ADVANCE: &str = "ARGMAX_ADVANCE";
+
+/// Whether stage `v` can advance the decode step's inputs ([`prepare_advance`]).
+pub fn advances(v: &Variant) -> bool {
+    v.plan::<Plan>().is_ok_and(|p| p == Plan::SplitRow)
+}
+
+/// The split stage with the decode step's inputs advanced by the merging lane
+/// ([`Prepared::enqueue_advance`]): a greedy loop on the device.
+pub fn prepare_advance(gpu: &Gpu, variant: &Variant, d: ArgmaxDims) -> Result<Prepared> {
+    require(variant.plan::<Plan>()? == Plan::SplitRow, "a split-row argmax stage (1) to advance the inputs", || {
+        format!("stage {}", variant.stage)
+    })?;
+    let mut v = variant.clone();
+    v.switch_on(ADVANCE);
+    let mut p = prepare(gpu, &v, d)?;
+    p.launch = gpu.prepare_launch(&SOURCES, &v, "argmax_rows_advance", p.launch.shape())?;
+    p.advance = true;
+    Ok(p)
+}
+
+/// What [`Prepared::enqueue_advance`] advances: `picks` `[B, tmax]` (row b's pick lands at its
+/// position), the next step's tokens, positions, cache cells' positions and attended lengths.
+pub struct AdvanceArgs<'a> {
+    pub picks: &'a mut CudaSlice<i32>,
+    pub tokens: &'a mut CudaSlice<i32>,
+    pub pos: &'a mut CudaSlice<i32>,
+    pub cell_pos: &'a mut CudaSlice<i32>,
+    pub lens: &'a mut CudaSlice<i32>,
+    pub tmax: usize,
 }
 
 pub fn prepare(gpu: &Gpu, variant: &Variant, d: ArgmaxDims) -> Result<Prepared> {
@@ -110,11 +145,55 @@ pub fn prepare(gpu: &Gpu, variant: &Variant, d: ArgmaxDims) -> Result<Prepared> 
             (LaunchShape::new((splits, b as u32, 1), (THREADS, 1, 1)), Some(ws))
         }
     };
-    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, variant, "argmax_rows", shape)?, workspace, d })
+    let launch = gpu.prepare_launch(&SOURCES, variant, "argmax_rows", shape)?;
+    Ok(Prepared { launch, workspace, d, advance: false })
 }
 
 impl Prepared {
+    /// As [`Prepared::enqueue`], and each row's merging lane then advances the step's inputs.
+    ///
+    /// # Safety
+    /// Every `pos[b]` must lie in `0..tmax` when the kernel runs (it writes `picks[b][pos[b]]` and,
+    /// while `pos[b] + 1 < tmax`, moves the position on): the decode step's positions are.
+    pub unsafe fn enqueue_advance(
+        &self,
+        stream: &CudaStream,
+        ids: &mut CudaSlice<i32>,
+        logits: &CudaSlice<f32>,
+        a: AdvanceArgs,
+    ) -> Result<()> {
+        let ArgmaxDims { b, v, ld } = self.d;
+        require(self.advance, "an argmax prepared to advance (prepare_advance)", || "a plain one".into())?;
+        require_len("ids", ids.len(), b)?;
+        require_len("logits", logits.len(), b * ld)?;
+        require_len("picks", a.picks.len(), b * a.tmax)?;
+        for (name, buf) in [("tokens", &*a.tokens), ("pos", &*a.pos), ("cell_pos", &*a.cell_pos), ("lens", &*a.lens)] {
+            require_len(name, buf.len(), b)?;
+        }
+        let w = self.workspace.as_ref().expect("a split stage has its workspace");
+        let args = [
+            Arg::buf(ids),
+            Arg::buf(&w.part_v),
+            Arg::buf(&w.part_i),
+            Arg::buf(&w.tickets),
+            Arg::buf(logits),
+            Arg::int(b),
+            Arg::int(v),
+            Arg::int(ld),
+            Arg::buf(a.picks),
+            Arg::buf(a.tokens),
+            Arg::buf(a.pos),
+            Arg::buf(a.cell_pos),
+            Arg::buf(a.lens),
+            Arg::int(a.tmax),
+        ];
+        // SAFETY: the arguments follow argmax_rows_advance's signature, lengths checked above; the
+        // positions are the caller's promise.
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+
     pub fn enqueue(&self, stream: &CudaStream, ids: &mut CudaSlice<i32>, logits: &CudaSlice<f32>) -> Result<()> {
+        require(!self.advance, "a plain argmax (enqueue_advance for an advancing one)", || "an advancing one".into())?;
         let ArgmaxDims { b, v, ld } = self.d;
         require_len("ids", ids.len(), b)?;
         require_len("logits", logits.len(), b * ld)?;

@@ -46,6 +46,13 @@ const ATTENTION_MAX_SPLITS: usize = 16;
 pub enum Plan {
     /// The `bf16` model plan's kernels, captured as one CUDA graph and replayed.
     Composed,
+    /// The `pdl` model plan's: the same kernels (the GEMV on stage 6), every one after the encoder
+    /// launched as a programmatic dependent of the one before it.
+    ComposedDependent,
+    /// [`Plan::ComposedDependent`] with kv-append in the QKV GEMV's epilogue: one kernel fewer a
+    /// layer.
+    AppendInQkv,
+
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
     /// The megakernel launched once for the whole step.
@@ -88,7 +95,70 @@ fn stages() -> Vec<Variant> {
             "each block's first unit of a phase has its weights loaded into registers before the barrier that precedes the phase: the loads' latency overlaps the wait and the LayerNorm rows' staging",
         )
         .with_defines(vec![Define::on("MK_EARLY_WEIGHTS")]),
+        Variant::host(
+            FAMILY,
+            OP,
+            6,
+            "dependent-launch",
+            "stage 0's graph as a programmatic-dependent chain",
+            Precision::Bf16,
+            "stage 0 with every kernel after the encoder launched as a programmatic dependent of the one before it (each starts under its predecessor's tail and waits for it in the kernel), the GEMVs copying their first pass of weights into shared memory before that wait (gemv 6)",
+        )
+        .with_plan(Plan::ComposedDependent),
+        Variant::host(
+            FAMILY,
+            OP,
+            7,
+            "append-in-qkv",
+            "stage 6 with kv-append in the QKV GEMV's epilogue",
+            Precision::Bf16,
+            "stage 6 with kv-append done by the QKV GEMV's epilogue (q to bf16, k and v straight into the cache cells): 5 kernels a layer instead of 6, 63 a step",
+        )
+        .with_plan(Plan::AppendInQkv),
     ]
+}
+
+impl Plan {
+    /// The model plan whose step a composed stage replays (`None`: a megakernel stage).
+    pub fn model_plan(self) -> Option<&'static str> {
+        match self {
+            Plan::Composed => Some("bf16"),
+            Plan::ComposedDependent | Plan::AppendInQkv => Some("pdl"),
+            Plan::PerLayer | Plan::WholeStep => None,
+        }
+    }
+
+    /// Whether a composed step's kernels after the encoder are launched as programmatic dependents.
+    pub fn dependent(self) -> bool {
+        matches!(self, Plan::ComposedDependent | Plan::AppendInQkv)
+    }
+
+    /// Whether the QKV GEMV appends to the cache itself (no kv-append kernel).
+    pub fn append_in_qkv(self) -> bool {
+        self == Plan::AppendInQkv
+    }
+}
+
+/// The builds the composed steps make beyond the stage lists' own (the `pdl` plan's stages with the
+/// host switches the model turns on: the dependent chain, kv-append in the QKV epilogue, the argmax
+/// that advances the inputs), for `kernels_compile` to compile them too.
+pub fn host_switched_builds() -> Result<Vec<(&'static common::Sources, Variant)>> {
+    let plan = ModelPlan::named("pdl")?;
+    let with = |v: &Variant, switches: &[&str]| {
+        let mut v = v.clone();
+        switches.iter().for_each(|s| v.switch_on(s));
+        v
+    };
+    let dep = common::DEPENDENT_LAUNCH;
+    let gemv = plan.gemv.as_ref().ok_or_else(|| Error::constraint("a GEMV in the pdl plan", "none"))?;
+    Ok(vec![
+        (&matmul::SOURCES, with(gemv, &[dep, matmul::gemv::QKV_APPEND])),
+        (&attention::SOURCES, with(&plan.kv_append, &[dep])),
+        (&attention::SOURCES, with(&plan.decode, &[dep])),
+        (&SOURCES, with(&plan.argmax, &[dep])),
+        (&SOURCES, with(&plan.argmax, &[dep, crate::argmax::ADVANCE])),
+        (&SOURCES, with(&plan.argmax, &[crate::argmax::ADVANCE])),
+    ])
 }
 
 /// The megakernel's view of one layer: `MkLayer` of `02_megakernel.cu`, field for field.
@@ -204,7 +274,7 @@ impl MegaStep {
     pub(crate) fn prepare(gpu: &Gpu, variant: &Variant, cfg: Config, b: usize, grid: Option<u32>) -> Result<MegaStep> {
         check_megakernel(&cfg, b)?;
         let plan = variant.plan::<Plan>()?;
-        require(plan != Plan::Composed, "a megakernel stage", || variant.id())?;
+        require(plan.model_plan().is_none(), "a megakernel stage", || variant.id())?;
         let threads = variant.tunable("MK_THREADS")?;
         let per_sm = variant.tunable("MK_BLOCKS_PER_SM")?;
         let grid = grid.unwrap_or(gpu.info().sm_count * per_sm);
@@ -363,7 +433,7 @@ impl StepDims {
 }
 
 fn check(v: &Variant, d: &StepDims) -> Result<()> {
-    if v.plan::<Plan>()? != Plan::Composed {
+    if v.plan::<Plan>()?.model_plan().is_none() {
         check_megakernel(&d.cfg, d.b)?;
     }
     Ok(())
@@ -396,7 +466,7 @@ impl Op for DecodeStep {
         check(v, &StepDims::of(s)?)
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
-        if v.plan::<Plan>().is_ok_and(|p| p == Plan::Composed) {
+        if v.plan::<Plan>().is_ok_and(|p| p.model_plan().is_some()) {
             return Vec::new();
         }
         vec![
@@ -574,6 +644,9 @@ impl Problem for StepProblem {
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
         check(v, &self.d)?;
+        // A composed stage runs its model plan's ops; a megakernel stage replaces them.
+        let plan = v.plan::<Plan>()?.model_plan().unwrap_or("bf16");
+        self.model.set_plan(ModelPlan::named(plan)?)?;
         self.model.set_step_stage(v.clone(), self.d.grid);
         self.model.prepare_step(gpu, &self.cache, &self.tokens)
     }

@@ -64,6 +64,12 @@ impl TokenIds {
         &self.ids
     }
 
+    /// The ids on the device, for a kernel that writes the next ones itself (the decode step's
+    /// greedy loop: an argmax index, below V by construction).
+    pub(crate) fn device_mut(&mut self) -> &mut CudaSlice<i32> {
+        &mut self.ids
+    }
+
     /// New ids for as many rows, checked as in [`TokenIds::upload`], copied into place.
     pub fn set(&mut self, gpu: &Gpu, ids: &[i32]) -> Result<()> {
         require_len("tokens", ids.len(), self.ids.len())?;
@@ -93,6 +99,12 @@ impl Positions {
     /// The positions on the device.
     pub(crate) fn device(&self) -> &CudaSlice<i32> {
         &self.pos
+    }
+
+    /// The positions on the device, for a kernel that moves them on itself (the decode step's
+    /// greedy loop, which keeps them below the context).
+    pub(crate) fn device_mut(&mut self) -> &mut CudaSlice<i32> {
+        &mut self.pos
     }
 
     /// New positions for as many rows, checked as in [`Positions::upload`], copied into place.

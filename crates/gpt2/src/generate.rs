@@ -52,7 +52,14 @@ pub struct Generation {
     pub decode_ms: f64,
     /// Tokens produced after the first (the decode steps' work).
     pub decode_tokens: usize,
+    /// Greedy steps ran as the loop on the device ([`Model::decode_greedy_on_device`], chunks of
+    /// [`DEVICE_LOOP_CHUNK`] steps) instead of one host round trip a step.
+    pub device_loop: bool,
 }
+
+/// Greedy steps the loop on the device runs between two looks at the tokens (for `<|endoftext|>`):
+/// tokens a finished sequence makes past its end in the last chunk are dropped.
+pub const DEVICE_LOOP_CHUNK: usize = 16;
 
 /// Generates up to `max_new` tokens after each prompt, stopping a sequence at `<|endoftext|>` when
 /// `stop_at_end`, with or without the KV cache. `on_step(n)` is told after each step how many
@@ -118,7 +125,7 @@ pub fn generate(
             break;
         }
     }
-    Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens })
+    Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens, device_loop: false })
 }
 
 fn generate_cached(
@@ -132,8 +139,9 @@ fn generate_cached(
 ) -> Result<Generation> {
     let b = prompts.len();
     let mut out = vec![Vec::new(); b];
+    let device_loop = sampler.is_greedy() && model.has_device_loop()?;
     if max_new == 0 {
-        return Ok(Generation { tokens: out, prefill_ms: 0.0, decode_ms: 0.0, decode_tokens: 0 });
+        return Ok(Generation { tokens: out, prefill_ms: 0.0, decode_ms: 0.0, decode_tokens: 0, device_loop });
     }
     let mut cache = model.new_cache(gpu, b)?;
     let start = Instant::now();
@@ -149,21 +157,32 @@ fn generate_cached(
     let mut decode_tokens = 0;
     while !out.iter().all(finished) {
         // The device picks the tokens (argmax, or a draw with the host's uniforms) and B ids come
-        // back instead of B x V logits.
-        let ids = if sampler.is_greedy() {
-            model.decode_step_greedy(gpu, &mut cache, &last)?
+        // back instead of B x V logits; greedy steps where it can as a loop on the device, each
+        // sequence's picks of a chunk at once.
+        let picks: Vec<Vec<i32>> = if device_loop {
+            let left = out.iter().filter(|o| !finished(o)).map(|o| max_new - o.len()).max().unwrap_or(1);
+            let room = model.cfg.max_t - cache.lens.iter().copied().max().unwrap_or(0);
+            let n = left.min(DEVICE_LOOP_CHUNK).min(room).max(1);
+            model.decode_greedy_on_device(gpu, &mut cache, &last, n)?
+        } else if sampler.is_greedy() {
+            model.decode_step_greedy(gpu, &mut cache, &last)?.into_iter().map(|id| vec![id]).collect()
         } else {
             let draws = sampler.uniforms(b);
-            model.decode_step_sampled(gpu, &mut cache, &last, sampler.sampling(), &draws)?
+            let ids = model.decode_step_sampled(gpu, &mut cache, &last, sampler.sampling(), &draws)?;
+            ids.into_iter().map(|id| vec![id]).collect()
         };
-        for i in 0..b {
-            if !finished(&out[i]) {
-                last[i] = ids[i];
-                out[i].push(last[i]);
-                decode_tokens += 1;
+        for (i, row) in picks.iter().enumerate() {
+            for &id in row {
+                if !finished(&out[i]) {
+                    out[i].push(id);
+                    decode_tokens += 1;
+                }
             }
+            // The next step's token: the device loop goes on from its own last pick.
+            last[i] = *row.last().expect("at least one step");
         }
         on_step(out.iter().map(|o| o.len()).max().unwrap_or(0));
     }
-    Ok(Generation { tokens: out, prefill_ms, decode_ms: start.elapsed().as_secs_f64() * 1e3, decode_tokens })
+    let decode_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens, device_loop })
 }

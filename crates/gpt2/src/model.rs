@@ -237,16 +237,25 @@ impl Model {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
         let lm_head = padded_head(weights, &cfg);
-        // A megakernel step reads the folded linears too.
-        let mega = is_megakernel(&plan.step)?;
-        let fold = mega || plan.gemv.as_ref().is_some_and(gemv::folds_layernorm);
-        let bf16 = if mega || plan.gemv.is_some() || plan.bf16.is_some() {
-            Some(Bf16Weights::new(gpu, weights, &lm_head, fold)?)
-        } else {
-            None
+        let bf16 = match weight_forms(&plan)? {
+            WeightForms { bf16: true, folded } => Some(Bf16Weights::new(gpu, weights, &lm_head, folded)?),
+            _ => None,
         };
         let weights = DeviceWeights { p: weights.map(|w| gpu.upload(w))?, lm_head: gpu.upload(&lm_head)?, bf16 };
         Ok(Model { cfg, plan, weights, prepared: HashMap::new(), decode: None, graph: false, mega_grid: None })
+    }
+
+    /// Runs `plan` from now on, over the weights already on the device: it must read the same
+    /// forms of them (bf16 copies, folded LayerNorms) as the plan the model was made for.
+    pub fn set_plan(&mut self, plan: Plan) -> Result<()> {
+        let (want, have) = (weight_forms(&plan)?, weight_forms(&self.plan)?);
+        require(want == have, "a plan over the same device weights (bf16 copies, folded LayerNorms)", || {
+            format!("{} needs {want:?}, the model holds {have:?}", plan.name)
+        })?;
+        self.plan = plan;
+        self.prepared.clear();
+        self.decode = None;
+        Ok(())
     }
 
     fn prepare(&mut self, gpu: &Gpu, b: usize, t: usize) -> Result<()> {
@@ -806,6 +815,8 @@ struct DecodeStep {
     linears: [DecodeLinear; 4],
     lm_head: DecodeLinear,
     kv: kv_append::Prepared,
+    /// The QKV GEMV with kv-append in its epilogue (`decode-step` 7): then no kv-append kernel runs.
+    qkv_append: Option<gemv::QkvAppend>,
     attention: attn_decode::Prepared,
     gelu: pointwise::Prepared,
     residual: pointwise::Prepared,
@@ -825,6 +836,11 @@ struct DecodeStep {
     /// Greedy or sampled picks on the device into `next` (such a step downloads these B ids); a
     /// sampled step draws with `uniforms` (one per sequence, written before each step).
     argmax: argmax::Prepared,
+    /// The same argmax advancing the step's inputs on the device ([`Model::decode_greedy_on_device`]),
+    /// where the plan's argmax stage can.
+    argmax_advance: Option<argmax::Prepared>,
+    /// Each sequence's greedy picks by position `[B, context]`, written by `argmax_advance`.
+    picks: CudaSlice<i32>,
     sample: sample::Prepared,
     uniforms: CudaSlice<f32>,
     next: CudaSlice<i32>,
@@ -851,6 +867,8 @@ pub struct StepTimeline {
 enum StepEnd {
     Logits,
     Greedy,
+    /// Greedy, the argmax also advancing the next step's inputs on the device.
+    GreedyOnDevice,
     Sample(Sampling),
 }
 
@@ -932,9 +950,22 @@ impl Model {
             (Some(bf), Some(_)) => (&bf.layernorm, ActType::Bf16),
             _ => (&p.layernorm, ActType::F32),
         };
-        // A GEMV that folds the LayerNorm in (stage 5) takes QKV, the MLP up and the LM head with it:
-        // they read the residual stream (fp32) and add the folded shift as a bias.
+        // A GEMV that folds the LayerNorm in (stages 5, 6) takes QKV, the MLP up and the LM head with
+        // it: they read the residual stream (fp32) and add the folded shift as a bias.
         let fold = p.gemv.as_ref().is_some_and(gemv::folds_layernorm);
+        // A dependent-launch step (`decode-step` 6): the GEMVs, kv-append, decode attention and the
+        // argmax are built as links of a chain (each waits for the kernel before it inside the
+        // kernel) and launched as programmatic dependents; the encoder, first, is not.
+        let step_plan = p.step.plan::<step::Plan>()?;
+        let dependent = step_plan.dependent();
+        let link = |v: &common::Variant| {
+            let mut v = v.clone();
+            if dependent {
+                v.switch_on(common::DEPENDENT_LAUNCH);
+            }
+            v
+        };
+        let gemv_stage = p.gemv.as_ref().map(link);
         let lin = |n: usize, k: usize, bias: bool, tail: Tail, input: Input| -> Result<DecodeLinear> {
             let ln = fold && input == Input::LayerNorm;
             let input = match input {
@@ -943,7 +974,7 @@ impl Model {
                 Input::Act(t) => t,
             };
             let bias = bias || ln;
-            Ok(match &p.gemv {
+            Ok(match &gemv_stage {
                 Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias, tail, input, ln })?),
                 None => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
             })
@@ -957,6 +988,21 @@ impl Model {
             splits: 0,
         };
         let kv_dims = self.kv_dims(b, b, ActType::F32)?;
+        let argmax_dims = ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() };
+        // `decode-step` 7: the QKV GEMV appends to the (contiguous) cache in its epilogue.
+        let qkv_append = match (&gemv_stage, step_plan.append_in_qkv()) {
+            (_, false) => None,
+            (Some(v), true) if fold && attn_decode::layout_of(&p.decode)? == Layout::Contiguous => {
+                let d = GemvDims { m: b, n: 3 * c, k: c, bias: true, tail: Tail::None, input: ActType::F32, ln: true };
+                Some(gemv::prepare_qkv_append(gpu, v, d)?)
+            }
+            _ => {
+                return Err(Error::constraint(
+                    "a folding GEMV stage and a contiguous cache for kv-append in the QKV epilogue (decode-step 7)",
+                    format!("gemv {:?}, decode stage {}", p.gemv.as_ref().map(|v| v.stage), p.decode.stage),
+                ))
+            }
+        };
         // A bf16 plan's GEMVs read its bf16 LayerNorm's output; otherwise the plan's fp32 one's.
         let step = DecodeStep {
             encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
@@ -969,8 +1015,9 @@ impl Model {
             ],
             lm_head: lin(cfg.padded_vocab(), c, false, Tail::None, Input::LayerNorm)?,
             folds_ln: fold,
-            kv: kv_append::prepare(gpu, &p.kv_append, kv_dims)?,
-            attention: attn_decode::prepare(gpu, &p.decode, dd)?,
+            kv: kv_append::prepare(gpu, &link(&p.kv_append), kv_dims)?,
+            qkv_append,
+            attention: attn_decode::prepare(gpu, &link(&p.decode), dd)?,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, b * c)?,
             acts: Activations::new(gpu, &cfg, b)?,
@@ -981,7 +1028,14 @@ impl Model {
             pos: Positions::upload(gpu, &vec![0; b], cfg.max_t)?,
             cells: Cells::upload(gpu, &(0..b).map(|i| (i, 0)).collect::<Vec<_>>(), b, cfg.max_t)?,
             lens: SeqLens::new(gpu, &vec![1; b], cfg.max_t)?,
-            argmax: argmax::prepare(gpu, &p.argmax, ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() })?,
+            argmax: argmax::prepare(gpu, &link(&p.argmax), argmax_dims)?,
+            // The greedy loop on the device needs an argmax that can advance the inputs (the split
+            // stage's); a megakernel picks the ids itself.
+            argmax_advance: match argmax::advances(&p.argmax) && !is_megakernel(&p.step)? {
+                true => Some(argmax::prepare_advance(gpu, &link(&p.argmax), argmax_dims)?),
+                false => None,
+            },
+            picks: gpu.zeros(b * cfg.max_t)?,
             sample: sample::prepare(gpu, &p.sample, SampleDims { b, v: cfg.vocab, ld: cfg.padded_vocab() })?,
             uniforms: gpu.zeros(b)?,
             next: gpu.zeros(b)?,
@@ -1021,6 +1075,60 @@ impl Model {
             self.check_step(gpu)?;
         }
         Ok(ids)
+    }
+
+    /// Whether [`Model::decode_greedy_on_device`] runs under this plan: a composed step (not a
+    /// megakernel) whose argmax stage can advance the inputs (split-row).
+    pub fn has_device_loop(&self) -> Result<bool> {
+        Ok(!is_megakernel(&self.plan.step)? && argmax::advances(&self.plan.argmax))
+    }
+
+    /// `steps` greedy steps with the inputs advanced on the device (a composed step whose argmax is
+    /// the split stage): each step's argmax writes the next step's token, position, cache cell and
+    /// length and records its pick, so the host writes only the first step's inputs, enqueues the
+    /// steps back to back (replaying the graph when graphs are on) and downloads the picks once.
+    /// Returns each sequence's `steps` tokens; the cache advances by `steps`.
+    pub fn decode_greedy_on_device(
+        &mut self,
+        gpu: &Gpu,
+        cache: &mut KvCache,
+        tokens: &[i32],
+        steps: usize,
+    ) -> Result<Vec<Vec<i32>>> {
+        let tmax = self.cfg.max_t;
+        require(steps >= 1, "steps >= 1", || "0".into())?;
+        if let Some((i, &l)) = cache.lens.iter().enumerate().find(|(_, &l)| l + steps > tmax) {
+            return Err(Error::constraint(
+                format!("every sequence's length + steps <= the context {tmax}"),
+                format!("sequence {i}: {l} + {steps}"),
+            ));
+        }
+        let from = cache.lens.clone();
+        self.begin_step(gpu, cache, tokens)?;
+        let (_, op) = self.decode.as_mut().expect("prepared by begin_step");
+        require(
+            op.argmax_advance.is_some(),
+            "a composed step with a split-row argmax (1) for the device loop",
+            || format!("argmax {}, decode-step {}", self.plan.argmax.stage, self.plan.step.stage),
+        )?;
+        let s = gpu.stream().clone();
+        let w = &self.weights;
+        let end = StepEnd::GreedyOnDevice;
+        for _ in 0..steps {
+            if self.graph {
+                let mut graph = op.graph.take();
+                let replayed = graph::replay(&mut graph, (cache.id, end), &s, |st| {
+                    enqueue_decode(st, w, op, cache, end, &mut |_| Ok(()))
+                });
+                op.graph = graph;
+                replayed?;
+            } else {
+                enqueue_decode(&s, w, op, cache, end, &mut |_| Ok(()))?;
+            }
+        }
+        cache.lens.iter_mut().for_each(|l| *l += steps);
+        let picks = gpu.download(&op.picks)?;
+        Ok(from.iter().enumerate().map(|(b, &l)| picks[b * tmax + l..b * tmax + l + steps].to_vec()).collect())
     }
 
     /// A sampled decode step: as [`Model::decode_step`], with the plan's `sample` stage drawing each
@@ -1264,9 +1372,26 @@ impl Model {
     }
 }
 
-/// Whether a `decode-step` stage is a megakernel (stage 0 is the composed step).
+/// Whether a `decode-step` stage is a megakernel (stages 0 and 6 are the composed step).
 fn is_megakernel(v: &common::Variant) -> Result<bool> {
-    Ok(v.plan::<step::Plan>()? != step::Plan::Composed)
+    Ok(v.plan::<step::Plan>()?.model_plan().is_none())
+}
+
+/// The forms of the weights a plan reads besides the fp32 ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WeightForms {
+    /// bf16 copies (a GEMV decode step, a bf16 pass or a megakernel).
+    bf16: bool,
+    /// The LayerNorms folded into the linears after them (a folding GEMV or a megakernel).
+    folded: bool,
+}
+
+fn weight_forms(plan: &Plan) -> Result<WeightForms> {
+    let mega = is_megakernel(&plan.step)?;
+    Ok(WeightForms {
+        bf16: mega || plan.gemv.is_some() || plan.bf16.is_some(),
+        folded: mega || plan.gemv.as_ref().is_some_and(gemv::folds_layernorm),
+    })
 }
 
 /// The decode step as `gpt2/decode-step` drives it: a stage set, a cache filled from the host, the
@@ -1410,6 +1535,9 @@ fn enqueue_decode(
         return match end {
             // The megakernel picked the greedy ids already.
             StepEnd::Logits | StepEnd::Greedy => Ok(()),
+            StepEnd::GreedyOnDevice => {
+                Err(Error::constraint("a composed step for the device loop", "a megakernel (it picks the ids itself)"))
+            }
             StepEnd::Sample(sampling) => {
                 op.sample.enqueue(s, &mut op.next, &op.acts.logits, &op.uniforms, &sampling)?;
                 mark("sample")
@@ -1422,6 +1550,24 @@ fn enqueue_decode(
     let a = &mut op.acts;
     match end {
         StepEnd::Logits => Ok(()),
+        StepEnd::GreedyOnDevice => {
+            let adv = op.argmax_advance.as_ref().ok_or_else(|| {
+                Error::constraint("an argmax stage that advances the inputs (split-row) for the device loop", "none")
+            })?;
+            let tmax = op.cells.bounds().1;
+            let args = argmax::AdvanceArgs {
+                picks: &mut op.picks,
+                tokens: op.ids.device_mut(),
+                pos: op.pos.device_mut(),
+                cell_pos: op.cells.positions_mut(),
+                lens: op.lens.device_mut(),
+                tmax,
+            };
+            // SAFETY: the positions were checked below the context when written (begin_step), and the
+            // kernel moves them on only while they stay below it.
+            unsafe { adv.enqueue_advance(s, &mut op.next, &a.logits, args)? };
+            mark("argmax + advance")
+        }
         StepEnd::Greedy => {
             op.argmax.enqueue(s, &mut op.next, &a.logits)?;
             mark("argmax")
@@ -1477,6 +1623,32 @@ impl Pass for Step<'_> {
         let op = &mut *self.op;
         let linear = &op.linears[which as usize];
         let fused = linear.fuses_tail();
+        if let (Some(f), Some(fused), BlockLinear::Qkv) = (self.w.folded(which, layer), &op.qkv_append, which) {
+            // ln_1 folded in and kv-append in the epilogue: q to bf16, k and v into the cache.
+            let (seq, pos) = op.cells.device();
+            let LayerCache::Contiguous { k, v } = &mut self.cache.layers[layer] else {
+                return Err(Error::constraint("a contiguous cache for kv-append in the QKV epilogue", "a paged one"));
+            };
+            let (cache_b, tmax) = op.cells.bounds();
+            let c = f.bias.len() / 3;
+            require(k.len() == cache_b * tmax * c, "the cache the cells were made for", || {
+                format!("{} elements for cells below ({cache_b}, {tmax}), C = {c}", k.len())
+            })?;
+            let args = gemv::QkvAppendArgs {
+                q_out: &mut op.q16,
+                k_cache: k,
+                v_cache: v,
+                seq,
+                pos,
+                tmax,
+                inp: &op.acts.x,
+                weight: &f.weight,
+                bias: &f.bias,
+            };
+            // SAFETY: `Cells` holds cells below (B, tmax) of this cache (checked above).
+            unsafe { fused.enqueue(s, args)? };
+            return (self.mark)("linear qkv + kv-append");
+        }
         if let Some(f) = self.w.folded(which, layer).filter(|_| op.folds_ln) {
             // The LayerNorm folded in: the raw residual stream, W' and bias'.
             let a = &mut op.acts;
@@ -1501,10 +1673,12 @@ impl Pass for Step<'_> {
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
         let op = &mut *self.op;
         let a = &mut op.acts;
-        let target = self.cache.layers[layer].target();
-        op.kv
-            .enqueue(s, KvAppendArgs { q_out: &mut op.q16, cache: target, qkv: Act::F32(&a.qkv), cells: &op.cells })?;
-        (self.mark)("kv-append")?;
+        if op.qkv_append.is_none() {
+            let target = self.cache.layers[layer].target();
+            let args = KvAppendArgs { q_out: &mut op.q16, cache: target, qkv: Act::F32(&a.qkv), cells: &op.cells };
+            op.kv.enqueue(s, args)?;
+            (self.mark)("kv-append")?;
+        }
         let args = DecodeArgs {
             out: &mut op.att16,
             lse: &mut a.att_lse,

@@ -111,8 +111,8 @@ fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
 
 /// The named plans, in the model table's order. `fastest` and `fastest-bf16` are chosen on the
 /// device ([`crate::fastest::resolve`]); the others are fixed.
-pub const PLAN_NAMES: [&str; 9] =
-    ["naive", "report", "fp32", "cublas", "cublas-gemv", "bf16", "megakernel", "fastest", "fastest-bf16"];
+pub const PLAN_NAMES: [&str; 10] =
+    ["naive", "report", "fp32", "cublas", "cublas-gemv", "bf16", "pdl", "megakernel", "fastest", "fastest-bf16"];
 
 impl Plan {
     /// - `naive`: stage 0 of every op;
@@ -128,7 +128,11 @@ impl Plan {
     /// - `bf16`: the whole-sequence pass on bf16 activations with the last rung of each bf16 ladder
     ///   (LayerNorm 07 storing bf16, `linear-bf16` 16 for every linear, `prefill-bf16` 10), the
     ///   decode step on the tensor-core GEMV with the LayerNorms folded in (05);
-    /// - `megakernel`: `bf16` with the decode step as one persistent kernel (`decode-step` 3).
+    /// - `pdl`: `bf16` with the decode step as a programmatic-dependent chain (`decode-step` 7):
+    ///   every kernel after the encoder starts under the one before it and waits for it inside the
+    ///   kernel, the GEMVs (stage 6) with their first pass of weights already copied, kv-append in
+    ///   the QKV GEMV's epilogue;
+    /// - `megakernel`: `bf16` with the decode step as one persistent kernel (`decode-step` 5).
     ///
     /// `fastest` and `fastest-bf16` need the device: see [`crate::fastest::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
@@ -139,6 +143,7 @@ impl Plan {
             "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
             "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF],
             "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 10],
+            "pdl" => [0, 6, 91, 6, 1, 1, 7, 0, 6, 1, 0, 7, 7, 16, 16, 10],
             "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 10],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(

@@ -82,6 +82,9 @@ pub struct PlanRow {
     pub decode_graph: Vec<Cell>,
     /// Graph-replayed greedy steps: the plan's argmax on the device, B ids downloaded.
     pub decode_greedy: Vec<Cell>,
+    /// The greedy loop on the device ([`Model::decode_greedy_on_device`]): graph-replayed steps back
+    /// to back, each advancing its own inputs, the picks downloaded once; time per step.
+    pub decode_loop: Vec<Cell>,
     /// Per batch size: one token per sequence with no cache (the forward pass over the prefix).
     pub no_cache: Vec<Cell>,
     /// Kernels in one captured decode step (at the largest batch).
@@ -261,6 +264,7 @@ fn plan_row(
         decode_eager: Vec::new(),
         decode_graph: Vec::new(),
         decode_greedy: Vec::new(),
+        decode_loop: Vec::new(),
         no_cache: Vec::new(),
         step_kernels: None,
     };
@@ -281,6 +285,14 @@ fn plan_row(
             }
             .push(cell);
         }
+    }
+    for &b in &DECODE_BATCHES {
+        let cell = match model.has_device_loop()? {
+            true => Cell::from(time_device_loop(gpu, &mut model, b, steps, decode_from)),
+            false => Cell::Skipped("no greedy loop on the device: a megakernel step or a block-row argmax".into()),
+        };
+        progress(&format!("plan {name}: decode at batch {b} (graph, greedy loop on the device): {cell:?}"));
+        row.decode_loop.push(cell);
     }
     row.step_kernels = model.decode_graph_kernels()?;
     for &b in &DECODE_BATCHES {
@@ -314,6 +326,25 @@ fn time_steps(gpu: &Gpu, model: &mut Model, b: usize, steps: usize, from: usize,
         } else {
             model.decode_step(gpu, &mut cache, &tokens).map(drop)
         }
+    })
+}
+
+/// Host-clock time per step of the greedy loop on the device at batch `b`: `steps` graph-replayed
+/// steps from cache length `from` in one call (the first step's inputs written, the picks downloaded
+/// at the end), five calls after one warm-up (which captures the graph), each from `from` again.
+fn time_device_loop(gpu: &Gpu, model: &mut Model, b: usize, steps: usize, from: usize) -> Result<Timing> {
+    let mut cache = model.timing_cache(gpu, b, from)?;
+    let tokens: Vec<i32> = (0..b as i32).map(|i| (i * 7919) % 50000).collect();
+    let per_call = timing::time_host(1, 5, || {
+        cache.lens.iter_mut().for_each(|l| *l = from);
+        model.decode_greedy_on_device(gpu, &mut cache, &tokens, steps).map(drop)
+    })?;
+    let per_step = |ms: f64| ms / steps as f64;
+    Ok(Timing {
+        median_ms: per_step(per_call.median_ms),
+        min_ms: per_step(per_call.min_ms),
+        max_ms: per_step(per_call.max_ms),
+        ..per_call
     })
 }
 
@@ -457,6 +488,8 @@ impl ModelTable {
                     .into_iter()
                     .chain(&r.decode_eager)
                     .chain(&r.decode_graph)
+                    .chain(&r.decode_greedy)
+                    .chain(&r.decode_loop)
                     .chain(&r.no_cache)
                     .filter(|c| failed(c))
                     .count()
@@ -483,13 +516,13 @@ impl ModelTable {
         let head = |md: &mut String, first: &str| {
             md.push_str(&format!("| {first} | prefill | prefill (last logits) |"));
             for x in b {
-                md.push_str(&format!(" b{x} eager | b{x} graph | b{x} graph+argmax |"));
+                md.push_str(&format!(" b{x} eager | b{x} graph | b{x} graph+argmax | b{x} device loop |"));
             }
             for x in b {
                 md.push_str(&format!(" b{x} no cache |"));
             }
             md.push_str(" kernels/step | stages |\n|");
-            md.push_str(&"---|".repeat(4 + 4 * b.len() + 1));
+            md.push_str(&"---|".repeat(4 + 5 * b.len() + 1));
             md.push('\n');
         };
         let row = |md: &mut String, r: &PlanRow| {
@@ -501,10 +534,11 @@ impl ModelTable {
             md.push_str(&format!("| {} | {} | {} |", r.plan, time(&r.prefill), time(&r.prefill_last)));
             for (i, &x) in b.iter().enumerate() {
                 md.push_str(&format!(
-                    " {} | {} | {} |",
+                    " {} | {} | {} | {} |",
                     tok_s(&r.decode_eager[i], x),
                     tok_s(&r.decode_graph[i], x),
-                    tok_s(&r.decode_greedy[i], x)
+                    tok_s(&r.decode_greedy[i], x),
+                    tok_s(&r.decode_loop[i], x)
                 ));
             }
             for (i, &x) in b.iter().enumerate() {

@@ -215,15 +215,16 @@ fn main() -> std::process::ExitCode {
                 },
             )
         })
-        .gpu("megakernel_plan_decodes_like_the_reference", |gpu| {
+        .gpu("megakernel_and_dependent_plans_decode_like_the_reference", |gpu| {
             // The megakernel's constraints (C % 256, head size 64) on a small model; ragged prompts,
-            // six steps through the bf16 cache, eager and replayed, logits and greedy ids.
+            // six steps through the bf16 cache, eager and replayed, logits and greedy ids; the same
+            // for the dependent-launch chain (`pdl`).
             let cfg = Config { layers: 2, heads: 4, c: 256, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 7);
             let seqs: Vec<Vec<i32>> =
                 [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
-            for graph in [false, true] {
-                let mut m = Model::new(gpu, cfg, &w, Plan::named("megakernel").unwrap()).unwrap();
+            for (plan, graph) in [("megakernel", false), ("megakernel", true), ("pdl", false), ("pdl", true)] {
+                let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
                 m.set_graph(graph);
                 let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
                 let mut s = seqs.clone();
@@ -248,14 +249,58 @@ fn main() -> std::process::ExitCode {
                         (m.last_logits(gpu, s.len()).unwrap(), Some(ids))
                     };
                     let err = rel_l2(&got, &want);
-                    assert!(err <= 2e-2, "graph {graph}, step {step}: logits rel L2 {err:e}");
+                    assert!(err <= 2e-2, "{plan}, graph {graph}, step {step}: logits rel L2 {err:e}");
                     if let Some(ids) = ids {
                         let picks: Vec<i32> = got.chunks(cfg.vocab).map(gpt2::sampling::argmax).collect();
-                        assert_eq!(ids, picks, "graph {graph}, step {step}");
+                        assert_eq!(ids, picks, "{plan}, graph {graph}, step {step}");
                     }
                 }
                 assert_eq!(cache.lens(), &[11, 17, 23]);
             }
+        })
+        .gpu("greedy_loop_on_the_device_decodes_like_the_host_loop", |gpu| {
+            // Ragged prompts; six greedy steps one host round trip at a time, and the same six as the
+            // loop on the device (chunks of 4 and 2): the same tokens, the same lengths, and caches
+            // that give the same next logits. The composed bf16 step eager and graph-replayed, and the
+            // dependent chain with the append in the QKV epilogue.
+            let cfg = Config { layers: 2, heads: 4, c: 256, vocab: 101, max_t: 40 };
+            let w = Weights::random(&cfg, 11);
+            let seqs: Vec<Vec<i32>> =
+                [4usize, 9, 15].iter().map(|&n| (0..n).map(|t| ((t * 17 + n) % 101) as i32).collect()).collect();
+            for (plan, graph) in [("bf16", false), ("bf16", true), ("pdl", true)] {
+                let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
+                assert!(m.has_device_loop().unwrap(), "{plan}");
+                m.set_graph(graph);
+                let mut caches = [m.new_cache(gpu, seqs.len()).unwrap(), m.new_cache(gpu, seqs.len()).unwrap()];
+                for c in caches.iter_mut() {
+                    for (i, q) in seqs.iter().enumerate() {
+                        m.prefill_into(gpu, c, i, q).unwrap();
+                    }
+                }
+                let first = vec![3, 50, 100];
+                let mut host = vec![Vec::new(); seqs.len()];
+                let mut last = first.clone();
+                for _ in 0..6 {
+                    last = m.decode_step_greedy(gpu, &mut caches[0], &last).unwrap();
+                    host.iter_mut().zip(&last).for_each(|(h, &t)| h.push(t));
+                }
+                let mut device = m.decode_greedy_on_device(gpu, &mut caches[1], &first, 4).unwrap();
+                let next: Vec<i32> = device.iter().map(|d| *d.last().unwrap()).collect();
+                let more = m.decode_greedy_on_device(gpu, &mut caches[1], &next, 2).unwrap();
+                device.iter_mut().zip(more).for_each(|(d, m)| d.extend(m));
+                assert_eq!(device, host, "{plan}, graph {graph}");
+                assert_eq!(caches[0].lens(), caches[1].lens(), "{plan}, graph {graph}");
+                let after: Vec<Vec<f32>> = caches.iter_mut().map(|c| m.decode_step(gpu, c, &last).unwrap()).collect();
+                assert_eq!(after[0], after[1], "{plan}, graph {graph}: the two caches differ");
+                let full = vec![cfg.max_t - 2; seqs.len()];
+                let err = m.decode_greedy_on_device(gpu, &mut m.timing_cache(gpu, 3, full[0]).unwrap(), &first, 3);
+                assert!(err.is_err(), "past the context: a typed error");
+            }
+            let mut mk = Model::new(gpu, cfg, &w, Plan::named("megakernel").unwrap()).unwrap();
+            assert!(!mk.has_device_loop().unwrap());
+            let mut cache = mk.new_cache(gpu, 1).unwrap();
+            mk.prefill_into(gpu, &mut cache, 0, &seqs[0]).unwrap();
+            assert!(mk.decode_greedy_on_device(gpu, &mut cache, &[1], 2).is_err(), "a megakernel picks its own ids");
         })
         .gpu("profiled_decode_step_appends_like_a_plain_step", |gpu| {
             // The model table's per-op breakdown runs a captured step with an event after every op:

@@ -14,7 +14,8 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo,
-    Precision, Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
+    Workload, DEPENDENT_LAUNCH,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -88,12 +89,26 @@ fn stages() -> Vec<Variant> {
         )
         .with_defines(vec![Define::on(LN_FOLD)])
         .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)]),
+        k(
+            6,
+            "dependent-launch",
+            "gemv/04_skinny_mma.cu",
+            Plan::Mma,
+            "stage 5 as a programmatic dependent launch: each warp's first pass of W copied into shared memory before the wait for the previous kernel",
+        )
+        .with_defines(vec![Define::on(LN_FOLD), Define::on(EARLY_WEIGHTS), Define::on(DEPENDENT_LAUNCH)])
+        .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)])
+        .with_requirements(Requirements::SM90),
     ]
 }
 
+/// Stage 6's switch of stage 4's file: the first pass of W staged in shared memory before the
+/// dependent-launch wait.
+const EARLY_WEIGHTS: &str = "GEMV_EARLY_WEIGHTS";
+
 /// Stage 5's switch of stage 4's file: the `gemv_mma_ln_m*` entries.
 const LN_FOLD: &str = "GEMV_LN_FOLD";
-const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (5)";
+const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (5, 6)";
 const LN_ARGS: &str = "ln = 1 with fp32 inp (the residual stream) and bias = 1 (the folded shift)";
 
 /// Whether stage `v` can fold the LayerNorm before it (`ln` = 1).
@@ -180,14 +195,106 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
         Plan::Thread => LaunchShape::linear(((d.m * d.n) as u32).div_ceil(256), 256),
         Plan::Warp { rows_per_warp } => LaunchShape::linear((d.n as u32).div_ceil(4 * rows_per_warp), 128),
         Plan::SplitK => LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?),
-        Plan::Mma => {
-            let blocks = (d.n as u32).div_ceil(16);
-            let split = mma_split(blocks, mt as u32, v.tunable("GEMV_WARPS")?);
-            // Each warp's partial 16 x 8 tile in shared memory.
-            LaunchShape::linear(blocks, 32 * split).with_shared(split * 16 * 8 * 4)
-        }
+        Plan::Mma => mma_shape(v, d)?.0,
     };
     Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?, d })
+}
+
+/// The tensor-core stages' launch and tile width MT (M rounded up to a power of two, at least 8):
+/// a block of `split` warps per 16 rows of W.
+fn mma_shape(v: &Variant, d: GemvDims) -> Result<(LaunchShape, usize)> {
+    let mt = d.m.next_power_of_two().max(8);
+    let blocks = (d.n as u32).div_ceil(16);
+    let split = mma_split(blocks, mt as u32, v.tunable("GEMV_WARPS")?);
+    // Each warp's partial 16 x 8 tile in shared memory, and its staged first pass of W: the pieces
+    // (32-wide steps of K, two rows, 16 bytes a lane) the first pass of a warp covers.
+    let pieces = v.tunable("GEMV_UNROLL")?.min((d.k as u32).div_ceil(32).div_ceil(split));
+    let staged = if v.has(EARLY_WEIGHTS) { pieces * 2 * 32 * 16 } else { 0 };
+    Ok((LaunchShape::linear(blocks, 32 * split).with_shared(split * (16 * 8 * 4 + staged)), mt))
+}
+
+/// The decode step's QKV linear with kv-append in its epilogue (`GEMV_QKV_APPEND`, a host switch of a
+/// folding stage): `[q | k | v] = LayerNorm(x) · Wᵀ + bias` with q stored as a bf16 row and k and v
+/// as bf16 into the cache cell of each row's sequence and position. `d` is the QKV linear's own size
+/// (`ln` = 1, `N` = 3C).
+pub struct QkvAppend {
+    launch: Launch,
+    d: GemvDims,
+}
+
+/// The host switch that adds the `gemv_mma_ln_qkv_m*` entries to a folding stage's file.
+pub const QKV_APPEND: &str = "GEMV_QKV_APPEND";
+const QKV_N: &str = "N % 3 == 0 for a QKV linear";
+const QKV_LN: &str = "ln = 1 for a QKV append (the QKV linear with ln_1 folded in)";
+
+pub fn prepare_qkv_append(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<QkvAppend> {
+    check_shape(v, d)?;
+    require(d.ln, QKV_LN, || "ln = 0".into())?;
+    require(d.n.is_multiple_of(3), QKV_N, || format!("N = {}", d.n))?;
+    let mut v = v.clone();
+    v.switch_on(QKV_APPEND);
+    let (shape, mt) = mma_shape(&v, d)?;
+    Ok(QkvAppend { launch: gpu.prepare_launch(&SOURCES, &v, &format!("gemv_mma_ln_qkv_m{mt}"), shape)?, d })
+}
+
+/// One call of [`QkvAppend`]: `q_out` M·C bf16, the caches `[B, tmax, C]` bf16 each, `seq` and `pos`
+/// one per row, `inp` the residual stream M·K, the folded weight and bias.
+pub struct QkvAppendArgs<'a> {
+    pub q_out: &'a mut CudaSlice<u16>,
+    pub k_cache: &'a mut CudaSlice<u16>,
+    pub v_cache: &'a mut CudaSlice<u16>,
+    pub seq: &'a CudaSlice<i32>,
+    pub pos: &'a CudaSlice<i32>,
+    pub tmax: usize,
+    pub inp: &'a CudaSlice<f32>,
+    pub weight: &'a CudaSlice<u16>,
+    pub bias: &'a CudaSlice<f32>,
+}
+
+impl QkvAppend {
+    /// # Safety
+    /// Every `seq[m]` must lie in `0..B` (B = the caches' length / (tmax·C)) and every `pos[m]` in
+    /// `0..tmax` when the kernel runs: the kernel writes the cells they name. `attention`'s `Cells`
+    /// hold exactly such pairs.
+    pub unsafe fn enqueue(&self, stream: &CudaStream, a: QkvAppendArgs) -> Result<()> {
+        let d = self.d;
+        let c = d.n / 3;
+        require_len("q_out", a.q_out.len(), d.m * c)?;
+        require_len("inp", a.inp.len(), d.m * d.k)?;
+        require_len("weight", a.weight.len(), d.n * d.k)?;
+        require_len("bias", a.bias.len(), d.n)?;
+        require_len("seq", a.seq.len(), d.m)?;
+        require_len("pos", a.pos.len(), d.m)?;
+        let cell_rows = a.tmax * c;
+        require(
+            a.tmax >= 1 && a.k_cache.len() == a.v_cache.len() && a.k_cache.len().is_multiple_of(cell_rows),
+            "k and v caches of [B, tmax, C] each",
+            || format!("{} and {} elements, tmax = {}, C = {c}", a.k_cache.len(), a.v_cache.len(), a.tmax),
+        )?;
+        let args = [
+            Arg::buf(a.q_out),
+            Arg::buf(a.k_cache),
+            Arg::buf(a.v_cache),
+            Arg::buf(a.seq),
+            Arg::buf(a.pos),
+            Arg::int(a.tmax),
+            Arg::buf(a.inp),
+            Arg::buf(a.weight),
+            Arg::buf(a.bias),
+            Arg::int(d.m),
+            Arg::int(d.n),
+            Arg::int(d.k),
+        ];
+        // SAFETY: the arguments follow gemv_mma_ln_qkv_m*'s signature, lengths checked above; the
+        // cells are the caller's promise.
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+}
+
+impl PreparedStage for QkvAppend {
+    fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.launch.resources().clone()]
+    }
 }
 
 /// The buffers of one call: `out` M·N, `inp` M·K, `weight` N·K bf16 bit patterns, `bias` N,

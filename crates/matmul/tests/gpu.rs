@@ -314,7 +314,7 @@ fn main() -> std::process::ExitCode {
             }
             // M up to 64 (several passes of 8), N not a multiple of 4 or 16, K a multiple of 8 or not
             // (the 16-byte stages refuse the latter with a typed error), every tail, fp32 or bf16 inp,
-            // or the LayerNorm folded in (stage 5 alone).
+            // or the LayerNorm folded in (stages 5 and 6 alone).
             let strategy = (1i64..=64, 1i64..=300, 1i64..=130, 0i64..=1, 0i64..=1, 0i64..=2, 0i64..=2);
             proptest(24, strategy, |(m, n, k8, ragged, bias, epi, input)| {
                 let k = 8 * k8 - ragged * 3;

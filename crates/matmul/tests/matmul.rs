@@ -154,7 +154,7 @@ fn a_folded_layernorm_is_the_layernorm_then_the_linear() {
         let fold: f32 = rstd * (0..k).map(|i| (x[i] - mean) * wf(i)).sum::<f32>() + shift[j];
         assert!((plain - fold).abs() <= 1e-2 * plain.abs().max(1.0), "column {j}: {plain} vs {fold}");
     }
-    // Only stage 5 folds; it needs fp32 inp and the folded shift as a bias.
+    // Only stages 5 and 6 fold; they need fp32 inp and the folded shift as a bias.
     let shape = |kv: &[(&'static str, i64)]| common::Shape::new(kv);
     for v in Gemv.variants() {
         let ln = shape(&[("M", 1), ("N", 64), ("K", 64), ("bias", 1), ("ln", 1)]);

@@ -21,9 +21,12 @@
 // Launch: decode_tc_single_{bf16,f16}_d{64,128} (one split) or decode_tc_fused_* (several): grid
 //   (splits, HKV, B), block 32*TC_WARPS, dynamic shared memory TC_WARPS*TC_STAGES*2*16*D*2 bytes;
 //   the fused entry takes a zeroed int ticket per (sequence, KV head).
+//   Built with LADDER_DEPENDENT (a link of the decode step's dependent chain, ladder_dependent.cuh)
+//   both entries first wait for the previous kernel, then let the next one launch.
 // Constraints: stage 6's. Tolerance: rel L2 <= 1e-2.
 // Limits: D in {64, 128}; HQ % HKV == 0; B <= 65535; B * HQ * Tmax < 2^31; splits <= 256; HQ / HKV <= 16
 #include "attention_decode_mma.cuh"
+#include "ladder_dependent.cuh"
 
 #if !defined(TC_WARPS) || !defined(TC_STAGES)
 #error "TC_WARPS (warps per block) and TC_STAGES (K/V tiles per warp ring) are tunables: the stage list sets them"
@@ -61,12 +64,16 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_fused_##SUFFIX##_d##D(                \
         T* out, float* lse, float* o_part, float* m_part, float* l_part, int* tickets, const T* q, const T* k,   \
         const T* v, const int* seq_lens, const float* slopes, int Tmax, int G, float scale) {                    \
+        ladder_wait_prerequisites();                                                                             \
+        ladder_launch_dependents();                                                                              \
         fused_combine_decode<T, D>(out, lse, o_part, m_part, l_part, tickets, q, k, v, seq_lens, slopes, Tmax, G, \
                                    scale);                                                                       \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_single_##SUFFIX##_d##D(               \
         T* out, float* lse, const T* q, const T* k, const T* v, const int* seq_lens, const float* slopes, int Tmax, \
         int G, float scale) {                                                                                     \
+        ladder_wait_prerequisites();                                                                              \
+        ladder_launch_dependents();                                                                               \
         tensor_core_decode<T, D, TC_WARPS, TC_STAGES, true>(out, lse, nullptr, nullptr, nullptr, q, k, v, seq_lens, \
                                                             slopes, Tmax, G, scale);                             \
     }

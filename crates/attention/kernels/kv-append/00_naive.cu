@@ -14,9 +14,12 @@
 // Constraints: rows' (seq, pos) checked on the host to lie in [0, B) x [0, Tmax); C = H*D;
 //   B * Tmax * C < 2^31; paged: D % 8 == 0, Tmax <= max_blocks * BS, table entries checked to lie
 //   in the pool when the cache was made. Tolerance: bf16 (1e-2; each value rounded once).
+//   Built with LADDER_DEPENDENT (a link of the decode step's dependent chain, ladder_dependent.cuh)
+//   every entry first waits for the previous kernel, then lets the next one launch.
 // Limits: B * Tmax * C < 2^31; R * 3C < 2^31; D % 8 == 0 and D divides C; bs in {0, 16, 32}
 #include "ladder.cuh"
 #include "ladder_convert.cuh"
+#include "ladder_dependent.cuh"
 
 __device__ __forceinline__ __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
 __device__ __forceinline__ __nv_bfloat16 to_bf16(__nv_bfloat16 x) { return x; }
@@ -57,11 +60,15 @@ __device__ __forceinline__ void append_paged(__nv_bfloat16* q_out, __nv_bfloat16
     extern "C" __global__ void kv_append_bf16##SUFFIX(__nv_bfloat16* q_out, __nv_bfloat16* k_cache,           \
                                                       __nv_bfloat16* v_cache, const IN* qkv, const int* seq,  \
                                                       const int* pos, int R, int C, int Tmax) {               \
+        ladder_wait_prerequisites();                                                                          \
+        ladder_launch_dependents();                                                                           \
         append_contiguous(q_out, k_cache, v_cache, qkv, seq, pos, R, C, Tmax);                                \
     }                                                                                                         \
     extern "C" __global__ void kv_append_paged_bf16##SUFFIX(                                                  \
         __nv_bfloat16* q_out, __nv_bfloat16* k_pool, __nv_bfloat16* v_pool, const IN* qkv, const int* seq,    \
         const int* pos, const int* tables, int R, int C, int D, int BS, int max_blocks) {                     \
+        ladder_wait_prerequisites();                                                                          \
+        ladder_launch_dependents();                                                                           \
         append_paged(q_out, k_pool, v_pool, qkv, seq, pos, tables, R, C, D, BS, max_blocks);                  \
     }
 
@@ -69,6 +76,8 @@ KV_APPEND_ENTRIES(, float)
 KV_APPEND_ENTRIES(_in16, __nv_bfloat16)
 
 extern "C" __global__ void kv_out_f32(float* out, const __nv_bfloat16* in, int n) {
+    ladder_wait_prerequisites();
+    ladder_launch_dependents();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __bfloat162float(in[i]);
 }

@@ -5,11 +5,14 @@
 //   ticket, so a captured graph replays with no reset.
 // Why it should be faster: stage 0 at B = 1 is one block walking 50257 floats, ~200 dependent loads
 //   per thread (37 us measured); here each thread has ~7, predicted ~4-6 us, launch included.
-// Launch: argmax_rows: grid (ARGMAX_SPLITS, B), block 256; workspace 8 bytes per (row, split) and a
-//   zeroed ticket per row. Constraints: B, V >= 1; ld >= V (row stride); B * ld < 2^31; B <= 65535.
+// Launch: argmax_rows (and argmax_rows_advance, below): grid (ARGMAX_SPLITS, B), block 256; workspace
+//   8 bytes per (row, split) and a zeroed ticket per row. Constraints: B, V >= 1; ld >= V (row stride); B * ld < 2^31; B <= 65535.
+//   Built with LADDER_DEPENDENT (the last link of the decode step's dependent chain,
+//   ladder_dependent.cuh) the kernel waits for the LM head before anything else.
 // Tolerance: exact (token ids).
 // Limits: B * ld < 2^31; ld >= V; B <= 65535
 #include "ladder.cuh"
+#include "ladder_dependent.cuh"
 
 #ifndef ARGMAX_SPLITS
 #define ARGMAX_SPLITS 32
@@ -49,9 +52,39 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
     }
 }
 
-extern "C" __global__ void argmax_rows(int* ids, float* part_v, int* part_i, unsigned* tickets, const float* logits,
-                                       int B, int V, int ld) {
+// What the merging lane does after it writes a row's id: nothing (every launch of this stage), or,
+// with ARGMAX_ADVANCE (a host switch of the model's greedy loop on the device), the
+// step's inputs for the next step advanced on the device: the pick recorded at picks[b][pos], the
+// next token, its position and cache cell one further, the attended length one longer. The host
+// bounds the steps so that pos + 1 < Tmax; past it the inputs stay (no cell out of range).
+struct KeepInputs {
+    __device__ __forceinline__ void operator()(int, int) const {}
+};
+struct AdvanceInputs {
+    int* picks;
+    int* tokens;
+    int* pos;
+    int* cell_pos;
+    int* lens;
+    int Tmax;
+    __device__ __forceinline__ void operator()(int b, int id) const {
+        const int p = pos[b];
+        picks[(size_t)b * Tmax + p] = id;
+        tokens[b] = id;
+        if (p + 1 < Tmax) {
+            pos[b] = p + 1;
+            cell_pos[b] = p + 1;
+            lens[b] = p + 2;
+        }
+    }
+};
+
+template <typename Then>
+__device__ __forceinline__ void argmax_split(int* ids, float* part_v, int* part_i, unsigned* tickets,
+                                             const float* logits, int V, int ld, const Then& then) {
     __shared__ bool last;
+    ladder_wait_prerequisites();
+    ladder_launch_dependents();
     const int b = blockIdx.y, s = blockIdx.x;
     const int chunk = (V + ARGMAX_SPLITS - 1) / ARGMAX_SPLITS;
     const int lo = s * chunk, hi = min(V, lo + chunk);
@@ -80,7 +113,22 @@ extern "C" __global__ void argmax_rows(int* ids, float* part_v, int* part_i, uns
     i = lane < ARGMAX_SPLITS ? __ldcg(&part_i[b * ARGMAX_SPLITS + lane]) : 0x7fffffff;
     warp_argmax(v, i);
     if (lane == 0) {
-        ids[b] = i == 0x7fffffff ? 0 : i;  // a row of -inf and NaN only: index 0, as on the host
-        tickets[b] = 0;                   // ready for the next launch (graph replays included)
+        const int id = i == 0x7fffffff ? 0 : i;  // a row of -inf and NaN only: index 0, as on the host
+        ids[b] = id;
+        tickets[b] = 0;  // ready for the next launch (graph replays included)
+        then(b, id);
     }
 }
+
+extern "C" __global__ void argmax_rows(int* ids, float* part_v, int* part_i, unsigned* tickets, const float* logits,
+                                       int B, int V, int ld) {
+    argmax_split(ids, part_v, part_i, tickets, logits, V, ld, KeepInputs{});
+}
+
+#ifdef ARGMAX_ADVANCE
+extern "C" __global__ void argmax_rows_advance(int* ids, float* part_v, int* part_i, unsigned* tickets,
+                                               const float* logits, int B, int V, int ld, int* picks, int* tokens,
+                                               int* pos, int* cell_pos, int* lens, int Tmax) {
+    argmax_split(ids, part_v, part_i, tickets, logits, V, ld, AdvanceInputs{picks, tokens, pos, cell_pos, lens, Tmax});
+}
+#endif

@@ -26,20 +26,46 @@
 //   LayerNorm kernels (two a layer and the final one: 25 of 100 at batch 1, each a launch and a
 //   ramp of ~3-5 us on the step's critical path) for a few hundred ns of row statistics per GEMV;
 //   predicted 1.2x on the batch-1 step (~510 -> ~420 us). The eps is GPT-2's, GEMV_LN_EPS.
+// Stage 6 (GEMV_EARLY_WEIGHTS, LADDER_DEPENDENT) is stage 5 as a link of the decode step's
+//   programmatic-dependent chain (ladder_dependent.cuh): the block copies its warps' first pass of
+//   W (up to GEMV_UNROLL 32-wide steps a warp: all of W's 16 rows at GPT-2's K = 768 and 3072) into
+//   shared memory with cp.async, then waits for the previous kernel, then lets the next one launch;
+//   the first pass reads those pieces from shared memory instead of global. Why: the weights
+//   never change during a step, so their DRAM latency and most of their bytes move under the previous
+//   kernel's tail, and the launch itself under its body; what is left on the chain is the wait, the
+//   row statistics from L2, the mma, the reduction and the store. Registers as stage 5 (the pieces
+//   wait in shared memory, not in registers: holding them across the statistics in registers took
+//   48 -> 72 and halved the occupancy, docs/notes/gpt2.md section 4). Predicted with the other
+//   kernels of the step waiting the same way (decode-step stage 6): the batch-1 step from ~405 to
+//   ~230 us, ~3 us of the ~5.5 us a kernel now spends off its bytes.
+// GEMV_QKV_APPEND (a host switch of the decode step's QKV linear, `decode-step` stage 7) adds the
+//   gemv_mma_ln_qkv_m* entries: the folded QKV linear whose epilogue does kv-append's work (q to a
+//   bf16 row, k and v into the cache cell of each row's sequence and position), so the step runs one
+//   kernel fewer a layer and the fp32 QKV row never reaches memory.
 // Launch: gemv_mma_m{8,16,32,64} and gemv_mma_bf16_m{...} (fp32 / bf16 inp; MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
 //   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
-//   tiles are reduced one 8-column tile at a time).
+//   tiles are reduced one 8-column tile at a time), and with GEMV_EARLY_WEIGHTS split * pieces *
+//   1 KiB more, pieces = min(GEMV_UNROLL, ceil(ceil(K / 32) / split)) (each warp's staged first pass).
 // Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte pieces of W and inp); N * K < 2^31; a folded
-//   LayerNorm reads fp32 inp.
+//   LayerNorm reads fp32 inp; the QKV entries: N % 3 == 0, seq and pos within the caches (checked by
+//   their owner on the host).
 // Tolerance: 1e-2 preset (inp is rounded to bf16 here, W already is; fp32 accumulation).
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
 #include "matmul_gemv.cuh"
 #include "ladder_mma.cuh"
+#include "ladder_dependent.cuh"
 
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
 #endif
 #define GEMV_LN_EPS 1e-5f
+
+// Stage 6's part: the first pass of W staged in shared memory before the dependent-launch wait.
+#ifdef GEMV_EARLY_WEIGHTS
+constexpr bool kEarlyWeights = true;
+#else
+constexpr bool kEarlyWeights = false;
+#endif
 
 // A folded LayerNorm's statistics of the block's rows (none without one).
 template <int MT, bool LN>
@@ -115,18 +141,46 @@ __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const __nv_bf
     b[1][1] = x.w;
 }
 
-template <int MT, bool LN = false, typename In>
-__device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const __nv_bfloat16* w,
-                                                const float* bias, const float* residual, int tail, int M, int N, int K) {
-    constexpr int TILES = MT / 8;
-    extern __shared__ float part[];  // [split][16][8]
-    RowStats<MT, LN> stats;
-    if constexpr (LN) {
-        __shared__ float mean[MT], rstd[MT];
-        row_stats(mean, rstd, inp, M, K, MT);
-        __syncthreads();
-        stats = {mean, rstd};
+// Where the block's outputs go. StoreRows: out[m][n] with the bias and the tail (every stage).
+struct StoreRows {
+    float* out;
+    const float* bias;
+    const float* residual;
+    int tail, N;
+    __device__ __forceinline__ void operator()(int m, int n, float s) const {
+        out[(size_t)m * N + n] = gemv_out(s, bias, residual, tail, n, (size_t)m * N + n);
     }
+};
+
+// StoreQkvAppend (GEMV_QKV_APPEND, the decode step's QKV linear): kv-append in the epilogue. Row m
+// of out is [q | k | v] of C each; q goes to q_out[m] as bf16, k and v as bf16 into cell (seq[m],
+// pos[m]) of the contiguous [B, Tmax, C] caches: what kv-append stage 0 does with the fp32 row, the
+// same roundings, without the row ever reaching memory.
+struct StoreQkvAppend {
+    __nv_bfloat16* q_out;
+    __nv_bfloat16* k_cache;
+    __nv_bfloat16* v_cache;
+    const int* seq;
+    const int* pos;
+    const float* bias;
+    int C, Tmax;
+    __device__ __forceinline__ void operator()(int m, int n, float s) const {
+        const __nv_bfloat16 x = __float2bfloat16_rn(s + bias[n]);
+        const int part = n / C, c = n - part * C;
+        if (part == 0) {
+            q_out[(size_t)m * C + c] = x;
+        } else {
+            const size_t cell = ((size_t)seq[m] * Tmax + pos[m]) * C + c;
+            (part == 1 ? k_cache : v_cache)[cell] = x;
+        }
+    }
+};
+
+template <int MT, bool LN = false, typename In, typename Store>
+__device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* inp, const __nv_bfloat16* w, int M,
+                                                int N, int K) {
+    constexpr int TILES = MT / 8;
+    extern __shared__ float part[];  // [split][16][8]; stage 6: then [split][GEMV_UNROLL][2][32] uint4
     const int split = blockDim.x >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -134,22 +188,47 @@ __device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const
     const bool row_a = n0 + g < N, row_b = n0 + g + 8 < N;
     const __nv_bfloat16* wa_row = w + (size_t)(row_a ? n0 + g : 0) * K;
     const __nv_bfloat16* wb_row = w + (size_t)(row_b ? n0 + g + 8 : 0) * K;
+    const int steps = (K + 31) / 32;
+    // Stage 6: piece u < pieces of rows g and g + 8 of this warp's first pass (the most steps any
+    // warp of the block has in it), lane by lane: [split][pieces][2][32] uint4 after the tiles.
+    const int pieces = min(GEMV_UNROLL, (steps + split - 1) / split);
+    uint4* staged = reinterpret_cast<uint4*>(part + split * 128) + warp * pieces * 64;
+    if constexpr (kEarlyWeights) {
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            if (u < pieces) {
+                const int k = 32 * (warp + u * split) + 8 * t;
+                const bool valid = warp + u * split < steps && k < K;
+                const unsigned a = (unsigned)__cvta_generic_to_shared(staged + (2 * u) * 32 + lane);
+                cp_async_16(a, wa_row + (valid ? k : 0), valid && row_a);
+                cp_async_16(a + 32 * 16, wb_row + (valid ? k : 0), valid && row_b);
+            }
+        }
+        cp_async_commit();
+    }
+    // The next kernel may launch once this one runs (not before: a chain launched ahead of itself
+    // would hold the SMs and the memory system for kernels far down the step).
+    ladder_wait_prerequisites();
+    ladder_launch_dependents();
+    RowStats<MT, LN> stats;
+    if constexpr (LN) {
+        __shared__ float mean[MT], rstd[MT];
+        row_stats(mean, rstd, inp, M, K, MT);
+        __syncthreads();
+        stats = {mean, rstd};
+    }
+    if constexpr (kEarlyWeights) {
+        // Each lane reads back only the pieces it copied itself: its own wait is enough (and every
+        // thread waits, so none leaves with a copy into shared memory in flight).
+        cp_async_wait<0>();
+        asm volatile("" ::: "memory");
+    }
     float acc[TILES][4];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-    const int steps = (K + 31) / 32;
-    for (int s0 = warp; s0 < steps; s0 += split * GEMV_UNROLL) {
-        uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
-        // All of this pass's loads of W first: they are what the kernel waits on.
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int k = 32 * (s0 + u * split) + 8 * t;
-            const bool valid = s0 + u * split < steps && k < K;
-            const uint4 zero = make_uint4(0, 0, 0, 0);
-            wa[u] = valid && row_a ? *reinterpret_cast<const uint4*>(wa_row + k) : zero;
-            wb[u] = valid && row_b ? *reinterpret_cast<const uint4*>(wb_row + k) : zero;
-        }
+    // One pass: GEMV_UNROLL 32-wide steps of K from s0 on, their pieces of W in wa / wb.
+    auto pass = [&](const uint4 (&wa)[GEMV_UNROLL], const uint4 (&wb)[GEMV_UNROLL], int s0) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int k = 32 * (s0 + u * split) + 8 * t;
@@ -167,6 +246,33 @@ __device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const
                 mma_16816<__nv_bfloat16>(acc[i], wa[u].z, wb[u].z, wa[u].w, wb[u].w, b[1][0], b[1][1]);
             }
         }
+    };
+    int first = warp;
+    if constexpr (kEarlyWeights) {
+        if (first < steps) {
+            uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const uint4 zero = make_uint4(0, 0, 0, 0);
+                wa[u] = u < pieces ? staged[(2 * u) * 32 + lane] : zero;
+                wb[u] = u < pieces ? staged[(2 * u + 1) * 32 + lane] : zero;
+            }
+            pass(wa, wb, first);
+        }
+        first += split * GEMV_UNROLL;
+    }
+    for (int s0 = first; s0 < steps; s0 += split * GEMV_UNROLL) {
+        uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
+        // All of this pass's loads of W first: they are what the kernel waits on.
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int k = 32 * (s0 + u * split) + 8 * t;
+            const bool valid = s0 + u * split < steps && k < K;
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            wa[u] = valid && row_a ? *reinterpret_cast<const uint4*>(wa_row + k) : zero;
+            wb[u] = valid && row_b ? *reinterpret_cast<const uint4*>(wb_row + k) : zero;
+        }
+        pass(wa, wb, s0);
     }
     // acc[i] holds out^T rows g and g + 8, columns 8i + 2t and 8i + 2t + 1. One tile at a time
     // through shared memory (so the split can grow without the buffer growing with M).
@@ -185,8 +291,7 @@ __device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const
                 float s = 0.0f;
 #pragma unroll
                 for (int p = 0; p < split; ++p) s += part[p * 128 + r * 8 + c];
-                s *= stats.rstd(m);
-                out[(size_t)m * N + n] = gemv_out(s, bias, residual, tail, n, (size_t)m * N + n);
+                store(m, n, s * stats.rstd(m));
             }
         }
         __syncthreads();  // part is rewritten by the next tile
@@ -197,12 +302,12 @@ __device__ __forceinline__ void gemv_skinny_mma(float* out, const In* inp, const
     extern "C" __global__ void gemv_mma_m##MT(float* out, const float* inp, const __nv_bfloat16* w,         \
                                               const float* bias, const float* residual, int tail, int M,    \
                                               int N, int K) {                                               \
-        gemv_skinny_mma<MT>(out, inp, w, bias, residual, tail, M, N, K);                                    \
+        gemv_skinny_mma<MT>(StoreRows{out, bias, residual, tail, N}, inp, w, M, N, K);                      \
     }                                                                                                       \
     extern "C" __global__ void gemv_mma_bf16_m##MT(float* out, const __nv_bfloat16* inp,                    \
                                                    const __nv_bfloat16* w, const float* bias,               \
                                                    const float* residual, int tail, int M, int N, int K) {  \
-        gemv_skinny_mma<MT>(out, inp, w, bias, residual, tail, M, N, K);                                    \
+        gemv_skinny_mma<MT>(StoreRows{out, bias, residual, tail, N}, inp, w, M, N, K);                      \
     }
 GEMV_MMA_ENTRY(8)
 GEMV_MMA_ENTRY(16)
@@ -215,10 +320,26 @@ GEMV_MMA_ENTRY(64)
     extern "C" __global__ void gemv_mma_ln_m##MT(float* out, const float* inp, const __nv_bfloat16* w,      \
                                                  const float* bias, const float* residual, int tail, int M, \
                                                  int N, int K) {                                            \
-        gemv_skinny_mma<MT, true>(out, inp, w, bias, residual, tail, M, N, K);                              \
+        gemv_skinny_mma<MT, true>(StoreRows{out, bias, residual, tail, N}, inp, w, M, N, K);                \
     }
 GEMV_MMA_LN_ENTRY(8)
 GEMV_MMA_LN_ENTRY(16)
 GEMV_MMA_LN_ENTRY(32)
 GEMV_MMA_LN_ENTRY(64)
+#endif
+
+#if defined(GEMV_QKV_APPEND) && defined(GEMV_LN_FOLD)
+// The QKV linear with ln_1 folded in and kv-append in the epilogue (StoreQkvAppend): N = 3C.
+#define GEMV_MMA_QKV_ENTRY(MT)                                                                              \
+    extern "C" __global__ void gemv_mma_ln_qkv_m##MT(__nv_bfloat16* q_out, __nv_bfloat16* k_cache,          \
+                                                     __nv_bfloat16* v_cache, const int* seq, const int* pos, \
+                                                     int Tmax, const float* inp, const __nv_bfloat16* w,    \
+                                                     const float* bias, int M, int N, int K) {              \
+        const StoreQkvAppend store{q_out, k_cache, v_cache, seq, pos, bias, N / 3, Tmax};                   \
+        gemv_skinny_mma<MT, true>(store, inp, w, M, N, K);                                                  \
+    }
+GEMV_MMA_QKV_ENTRY(8)
+GEMV_MMA_QKV_ENTRY(16)
+GEMV_MMA_QKV_ENTRY(32)
+GEMV_MMA_QKV_ENTRY(64)
 #endif
