@@ -3,6 +3,8 @@
 
 use common::Family;
 
+pub mod sass;
+
 /// Every family, in the order the CLI lists them. Adding a family is one line here.
 pub fn families() -> Vec<&'static dyn Family> {
     vec![&norm::Norm, &matmul::Matmul, &attention::Attention, &quant_int4::QuantInt4, &gpt2::Gpt2]

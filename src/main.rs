@@ -167,6 +167,43 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
+    /// A stage's SASS without a GPU: NVRTC compiles it, cuobjdump disassembles the cubin, and each
+    /// entry point's instructions are counted by class (HGMMA, HMMA, MUFU, FFMA, global and shared
+    /// loads and stores, barriers, spills), for the whole function and its main loop (the backward
+    /// branch with the most tensor-core instructions); then the listing, or with --diff two stages'
+    /// counts side by side.
+    Sass {
+        /// The family of the op.
+        family: String,
+        /// The op (`ladder list` names them).
+        #[arg(long)]
+        op: String,
+        /// The stage number.
+        #[arg(long)]
+        stage: u32,
+        /// A second stage whose counts are set beside the first's, entry point by entry point.
+        #[arg(long)]
+        diff: Option<u32>,
+        /// Only the entry points whose name contains this.
+        #[arg(long)]
+        entry: Option<String>,
+        /// List the main loop only.
+        #[arg(long)]
+        main_loop: bool,
+        /// The counts only, no listing.
+        #[arg(long)]
+        summary: bool,
+        /// NAME=value,... tunables set on the stage (what the host picks at some shape, as in
+        /// `ladder resources --config`).
+        #[arg(long)]
+        config: Option<String>,
+        /// NAME,... switches turned on (what the host sets per call, as in `ladder resources --switch`).
+        #[arg(long = "switch", value_delimiter = ',')]
+        switches: Vec<String>,
+        /// sm_90a (default), sm_90 or sm_80.
+        #[arg(long, default_value = "sm_90a")]
+        arch: String,
+    },
     /// The GPT-2 model.
     Gpt2 {
         #[command(subcommand)]
@@ -265,7 +302,9 @@ enum Command {
     /// and the last block, the median over runs timed one at a time, each behind a gate between its
     /// own events (close to, not the same as, the default table's timing).
     Timeline {
+        /// The family of the op.
         family: String,
+        /// The op whose stages stamp (`ladder list` names them).
         #[arg(long)]
         op: String,
         /// Stage range `a..b` (inclusive) or one stage `a`: every kernel stage in it that stamps.
@@ -277,10 +316,12 @@ enum Command {
         /// NAME=value,... tunables set on every selected stage that declares all of them.
         #[arg(long)]
         config: Option<String>,
+        /// Runs stamped per stage and shape (each stamp's median over them is shown).
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10000))]
         runs: u32,
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
+        /// Fixed input seed (default: fresh).
         #[arg(long)]
         seed: Option<u64>,
     },
@@ -288,6 +329,7 @@ enum Command {
     Run {
         /// A family name, or `all`.
         family: String,
+        /// Only this op of the family (`ladder list` names them; default: every op).
         #[arg(long)]
         op: Option<String>,
         /// key=value,... overriding the op's first default shape (e.g. rows=4096,C=768).
@@ -482,6 +524,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let mut m = Model::new(&gpu, cfg, &w, plan)?;
             m.set_graph(graph);
             eprintln!("generating {max_new_tokens} tokens after {} prompt(s), plan {}", prompts.len(), m.plan.name);
+            if !no_kv_cache {
+                eprintln!("compiling the plan's kernels (NVRTC; cached for the next run)");
+            }
             for t in &m.plan.tuned {
                 eprintln!("  tuned by a saved sweep: {t}");
             }
@@ -500,6 +545,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 println!("---");
             }
             let prompt_tokens: usize = prompts.iter().map(|p| p.len()).sum();
+            if !no_kv_cache {
+                println!("compile: {:.0} ms (NVRTC and module loads, before anything is timed)", g.compile_ms);
+            }
             println!(
                 "prefill: {} tokens in {:.2} ms; decode: {} tokens in {:.2} ms ({:.1} tok/s, {}{}{})",
                 prompt_tokens,
@@ -519,6 +567,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
         }
         Command::Gpt2 { command: Gpt2Command::Check { reference, plan, kv_cache, graph } } => {
             plan.iter().try_for_each(|p| gpt2::plan::Plan::check_spec(p))?;
+            gpt2::check::check_reference_dir(&reference)?;
             let gpu = Gpu::open()?;
             let mut ok = true;
             for spec in plan {
@@ -780,6 +829,71 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             common::require(any, "at least one kernel stage selected", configured)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Sass { family, op, stage, diff, entry, main_loop, summary, config, switches, arch } => {
+            use kernel_ladder::sass::{self, Function, Summary};
+            let arch = common::Arch::parse(&arch)?;
+            let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
+            let tc = common::nvrtc::toolchain()?;
+            let op = select_ops(&family, Some(&op))?[0];
+            let functions = |n: u32| -> common::Result<Vec<Function>> {
+                let known: Vec<String> = op.variants().iter().map(|v| v.stage.to_string()).collect();
+                let v = op.variants().into_iter().find(|v| v.stage == n).ok_or_else(|| Error::Unknown {
+                    what: "stage",
+                    name: n.to_string(),
+                    known: known.join(", "),
+                })?;
+                let mut v = v.with_config(&config)?;
+                switches.iter().for_each(|s| v.switch_on(s));
+                let all = sass::disassemble(&tc, op.sources(), &v, arch)?;
+                let names: Vec<String> = all.iter().map(|f| f.name.clone()).collect();
+                let kept: Vec<Function> =
+                    all.into_iter().filter(|f| entry.as_deref().is_none_or(|e| f.name.contains(e))).collect();
+                common::require(!kept.is_empty(), "an entry point whose name contains --entry", || {
+                    format!("{entry:?} among {names:?}")
+                })?;
+                Ok(kept)
+            };
+            // The whole function's counts, then its main loop's (with the loop's addresses).
+            let rows = |tag: &str, f: &Function| -> Vec<String> {
+                let mut out = vec![sass::summary_row(&format!("{tag}{}", f.name), &Summary::of(&f.instructions))];
+                if let Some(r) = f.main_loop() {
+                    let body = &f.instructions[r.clone()];
+                    let (a, b) = (body[0].address, body[body.len() - 1].address);
+                    let name = format!("{tag}{}, main loop {a:#06x}..{b:#06x}", f.name);
+                    out.push(sass::summary_row(&name, &Summary::of(body)));
+                }
+                out
+            };
+            let first = functions(stage)?;
+            println!("{}/{} stage {stage}, {}: instructions by class\n", op.family(), op.name(), arch.name());
+            println!("{}", sass::summary_head("entry point"));
+            match diff {
+                Some(m) => {
+                    let second = functions(m)?;
+                    for f in &first {
+                        rows(&format!("{stage:02} "), f).iter().for_each(|r| println!("{r}"));
+                        match second.iter().find(|g| g.name == f.name) {
+                            Some(g) => rows(&format!("{m:02} "), g).iter().for_each(|r| println!("{r}")),
+                            None => println!("| {m:02} {}: no such entry point | |", f.name),
+                        }
+                    }
+                }
+                None => {
+                    first.iter().flat_map(|f| rows("", f)).for_each(|r| println!("{r}"));
+                    if !summary {
+                        for f in &first {
+                            let range = if main_loop { f.main_loop() } else { Some(0..f.instructions.len()) };
+                            let Some(range) = range else { continue };
+                            println!("\n{}{}:", f.name, if main_loop { " (main loop)" } else { "" });
+                            for i in &f.instructions[range] {
+                                println!("  /*{:04x}*/  {}", i.address, i.text);
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::LaunchOverhead { launches, batch } => {
             let gpu = Gpu::open()?;
             let o = common::overhead::measure(&gpu, launches, batch.max(1))?;
@@ -813,7 +927,21 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             if format != Format::Json {
                 println!("{toolchain}");
             }
-            let gpu = Gpu::open()?;
+            // Without a driver or a device, that is the report: NVRTC compiles, nothing runs.
+            let gpu = match Gpu::open() {
+                Ok(gpu) => gpu,
+                Err(e) => {
+                    match format {
+                        Format::Json => {
+                            let v =
+                                serde_json::json!({ "device": null, "error": e.to_string(), "toolchain": toolchain });
+                            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                        }
+                        _ => println!("no device: {e}"),
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+            };
             if remeasure {
                 std::env::set_var("LADDER_REMEASURE", "1");
             }
@@ -936,6 +1064,11 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             }
 
             plans.iter().try_for_each(|p| gpt2::plan::Plan::check_spec(p))?;
+            if let Some(dir) = &out {
+                // A folder that cannot be made is an error before the device is opened, not after the run.
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| Error::Io { context: format!("create --out {}", dir.display()), source: e })?;
+            }
             let started = Instant::now();
             let gpu = Gpu::open()?;
             let measuring = spinner("measuring ceilings (first run on this device)");

@@ -127,3 +127,19 @@ fn shape_and_plan_strings_from_the_command_line() {
     }
     assert!(ok > 0 && refused > 0, "{ok} parsed, {refused} refused");
 }
+
+/// `--sweep FOO=1,2` on a family whose stages declare other tunables: one typed error naming each
+/// declared tunable once (not once per stage that declares it).
+#[test]
+fn a_sweep_of_an_unknown_tunable_names_each_known_one_once() {
+    let sweep = common::Sweep { tunable: "FOO".into(), values: vec![1, 2] };
+    let opts = common::runner::RunOptions { sweeps: vec![sweep], ..Default::default() };
+    let e = common::runner::select_variants(&matmul::linear_bf16::LinearBf16, &opts).unwrap_err().to_string();
+    let known = e.split("known: ").nth(1).expect("the known names");
+    let names: Vec<&str> = known.split(", ").collect();
+    let mut unique = names.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(names.len(), unique.len(), "{e}");
+    assert!(e.contains("unknown tunable 'FOO'"), "{e}");
+}

@@ -180,11 +180,31 @@ fn resource_report_reads_every_entry(tc: &common::Toolchain) {
     assert!(e[0].spill_store_bytes > 0 && e[0].spill_load_bytes > 0 && e[0].stack_bytes > 0, "{e:?}");
 }
 
+/// `ladder sass` reads a stage: the tensor-core GEMV's entry points hold HMMA and no spills, a wgmma
+/// stage of `linear-bf16` holds HGMMA, and its main loop is where they are.
+fn sass_reads_a_stage(tc: &common::Toolchain) {
+    use common::Op;
+    use kernel_ladder::sass::{self, Summary};
+    let stage = |op: &dyn Op, n: u32| op.variants().into_iter().find(|v| v.stage == n).expect("the stage");
+    let gemv = sass::disassemble(tc, &matmul::SOURCES, &stage(&matmul::gemv::Gemv, 4), Arch::SM90A).unwrap();
+    let m8 = gemv.iter().find(|f| f.name == "gemv_mma_m8").expect("the M <= 8 entry");
+    let s = Summary::of(&m8.instructions);
+    assert!(s.get("HMMA") >= 2 && s.get("global ld") > 0, "{s:?}");
+    assert_eq!(s.get("spills"), 0, "{s:?}");
+    let op = matmul::linear_bf16::LinearBf16;
+    let wgmma = op.variants().into_iter().find(|v| v.requires.arch_specific).expect("a wgmma stage");
+    let functions = sass::disassemble(tc, &matmul::SOURCES, &wgmma, Arch::SM90A).unwrap();
+    let f = functions.iter().find(|f| Summary::of(&f.instructions).get("HGMMA") > 0).expect("HGMMA somewhere");
+    let body = f.main_loop().expect("a main loop");
+    assert!(Summary::of(&f.instructions[body]).get("HGMMA") > 0, "{}: the main loop holds the HGMMAs", f.name);
+}
+
 fn main() -> std::process::ExitCode {
     Suite::new()
         .nvrtc("kernels_compile", compile_everything)
         .nvrtc("broken_source_is_a_compile_error_with_the_log", broken_source_is_a_compile_error_with_the_log)
         .nvrtc("resource_report_reads_every_entry", resource_report_reads_every_entry)
+        .nvrtc("sass_reads_a_stage", sass_reads_a_stage)
         .cpu("every_family_has_a_kernel_stage", every_family_has_a_kernel_stage)
         .cpu("library_rows_numbered_from_90", library_rows_numbered_from_90)
         .cpu("stage_lists_match_kernel_files", stage_lists_match_kernel_files)

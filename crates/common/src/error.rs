@@ -39,6 +39,10 @@ pub enum Error {
     ShapeSyntax(String),
     #[error("shape value {key}={value} does not fit a 64-bit integer")]
     ShapeValue { key: String, value: String },
+    #[error("shape value {key}={value} is not an integer")]
+    ShapeNotInteger { key: String, value: String },
+    #[error("shape key {key} given twice in '{text}'")]
+    ShapeKeyRepeated { key: String, text: String },
     #[error("no stage prepared: call prepare before enqueue or verify")]
     NotPrepared,
     #[error("graph capture failed: {0}")]

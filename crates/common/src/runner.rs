@@ -194,8 +194,13 @@ pub fn select_variants(op: &dyn Op, opts: &RunOptions) -> Result<Vec<Variant>> {
     for sweep in &opts.sweeps {
         let rows: Vec<Variant> = variants.iter().flat_map(|v| crate::variant::Generator::derive(sweep, v)).collect();
         if rows.is_empty() {
-            let known: Vec<String> =
-                variants.iter().flat_map(|v| v.tunables.iter().map(|t| t.name.to_string())).collect();
+            // Each name once, in the order the stages declare them.
+            let mut known: Vec<String> = Vec::new();
+            for name in variants.iter().flat_map(|v| v.tunables.iter().map(|t| t.name.to_string())) {
+                if !known.contains(&name) {
+                    known.push(name);
+                }
+            }
             return Err(Error::Unknown { what: "tunable", name: sweep.tunable.clone(), known: known.join(", ") });
         }
         points.extend(rows);

@@ -24,9 +24,18 @@ impl Shape {
                 Err(_) if is_integer_literal(&digits) => {
                     return Err(Error::ShapeValue { key: k.trim().to_string(), value: v.trim().to_string() })
                 }
-                Err(_) => return Err(Error::ShapeSyntax(text.to_string())),
+                Err(_) => {
+                    return Err(Error::ShapeNotInteger { key: k.trim().to_string(), value: v.trim().to_string() })
+                }
             };
-            pairs.push((k.trim().to_string(), v));
+            let key = k.trim().to_string();
+            if key.is_empty() {
+                return Err(Error::ShapeSyntax(text.to_string()));
+            }
+            if pairs.iter().any(|(have, _)| *have == key) {
+                return Err(Error::ShapeKeyRepeated { key, text: text.to_string() });
+            }
+            pairs.push((key, v));
         }
         if pairs.is_empty() {
             return Err(Error::ShapeSyntax(text.to_string()));
@@ -104,7 +113,12 @@ mod tests {
         assert!(Shape::parse("rows=x").is_err());
         assert!(Shape::parse("").is_err());
         assert!(matches!(Shape::parse("rows=99999999999999999999"), Err(Error::ShapeValue { .. })));
-        assert!(matches!(Shape::parse("rows=-"), Err(Error::ShapeSyntax(_))));
+        assert!(matches!(Shape::parse("rows=-"), Err(Error::ShapeNotInteger { .. })));
+        let e = Shape::parse("rows=abc,C=768").unwrap_err().to_string();
+        assert_eq!(e, "shape value rows=abc is not an integer");
+        let e = Shape::parse("C=768,C=1024").unwrap_err().to_string();
+        assert!(e.contains("shape key C given twice"), "{e}");
+        assert!(matches!(Shape::parse("=5"), Err(Error::ShapeSyntax(_))));
     }
 
     #[test]

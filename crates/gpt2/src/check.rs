@@ -122,6 +122,21 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
 /// the others to [`fixed_criterion`].
 /// With `graph` (and `kv_cache`) the decode steps replay a captured CUDA graph. `plan` is a spec for
 /// [`fastest::resolve`] (`fastest` is chosen for the reference's config).
+/// The files [`check`] reads from `scripts/gpt2_reference.py`'s folder are there (checked before a
+/// device is opened).
+pub fn check_reference_dir(dir: &Path) -> Result<()> {
+    for name in ["meta.json", "model.safetensors", "prefill_logits.f32", "decode_logits.f32"] {
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Err(Error::constraint(
+                "a reference folder written by scripts/gpt2_reference.py",
+                format!("{} missing", path.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn check(gpu: &Gpu, dir: &Path, plan: &str, kv_cache: bool, graph: bool) -> Result<Report> {
     let meta: Meta = serde_json::from_slice(
         &std::fs::read(dir.join("meta.json"))

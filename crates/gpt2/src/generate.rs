@@ -52,6 +52,9 @@ pub struct Generation {
     pub decode_ms: f64,
     /// Tokens produced after the first (the decode steps' work).
     pub decode_tokens: usize,
+    /// Compiling and loading the kernels before anything is timed (with the KV cache; without it
+    /// each new length's pass is prepared when it first runs, inside the steps' times).
+    pub compile_ms: f64,
     /// Greedy steps ran as the loop on the device ([`Model::decode_greedy_on_device`], chunks of
     /// [`DEVICE_LOOP_CHUNK`] steps) instead of one host round trip a step.
     pub device_loop: bool,
@@ -125,7 +128,7 @@ pub fn generate(
             break;
         }
     }
-    Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens, device_loop: false })
+    Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens, compile_ms: 0.0, device_loop: false })
 }
 
 fn generate_cached(
@@ -140,8 +143,15 @@ fn generate_cached(
     let b = prompts.len();
     let mut out = vec![Vec::new(); b];
     let device_loop = sampler.is_greedy() && model.has_device_loop()?;
+    let start = Instant::now();
+    let mut lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    lens.sort_unstable();
+    lens.dedup();
+    model.prepare_generation(gpu, b, &lens)?;
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     if max_new == 0 {
-        return Ok(Generation { tokens: out, prefill_ms: 0.0, decode_ms: 0.0, decode_tokens: 0, device_loop });
+        let (prefill_ms, decode_ms, decode_tokens) = (0.0, 0.0, 0);
+        return Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens, compile_ms, device_loop });
     }
     let mut cache = model.new_cache(gpu, b)?;
     let start = Instant::now();
@@ -184,5 +194,5 @@ fn generate_cached(
         on_step(out.iter().map(|o| o.len()).max().unwrap_or(0));
     }
     let decode_ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens, device_loop })
+    Ok(Generation { tokens: out, prefill_ms, decode_ms, decode_tokens, compile_ms, device_loop })
 }

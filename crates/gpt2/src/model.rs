@@ -940,6 +940,16 @@ impl Model {
         self.prepared[&(1, t)].download_logits(gpu, Logits::Last, 1, (self.cfg.vocab, self.cfg.padded_vocab()))
     }
 
+    /// Prepares (compiles and loads) every kernel generation will run for `b` sequences with
+    /// prompts of `prompt_lens` tokens: each prompt length's whole-sequence pass and the decode step.
+    /// What generation then times is the work, not NVRTC.
+    pub fn prepare_generation(&mut self, gpu: &Gpu, b: usize, prompt_lens: &[usize]) -> Result<()> {
+        for &t in prompt_lens {
+            self.prepare(gpu, 1, t)?;
+        }
+        self.prepare_decode(gpu, b)
+    }
+
     fn prepare_decode(&mut self, gpu: &Gpu, b: usize) -> Result<()> {
         if self.decode.as_ref().is_some_and(|(n, _)| *n == b) {
             return Ok(());
