@@ -396,6 +396,10 @@ enum Command {
         /// optionally with op=stage overrides after a colon (default: every named plan).
         #[arg(long, num_args = 1..)]
         plan: Vec<String>,
+        /// gpt2's model table at this size, on seeded random weights: gpt2 (default), gpt2-medium,
+        /// gpt2-large or gpt2-xl.
+        #[arg(long, default_value = "gpt2")]
+        model: String,
     },
 }
 
@@ -1020,8 +1024,10 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             quick,
             seed,
             plan: plans,
+            model,
         } => {
             let format = Format::from(format);
+            let model_cfg = gpt2::config::Config::by_name(&model)?;
             // gpt2's model-level table: `--op model`, or after gpt2's op ladders when no op is named.
             let model_table = family == gpt2::FAMILY && op.as_deref().is_none_or(|o| o == "model");
             let ops = if op.as_deref() == Some("model") && model_table {
@@ -1208,7 +1214,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 };
                 let model_started = Instant::now();
                 let bar = spinner("gpt2/model");
-                let mut table = gpt2::table::model_table(&gpu, gpt2::config::Config::GPT2, &opts, &mut |m| {
+                let mut table = gpt2::table::model_table(&gpu, model_cfg, &opts, &mut |m| {
                     if logged {
                         eprintln!("gpt2/model: {m}");
                     }
