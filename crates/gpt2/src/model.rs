@@ -963,7 +963,7 @@ impl Model {
         // A GEMV that folds the LayerNorm in (stages 5, 6) takes QKV, the MLP up and the LM head with
         // it: they read the residual stream (fp32) and add the folded shift as a bias.
         let fold = p.gemv.as_ref().is_some_and(gemv::folds_layernorm);
-        // A dependent-launch step (`decode-step` 6): the GEMVs, kv-append, decode attention and the
+        // A dependent-launch step (`decode-step` 6, 7): the GEMVs, kv-append, decode attention and the
         // argmax are built as links of a chain (each waits for the kernel before it inside the
         // kernel) and launched as programmatic dependents; the encoder, first, is not.
         let step_plan = p.step.plan::<step::Plan>()?;
@@ -1382,7 +1382,7 @@ impl Model {
     }
 }
 
-/// Whether a `decode-step` stage is a megakernel (stages 0 and 6 are the composed step).
+/// Whether a `decode-step` stage is a megakernel (stages 0, 6 and 7 are the composed step).
 fn is_megakernel(v: &common::Variant) -> Result<bool> {
     Ok(v.plan::<step::Plan>()?.model_plan().is_none())
 }
