@@ -9,6 +9,7 @@
 use common::{Family, Op, Sources};
 
 pub mod epilogue;
+pub mod fp8;
 pub mod gemm;
 pub mod gemv;
 pub mod linear;
