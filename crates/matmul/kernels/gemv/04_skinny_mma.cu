@@ -37,7 +37,10 @@
 //   wait in shared memory, not in registers: holding them across the statistics in registers took
 //   48 -> 72 and halved the occupancy, docs/notes/gpt2.md section 4). Predicted with the other
 //   kernels of the step waiting the same way (decode-step stage 6): the batch-1 step from ~405 to
-//   ~230 us, ~3 us of the ~5.5 us a kernel now spends off its bytes.
+//   ~230 us, ~3 us of the ~5.5 us a kernel now spends off its bytes. Measured (H100): the step 342 /
+//   422 / 1165 us at B = 1 / 8 / 32 against 405 / 477 / 1208 (1.18x / 1.13x / 1.04x): the launch and
+//   the weights' first round trip left the chain, the wait's release and the kernel's own dependent
+//   round trips did not. Alone (no chain) 0.92-0.99x stage 5, 1.10x at the folded LM head.
 // GEMV_QKV_APPEND (a host switch of the decode step's QKV linear, `decode-step` stage 7) adds the
 //   gemv_mma_ln_qkv_m* entries: the folded QKV linear whose epilogue does kv-append's work (q to a
 //   bf16 row, k and v into the cache cell of each row's sequence and position), so the step runs one
@@ -180,7 +183,7 @@ template <int MT, bool LN = false, typename In, typename Store>
 __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* inp, const __nv_bfloat16* w, int M,
                                                 int N, int K) {
     constexpr int TILES = MT / 8;
-    extern __shared__ float part[];  // [split][16][8]; stage 6: then [split][GEMV_UNROLL][2][32] uint4
+    extern __shared__ float part[];  // [split][16][8]; stage 6: then [split][pieces][2][32] uint4
     const int split = blockDim.x >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
