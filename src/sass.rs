@@ -5,8 +5,9 @@
 //! loop is the innermost backward branch whose body holds the most tensor-core instructions (the
 //! longest where there are none): the K loop of a GEMM, the tile loop of attention.
 //!
-//! The disassembler comes with CUDA or from PyPI (`nvidia-cuda-cuobjdump`, which `.ci/run` installs
-//! beside NVRTC): `$CUDA_HOME/bin`, the NVRTC include directory's sibling `bin/`, then `PATH`.
+//! The disassembler comes with CUDA or from PyPI (`nvidia-cuda-cuobjdump` and the `nvidia-cuda-nvdisasm`
+//! it runs, which `.ci/run` installs beside NVRTC): `$CUDA_HOME/bin`, the NVRTC include directory's
+//! sibling `bin/`, then `PATH`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -190,7 +191,7 @@ pub fn cuobjdump(tc: &Toolchain) -> Result<PathBuf> {
     on_path.flatten().ok_or_else(|| {
         Error::constraint(
             "cuobjdump in $CUDA_HOME/bin, beside NVRTC's headers or on PATH",
-            "none found (pip install nvidia-cuda-cuobjdump, as .ci/run does)",
+            "none found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, as .ci/run does)",
         )
     })
 }
@@ -210,7 +211,14 @@ pub fn disassemble(tc: &Toolchain, sources: &Sources, v: &Variant, arch: Arch) -
     let file = std::env::temp_dir().join(format!("ladder-sass-{}-{}.cubin", std::process::id(), v.stage));
     std::fs::write(&file, &compiled.image)
         .map_err(|e| Error::constraint("a writable temporary directory", e.to_string()))?;
-    let run = Command::new(cuobjdump(tc)?).arg("-sass").arg(&file).output();
+    // cuobjdump -sass runs nvdisasm, which the PyPI packages put beside it, not on PATH.
+    let tool = cuobjdump(tc)?;
+    let dir = tool.parent().map(Path::to_path_buf).unwrap_or_default();
+    let inherited = std::env::var_os("PATH").unwrap_or_default();
+    let paths = std::iter::once(dir).chain(std::env::split_paths(&inherited));
+    let path =
+        std::env::join_paths(paths).map_err(|e| Error::constraint("a PATH to run cuobjdump with", e.to_string()))?;
+    let run = Command::new(tool).env("PATH", path).arg("-sass").arg(&file).output();
     let _ = std::fs::remove_file(&file);
     let out = run.map_err(|e| Error::constraint("cuobjdump to run", e.to_string()))?;
     if !out.status.success() {
