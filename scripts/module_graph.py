@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Each crate's module graph from its `crate::` paths (a module's file naming another module of the same
+crate, tests left out), and the cycles in it: the "no import circles" of the house rules as a number.
+
+    scripts/module_graph.py [REPO]      (default: the current directory)
+"""
+import os, re, sys
+root = sys.argv[1] if len(sys.argv) > 1 else "."
+crates = {"kernel-ladder": os.path.join(root, "src")}
+for c in sorted(os.listdir(os.path.join(root, "crates"))):
+    crates[c] = os.path.join(root, "crates", c, "src")
+for name, src in crates.items():
+    mods = {f[:-3] for f in os.listdir(src) if f.endswith(".rs") and f not in ("lib.rs", "main.rs")}
+    edges = {m: set() for m in mods}
+    for m in mods:
+        text = open(os.path.join(src, m + ".rs")).read()
+        # skip #[cfg(test)] modules: tests may import anything
+        text = text.split("#[cfg(test)]")[0]
+        for t in re.findall(r"crate::(\w+)", text):
+            if t in mods and t != m:
+                edges[m].add(t)
+        for group in re.findall(r"use crate::\{([^}]*)\}", text):
+            for t in re.findall(r"(\w+)", group):
+                if t in mods and t != m:
+                    edges[m].add(t)
+    # strongly connected components (Tarjan)
+    index, low, stack, on, sccs, i = {}, {}, [], set(), [], [0]
+    def strong(v):
+        index[v] = low[v] = i[0]; i[0] += 1; stack.append(v); on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                strong(w); low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop(); on.discard(w); comp.append(w)
+                if w == v: break
+            if len(comp) > 1: sccs.append(sorted(comp))
+    sys.setrecursionlimit(10000)
+    for v in sorted(mods):
+        if v not in index: strong(v)
+    n_edges = sum(len(e) for e in edges.values())
+    print(f"{name}: {len(mods)} modules, {n_edges} edges, {len(sccs)} cycle(s)" + "".join(f"\n  cycle: {' <-> '.join(c)}" for c in sccs))
