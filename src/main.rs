@@ -839,7 +839,8 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
             let tc = common::nvrtc::toolchain()?;
             let op = select_ops(&family, Some(&op))?[0];
-            let functions = |n: u32| -> common::Result<Vec<Function>> {
+            let mut warnings: Vec<String> = Vec::new();
+            let mut functions = |n: u32| -> common::Result<Vec<Function>> {
                 let known: Vec<String> = op.variants().iter().map(|v| v.stage.to_string()).collect();
                 let v = op.variants().into_iter().find(|v| v.stage == n).ok_or_else(|| Error::Unknown {
                     what: "stage",
@@ -848,7 +849,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 })?;
                 let mut v = v.with_config(&config)?;
                 switches.iter().for_each(|s| v.switch_on(s));
-                let all = sass::disassemble(&tc, op.sources(), &v, arch)?;
+                let d = sass::disassemble(&tc, op.sources(), &v, arch)?;
+                warnings.extend(d.ptxas_warnings.iter().map(|w| format!("stage {n}: {w}")));
+                let all = d.functions;
                 let names: Vec<String> = all.iter().map(|f| f.name.clone()).collect();
                 let kept: Vec<Function> =
                     all.into_iter().filter(|f| entry.as_deref().is_none_or(|e| f.name.contains(e))).collect();
@@ -895,6 +898,10 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                         }
                     }
                 }
+            }
+            if !warnings.is_empty() {
+                println!("\nptxas (warnings and wgmma notes):");
+                warnings.iter().for_each(|w| println!("  {w}"));
             }
             Ok(ExitCode::SUCCESS)
         }

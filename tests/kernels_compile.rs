@@ -186,14 +186,14 @@ fn sass_reads_a_stage(tc: &common::Toolchain) {
     use common::Op;
     use kernel_ladder::sass::{self, Summary};
     let stage = |op: &dyn Op, n: u32| op.variants().into_iter().find(|v| v.stage == n).expect("the stage");
-    let gemv = sass::disassemble(tc, &matmul::SOURCES, &stage(&matmul::gemv::Gemv, 4), Arch::SM90A).unwrap();
+    let gemv = sass::disassemble(tc, &matmul::SOURCES, &stage(&matmul::gemv::Gemv, 4), Arch::SM90A).unwrap().functions;
     let m8 = gemv.iter().find(|f| f.name == "gemv_mma_m8").expect("the M <= 8 entry");
     let s = Summary::of(&m8.instructions);
     assert!(s.get("HMMA") >= 2 && s.get("global ld") > 0, "{s:?}");
     assert_eq!(s.get("spills"), 0, "{s:?}");
     let op = matmul::linear_bf16::LinearBf16;
     let wgmma = op.variants().into_iter().find(|v| v.requires.arch_specific).expect("a wgmma stage");
-    let functions = sass::disassemble(tc, &matmul::SOURCES, &wgmma, Arch::SM90A).unwrap();
+    let functions = sass::disassemble(tc, &matmul::SOURCES, &wgmma, Arch::SM90A).unwrap().functions;
     let f = functions.iter().find(|f| Summary::of(&f.instructions).get("HGMMA") > 0).expect("HGMMA somewhere");
     let body = f.main_loop().expect("a main loop");
     assert!(Summary::of(&f.instructions[body]).get("HGMMA") > 0, "{}: the main loop holds the HGMMAs", f.name);
