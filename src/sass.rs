@@ -200,8 +200,8 @@ pub fn cuobjdump(tc: &Toolchain) -> Result<PathBuf> {
 #[derive(Clone, Debug, Default)]
 pub struct Disassembly {
     pub functions: Vec<Function>,
-    /// ptxas's findings ([`ptxas_findings`]): a wgmma pipeline it serialized (C7514), a `setmaxnreg`
-    /// it ignored (C7508), ...
+    /// ptxas's findings (`Compiled::ptxas_findings`): a wgmma pipeline it serialized (C7514), a
+    /// `setmaxnreg` it ignored (C7508), ...
     pub ptxas_warnings: Vec<String>,
 }
 
@@ -237,17 +237,8 @@ pub fn disassemble(tc: &Toolchain, sources: &Sources, v: &Variant, arch: Arch) -
     }
     Ok(Disassembly {
         functions: parse(&String::from_utf8_lossy(&out.stdout)),
-        ptxas_warnings: ptxas_findings(&compiled.log),
+        ptxas_warnings: compiled.ptxas_findings(),
     })
-}
-
-/// ptxas's lines that bear on speed: warnings, and the wgmma notes it prints as `info` (C75xx: a
-/// wgmma pipeline serialized, C7514; a `warpgroup.arrive` injected, C7519).
-pub fn ptxas_findings(log: &str) -> Vec<String> {
-    log.lines()
-        .filter(|l| l.contains("ptxas") && (l.contains("arning") || l.contains("(C75")))
-        .map(|l| l.trim().to_string())
-        .collect()
 }
 
 /// One line of the summary table: `entry | total | count per class`.
@@ -322,17 +313,6 @@ mod tests {
         let body = toy.main_loop().expect("a backward branch");
         assert_eq!(body, 2..6, "from the label to the branch");
         assert_eq!(parse(SAMPLE)[1].main_loop(), None, "straight-line code has none");
-    }
-
-    #[test]
-    fn ptxas_findings_keep_warnings_and_wgmma_notes() {
-        let log = "ptxas info    : Used 168 registers\n\
-                   ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized\n\
-                   ptxas warning : (C7508) setmaxnreg ignored\n\
-                   nvrtc: compiled";
-        let f = ptxas_findings(log);
-        assert_eq!(f.len(), 2, "{f:?}");
-        assert!(f[0].contains("C7514") && f[1].contains("C7508"));
     }
 
     #[test]

@@ -170,6 +170,14 @@ impl Compiled {
     pub fn ptxas_warnings(&self) -> Vec<String> {
         self.log.lines().filter(|l| l.contains("ptxas") && l.contains("arning")).map(String::from).collect()
     }
+
+    /// The warnings, and the wgmma notes ptxas prints as `info` (C75xx: a pipeline serialized, C7512
+    /// / C7514 / C7520; a `warpgroup.arrive` injected, C7519), trimmed: what bears on speed.
+    pub fn ptxas_findings(&self) -> Vec<String> {
+        let wgmma_note = |l: &str| l.contains("(C75");
+        let lines = self.log.lines().filter(|l| l.contains("ptxas") && (l.contains("arning") || wgmma_note(l)));
+        lines.map(|l| l.trim().to_string()).collect()
+    }
 }
 
 fn python_site_dirs() -> Vec<PathBuf> {
@@ -441,6 +449,19 @@ pub fn toolchain() -> Result<Arc<Toolchain>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ptxas_findings_keep_warnings_and_wgmma_notes() {
+        let log = "ptxas info    : Used 168 registers\n\
+                   ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized\n\
+                   ptxas warning : (C7508) setmaxnreg ignored\n\
+                   nvrtc: compiled";
+        let c = Compiled { image: Vec::new(), ptx: String::new(), log: log.to_string(), from_cache: false };
+        let f = c.ptxas_findings();
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert!(f[0].contains("C7514") && f[1].contains("C7508"));
+        assert_eq!(c.ptxas_warnings().len(), 1, "the C75xx note is info, not a warning");
+    }
 
     #[test]
     fn ptxas_report_is_read_per_entry() {

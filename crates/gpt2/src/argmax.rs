@@ -113,11 +113,11 @@ pub fn prepare_advance(gpu: &Gpu, variant: &Variant, d: ArgmaxDims) -> Result<Pr
     })?;
     let mut v = variant.clone();
     v.switch_on(ADVANCE);
-    let mut p = prepare(gpu, &v, d)?;
-    p.launch = gpu.prepare_launch(&SOURCES, &v, "argmax_rows_advance", p.launch.shape())?;
-    p.advance = true;
-    Ok(p)
+    prepare_entry(gpu, &v, d, ADVANCE_ENTRY)
 }
+
+/// The split stage's entry point that also advances the inputs (built with [`ADVANCE`]).
+const ADVANCE_ENTRY: &str = "argmax_rows_advance";
 
 /// What [`Prepared::enqueue_advance`] advances: `picks` `[B, tmax]` (row b's pick lands at its
 /// position), the next step's tokens, positions, cache cells' positions and attended lengths.
@@ -131,6 +131,12 @@ pub struct AdvanceArgs<'a> {
 }
 
 pub fn prepare(gpu: &Gpu, variant: &Variant, d: ArgmaxDims) -> Result<Prepared> {
+    prepare_entry(gpu, variant, d, "argmax_rows")
+}
+
+/// Stage `variant` for `d` with entry point `entry` (`argmax_rows`, or the split stage's
+/// `argmax_rows_advance`).
+fn prepare_entry(gpu: &Gpu, variant: &Variant, d: ArgmaxDims, entry: &str) -> Result<Prepared> {
     check_shape(variant, d)?;
     let b = d.b;
     let (shape, workspace) = match variant.plan::<Plan>()? {
@@ -145,8 +151,8 @@ pub fn prepare(gpu: &Gpu, variant: &Variant, d: ArgmaxDims) -> Result<Prepared> 
             (LaunchShape::new((splits, b as u32, 1), (THREADS, 1, 1)), Some(ws))
         }
     };
-    let launch = gpu.prepare_launch(&SOURCES, variant, "argmax_rows", shape)?;
-    Ok(Prepared { launch, workspace, d, advance: false })
+    let launch = gpu.prepare_launch(&SOURCES, variant, entry, shape)?;
+    Ok(Prepared { launch, workspace, d, advance: entry == ADVANCE_ENTRY })
 }
 
 impl Prepared {

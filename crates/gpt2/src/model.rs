@@ -1122,19 +1122,8 @@ impl Model {
             || format!("argmax {}, decode-step {}", self.plan.argmax.stage, self.plan.step.stage),
         )?;
         let s = gpu.stream().clone();
-        let w = &self.weights;
-        let end = StepEnd::GreedyOnDevice;
         for _ in 0..steps {
-            if self.graph {
-                let mut graph = op.graph.take();
-                let replayed = graph::replay(&mut graph, (cache.id, end), &s, |st| {
-                    enqueue_decode(st, w, op, cache, end, &mut |_| Ok(()))
-                });
-                op.graph = graph;
-                replayed?;
-            } else {
-                enqueue_decode(&s, w, op, cache, end, &mut |_| Ok(()))?;
-            }
+            enqueue_step(self.graph, &s, &self.weights, op, cache, StepEnd::GreedyOnDevice)?;
         }
         cache.lens.iter_mut().for_each(|l| *l += steps);
         let picks = gpu.download(&op.picks)?;
@@ -1170,19 +1159,7 @@ impl Model {
     fn run_step(&mut self, gpu: &Gpu, cache: &mut KvCache, tokens: &[i32], end: StepEnd) -> Result<()> {
         self.begin_step(gpu, cache, tokens)?;
         let (_, op) = self.decode.as_mut().expect("prepared by begin_step");
-        let s = gpu.stream().clone();
-        let w = &self.weights;
-        if self.graph {
-            // One graph per cache (its K/V buffers are baked into the kernels' arguments) and ending.
-            let mut graph = op.graph.take();
-            let replayed = graph::replay(&mut graph, (cache.id, end), &s, |st| {
-                enqueue_decode(st, w, op, cache, end, &mut |_| Ok(()))
-            });
-            op.graph = graph;
-            replayed?;
-        } else {
-            enqueue_decode(&s, w, op, cache, end, &mut |_| Ok(()))?;
-        }
+        enqueue_step(self.graph, gpu.stream(), &self.weights, op, cache, end)?;
         cache.lens.iter_mut().for_each(|l| *l += 1);
         Ok(())
     }
@@ -1442,13 +1419,7 @@ impl Model {
     /// writes the same cells.
     pub fn replay_step(&mut self, s: &Arc<CudaStream>, cache: &mut KvCache) -> Result<()> {
         let (_, op) = self.decode.as_mut().ok_or(Error::NotPrepared)?;
-        let w = &self.weights;
-        let end = StepEnd::Greedy;
-        let mut graph = op.graph.take();
-        let replayed =
-            graph::replay(&mut graph, (cache.id, end), s, |st| enqueue_decode(st, w, op, cache, end, &mut |_| Ok(())));
-        op.graph = graph;
-        replayed
+        enqueue_step(true, s, &self.weights, op, cache, StepEnd::Greedy)
     }
 
     /// The logits `[B, V]` the last decode step left on the device (a greedy or sampled step keeps
@@ -1517,6 +1488,28 @@ pub(crate) struct StepOutputs {
     pub ids: Vec<i32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
+}
+
+/// One decode step ending `end` on `s`: its CUDA graph replayed when `graph` (captured at the first
+/// call for this cache, whose K/V buffers are baked into the kernels' arguments, and ending), else
+/// its kernels launched one by one.
+fn enqueue_step(
+    graph: bool,
+    s: &Arc<CudaStream>,
+    weights: &DeviceWeights,
+    op: &mut DecodeStep,
+    cache: &mut KvCache,
+    end: StepEnd,
+) -> Result<()> {
+    if !graph {
+        return enqueue_decode(s, weights, op, cache, end, &mut |_| Ok(()));
+    }
+    let mut captured = op.graph.take();
+    let replayed = graph::replay(&mut captured, (cache.id, end), s, |st| {
+        enqueue_decode(st, weights, op, cache, end, &mut |_| Ok(()))
+    });
+    op.graph = captured;
+    replayed
 }
 
 /// One decode step's kernels, op by op, on `s`, reading the step's inputs from `op`'s buffers.
