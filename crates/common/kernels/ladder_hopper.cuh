@@ -1,8 +1,8 @@
 // ladder_hopper.cuh: Hopper's (sm_90) building blocks shared by every family's TMA and wgmma
-// stages: the tensor map passed by value, mbarriers, the TMA's 2-D tile load, named barriers,
-// shared-memory matrix descriptors of 128-byte swizzled tiles, and the warpgroup MMA's fence,
-// commit and wait. The wgmma instructions themselves (one shape each) live with the kernels that
-// use them. wgmma needs sm_90a.
+// stages: the tensor map passed by value, mbarriers, the TMA's 2-D tile load and 1-D bulk copy,
+// named barriers, shared-memory matrix descriptors of 128-byte swizzled tiles, and the warpgroup
+// MMA's fence, commit and wait. The wgmma instructions themselves (one shape each) live with the
+// kernels that use them. wgmma needs sm_90a.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -46,6 +46,14 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, unsign
         "[%4];\n" ::"r"(dst),
         "l"(map), "r"(x), "r"(y), "r"(bar)
         : "memory");
+}
+
+// `bytes` (a multiple of 16) of global memory at src into shared memory at dst, completing on bar:
+// the 1-D bulk copy, which needs no tensor map (src and dst 16-byte aligned).
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
 }
 
 // A barrier of `threads` threads on hardware barrier `id` (0 is __syncthreads').

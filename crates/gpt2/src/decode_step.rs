@@ -20,7 +20,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::launch::device_ptr;
 use common::{
     require, Arg, Bound, Define, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Problem,
-    ResourceUse, Result, Shape, Variant, Workload,
+    Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
@@ -34,10 +34,24 @@ pub const OP: &str = "decode-step";
 /// The most sequences a megakernel step takes (its batch tiles: 4 of 8 columns).
 pub const MAX_B: usize = 32;
 const THREADS: u32 = 384;
+/// The streamed stage's consumer threads (8 warps: two k16 steps each of a 256-wide page).
+const STREAMED_THREADS: u32 = 256;
+/// `SG_PAGE_BYTES` of `08_streamed.cu`: 16 weight rows of 256 bf16, each padded by 8.
+const STREAMED_PAGE_BYTES: usize = 16 * (256 + 8) * 2;
+/// `SG_FIRST` and `SG_LAYER_WORDS` of `08_streamed.cu`: the counters' words before the layers' and a
+/// layer's.
+const STREAMED_SYNC_WORDS: (usize, usize) = (4, 32);
+/// The most pages a streamed block's ring holds (a layer and a half of GPT-2 124M's weights).
+const STREAMED_MAX_PAGES: usize = 32;
 const B_LIMIT: &str = "B <= 32";
 const HEAD_LIMIT: &str = "head size == 64";
 const C_MULTIPLE: &str = "C % 256 == 0";
 const C_LIMIT: &str = "C <= 1024";
+/// A megakernel wait's bound unless `LADDER_MEGAKERNEL_WAIT_S` sets another (scripts/sanitize does:
+/// under racecheck a step runs thousands of times slower).
+const WAIT_BOUND_S: f64 = 0.5;
+/// The environment variable that overrides [`WAIT_BOUND_S`] (seconds).
+pub const WAIT_BOUND_ENV: &str = "LADDER_MEGAKERNEL_WAIT_S";
 /// The most ways the megakernel splits one (sequence, head) of attention.
 const ATTENTION_MAX_SPLITS: usize = 16;
 
@@ -57,6 +71,9 @@ pub enum Plan {
     PerLayer,
     /// The megakernel launched once for the whole step.
     WholeStep,
+    /// One kernel for the whole step with no grid barrier: a loader warp streams the weights through
+    /// a shared-memory ring, consumers wait on counters (`decode-step/08_streamed.cu`).
+    Streamed,
 }
 
 fn stages() -> Vec<Variant> {
@@ -115,6 +132,20 @@ fn stages() -> Vec<Variant> {
             "stage 6 with kv-append done by the QKV GEMV's epilogue (q to bf16, k and v straight into the cache cells): 5 kernels a layer instead of 6, 63 a step",
         )
         .with_plan(Plan::AppendInQkv),
+        Variant::kernel(
+            FAMILY,
+            OP,
+            8,
+            "streamed",
+            "decode-step/08_streamed.cu",
+            Precision::Bf16,
+            "one kernel with no grid barrier: a loader warp a block streams its GEMV units' weights through a ring of shared-memory pages up to two layers ahead, and the consumer warps wait on counters of exactly the producers they read (a head's QKV rows, four heads' merges, a K range of the MLP)",
+        )
+        .with_plan(Plan::Streamed)
+        // Two blocks an SM (measured 1.30x / 1.19x / 1.18x one at B = 1 / 8 / 32): a block's units
+        // are a chain of dependent round trips, and a second block's chain overlaps it.
+        .with_tunables(&[("MK_THREADS", STREAMED_THREADS), ("MK_BLOCKS_PER_SM", 2), ("MK_LOADER_WARPS", 1)])
+        .with_requirements(Requirements::SM90),
     ]
 }
 
@@ -124,7 +155,7 @@ impl Plan {
         match self {
             Plan::Composed => Some("bf16"),
             Plan::ComposedDependent | Plan::AppendInQkv => Some("pdl"),
-            Plan::PerLayer | Plan::WholeStep => None,
+            Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
 
@@ -201,6 +232,7 @@ struct MkArgs {
     best_i: u64,
     sync: u64,
     error: u64,
+    wait_ns: u64,
     b: i32,
     c: i32,
     heads: i32,
@@ -211,6 +243,8 @@ struct MkArgs {
     splits: i32,
     first: i32,
     last: i32,
+    ring_pages: i32,
+    sync_words: i32,
 }
 
 /// The model-wide pointers a megakernel step reads: the embeddings, the folded LM head.
@@ -233,6 +267,19 @@ pub(crate) struct MkIo {
     pub next: u64,
 }
 
+/// A megakernel wait's bound in seconds: [`WAIT_BOUND_S`], or `LADDER_MEGAKERNEL_WAIT_S` when set
+/// (a positive number of seconds, at most an hour).
+fn wait_bound() -> Result<f64> {
+    match std::env::var(WAIT_BOUND_ENV) {
+        Err(_) => Ok(WAIT_BOUND_S),
+        Ok(v) => v
+            .parse::<f64>()
+            .ok()
+            .filter(|s| *s > 0.0 && *s <= 3600.0)
+            .ok_or_else(|| Error::constraint(format!("{WAIT_BOUND_ENV} in (0, 3600] seconds"), format!("'{v}'"))),
+    }
+}
+
 /// Checks what every megakernel stage needs of the model and the batch.
 pub fn check_megakernel(cfg: &Config, b: usize) -> Result<()> {
     require((1..=MAX_B).contains(&b), B_LIMIT, || format!("B = {b}"))?;
@@ -249,6 +296,10 @@ pub(crate) struct MegaStep {
     cfg: Config,
     b: usize,
     splits: usize,
+    /// The streamed stage's pages of weights a block (0 for the barrier stages).
+    ring_pages: usize,
+    /// A wait's bound in seconds: past it the step fails with a typed error.
+    wait_s: f64,
     q: CudaSlice<f32>,
     att: CudaSlice<u16>,
     h: CudaSlice<u16>,
@@ -280,8 +331,27 @@ impl MegaStep {
         let grid = grid.unwrap_or(gpu.info().sm_count * per_sm);
         // Staged rows (the batch padded to 8), partial tiles, attention scores, row statistics and
         // a reduction's scratch.
-        let smem = b.div_ceil(8) * 8 * (cfg.c + 8) * 2 + 4 * ((threads as usize / 32) * 16 * MAX_B + cfg.max_t + 64);
-        let shape = LaunchShape::linear(grid, threads).with_shared(smem as u32).with_cooperative();
+        let parts = b.div_ceil(8) * 8 * (cfg.c + 8) * 2 + 4 * ((threads as usize / 32) * 16 * MAX_B + cfg.max_t + 64);
+        let (block, smem, ring_pages, sync_words) = match plan {
+            Plan::Streamed => {
+                // The ring fills what a block's share of the SM leaves (the 1 KB the driver keeps a
+                // block and a few hundred bytes for the kernel's static shared memory): 128-aligned
+                // mbarriers, then 128-aligned pages.
+                let align = |x: usize| x.div_ceil(128) * 128;
+                let size = |n: usize| align(align(parts) + 16 * n) + n * STREAMED_PAGE_BYTES;
+                let info = gpu.info();
+                let share = (info.shared_memory_per_sm / per_sm.max(1)) as usize - 1024;
+                let limit = share.min(info.shared_memory_per_block_optin as usize) - 256;
+                let pages = (2..=STREAMED_MAX_PAGES).take_while(|&n| size(n) <= limit).last().ok_or_else(|| {
+                    Error::constraint("two pages of weights in shared memory", format!("{limit} bytes"))
+                })?;
+                let (head, per_layer) = STREAMED_SYNC_WORDS;
+                let loader = 32 * variant.tunable("MK_LOADER_WARPS")?;
+                (threads + loader, size(pages), pages, head + per_layer * cfg.layers)
+            }
+            _ => (threads, parts, 0, 3),
+        };
+        let shape = LaunchShape::linear(grid, block).with_shared(smem as u32).with_cooperative();
         let launch = gpu.prepare_launch(&SOURCES, variant, "decode_step", shape)?;
         // Attention splits per (sequence, head): whole waves of (sequence, head, split) units.
         let splits = common::launch::wave_splits(b * cfg.heads, grid as usize, ATTENTION_MAX_SPLITS);
@@ -292,6 +362,8 @@ impl MegaStep {
             cfg,
             b,
             splits,
+            ring_pages,
+            wait_s: wait_bound()?,
             q: gpu.zeros(b * c)?,
             att: gpu.zeros(b * c)?,
             h: gpu.zeros(b * 4 * c)?,
@@ -299,7 +371,7 @@ impl MegaStep {
             tickets: gpu.zeros(b * cfg.heads)?,
             best_v: gpu.zeros(grid as usize * MAX_B)?,
             best_i: gpu.zeros(grid as usize * MAX_B)?,
-            sync: gpu.zeros(3)?,
+            sync: gpu.zeros(sync_words)?,
             error: gpu.zeros(1)?,
             table: None,
             model: None,
@@ -344,6 +416,7 @@ impl MegaStep {
             best_i: device_ptr(&self.best_i),
             sync: device_ptr(&self.sync),
             error: device_ptr(&self.error),
+            wait_ns: (self.wait_s * 1e9) as u64,
             b: self.b as i32,
             c: cfg.c as i32,
             heads: cfg.heads as i32,
@@ -354,10 +427,12 @@ impl MegaStep {
             splits: self.splits as i32,
             first,
             last,
+            ring_pages: self.ring_pages as i32,
+            sync_words: self.sync.len() as i32,
         };
         // Phases: 0 the embedding, 1 + 5l .. 6 + 5l layer l, 1 + 5L the LM head.
         let ranges: Vec<(i32, i32)> = match self.plan {
-            Plan::WholeStep => vec![(0, 2 + 5 * l)],
+            Plan::WholeStep | Plan::Streamed => vec![(0, 2 + 5 * l)],
             _ => (0..l)
                 .map(|i| (if i == 0 { 0 } else { 1 + 5 * i }, if i == l - 1 { 2 + 5 * l } else { 6 + 5 * i }))
                 .collect(),
@@ -377,12 +452,21 @@ impl MegaStep {
     pub(crate) fn check(&mut self, gpu: &Gpu) -> Result<()> {
         let e = gpu.download(&self.error)?;
         if e[0] != 0 {
-            gpu.stream().memset_zeros(&mut self.sync).ctx("reset the barrier")?;
+            gpu.stream().memset_zeros(&mut self.sync).ctx("reset the barrier and the counters")?;
             gpu.stream().memset_zeros(&mut self.tickets).ctx("reset the tickets")?;
             gpu.stream().memset_zeros(&mut self.error).ctx("reset the error")?;
             return Err(Error::constraint(
-                "every megakernel wait met within 0.5 s",
-                format!("error {} (a grid barrier timed out)", e[0]),
+                format!("every megakernel wait met within {} s ({WAIT_BOUND_ENV})", self.wait_s),
+                format!(
+                    "error {} ({})",
+                    e[0],
+                    match e[0] {
+                        1 => "a grid barrier or a counter's wait timed out",
+                        2 => "a wait for a page of the weights' ring timed out",
+                        3 => "the launch's shared memory or counters do not match the kernel",
+                        _ => "unknown",
+                    }
+                ),
             ));
         }
         Ok(())

@@ -218,13 +218,22 @@ fn main() -> std::process::ExitCode {
         .gpu("megakernel_and_dependent_plans_decode_like_the_reference", |gpu| {
             // The megakernel's constraints (C % 256, head size 64) on a small model; ragged prompts,
             // six steps through the bf16 cache, eager and replayed, logits and greedy ids; the same
-            // for the dependent-launch chain (`pdl`).
+            // for the streamed megakernel (decode-step 8) and the dependent-launch chain (`pdl`).
             let cfg = Config { layers: 2, heads: 4, c: 256, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 7);
             let seqs: Vec<Vec<i32>> =
                 [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
-            for (plan, graph) in [("megakernel", false), ("megakernel", true), ("pdl", false), ("pdl", true)] {
-                let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
+            for (plan, graph) in [
+                ("megakernel", false),
+                ("megakernel", true),
+                ("megakernel:decode-step=8", false),
+                ("megakernel:decode-step=8", true),
+                ("pdl", false),
+                ("pdl", true),
+            ] {
+                let (name, overrides) = plan.split_once(':').unwrap_or((plan, ""));
+                let plan_of = Plan::named(name).unwrap().with_overrides(overrides).unwrap();
+                let mut m = Model::new(gpu, cfg, &w, plan_of).unwrap();
                 m.set_graph(graph);
                 let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
                 let mut s = seqs.clone();
