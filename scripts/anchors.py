@@ -3,6 +3,7 @@
 JSON that `ladder run --anchors FILE` shows as extra rows. Needs only torch with CUDA.
 
     python3 scripts/anchors.py --out anchors.json [--family norm,attention,attention-prefill-bf16,attention-decode,quant-int4,matmul-gemv,gpt2]
+    (also: attention-prefill-bf16-fa3, gpt2-sizes: the compiled decode step at gpt2-medium, -large, -xl)
 
 Timing mirrors the harness: CUDA events around each call after warm-up, the median (with min and
 max) of many calls, rotating through enough copies of the inputs that they do not sit in L2.
@@ -328,10 +329,70 @@ def gpt2():
     return out
 
 
+GPT2_SIZES = {"gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280), "gpt2-xl": (48, 25, 1600)}
+
+
+def gpt2_sizes(names, batches=(1,)):
+    """The compiled decode step at the larger GPT-2 sizes (seeded random init, no download), as
+    `gpt2()` times it at 124M: Hugging Face's static cache under `torch.compile(mode="reduce-overhead")`
+    in bf16, one step from a 1000-token cache on the host clock with the logits copied back. Shapes
+    are `decode b=N,model=NAME`: `ladder run gpt2 --op model --model NAME` shows the ones of its own
+    model. Batch 1 only by default: each size and batch is a compile of its own (~1 min)."""
+    import time
+
+    from transformers import GPT2Config, GPT2LMHeadModel, StaticCache
+
+    out = []
+    start, steps, warm = 1000, 20, 3
+    for name in names:
+        layers, heads, c = GPT2_SIZES[name]
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_layer=layers, n_head=heads, n_embd=c, vocab_size=50257, n_positions=1024)
+        m = GPT2LMHeadModel(cfg).eval().cuda().to(torch.bfloat16)
+        for b in batches:
+            try:
+                try:
+                    cache = StaticCache(config=cfg, max_batch_size=b, max_cache_len=1024, device="cuda",
+                                        dtype=torch.bfloat16)
+                except TypeError:
+                    cache = StaticCache(config=cfg, max_cache_len=1024)
+
+                def fwd(tok, pos, cache=cache):
+                    return m(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+                compiled = torch.compile(fwd, mode="reduce-overhead")
+                with torch.no_grad():
+                    m(torch.randint(0, 50257, (b, start), device="cuda"), past_key_values=cache,
+                      cache_position=torch.arange(start, device="cuda"), use_cache=True)
+                tok = torch.randint(0, 50257, (b, 1), device="cuda")
+                samples = []
+                t_all = time.perf_counter()
+                for i in range(warm + steps):
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        logits = compiled(tok, torch.tensor([start + i], device="cuda")).clone()
+                    logits[:, -1, :].float().cpu()
+                    if i >= warm:
+                        samples.append((time.perf_counter() - t0) * 1e3)
+                samples.sort()
+                med = samples[len(samples) // 2]
+                shape = f"decode b={b},model={name}"
+                print(f"gpt2/model {shape} static+compile: {med:.3f} ms ({time.perf_counter() - t_all:.1f} s with compilation)")
+                out.append(dict(family="gpt2", op="model", shape=shape,
+                                name="HF static cache + torch.compile reduce-overhead bf16",
+                                median_ms=med, min_ms=samples[0], max_ms=samples[-1]))
+            except Exception as e:  # noqa: BLE001 - report and keep the other sizes
+                print(f"{name} b={b}: not available ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            torch._dynamo.reset()
+        del m
+        torch.cuda.empty_cache()
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--family", default="norm,attention,attention-prefill-bf16,attention-decode,quant-int4,matmul-gemv,gpt2")
+    p.add_argument("--sizes", default="gpt2-medium,gpt2-large,gpt2-xl", help="gpt2-sizes: which models")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     anchors = []
@@ -339,7 +400,8 @@ def main():
         anchors += {"norm": norm, "attention": attention, "attention-prefill-bf16": attention_prefill_bf16,
                     "attention-prefill-bf16-fa3": attention_prefill_bf16_fa3,
                     "attention-decode": attention_decode,
-                    "quant-int4": quant_int4, "matmul-gemv": matmul_gemv, "gpt2": gpt2}[fam]()
+                    "quant-int4": quant_int4, "matmul-gemv": matmul_gemv, "gpt2": gpt2,
+                    "gpt2-sizes": lambda: gpt2_sizes(args.sizes.split(","))}[fam]()
     dev = torch.cuda.get_device_name(0)
     with open(args.out, "w") as f:
         json.dump({"device": dev, "torch": torch.__version__, "anchors": anchors}, f, indent=1)

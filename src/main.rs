@@ -1228,8 +1228,15 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     bar.set_message(format!("gpt2/model: {m}"))
                 })?;
                 bar.finish_and_clear();
-                table.anchors =
-                    anchors.iter().filter(|a| a.family == gpt2::FAMILY && a.op == "model").cloned().collect();
+                // An anchor of another size names its model in its shape (`decode b=1,model=gpt2-xl`).
+                let of_model = |shape: &str| {
+                    shape.split(',').find_map(|kv| kv.strip_prefix("model=")).unwrap_or("gpt2") == model.as_str()
+                };
+                table.anchors = anchors
+                    .iter()
+                    .filter(|a| a.family == gpt2::FAMILY && a.op == "model" && of_model(&a.shape))
+                    .cloned()
+                    .collect();
                 failed += table.failures();
                 let md = table.markdown();
                 println!(

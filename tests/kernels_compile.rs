@@ -22,7 +22,10 @@ fn compile_everything(tc: &common::Toolchain) {
             for v in op.variants().into_iter().chain(op.leave_one_out()).chain(points) {
                 let Source::Kernel(path) = v.source else { continue };
                 for arch in [Arch::SM80, Arch::SM90A] {
-                    if v.requires.arch_specific && arch != Arch::SM90A {
+                    // A stage is compiled for the architectures it runs on: sm_90a only for the
+                    // arch-specific ones, and none below its minimum compute capability.
+                    let below = (arch.major, arch.minor) < v.requires.min_cc;
+                    if (v.requires.arch_specific && arch != Arch::SM90A) || below {
                         continue;
                     }
                     jobs.push((family.sources(), v.clone(), path, arch));
