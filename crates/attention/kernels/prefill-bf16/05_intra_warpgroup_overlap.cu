@@ -9,9 +9,14 @@
 //   done, so its P.V (half its tensor work) and its softmax run one after the other; here they
 //   overlap, and the tensor cores see this warpgroup's P.V and the other's GEMMs while it computes.
 //   Predicted 1.1-1.2x over stage 4.
-// Measured (H100, 2026-11-26): 0.99-1.03x stage 4 (419 us at B=8, T=2048, HS=128, causal; 2.54 ms
-//   against 2.62 at T=16384): refuted as a gain; the third stage in a row below stage 2 (see
-//   docs/notes/attention.md for what the counters say).
+// The first and last turns are peeled (the first issues S of tile 0 alone, the last P.V of the last
+//   tile alone), so the steady-state turn has no branch around a wgmma and always two commit groups.
+//   Written with the branch inside the turn, ptxas serialized every wgmma (C7514: a wait for each
+//   before the next, `ladder sass`) and the rung measured 0.99-1.03x stage 4.
+// Measured (H100, 2026-11-26, peeled): 1.14-1.18x stage 4 in the same call (B=8, T=2048, HS=128:
+//   365 us causal, 615 non-causal; T=16384: 2.17 ms; GPT-2's shape 42.4 us), 0.91-0.93x stage 10
+//   at HS = 128. ptxas still waits for P.V (`DEPBAR.LE gsb0, 0x0`) before the softmax's
+//   exponentials, where the PTX has them between the two waits (docs/notes/attention.md).
 // Launch: grid (ceil(T/128), NH, B), block 384 (producer warpgroup + 2 consumer warpgroups);
 //   entries attention_bf16_overlap_hs{64,128}; a CUtensorMap of qkv as [B*T, 3C] bf16 in 64 x 64
 //   boxes (128-byte swizzle) by value; dynamic shared memory (128 + 3 * 2 * 128) * HS * 2 bytes +
@@ -63,45 +68,71 @@ __device__ __forceinline__ void flash_overlap(const TmaMap* map, __nv_bfloat16* 
     if (wg == 1) named_barrier_arrive(1, TURN_THREADS);
     float sc[NT][4];
     unsigned p[WG_BC / 16][4];  // the previous tile's P, as P.V's A fragments
-    for (int j = 0; j <= tiles; ++j) {
-        const int s = j % STAGES, prev = (j + STAGES - 1) % STAGES, k0 = j * WG_BC;
-        if (j < tiles) mbar_wait(r.full(s), (j / STAGES) & 1);
+    // One turn: S of tile j (when j < tiles) and P.V of tile j - 1 (when j > 0) on the tensor cores,
+    // the softmax of tile j under P.V, then O rescaled and P of tile j built. The first and last
+    // turns are peeled, so the steady-state body has no branch around a wgmma (a compiler-inserted
+    // warpgroup.arrive on a divergent path serializes the pipeline, ptxas C7520) and always two
+    // commit groups (a wait count that depends on j made ptxas treat the softmax's reads of S as
+    // reads inside P.V's stage, C7514).
+    auto scores = [&](int j, float (&alpha)[2]) {
+        const int k0 = j * WG_BC;
+        const bool check = k0 + WG_BC > T || (causal && k0 + WG_BC > q0);
+        softmax_scores(sc, m, l, alpha, scale * LOG2E, row, k0, T, causal, check);
+    };
+    auto release = [&](int slot) {
+        // This warp no longer reads the slot.
+        __syncwarp();
+        if (lane == 0) mbar_arrive(r.empty(slot));
+    };
+    // Turn 0: S of tile 0 alone.
+    mbar_wait(r.full(0), 0);
+    named_barrier(1 + wg, TURN_THREADS);
+    wgmma_fence();
+    issue_qk<D>(sc, qa, r.k(0));
+    wgmma_commit();
+    named_barrier_arrive(2 - wg, TURN_THREADS);
+    wgmma_wait_all();
+    fence_operands(sc);
+    float alpha[2];
+    scores(0, alpha);
+    rescale(o, alpha);
+#pragma unroll
+    for (int kk = 0; kk < WG_BC / 16; ++kk) p_fragment(p[kk], sc, kk);
+    // Turns 1 .. tiles - 1: S of tile j and P.V of tile j - 1.
+    for (int j = 1; j < tiles; ++j) {
+        const int s = j % STAGES, prev = (j + STAGES - 1) % STAGES;
+        mbar_wait(r.full(s), (j / STAGES) & 1);
         named_barrier(1 + wg, TURN_THREADS);
         wgmma_fence();
-        if (j < tiles) {
-            issue_qk<D>(sc, qa, r.k(s));
-            wgmma_commit();
-        }
-        if (j > 0) {
+        issue_qk<D>(sc, qa, r.k(s));
+        wgmma_commit();
 #pragma unroll
-            for (int kk = 0; kk < WG_BC / 16; ++kk) issue_pv<D>(o, p[kk], r.v(prev), kk);
-            wgmma_commit();
-        }
-        if (wg == 0 || j < tiles) named_barrier_arrive(2 - wg, TURN_THREADS);
-        float alpha[2];
-        if (j < tiles) {
-            // S of tile j has landed once at most one group (P.V of tile j - 1) is in flight.
-            if (j > 0) {
-                wgmma_wait_one();
-            } else {
-                wgmma_wait_all();
-            }
-            fence_operands(sc);
-            const bool check = k0 + WG_BC > T || (causal && k0 + WG_BC > q0);
-            softmax_scores(sc, m, l, alpha, scale * LOG2E, row, k0, T, causal, check);
-        }
+        for (int kk = 0; kk < WG_BC / 16; ++kk) issue_pv<D>(o, p[kk], r.v(prev), kk);
+        wgmma_commit();
+        named_barrier_arrive(2 - wg, TURN_THREADS);
+        wgmma_wait_one();  // S of tile j has landed; P.V of tile j - 1 may still run
+        fence_operands(sc);
+        scores(j, alpha);
+        fence_operands(sc);  // the probabilities are made before the wait below, under P.V
         wgmma_wait_all();
         fence_operands(o);
-        if (j > 0) {
-            // This warp no longer reads the previous tile's slot.
-            __syncwarp();
-            if (lane == 0) mbar_arrive(r.empty(prev));
-        }
-        if (j < tiles) {
-            rescale(o, alpha);
+        release(prev);
+        rescale(o, alpha);
 #pragma unroll
-            for (int kk = 0; kk < WG_BC / 16; ++kk) p_fragment(p[kk], sc, kk);
-        }
+        for (int kk = 0; kk < WG_BC / 16; ++kk) p_fragment(p[kk], sc, kk);
+    }
+    // The last turn: P.V of the last tile alone.
+    {
+        const int prev = (tiles + STAGES - 1) % STAGES;
+        named_barrier(1 + wg, TURN_THREADS);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_BC / 16; ++kk) issue_pv<D>(o, p[kk], r.v(prev), kk);
+        wgmma_commit();
+        if (wg == 0) named_barrier_arrive(2 - wg, TURN_THREADS);
+        wgmma_wait_all();
+        fence_operands(o);
+        release(prev);
     }
     store_rows(out, lse, o, m, l, row, b, h, T, NH);
 }
