@@ -4,7 +4,7 @@
 //! cuBLAS at fp32, TF32 and fp16; and the same GEMM with its bias+GELU / bias+residual epilogue
 //! unfused, fused after the GEMM, fused into the GEMM, and through cuBLASLt's epilogues; and the decode
 //! GEMV (M = 1..64) on bf16 weights; and the tensor-core ladder past the report on bf16 operands
-//! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16).
+//! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16); and the FP8 quantizer (`quantize-fp8`).
 
 use common::{Family, Op, Sources};
 
@@ -15,6 +15,7 @@ pub mod gemv;
 pub mod linear;
 pub mod linear_bf16;
 mod lt;
+pub mod quantize_fp8;
 pub mod reference;
 
 mod embedded {
@@ -39,6 +40,12 @@ impl Family for Matmul {
         &SOURCES
     }
     fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![&linear::Linear, &linear_bf16::LinearBf16, &epilogue::LinearEpilogue, &gemv::Gemv]
+        vec![
+            &linear::Linear,
+            &linear_bf16::LinearBf16,
+            &epilogue::LinearEpilogue,
+            &gemv::Gemv,
+            &quantize_fp8::QuantizeFp8,
+        ]
     }
 }

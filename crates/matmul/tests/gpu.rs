@@ -326,6 +326,20 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &Gemv, &s, &Gemv.variants());
             })
         })
+        .gpu("quantize_fp8_default_and_ragged", |gpu| {
+            // Byte for byte against the CPU quantizer: GPT-2's shapes, then rows and channels that
+            // are not multiples of 4, 32 or 128 (a partial last group or block), M = 1 and K = 1.
+            use matmul::quantize_fp8::{shape, QuantizeFp8};
+            for s in QuantizeFp8.default_shapes() {
+                assert_stages_pass(gpu, &QuantizeFp8, &s, &QuantizeFp8.variants());
+            }
+            for s in [shape(1, 1, 0), shape(1, 1, 1), shape(2, 1, 0), shape(1, 300, 1)] {
+                assert_stages_pass(gpu, &QuantizeFp8, &s, &QuantizeFp8.variants());
+            }
+            proptest(16, (1i64..=400, 1i64..=700, 0i64..=1), |(m, k, blocks)| {
+                assert_stages_pass(gpu, &QuantizeFp8, &shape(m, k, blocks), &QuantizeFp8.variants());
+            })
+        })
         .gpu("linear_bf16_modules_compile_and_load", linear_bf16_modules_compile_and_load)
         .gpu("linear_bf16_default_shapes", |gpu| {
             // Every default shape's N, K, tail and output type (the LM head at 50257 and 50304,

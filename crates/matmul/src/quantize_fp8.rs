@@ -1,0 +1,277 @@
+//! `matmul/quantize-fp8`: bf16 `[M, K]` to e4m3 codes and fp32 scales, the first op of issue 48's
+//! FP8 ladder. Activations get one scale per row per 128 channels, weights one per 128 × 128 block
+//! (the scheme and its CPU quantizer: [`crate::fp8`]). A stage must match the CPU quantizer byte for
+//! byte: codes and scales bit for bit, NaN and ±Inf elements included.
+//!
+//! Shape keys: `M` rows (a weight's N), `K` channels, `blocks` (0: 1 × 128 row groups, activations;
+//! 1: 128 × 128 blocks, weights).
+
+use common::check::Verification;
+use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::data::{rotation_copies, uniform, Rotated};
+use common::{
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+};
+use half::bf16;
+
+use crate::fp8;
+use crate::{FAMILY, SOURCES};
+
+const OP: &str = "quantize-fp8";
+const THREADS: u32 = 256;
+/// Row groups a block of the row quantizer takes (a warp each).
+const GROUPS_PER_BLOCK: usize = THREADS as usize / 32;
+const ELEMS: &str = "M * K < 2^31";
+
+fn stages() -> Vec<Variant> {
+    vec![Variant::kernel(
+        FAMILY,
+        OP,
+        0,
+        "group-reduce",
+        "quantize-fp8/00_group_reduce.cu",
+        Precision::Fp32,
+        "one warp a row's 128 channels (a shuffle max, then the codes) and one block a weight's 128 x 128 block (a block max); cvt.rn.satfinite.e4m3x2.f32",
+    )
+    .with_tolerance(0.0, "codes and scales bit for bit")
+    .with_requirements(Requirements::SM90)]
+}
+
+/// The sizes of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantizeDims {
+    pub m: usize,
+    pub k: usize,
+    /// 128 × 128 blocks (weights) instead of 1 × 128 row groups (activations).
+    pub blocks: bool,
+}
+
+impl QuantizeDims {
+    fn of(s: &Shape) -> Result<QuantizeDims> {
+        let (m, k) = (s.dim("M", i32::MAX as i64)?, s.dim("K", i32::MAX as i64)?);
+        let blocks = s.get("blocks").unwrap_or(0);
+        require((0..=1).contains(&blocks), "blocks in {0, 1}", || format!("blocks = {blocks}"))?;
+        Ok(QuantizeDims { m, k, blocks: blocks == 1 })
+    }
+
+    /// Scales: `[M, ceil(K / 128)]` or `[ceil(M / 128), ceil(K / 128)]`.
+    pub fn scales(&self) -> usize {
+        let rows = if self.blocks { fp8::groups(self.m) } else { self.m };
+        rows * fp8::groups(self.k)
+    }
+}
+
+pub fn check(d: QuantizeDims) -> Result<()> {
+    require(d.m >= 1 && d.k >= 1, "M, K >= 1", || format!("M = {}, K = {}", d.m, d.k))?;
+    require(d.m.checked_mul(d.k).is_some_and(|x| x < 1 << 31), ELEMS, || format!("M = {}, K = {}", d.m, d.k))
+}
+
+/// A stage prepared for one shape.
+pub struct Prepared {
+    launch: Launch,
+    d: QuantizeDims,
+}
+
+pub fn prepare(gpu: &Gpu, variant: &Variant, d: QuantizeDims) -> Result<Prepared> {
+    check(d)?;
+    let (entry, grid) = if d.blocks {
+        ("quantize_blocks_fp8", d.scales())
+    } else {
+        ("quantize_rows_fp8", d.scales().div_ceil(GROUPS_PER_BLOCK))
+    };
+    let shape = LaunchShape::linear(grid as u32, THREADS);
+    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, variant, entry, shape)?, d })
+}
+
+impl Prepared {
+    pub fn enqueue(
+        &self,
+        stream: &CudaStream,
+        codes: &mut CudaSlice<u8>,
+        scales: &mut CudaSlice<f32>,
+        x: &CudaSlice<bf16>,
+    ) -> Result<()> {
+        let QuantizeDims { m, k, .. } = self.d;
+        require_len("codes", codes.len(), m * k)?;
+        require_len("scales", scales.len(), self.d.scales())?;
+        require_len("x", x.len(), m * k)?;
+        // SAFETY: both entries take (codes, scales, x, M, K); lengths checked above, M * K < 2^31 at
+        // prepare, and the grid covers exactly the scales' groups.
+        unsafe {
+            self.launch.enqueue(stream, &[Arg::buf(codes), Arg::buf(scales), Arg::buf(x), Arg::int(m), Arg::int(k)])
+        }
+    }
+}
+
+impl PreparedStage for Prepared {
+    fn resources(&self) -> Vec<ResourceUse> {
+        vec![self.launch.resources().clone()]
+    }
+}
+
+pub fn shape(m: i64, k: i64, blocks: i64) -> Shape {
+    Shape::new(&[("M", m), ("K", k), ("blocks", blocks)])
+}
+
+static INFO: OpInfo = OpInfo {
+    family: FAMILY,
+    name: OP,
+    description: "bf16 [M, K] to e4m3 codes and fp32 scales: one per row per 128 channels (activations) or per 128 x 128 block (weights)",
+    sources: &SOURCES,
+    shape_keys: &["M", "K", "blocks"],
+    stages,
+};
+
+pub struct QuantizeFp8;
+
+impl Op for QuantizeFp8 {
+    fn info(&self) -> &'static OpInfo {
+        &INFO
+    }
+    fn default_shapes(&self) -> Vec<Shape> {
+        // GPT-2's prefill activations (B = 4, T = 1024) into its two K widths, and its four weight
+        // matrices.
+        vec![
+            shape(4096, 768, 0),
+            shape(4096, 3072, 0),
+            shape(2304, 768, 1),
+            shape(768, 768, 1),
+            shape(3072, 768, 1),
+            shape(768, 3072, 1),
+        ]
+    }
+    fn validate(&self, _: &Variant, s: &Shape) -> Result<()> {
+        check(QuantizeDims::of(s)?)
+    }
+    fn limits(&self, _: &Variant) -> Vec<Limit> {
+        vec![Limit { constraint: ELEMS, past: shape(1 << 16, 1 << 15, 0), inside: Some(shape(3, 1001, 1)) }]
+    }
+    fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
+        let d = QuantizeDims::of(s)?;
+        check(d)?;
+        let x = inputs(d, seed);
+        let (codes, scales) = if d.blocks {
+            let q = fp8::quantize_blocks(&x, d.m, d.k);
+            (q.codes, q.scales)
+        } else {
+            let q = fp8::quantize_rows(&x, d.m, d.k);
+            (q.codes, q.scales)
+        };
+        let host: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+        let copies = rotation_copies(gpu, (3 * d.m * d.k) as u64);
+        Ok(Box::new(QuantizeProblem {
+            d,
+            x: Rotated::upload(gpu, &host, copies)?,
+            codes: Rotated::outputs(gpu, d.m * d.k, copies)?,
+            scales: Rotated::outputs(gpu, d.scales(), copies)?,
+            want_codes: codes,
+            want_scales: scales.iter().map(|s| s.to_bits()).collect(),
+            copies,
+            prepared: Current::default(),
+        }))
+    }
+}
+
+/// bf16 values (as f32) whose magnitude changes from row to row over 2^-12 .. 2^12, so that scales
+/// and subnormal codes vary; row 1 (when there is one) carries a NaN and a +Inf, and a -Inf in its
+/// last group, which must come out as NaN codes and leave their groups' scales to the finite values.
+fn inputs(d: QuantizeDims, seed: u64) -> Vec<f32> {
+    let mut x = uniform(d.m * d.k, -1.0, 1.0, seed);
+    let exps = uniform(d.m, -12.0, 12.0, seed ^ 0x5CA1E);
+    for (row, e) in x.chunks_mut(d.k).zip(exps) {
+        let s = e.round().exp2();
+        row.iter_mut().for_each(|v| *v = bf16::from_f32(*v * s).to_f32());
+    }
+    if d.m > 1 {
+        let row = &mut x[d.k..2 * d.k];
+        row[0] = f32::NAN;
+        row[(d.k / 2).min(d.k - 1)] = f32::INFINITY;
+        row[d.k - 1] = f32::NEG_INFINITY;
+    }
+    x
+}
+
+struct QuantizeProblem {
+    d: QuantizeDims,
+    x: Rotated<bf16>,
+    codes: Rotated<u8>,
+    scales: Rotated<f32>,
+    want_codes: Vec<u8>,
+    want_scales: Vec<u32>,
+    copies: usize,
+    prepared: Current<Prepared>,
+}
+
+impl Problem for QuantizeProblem {
+    fn workload(&self) -> Workload {
+        let n = (self.d.m * self.d.k) as u64;
+        Workload { bytes: 3 * n + 4 * self.d.scales() as u64, flops: 2 * n, bound: Bound::Memory }
+    }
+    fn copies(&self) -> usize {
+        self.copies
+    }
+    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+        // 0xFF: the negative NaN code, never the CPU's (a NaN element is 0x7F); scales NaN.
+        self.codes.poison(gpu)?;
+        self.scales.poison(gpu)
+    }
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
+    }
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        let (codes, scales) = (self.codes.get_mut(copy), self.scales.get_mut(copy));
+        p.enqueue(stream, codes, scales, self.x.get(copy))
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
+        // A mismatch is 1 against a reference of 0: any one fails the exact tolerance.
+        let mismatches = |got: Vec<bool>| -> (Vec<f32>, usize) {
+            let n = got.iter().filter(|&&m| m).count();
+            (got.into_iter().map(|m| m as u8 as f32).collect(), n)
+        };
+        let codes = gpu.download(self.codes.get(copy))?;
+        let scales = gpu.download(self.scales.get(copy))?;
+        let (code_flags, bad_codes) = mismatches(codes.iter().zip(&self.want_codes).map(|(a, b)| a != b).collect());
+        let (scale_flags, bad_scales) =
+            mismatches(scales.iter().zip(&self.want_scales).map(|(a, b)| a.to_bits() != *b).collect());
+        let mut ver = Verification::new(v.tolerance())
+            .add("codes differing from the CPU quantizer's", &code_flags, &vec![0.0; code_flags.len()])
+            .add("scales differing (bits)", &scale_flags, &vec![0.0; scale_flags.len()]);
+        ver.note =
+            Some(format!("{bad_codes} of {} codes, {bad_scales} of {} scales differ", codes.len(), scales.len()));
+        Ok(ver)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scales_count_groups_and_blocks() {
+        assert_eq!(QuantizeDims { m: 3, k: 129, blocks: false }.scales(), 6);
+        assert_eq!(QuantizeDims { m: 129, k: 129, blocks: true }.scales(), 4);
+        assert_eq!(QuantizeDims { m: 128, k: 128, blocks: true }.scales(), 1);
+    }
+
+    #[test]
+    fn inputs_carry_the_non_finite_row_and_varied_scales() {
+        let d = QuantizeDims { m: 5, k: 130, blocks: false };
+        let x = inputs(d, 3);
+        assert!(x[d.k].is_nan() && x[d.k + 65] == f32::INFINITY && x[2 * d.k - 1] == f32::NEG_INFINITY);
+        let q = fp8::quantize_rows(&x, d.m, d.k);
+        assert_eq!(q.codes[d.k], fp8::NAN_CODE);
+        let distinct: std::collections::BTreeSet<u32> = q.scales.iter().map(|s| s.to_bits()).collect();
+        assert!(distinct.len() > 3, "row magnitudes vary: {distinct:?}");
+        assert!(x.iter().filter(|v| v.is_finite()).all(|&v| bf16::from_f32(v).to_f32() == v), "bf16 values");
+    }
+
+    #[test]
+    fn bad_shapes_are_typed_errors() {
+        assert!(QuantizeDims::of(&shape(2, 3, 2)).is_err());
+        assert!(check(QuantizeDims { m: 0, k: 3, blocks: false }).is_err());
+        assert!(check(QuantizeDims { m: 1 << 16, k: 1 << 15, blocks: true }).is_err());
+    }
+}
