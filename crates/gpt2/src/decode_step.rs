@@ -139,7 +139,7 @@ fn stages() -> Vec<Variant> {
             "streamed",
             "decode-step/08_streamed.cu",
             Precision::Bf16,
-            "one kernel with no grid barrier: a loader warp a block streams its GEMV units' weights through a ring of shared-memory pages up to two layers ahead, and the consumer warps wait on counters of exactly the producers they read (a head's QKV rows, four heads' merges, a K range of the MLP)",
+            "one kernel with no grid barrier: a loader warp a block streams its GEMV units' weights through a ring of shared-memory pages ahead of the consumers (a layer and a half at B = 1), and the consumer warps wait on counters of exactly the producers they read (a head's QKV rows, four heads' merges, a K range of the MLP)",
         )
         .with_plan(Plan::Streamed)
         // Two blocks an SM (measured 1.30x / 1.19x / 1.18x one at B = 1 / 8 / 32): a block's units
