@@ -20,22 +20,51 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "quantize-fp8";
 const THREADS: u32 = 256;
-/// Row groups a block of the row quantizer takes (a warp each).
-const GROUPS_PER_BLOCK: usize = THREADS as usize / 32;
 const ELEMS: &str = "M * K < 2^31";
+const K_VECTORS: &str = "K % 8 == 0";
+
+/// How a stage reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// An element at a time: a warp a row group.
+    Elements,
+    /// Eight elements a lane (16-byte loads, 8-byte stores): half a warp a row group.
+    Vectors,
+}
+
+impl Plan {
+    /// Row groups a block of the row quantizer takes.
+    fn groups_per_block(self) -> usize {
+        match self {
+            Plan::Elements => THREADS as usize / 32,
+            Plan::Vectors => THREADS as usize / 16,
+        }
+    }
+}
 
 fn stages() -> Vec<Variant> {
-    vec![Variant::kernel(
-        FAMILY,
-        OP,
-        0,
-        "group-reduce",
-        "quantize-fp8/00_group_reduce.cu",
-        Precision::Fp32,
-        "one warp a row's 128 channels (a shuffle max, then the codes) and one block a weight's 128 x 128 block (a block max); cvt.rn.satfinite.e4m3x2.f32",
-    )
-    .with_tolerance(0.0, "codes and scales bit for bit")
-    .with_requirements(Requirements::SM90)]
+    let k = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp32, summary)
+            .with_plan(plan)
+            .with_tolerance(0.0, "codes and scales bit for bit")
+            .with_requirements(Requirements::SM90)
+    };
+    vec![
+        k(
+            0,
+            "group-reduce",
+            "quantize-fp8/00_group_reduce.cu",
+            Plan::Elements,
+            "one warp a row's 128 channels (a shuffle max, then the codes) and one block a weight's 128 x 128 block (a block max); cvt.rn.satfinite.e4m3x2.f32",
+        ),
+        k(
+            1,
+            "vectors",
+            "quantize-fp8/01_vectors.cu",
+            Plan::Vectors,
+            "stage 0 with 16-byte loads and 8-byte code stores: 8 elements a lane, half a warp a row group, 16 rows a pass of a weight block",
+        ),
+    ]
 }
 
 /// The sizes of one call.
@@ -73,12 +102,22 @@ pub struct Prepared {
     d: QuantizeDims,
 }
 
-pub fn prepare(gpu: &Gpu, variant: &Variant, d: QuantizeDims) -> Result<Prepared> {
+/// What stage `v` needs of the shape beyond [`check`].
+fn check_stage(v: &Variant, d: QuantizeDims) -> Result<()> {
     check(d)?;
+    if v.plan::<Plan>()? == Plan::Vectors {
+        require(d.k.is_multiple_of(8), K_VECTORS, || format!("K = {}", d.k))?;
+    }
+    Ok(())
+}
+
+pub fn prepare(gpu: &Gpu, variant: &Variant, d: QuantizeDims) -> Result<Prepared> {
+    check_stage(variant, d)?;
+    let per_block = variant.plan::<Plan>()?.groups_per_block();
     let (entry, grid) = if d.blocks {
         ("quantize_blocks_fp8", d.scales())
     } else {
-        ("quantize_rows_fp8", d.scales().div_ceil(GROUPS_PER_BLOCK))
+        ("quantize_rows_fp8", d.scales().div_ceil(per_block))
     };
     let shape = LaunchShape::linear(grid as u32, THREADS);
     Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, variant, entry, shape)?, d })
@@ -141,11 +180,16 @@ impl Op for QuantizeFp8 {
             shape(768, 3072, 1),
         ]
     }
-    fn validate(&self, _: &Variant, s: &Shape) -> Result<()> {
-        check(QuantizeDims::of(s)?)
+    fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
+        check_stage(v, QuantizeDims::of(s)?)
     }
-    fn limits(&self, _: &Variant) -> Vec<Limit> {
-        vec![Limit { constraint: ELEMS, past: shape(1 << 16, 1 << 15, 0), inside: Some(shape(3, 1001, 1)) }]
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut l =
+            vec![Limit { constraint: ELEMS, past: shape(1 << 16, 1 << 15, 0), inside: Some(shape(3, 1000, 1)) }];
+        if v.plan::<Plan>().is_ok_and(|p| p == Plan::Vectors) {
+            l.push(Limit { constraint: K_VECTORS, past: shape(3, 1001, 0), inside: Some(shape(3, 1000, 0)) });
+        }
+        l
     }
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = QuantizeDims::of(s)?;

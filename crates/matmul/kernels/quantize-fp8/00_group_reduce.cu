@@ -8,6 +8,8 @@
 //   four a lane, then a shuffle max) and one block a weight block (128 rows of 128, a block max);
 //   each element is read twice (the max, then the codes), the second time from L1. Bytes: 2 read +
 //   1 written an element, plus a scale a group; the floor is those bytes at the copy rate.
+// Measured (H100): rows 9.3 us at 4096 x 768 and 23.3 us at 4096 x 3072 (34% / 54% of the copy
+//   rate); weight blocks 38-39 us, latency-bound (2-byte loads, 108-144 blocks).
 // Launch: rows: grid ceil(M * G / 8) x 256 threads, warp w of block b takes group 8b + w (G =
 //   ceil(K / 128) groups a row); blocks: grid ceil(M / 128) * G x 256 threads, block b takes block
 //   row b / G, block column b % G.
