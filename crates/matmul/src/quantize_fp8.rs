@@ -209,8 +209,8 @@ impl Op for QuantizeFp8 {
             x: Rotated::upload(gpu, &host, copies)?,
             codes: Rotated::outputs(gpu, d.m * d.k, copies)?,
             scales: Rotated::outputs(gpu, d.scales(), copies)?,
-            want_codes: codes,
-            want_scales: scales.iter().map(|s| s.to_bits()).collect(),
+            want_codes: codes.iter().map(|&c| c as f64).collect(),
+            want_scales: scales.iter().map(|&s| s as f64).collect(),
             copies,
             prepared: Current::default(),
         }))
@@ -241,8 +241,9 @@ struct QuantizeProblem {
     x: Rotated<bf16>,
     codes: Rotated<u8>,
     scales: Rotated<f32>,
-    want_codes: Vec<u8>,
-    want_scales: Vec<u32>,
+    /// The CPU quantizer's codes and scales, as the numbers the exact comparison reads.
+    want_codes: Vec<f64>,
+    want_scales: Vec<f64>,
     copies: usize,
     prepared: Current<Prepared>,
 }
@@ -270,21 +271,22 @@ impl Problem for QuantizeProblem {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        // A mismatch is 1 against a reference of 0: any one fails the exact tolerance.
-        let mismatches = |got: Vec<bool>| -> (Vec<f32>, usize) {
-            let n = got.iter().filter(|&&m| m).count();
-            (got.into_iter().map(|m| m as u8 as f32).collect(), n)
-        };
-        let codes = gpu.download(self.codes.get(copy))?;
+        // Compared as numbers at tolerance 0: one differing code or scale fails (scales are positive,
+        // so equal values are equal bits), and a poisoned scale is NaN.
+        let codes: Vec<f32> = gpu.download(self.codes.get(copy))?.into_iter().map(f32::from).collect();
         let scales = gpu.download(self.scales.get(copy))?;
-        let (code_flags, bad_codes) = mismatches(codes.iter().zip(&self.want_codes).map(|(a, b)| a != b).collect());
-        let (scale_flags, bad_scales) =
-            mismatches(scales.iter().zip(&self.want_scales).map(|(a, b)| a.to_bits() != *b).collect());
+        let differ = |got: &[f32], want: &[f64]| got.iter().zip(want).filter(|(g, w)| **g as f64 != **w).count();
+        let note = format!(
+            "{} of {} codes, {} of {} scales differ",
+            differ(&codes, &self.want_codes),
+            codes.len(),
+            differ(&scales, &self.want_scales),
+            scales.len()
+        );
         let mut ver = Verification::new(v.tolerance())
-            .add("codes differing from the CPU quantizer's", &code_flags, &vec![0.0; code_flags.len()])
-            .add("scales differing (bits)", &scale_flags, &vec![0.0; scale_flags.len()]);
-        ver.note =
-            Some(format!("{bad_codes} of {} codes, {bad_scales} of {} scales differ", codes.len(), scales.len()));
+            .add("codes (the CPU quantizer's)", &codes, &self.want_codes)
+            .add("scales", &scales, &self.want_scales);
+        ver.note = Some(note);
         Ok(ver)
     }
 }
