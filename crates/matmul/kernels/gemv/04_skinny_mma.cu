@@ -54,14 +54,12 @@
 //   their owner on the host).
 // Tolerance: 1e-2 preset (inp is rounded to bf16 here, W already is; fp32 accumulation).
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
-#include "matmul_gemv.cuh"
-#include "ladder_mma.cuh"
+#include "matmul_gemv_mma.cuh"
 #include "ladder_dependent.cuh"
 
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
 #endif
-#define GEMV_LN_EPS 1e-5f
 
 // Stage 6's part: the first pass of W staged in shared memory before the dependent-launch wait.
 #ifdef GEMV_EARLY_WEIGHTS
@@ -69,91 +67,6 @@ constexpr bool kEarlyWeights = true;
 #else
 constexpr bool kEarlyWeights = false;
 #endif
-
-// A folded LayerNorm's statistics of the block's rows (none without one).
-template <int MT, bool LN>
-struct RowStats {
-    __device__ __forceinline__ float mean(int) const { return 0.0f; }
-    __device__ __forceinline__ float rstd(int) const { return 1.0f; }
-};
-
-template <int MT>
-struct RowStats<MT, true> {
-    const float* m_;
-    const float* r_;
-    __device__ __forceinline__ float mean(int m) const { return m_[m]; }
-    __device__ __forceinline__ float rstd(int m) const { return r_[m]; }
-};
-
-// Rows m < M of x [M, K] (K % 4 == 0): mean and rstd into mean[m], rstd[m], a warp a row, the two
-// passes of LayerNorm's numerics over the row (read twice, from L2 after the first).
-__device__ __forceinline__ void row_stats(float* mean, float* rstd, const float* x, int M, int K, int rows) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int m = warp; m < rows; m += warps) {
-        float mu = 0.0f, r = 1.0f;
-        if (m < M) {
-            const float* row = x + (size_t)m * K;
-            float s = 0.0f;
-            for (int k = 4 * lane; k < K; k += 128) {
-                const float4 v = *reinterpret_cast<const float4*>(row + k);
-                s += (v.x + v.y) + (v.z + v.w);
-            }
-            mu = warp_sum(s) / K;
-            float q = 0.0f;
-            for (int k = 4 * lane; k < K; k += 128) {
-                const float4 v = *reinterpret_cast<const float4*>(row + k);
-                q += (v.x - mu) * (v.x - mu) + (v.y - mu) * (v.y - mu) + (v.z - mu) * (v.z - mu) +
-                     (v.w - mu) * (v.w - mu);
-            }
-            r = rsqrtf(warp_sum(q) / K + GEMV_LN_EPS);
-        }
-        if (lane == 0) {
-            mean[m] = mu;
-            rstd[m] = r;
-        }
-    }
-}
-
-// Eight consecutive fp32 of inp row m from k, less `shift` (a folded LayerNorm's row mean; zeros
-// when the row or the piece is out of range), as the two B fragments of the two k16 steps that the
-// matching piece of W feeds.
-__device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const float* inp, int m, int M, int k, bool valid,
-                                              int K, float shift = 0.0f) {
-    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-    if (valid && m < M) {
-        const float* p = inp + (size_t)m * K + k;
-        x0 = *reinterpret_cast<const float4*>(p);
-        x1 = *reinterpret_cast<const float4*>(p + 4);
-        x0 = make_float4(x0.x - shift, x0.y - shift, x0.z - shift, x0.w - shift);
-        x1 = make_float4(x1.x - shift, x1.y - shift, x1.z - shift, x1.w - shift);
-    }
-    b[0][0] = pack_bf16x2(x0.x, x0.y);
-    b[0][1] = pack_bf16x2(x0.z, x0.w);
-    b[1][0] = pack_bf16x2(x1.x, x1.y);
-    b[1][1] = pack_bf16x2(x1.z, x1.w);
-}
-
-// The same eight of a bf16 inp: one 16-byte load, already the fragments' pairs.
-__device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const __nv_bfloat16* inp, int m, int M, int k,
-                                              bool valid, int K) {
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (valid && m < M) x = *reinterpret_cast<const uint4*>(inp + (size_t)m * K + k);
-    b[0][0] = x.x;
-    b[0][1] = x.y;
-    b[1][0] = x.z;
-    b[1][1] = x.w;
-}
-
-// Where the block's outputs go. StoreRows: out[m][n] with the bias and the tail (every stage).
-struct StoreRows {
-    float* out;
-    const float* bias;
-    const float* residual;
-    int tail, N;
-    __device__ __forceinline__ void operator()(int m, int n, float s) const {
-        out[(size_t)m * N + n] = gemv_out(s, bias, residual, tail, n, (size_t)m * N + n);
-    }
-};
 
 // StoreQkvAppend (GEMV_QKV_APPEND, the decode step's QKV linear): kv-append in the epilogue. Row m
 // of out is [q | k | v] of C each; q goes to q_out[m] as bf16, k and v as bf16 into cell (seq[m],
@@ -277,28 +190,7 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
         }
         pass(wa, wb, s0);
     }
-    // acc[i] holds out^T rows g and g + 8, columns 8i + 2t and 8i + 2t + 1. One tile at a time
-    // through shared memory (so the split can grow without the buffer growing with M).
-    float* mine = part + warp * 128;
-#pragma unroll
-    for (int i = 0; i < TILES; ++i) {
-        mine[g * 8 + 2 * t] = acc[i][0];
-        mine[g * 8 + 2 * t + 1] = acc[i][1];
-        mine[(g + 8) * 8 + 2 * t] = acc[i][2];
-        mine[(g + 8) * 8 + 2 * t + 1] = acc[i][3];
-        __syncthreads();
-        // Thread (c, r), r fastest: 16 consecutive outputs of a row of out per 16 threads.
-        if (threadIdx.x < 128) {
-            const int c = threadIdx.x / 16, r = threadIdx.x % 16, m = 8 * i + c, n = n0 + r;
-            if (m < M && n < N) {
-                float s = 0.0f;
-#pragma unroll
-                for (int p = 0; p < split; ++p) s += part[p * 128 + r * 8 + c];
-                store(m, n, s * stats.rstd(m));
-            }
-        }
-        __syncthreads();  // part is rewritten by the next tile
-    }
+    gemv_mma_reduce(acc, part, stats, store, n0, M, N);
 }
 
 #define GEMV_MMA_ENTRY(MT)                                                                                  \
