@@ -3,7 +3,8 @@
 JSON that `ladder run --anchors FILE` shows as extra rows. Needs only torch with CUDA.
 
     python3 scripts/anchors.py --out anchors.json [--family norm,attention,attention-prefill-bf16,attention-decode,quant-int4,matmul-gemv,gpt2]
-    (also: attention-prefill-bf16-fa3, gpt2-sizes: the compiled decode step at gpt2-medium, -large, -xl)
+    (also: attention-prefill-bf16-fa3, matmul-gemv-fp8, gpt2-sizes: the compiled decode step at
+    gpt2-medium, -large, -xl)
 
 Timing mirrors the harness: CUDA events around each call after warm-up, the median (with min and
 max) of many calls, rotating through enough copies of the inputs that they do not sit in L2.
@@ -219,6 +220,28 @@ def matmul_gemv():
     return out
 
 
+def matmul_gemv_fp8():
+    """gemv-fp8's shapes: a device-to-device copy that moves as many bytes as the GEMV reads of its
+    e4m3 weights (N * K codes: half read, half written), and torch's bf16 linear (cuBLAS) that the
+    bf16 GEMV replaces, for the ratio a decode step gains from 1-byte weights."""
+    out = []
+    for m, n, k, bias in [(1, 2304, 768, 1), (1, 768, 768, 1), (1, 3072, 768, 1), (1, 768, 3072, 1),
+                          (1, 50257, 768, 0), (8, 3072, 768, 1), (32, 3072, 768, 1)]:
+        shape = f"M={m},N={n},K={k},bias={bias}"
+        copies = rotation(n * k)
+        srcs = [torch.empty(n * k // 2, device="cuda", dtype=torch.uint8) for _ in range(copies)]
+        dst = torch.empty(n * k // 2, device="cuda", dtype=torch.uint8)
+        out.append(anchor("matmul", "gemv-fp8", shape, "copy of W's e4m3 bytes (same-size copy rate)",
+                          [lambda s=s: dst.copy_(s) for s in srcs]))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(rotation(2 * n * k))]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
+        out.append(anchor("matmul", "gemv-fp8", shape, "torch linear bf16 (cuBLAS, 2-byte W)",
+                          [lambda w=w: F.linear(x, w, b) for w in ws]))
+        del ws, srcs
+    return out
+
+
 def gpt2():
     """Hugging Face's GPT-2 124M (seeded random init, no download) at the model table's shapes:
     the prefill of B=4 x 1024 tokens (fp16 and fp32), and one decode step at batch 1, 8 and 32 from
@@ -400,7 +423,8 @@ def main():
         anchors += {"norm": norm, "attention": attention, "attention-prefill-bf16": attention_prefill_bf16,
                     "attention-prefill-bf16-fa3": attention_prefill_bf16_fa3,
                     "attention-decode": attention_decode,
-                    "quant-int4": quant_int4, "matmul-gemv": matmul_gemv, "gpt2": gpt2,
+                    "quant-int4": quant_int4, "matmul-gemv": matmul_gemv, "matmul-gemv-fp8": matmul_gemv_fp8,
+                    "gpt2": gpt2,
                     "gpt2-sizes": lambda: gpt2_sizes(args.sizes.split(","))}[fam]()
     dev = torch.cuda.get_device_name(0)
     with open(args.out, "w") as f:

@@ -121,9 +121,15 @@ pub fn folds_layernorm(v: &Variant) -> bool {
 /// row of W times the gain, element by element) and `bias' = W · beta + bias` (fp32, from the
 /// unrounded W; `bias` may be absent). `w` is `[N, K]`; returns `(W' as bf16 bits, bias')`.
 pub fn fold_layernorm(w: &[f32], bias: Option<&[f32]>, gamma: &[f32], beta: &[f32]) -> (Vec<u16>, Vec<f32>) {
+    let (folded, shift) = fold_layernorm_f32(w, bias, gamma, beta);
+    (folded.par_iter().map(|&v| bf16::from_f32(v).to_bits()).collect(), shift)
+}
+
+/// [`fold_layernorm`] before the weights' rounding: `W ⊙ gamma` in fp32 (what a format other than
+/// bf16, `gemv-fp8`'s e4m3 blocks, quantizes) and `bias'`.
+pub fn fold_layernorm_f32(w: &[f32], bias: Option<&[f32]>, gamma: &[f32], beta: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let k = gamma.len();
-    let folded =
-        w.par_chunks(k).flat_map_iter(|row| row.iter().zip(gamma).map(|(a, g)| bf16::from_f32(a * g).to_bits()));
+    let folded = w.par_chunks(k).flat_map_iter(|row| row.iter().zip(gamma).map(|(a, g)| a * g));
     let shift = w.par_chunks(k).enumerate().map(|(n, row)| {
         let dot: f64 = row.iter().zip(beta).map(|(a, b)| *a as f64 * *b as f64).sum();
         (dot + bias.map_or(0.0, |b| b[n] as f64)) as f32
@@ -407,7 +413,7 @@ pub fn shape_bf16_in(m: i64, n: i64, k: i64, bias: i64, epi: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias), ("epi", epi), ("in", 16)])
 }
 
-fn dims(s: &Shape) -> Result<GemvDims> {
+pub(crate) fn dims(s: &Shape) -> Result<GemvDims> {
     let big = i32::MAX as i64;
     let bias = s.get("bias").unwrap_or(1);
     require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
@@ -416,6 +422,65 @@ fn dims(s: &Shape) -> Result<GemvDims> {
     let ln = s.get("ln").unwrap_or(0);
     require(ln == 0 || ln == 1, "ln in {0, 1}", || format!("ln = {ln}"))?;
     Ok(GemvDims { m, n, k, bias: bias == 1, tail: tail_of(s)?, input, ln: ln == 1 })
+}
+
+/// GPT-2's LayerNorm eps, the kernels' GEMV_LN_EPS.
+pub(crate) const LN_EPS: f64 = 1e-5;
+
+/// The random inputs of one GEMV check (`gemv` and `gemv-fp8` alike): inp uploaded (bf16 inp rounded
+/// once at upload, and `inp` holds exactly the uploaded values), W in fp32 before any rounding, a
+/// bias, the residual with that tail, and with `ln` = 1 the LayerNorm's gain and shift.
+pub(crate) struct GemvInputs {
+    pub inp_dev: ActBuf,
+    pub inp: Vec<f32>,
+    pub w32: Vec<f32>,
+    pub bias: Vec<f32>,
+    pub residual: Option<Vec<f32>>,
+    pub layernorm: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl GemvInputs {
+    pub fn new(gpu: &Gpu, d: GemvDims, seed: u64) -> Result<GemvInputs> {
+        require(d.m >= 1 && d.n >= 1 && d.k >= 1 && d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
+        // A folded LayerNorm's input is a residual stream: a mean away from zero and a spread.
+        let x = if d.ln { uniform(d.m * d.k, -2.0, 3.0, seed ^ 1) } else { uniform(d.m * d.k, -1.0, 1.0, seed ^ 1) };
+        let (inp_dev, inp) = ActBuf::upload(gpu, d.input, &x)?;
+        Ok(GemvInputs {
+            inp_dev,
+            inp,
+            w32: uniform(d.n * d.k, -1.0, 1.0, seed ^ 2),
+            bias: uniform(d.n, -1.0, 1.0, seed ^ 3),
+            residual: (d.tail == Tail::Residual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 4)),
+            layernorm: d.ln.then(|| (uniform(d.k, 0.5, 1.5, seed ^ 5), uniform(d.k, -0.5, 0.5, seed ^ 6))),
+        })
+    }
+}
+
+/// The f64 reference of a GEMV of size `d`: `rows` `[M, K]` (inp, or a LayerNorm's output) times
+/// `weights` `[N, K]`ᵀ, plus `bias` when `d.bias`, then `d`'s tail (`residual` `[M, N]` with the
+/// residual tail).
+pub(crate) fn reference(
+    d: GemvDims,
+    rows: &[f64],
+    weights: &[f64],
+    bias: &[f32],
+    residual: Option<&[f32]>,
+) -> Vec<f64> {
+    let mut out = vec![0f64; d.m * d.n];
+    out.par_chunks_mut(d.n).enumerate().for_each(|(m, row)| {
+        let x = &rows[m * d.k..(m + 1) * d.k];
+        for (n, o) in row.iter_mut().enumerate() {
+            let wr = &weights[n * d.k..(n + 1) * d.k];
+            let dot: f64 = x.iter().zip(wr).map(|(a, b)| a * b).sum();
+            let v = dot + if d.bias { bias[n] as f64 } else { 0.0 };
+            *o = match (d.tail, residual) {
+                (Tail::Gelu, _) => gelu_tanh(v),
+                (Tail::Residual, Some(r)) => v + r[m * d.n + n] as f64,
+                _ => v,
+            };
+        }
+    });
+    out
 }
 
 static INFO: OpInfo = OpInfo {
@@ -472,42 +537,20 @@ impl Op for Gemv {
     }
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = dims(s)?;
-        require(d.m >= 1 && d.n >= 1 && d.k >= 1 && d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
-        // bf16 activations: rounded once at upload; the reference runs on exactly those values. A
-        // folded LayerNorm's input is a residual stream: a mean away from zero and a spread.
-        let x = if d.ln { uniform(d.m * d.k, -2.0, 3.0, seed ^ 1) } else { uniform(d.m * d.k, -1.0, 1.0, seed ^ 1) };
-        let (inp_dev, inp) = ActBuf::upload(gpu, d.input, &x)?;
-        let w32 = uniform(d.n * d.k, -1.0, 1.0, seed ^ 2);
-        let bias = uniform(d.n, -1.0, 1.0, seed ^ 3);
-        let residual = (d.tail == Tail::Residual).then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 4));
+        let GemvInputs { inp_dev, inp, w32, bias, residual, layernorm } = GemvInputs::new(gpu, d, seed)?;
         // The reference's input rows and weights: the LayerNorm's output in f64 and the unrounded W
         // (the folded bf16 W' is the stage's own rounding), or inp and the bf16 W as uploaded.
-        let (w, bias_dev, rows, weights): (Vec<u16>, Vec<f32>, Vec<f64>, Vec<f64>) = if d.ln {
-            let gamma = uniform(d.k, 0.5, 1.5, seed ^ 5);
-            let beta = uniform(d.k, -0.5, 0.5, seed ^ 6);
-            let (folded, shift) = fold_layernorm(&w32, Some(&bias), &gamma, &beta);
-            // GPT-2's eps, the kernel's GEMV_LN_EPS.
-            let (rows, _, _) = norm::layernorm::reference(&inp, &gamma, &beta, d.m, d.k, 1e-5);
-            (folded, shift, rows, w32.iter().map(|&v| v as f64).collect())
-        } else {
-            let w: Vec<u16> = w32.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
-            let weights = w.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
-            (w, bias.clone(), inp.iter().map(|&v| v as f64).collect(), weights)
-        };
-        let mut reference = vec![0f64; d.m * d.n];
-        reference.par_chunks_mut(d.n).enumerate().for_each(|(m, row)| {
-            let x = &rows[m * d.k..(m + 1) * d.k];
-            for (n, o) in row.iter_mut().enumerate() {
-                let wr = &weights[n * d.k..(n + 1) * d.k];
-                let dot: f64 = x.iter().zip(wr).map(|(a, b)| a * b).sum();
-                let v = dot + if d.bias { bias[n] as f64 } else { 0.0 };
-                *o = match (d.tail, &residual) {
-                    (Tail::Gelu, _) => gelu_tanh(v),
-                    (Tail::Residual, Some(r)) => v + r[m * d.n + n] as f64,
-                    _ => v,
-                };
-            }
-        });
+        let (w, bias_dev, rows, weights): (Vec<u16>, Vec<f32>, Vec<f64>, Vec<f64>) =
+            if let Some((gamma, beta)) = layernorm {
+                let (folded, shift) = fold_layernorm(&w32, Some(&bias), &gamma, &beta);
+                let (rows, _, _) = norm::layernorm::reference(&inp, &gamma, &beta, d.m, d.k, LN_EPS);
+                (folded, shift, rows, w32.iter().map(|&v| v as f64).collect())
+            } else {
+                let w: Vec<u16> = w32.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+                let weights = w.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
+                (w, bias.clone(), inp.iter().map(|&v| v as f64).collect(), weights)
+            };
+        let reference = reference(d, &rows, &weights, &bias, residual.as_deref());
         // W rotates (it is what a decode step streams from memory); inp and out are small.
         let copies = rotation_copies(gpu, (2 * d.n * d.k) as u64);
         Ok(Box::new(GemvProblem {

@@ -4,7 +4,8 @@
 //! cuBLAS at fp32, TF32 and fp16; and the same GEMM with its bias+GELU / bias+residual epilogue
 //! unfused, fused after the GEMM, fused into the GEMM, and through cuBLASLt's epilogues; and the decode
 //! GEMV (M = 1..64) on bf16 weights; and the tensor-core ladder past the report on bf16 operands
-//! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16); and the FP8 quantizer (`quantize-fp8`).
+//! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16); and FP8: the quantizer (`quantize-fp8`) and
+//! the decode GEMV on e4m3 weights (`gemv-fp8`).
 
 use common::{Family, Op, Sources};
 
@@ -12,6 +13,7 @@ pub mod epilogue;
 pub mod fp8;
 pub mod gemm;
 pub mod gemv;
+pub mod gemv_fp8;
 pub mod linear;
 pub mod linear_bf16;
 mod lt;
@@ -45,6 +47,7 @@ impl Family for Matmul {
             &linear_bf16::LinearBf16,
             &epilogue::LinearEpilogue,
             &gemv::Gemv,
+            &gemv_fp8::GemvFp8,
             &quantize_fp8::QuantizeFp8,
         ]
     }

@@ -169,3 +169,22 @@ fn a_folded_layernorm_is_the_layernorm_then_the_linear() {
         }
     }
 }
+
+#[test]
+fn gemv_fp8_validation_names_the_constraint() {
+    use matmul::gemv::{shape, shape_bf16_in, shape_ln};
+    use matmul::gemv_fp8::GemvFp8;
+    let stages = GemvFp8.variants();
+    let (warp_row, mma) = (&stages[0], &stages[1]);
+    for v in &stages {
+        GemvFp8.validate(v, &shape(17, 300, 400, 1)).unwrap();
+        assert!(constraint(GemvFp8.validate(v, &shape(1, 64, 40, 1))).contains("K % 16 == 0"));
+        assert!(constraint(GemvFp8.validate(v, &shape(65, 64, 64, 1))).contains("M <= 64"));
+    }
+    // Only the tensor-core stage folds the LayerNorm, on fp32 inp with the folded shift as a bias.
+    GemvFp8.validate(mma, &shape_ln(1, 64, 64, 0)).unwrap();
+    assert!(constraint(GemvFp8.validate(warp_row, &shape_ln(1, 64, 64, 0))).contains("folds the LayerNorm"));
+    let mut bf16_ln = shape_bf16_in(1, 64, 64, 1, 0);
+    bf16_ln.set("ln", 1);
+    assert!(constraint(GemvFp8.validate(mma, &bf16_ln)).contains("ln = 1 with fp32 inp"));
+}

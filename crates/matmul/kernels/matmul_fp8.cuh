@@ -1,0 +1,44 @@
+// matmul_fp8.cuh: reading matmul::fp8's format on the device: e4m3 codes with an fp32 scale per
+// 128 x 128 block of a weight. Every e4m3 value is exact in f16 (exponents 2^-9 .. 2^8, 3 mantissa
+// bits), and so in f32 and bf16: each conversion here is exact. cvt.rn.f16x2.e4m3x2 (sm_89 on) turns
+// two codes into two halves, the low byte into the low half.
+#pragma once
+#include <cuda_fp16.h>
+#include "ladder_mma.cuh"
+
+// Channels (and rows of a weight) a scale covers.
+#define FP8_GROUP 128
+
+// Two codes, the first in the low byte, as two floats.
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short pair) {
+    unsigned h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(pair));
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// A 16-byte piece of codes as 16 floats, in order.
+__device__ __forceinline__ void e4m3x16_to_float(const uint4& q, float (&v)[16]) {
+    const unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 lo = e4m3x2_to_float2((unsigned short)(w[i] & 0xFFFFu));
+        const float2 hi = e4m3x2_to_float2((unsigned short)(w[i] >> 16));
+        v[4 * i] = lo.x;
+        v[4 * i + 1] = lo.y;
+        v[4 * i + 2] = hi.x;
+        v[4 * i + 3] = hi.y;
+    }
+}
+
+// A 16-byte piece of codes as eight bf16 pairs: pair j holds codes 2j and 2j + 1 (the low half first,
+// as an mma fragment register holds two consecutive k).
+__device__ __forceinline__ void e4m3x16_to_bf16x2(const uint4& q, unsigned (&pairs)[8]) {
+    const unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 lo = e4m3x2_to_float2((unsigned short)(w[i] & 0xFFFFu));
+        const float2 hi = e4m3x2_to_float2((unsigned short)(w[i] >> 16));
+        pairs[2 * i] = pack_bf16x2(lo.x, lo.y);
+        pairs[2 * i + 1] = pack_bf16x2(hi.x, hi.y);
+    }
+}
