@@ -3,7 +3,7 @@
 JSON that `ladder run --anchors FILE` shows as extra rows. Needs only torch with CUDA.
 
     python3 scripts/anchors.py --out anchors.json [--family norm,attention,attention-prefill-bf16,attention-decode,quant-int4,matmul-gemv,gpt2]
-    (also: attention-prefill-bf16-fa3, matmul-gemv-fp8, gpt2-sizes: the compiled decode step at
+    (also: attention-prefill-bf16-fa3, matmul-gemv-fp8, matmul-linear-fp8, gpt2-sizes: the compiled decode step at
     gpt2-medium, -large, -xl)
 
 Timing mirrors the harness: CUDA events around each call after warm-up, the median (with min and
@@ -242,6 +242,41 @@ def matmul_gemv_fp8():
     return out
 
 
+def matmul_linear_fp8():
+    """linear-fp8's shapes: torch._scaled_mm on e4m3 operands (cuBLASLt FP8) with per-tensor scales
+    and with row-wise scales (one per row of A, one per column of the output), bf16 out; and torch's
+    bf16 linear for the same shape. _scaled_mm needs every dimension a multiple of 16: the LM head's
+    N = 50257 runs at 50272."""
+    out = []
+    e4m3 = torch.float8_e4m3fn
+    for m, n, k, bias in [(4096, 2304, 768, 1), (4096, 768, 768, 1), (4096, 3072, 768, 1), (4096, 768, 3072, 1),
+                          (4096, 50257, 768, 0), (4096, 4096, 4096, 0), (8192, 8192, 8192, 0)]:
+        shape = f"M={m},N={n},K={k},bias={bias}"
+        n16 = -(-n // 16) * 16
+        copies = rotation(m * k + n16 * k)
+        a_s = [torch.randn(m, k, device="cuda").to(e4m3) for _ in range(copies)]
+        w_s = [torch.randn(n16, k, device="cuda").to(e4m3) for _ in range(copies)]
+        one = torch.tensor(1.0, device="cuda")
+        rows, cols = torch.ones(m, 1, device="cuda"), torch.ones(1, n16, device="cuda")
+        b = torch.randn(n16, device="cuda", dtype=torch.bfloat16) if bias else None
+        for name, sa, sb in [("per-tensor", one, one), ("row-wise", rows, cols)]:
+            try:
+                fns = [lambda a=a, w=w, sa=sa, sb=sb: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, bias=b,
+                                                                      out_dtype=torch.bfloat16)
+                       for a, w in zip(a_s, w_s)]
+                out.append(anchor("matmul", "linear-fp8", shape, f"torch._scaled_mm e4m3 {name} (cuBLASLt FP8)", fns))
+            except RuntimeError as e:
+                print(f"matmul/linear-fp8 {shape} {name}: {e}")
+        del a_s, w_s
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(rotation(2 * (m * k + n * k)))]
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        bb = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
+        out.append(anchor("matmul", "linear-fp8", shape, "torch linear bf16 (cuBLAS)", [lambda x=x: F.linear(x, w, bb) for x in xs]))
+        del xs, w
+        torch.cuda.empty_cache()
+    return out
+
+
 def gpt2():
     """Hugging Face's GPT-2 124M (seeded random init, no download) at the model table's shapes:
     the prefill of B=4 x 1024 tokens (fp16 and fp32), and one decode step at batch 1, 8 and 32 from
@@ -424,6 +459,7 @@ def main():
                     "attention-prefill-bf16-fa3": attention_prefill_bf16_fa3,
                     "attention-decode": attention_decode,
                     "quant-int4": quant_int4, "matmul-gemv": matmul_gemv, "matmul-gemv-fp8": matmul_gemv_fp8,
+                    "matmul-linear-fp8": matmul_linear_fp8,
                     "gpt2": gpt2,
                     "gpt2-sizes": lambda: gpt2_sizes(args.sizes.split(","))}[fam]()
     dev = torch.cuda.get_device_name(0)

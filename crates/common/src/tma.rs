@@ -12,11 +12,29 @@ pub const BOX_COLS: u32 = 64;
 /// (128 bytes) x `box_rows`, in the 128-byte swizzle: the layout wgmma reads. A load zero-fills the
 /// parts of a box past the matrix.
 pub fn bf16_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<sys::CUtensorMap> {
-    use sys::{CUtensorMapDataType as T, CUtensorMapFloatOOBfill as F, CUtensorMapInterleave as I};
+    swizzled_map(ptr, rows, cols, box_rows, sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2)
+}
+
+/// [`bf16_map`] for a matrix of 1-byte elements (e4m3 codes): boxes of 128 columns (128 bytes) x
+/// `box_rows`, in the 128-byte swizzle; a load zero-fills past the matrix (code 0 is +0).
+pub fn e4m3_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<sys::CUtensorMap> {
+    swizzled_map(ptr, rows, cols, box_rows, sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1)
+}
+
+/// A 2-D map of `[rows, cols]` elements of `bytes` bytes in boxes of 128 bytes x `box_rows`.
+fn swizzled_map(
+    ptr: u64,
+    rows: usize,
+    cols: usize,
+    box_rows: u32,
+    dtype: sys::CUtensorMapDataType,
+    bytes: usize,
+) -> Result<sys::CUtensorMap> {
+    use sys::{CUtensorMapFloatOOBfill as F, CUtensorMapInterleave as I};
     use sys::{CUtensorMapL2promotion as L, CUtensorMapSwizzle as S};
     let dims = [cols as u64, rows as u64];
-    let strides = [(2 * cols) as u64];
-    let boxes = [BOX_COLS, box_rows];
+    let strides = [(bytes * cols) as u64];
+    let boxes = [(128 / bytes) as u32, box_rows];
     let elements = [1u32, 1];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: the arrays hold rank (2) entries, rank - 1 for the strides; `map` is written by the
@@ -25,7 +43,7 @@ pub fn bf16_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<sys
     unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            dtype,
             2,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),

@@ -4,8 +4,8 @@
 //! cuBLAS at fp32, TF32 and fp16; and the same GEMM with its bias+GELU / bias+residual epilogue
 //! unfused, fused after the GEMM, fused into the GEMM, and through cuBLASLt's epilogues; and the decode
 //! GEMV (M = 1..64) on bf16 weights; and the tensor-core ladder past the report on bf16 operands
-//! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16); and FP8: the quantizer (`quantize-fp8`) and
-//! the decode GEMV on e4m3 weights (`gemv-fp8`).
+//! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16); and FP8: the quantizer (`quantize-fp8`), the
+//! decode GEMV on e4m3 weights (`gemv-fp8`) and the linear layer on e4m3 tensor cores (`linear-fp8`).
 
 use common::{Family, Op, Sources};
 
@@ -16,6 +16,7 @@ pub mod gemv;
 pub mod gemv_fp8;
 pub mod linear;
 pub mod linear_bf16;
+pub mod linear_fp8;
 mod lt;
 pub mod quantize_fp8;
 pub mod reference;
@@ -45,6 +46,7 @@ impl Family for Matmul {
         vec![
             &linear::Linear,
             &linear_bf16::LinearBf16,
+            &linear_fp8::LinearFp8,
             &epilogue::LinearEpilogue,
             &gemv::Gemv,
             &gemv_fp8::GemvFp8,

@@ -369,6 +369,27 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &GemvFp8, &s, &stages);
             })
         })
+        .gpu("linear_fp8_default_and_ragged", |gpu| {
+            // Against the f64 product of the dequantized operands: GPT-2's linears and the square
+            // shapes at M = 512 (8192^3 at 8192), then M, N, K not multiples of the 128-wide tile or
+            // scale group (K % 16 == 0), M = 1 and N = 1.
+            use matmul::linear_fp8::{shape, LinearFp8};
+            let stages = LinearFp8.variants();
+            for mut s in LinearFp8.default_shapes() {
+                if s.get("K") != Some(8192) {
+                    s.set("M", 512);
+                }
+                assert_stages_pass(gpu, &LinearFp8, &s, &stages);
+            }
+            for (m, n, k, b) in
+                [(1, 1, 16, 1), (129, 127, 144, 0), (300, 7, 1008, 1), (257, 129, 48, 1), (5, 300, 2064, 0)]
+            {
+                assert_stages_pass(gpu, &LinearFp8, &shape(m, n, k, b), &stages);
+            }
+            proptest(12, (1i64..400, 1i64..400, 1i64..40, 0i64..2), |(m, n, k16, b)| {
+                assert_stages_pass(gpu, &LinearFp8, &shape(m, n, 16 * k16, b), &stages)
+            })
+        })
         .gpu("linear_bf16_modules_compile_and_load", linear_bf16_modules_compile_and_load)
         .gpu("linear_bf16_default_shapes", |gpu| {
             // Every default shape's N, K, tail and output type (the LM head at 50257 and 50304,
