@@ -69,3 +69,33 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], unsigned l
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(a), "l"(b), "r"(accumulate));
 }
+
+// The store of a warpgroup's 64 x 128 fp32 tile d in wgmma's layout (d[4j + 0..1]: row g, columns
+// 8j + 2t and 8j + 2t + 1 of the warp's 16 rows; d[4j + 2..3]: row g + 8) plus the bias: this thread's
+// rows row0 and row0 + 8 of out, columns from n0 + 2t; rows past M and columns past N skipped, pairs
+// stored as float2 when N is even (8-byte aligned rows). linear-bf16 stage 7, linear-fp8 0 and 1.
+__device__ __forceinline__ void store_m64n128_bias(const float (&d)[64], float* out, const float* bias, int row0,
+                                                   int n0, int M, int N) {
+    const int t = threadIdx.x & 3;
+    const bool pairs = (N & 1) == 0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int col = n0 + 8 * j + 2 * t;
+        if (col >= N) continue;
+        const float b0 = bias != nullptr ? bias[col] : 0.0f;
+        const float b1 = bias != nullptr && col + 1 < N ? bias[col + 1] : 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row >= M) continue;
+            float* o = out + (size_t)row * N + col;
+            const float x = d[4 * j + 2 * h] + b0, y = d[4 * j + 2 * h + 1] + b1;
+            if (pairs) {
+                *reinterpret_cast<float2*>(o) = make_float2(x, y);
+            } else {
+                o[0] = x;
+                if (col + 1 < N) o[1] = y;
+            }
+        }
+    }
+}

@@ -29,18 +29,60 @@ const TILE: usize = 128;
 const K_ALIGN: &str = "K % 16 == 0";
 const ROWS: &str = "M <= 65535 * 128";
 
+/// How a stage runs its K loop; the entry and the block size follow from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// Two consumer warpgroups, one of whose threads also refills the ring after a block barrier.
+    Cooperative,
+    /// A producer warpgroup and two consumers on full/empty barriers.
+    WarpSpecialized,
+}
+
+impl Plan {
+    fn entry(self) -> &'static str {
+        match self {
+            Plan::Cooperative => "linear_fp8_wgmma",
+            Plan::WarpSpecialized => "linear_fp8_ws",
+        }
+    }
+    fn threads(self) -> u32 {
+        match self {
+            Plan::Cooperative => 256,
+            Plan::WarpSpecialized => 384,
+        }
+    }
+    /// Mbarriers a ring stage: `full`, and with a producer `empty`.
+    fn barriers(self) -> u32 {
+        match self {
+            Plan::Cooperative => 1,
+            Plan::WarpSpecialized => 2,
+        }
+    }
+}
+
 fn stages() -> Vec<Variant> {
-    vec![Variant::kernel(
-        FAMILY,
-        OP,
-        0,
-        "wgmma-scaled",
-        "linear-fp8/00_wgmma_scaled.cu",
-        Precision::Bf16,
-        "linear-bf16 stage 7's frame on e4m3: TMA tiles of 128 x 128 codes, 4 wgmma.m64n128k32.e4m3 a K step into a fresh tile, promoted into fp32 times the step's row and block scales",
-    )
-    .with_tunables(&[("WG_STAGES", 4)])
-    .with_requirements(Requirements::SM90A)]
+    let k = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+            .with_plan(plan)
+            .with_tunables(&[("WG_STAGES", 4)])
+            .with_requirements(Requirements::SM90A)
+    };
+    vec![
+        k(
+            0,
+            "wgmma-scaled",
+            "linear-fp8/00_wgmma_scaled.cu",
+            Plan::Cooperative,
+            "linear-bf16 stage 7's frame on e4m3: TMA tiles of 128 x 128 codes, 4 wgmma.m64n128k32.e4m3 a K step into a fresh tile, promoted into fp32 times the step's row and block scales",
+        ),
+        k(
+            1,
+            "warp-specialized",
+            "linear-fp8/01_warp_specialized.cu",
+            Plan::WarpSpecialized,
+            "stage 0 with a producer warpgroup on full/empty barriers: no block barrier in the K loop, a stage refilled as soon as both consumers let it go",
+        ),
+    ]
 }
 
 /// The sizes of one call.
@@ -80,12 +122,13 @@ pub struct Prepared {
 
 pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
     check_shape(d)?;
+    let plan = v.plan::<Plan>()?;
     let stages = v.tunable("WG_STAGES")?;
-    // Two operand tiles of 128 x 128 codes a stage, 1 KiB for the swizzle's alignment, a barrier a stage.
-    let shared = stages * 2 * (TILE * TILE) as u32 + 1024 + 8 * stages;
+    // Two operand tiles of 128 x 128 codes a stage, 1 KiB for the swizzle's alignment, the barriers.
+    let shared = stages * 2 * (TILE * TILE) as u32 + 1024 + 8 * plan.barriers() * stages;
     let grid = (d.n.div_ceil(TILE) as u32, d.m.div_ceil(TILE) as u32, 1);
-    let shape = LaunchShape::new(grid, (256, 1, 1)).with_shared(shared);
-    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, "linear_fp8_wgmma", shape)?, d })
+    let shape = LaunchShape::new(grid, (plan.threads(), 1, 1)).with_shared(shared);
+    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, plan.entry(), shape)?, d })
 }
 
 /// The buffers of one call: `out` M·N; A's codes M·K and scales `[M, ceil(K / 128)]`
@@ -128,7 +171,7 @@ impl Prepared {
             Arg::int(d.n),
             Arg::int(d.k),
         ];
-        // SAFETY: the arguments follow linear_fp8_wgmma's signature; lengths checked above, the maps
+        // SAFETY: the arguments follow both entries' signature; lengths checked above, the maps
         // cover exactly the codes (K % 16 == 0 at prepare: 16-byte row strides).
         unsafe { self.launch.enqueue(stream, &args) }
     }

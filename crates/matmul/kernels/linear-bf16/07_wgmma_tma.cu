@@ -76,27 +76,5 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         if (tid == 0 && kt + WG_STAGES < ktiles) issue(kt + WG_STAGES);
     }
 
-    // d[4j + 0..1]: row g, columns 8j + 2t, +1 of the warp's 16 rows; d[4j + 2..3]: row g + 8.
-    const int g = lane >> 2, t = lane & 3;
-    const bool pairs = (N & 1) == 0;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const int col = n0 + 8 * j + 2 * t;
-        if (col >= N) continue;
-        const float b0 = bias != nullptr ? bias[col] : 0.0f;
-        const float b1 = bias != nullptr && col + 1 < N ? bias[col + 1] : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = m0 + 64 * wg + 16 * warp + g + 8 * h;
-            if (row >= M) continue;
-            float* o = out + (size_t)row * N + col;
-            const float x = d[4 * j + 2 * h] + b0, y = d[4 * j + 2 * h + 1] + b1;
-            if (pairs) {
-                *reinterpret_cast<float2*>(o) = make_float2(x, y);
-            } else {
-                o[0] = x;
-                if (col + 1 < N) o[1] = y;
-            }
-        }
-    }
+    store_m64n128_bias(d, out, bias, m0 + 64 * wg + 16 * warp + (lane >> 2), n0, M, N);
 }

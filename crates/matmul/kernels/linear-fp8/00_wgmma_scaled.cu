@@ -64,7 +64,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 
     // This thread's two rows of out (d[4j + 0..1] row g, d[4j + 2..3] row g + 8 of the warp's 16),
     // their rows of A scales, and the block's row of W scales (its 128 columns are one W block).
-    const int g = lane >> 2, t = lane & 3;
+    const int g = lane >> 2;
     const int row0 = m0 + 64 * wg + 16 * warp + g, row1 = row0 + 8;
     const float* sa0 = a_scales + (size_t)min(row0, M - 1) * ktiles;
     const float* sa1 = a_scales + (size_t)min(row1, M - 1) * ktiles;
@@ -99,25 +99,5 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
     }
 
-    const bool pairs = (N & 1) == 0;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const int col = n0 + 8 * j + 2 * t;
-        if (col >= N) continue;
-        const float b0 = bias != nullptr ? bias[col] : 0.0f;
-        const float b1 = bias != nullptr && col + 1 < N ? bias[col + 1] : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = h == 0 ? row0 : row1;
-            if (row >= M) continue;
-            float* o = out + (size_t)row * N + col;
-            const float x = acc[4 * j + 2 * h] + b0, y = acc[4 * j + 2 * h + 1] + b1;
-            if (pairs) {
-                *reinterpret_cast<float2*>(o) = make_float2(x, y);
-            } else {
-                o[0] = x;
-                if (col + 1 < N) o[1] = y;
-            }
-        }
-    }
+    store_m64n128_bias(acc, out, bias, row0, n0, M, N);
 }
