@@ -22,16 +22,11 @@
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands (exact e4m3 products,
 //   fp32 promotion every 128 of K).
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0
-#include "matmul_wgmma.cuh"
+#include "matmul_fp8_gemm.cuh"
 
 #ifndef WG_STAGES
 #error "WG_STAGES is a tunable: the stage list sets it"
 #endif
-
-#define F8_BM 128
-#define F8_BN 128
-#define F8_BK 128                        // codes (bytes) a K step: one scale group
-#define F8_TILE_BYTES (F8_BM * F8_BK)    // one operand's tile; A and B tiles are the same size
 
 extern "C" __global__ void __launch_bounds__(256, 1)
     linear_fp8_wgmma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
@@ -62,13 +57,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     if (tid == 0)
         for (int kt = 0; kt < WG_STAGES && kt < ktiles; ++kt) issue(kt);
 
-    // This thread's two rows of out (d[4j + 0..1] row g, d[4j + 2..3] row g + 8 of the warp's 16),
-    // their rows of A scales, and the block's row of W scales (its 128 columns are one W block).
-    const int g = lane >> 2;
-    const int row0 = m0 + 64 * wg + 16 * warp + g, row1 = row0 + 8;
-    const float* sa0 = a_scales + (size_t)min(row0, M - 1) * ktiles;
-    const float* sa1 = a_scales + (size_t)min(row1, M - 1) * ktiles;
-    const float* sb = b_scales + (size_t)(n0 / F8_BN) * ktiles;
+    const int row0 = m0 + 64 * wg + 16 * warp + (lane >> 2);
+    const StepScales scales(a_scales, b_scales, row0, n0, M, ktiles);
 
     float acc[64], part[64];
 #pragma unroll
@@ -77,26 +67,13 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     for (int kt = 0; kt < ktiles; ++kt) {
         const int s = kt % WG_STAGES;
         // The step's scales, requested before the wait: they arrive with the tiles.
-        const float w_scale = sb[kt], scale0 = sa0[kt] * w_scale, scale1 = sa1[kt] * w_scale;
+        const float w_scale = scales.w[kt], scale0 = scales.a0[kt] * w_scale, scale1 = scales.a1[kt] * w_scale;
         mbar_wait(full(s), (kt / WG_STAGES) & 1);
         // Warpgroup wg takes rows 64 wg .. 64 wg + 63 of the A tile (8 KiB in: a 1024-byte multiple).
-        const unsigned a = a_tile(s) + wg * 64 * F8_BK, b = b_tile(s);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < F8_BK / 32; ++kk)  // 32 codes = 32 bytes along the swizzled 128-byte row
-            wgmma_m64n128k32_e4m3(part, wgmma_desc(a + 32 * kk), wgmma_desc(b + 32 * kk), kk > 0);
-        wgmma_commit();
-        wgmma_wait_all();
+        fp8_k_step(part, a_tile(s) + wg * 64 * F8_BK, b_tile(s));
         __syncthreads();  // both warpgroups are done with stage s: it can be refilled
         if (tid == 0 && kt + WG_STAGES < ktiles) issue(kt + WG_STAGES);
-        // The promotion: the step's exact-ish partial into fp32, times its scales.
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            acc[4 * j] += part[4 * j] * scale0;
-            acc[4 * j + 1] += part[4 * j + 1] * scale0;
-            acc[4 * j + 2] += part[4 * j + 2] * scale1;
-            acc[4 * j + 3] += part[4 * j + 3] * scale1;
-        }
+        fp8_promote(acc, part, scale0, scale1);
     }
 
     store_m64n128_bias(acc, out, bias, row0, n0, M, N);

@@ -20,16 +20,11 @@
 // Constraints: stage 0's.
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0
-#include "matmul_wgmma.cuh"
+#include "matmul_fp8_gemm.cuh"
 
 #ifndef WG_STAGES
 #error "WG_STAGES is a tunable: the stage list sets it"
 #endif
-
-#define F8_BM 128
-#define F8_BN 128
-#define F8_BK 128                      // codes (bytes) a K step: one scale group
-#define F8_TILE_BYTES (F8_BM * F8_BK)  // one operand's tile; A and B tiles are the same size
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_ws(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
@@ -72,11 +67,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = (tid >> 5) & 3;
-    // This thread's two rows of out and their scales, the block's row of W scales (stage 0's).
-    const int row0 = m0 + 64 * c + 16 * warp + (lane >> 2), row1 = row0 + 8;
-    const float* sa0 = a_scales + (size_t)min(row0, M - 1) * ktiles;
-    const float* sa1 = a_scales + (size_t)min(row1, M - 1) * ktiles;
-    const float* sb = b_scales + (size_t)(n0 / F8_BN) * ktiles;
+    const int row0 = m0 + 64 * c + 16 * warp + (lane >> 2);
+    const StepScales scales(a_scales, b_scales, row0, n0, M, ktiles);
 
     float acc[64], part[64];
 #pragma unroll
@@ -84,24 +76,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
     for (int kt = 0; kt < ktiles; ++kt) {
         const int s = kt % WG_STAGES;
-        const float w_scale = sb[kt], scale0 = sa0[kt] * w_scale, scale1 = sa1[kt] * w_scale;
+        const float w_scale = scales.w[kt], scale0 = scales.a0[kt] * w_scale, scale1 = scales.a1[kt] * w_scale;
         mbar_wait(full(s), (kt / WG_STAGES) & 1);
-        const unsigned a = a_tile(s) + c * 64 * F8_BK, b = b_tile(s);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < F8_BK / 32; ++kk)
-            wgmma_m64n128k32_e4m3(part, wgmma_desc(a + 32 * kk), wgmma_desc(b + 32 * kk), kk > 0);
-        wgmma_commit();
-        wgmma_wait_all();
+        fp8_k_step(part, a_tile(s) + c * 64 * F8_BK, b_tile(s));
         // The warpgroup's wgmma have read stage s: one arrival for this consumer.
         if ((tid & 127) == 0) mbar_arrive(empty(s));
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            acc[4 * j] += part[4 * j] * scale0;
-            acc[4 * j + 1] += part[4 * j + 1] * scale0;
-            acc[4 * j + 2] += part[4 * j + 2] * scale1;
-            acc[4 * j + 3] += part[4 * j + 3] * scale1;
-        }
+        fp8_promote(acc, part, scale0, scale1);
     }
     store_m64n128_bias(acc, out, bias, row0, n0, M, N);
 }
