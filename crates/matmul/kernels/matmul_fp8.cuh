@@ -1,4 +1,4 @@
-// matmul_fp8.cuh: reading matmul::fp8's format on the device: e4m3 codes with an fp32 scale per
+// matmul_fp8.cuh: reading matmul::fp8's format on the device (and the bf16 its producers read): e4m3 codes with an fp32 scale per
 // 128 x 128 block of a weight. Every e4m3 value is exact in f16 (exponents 2^-9 .. 2^8, 3 mantissa
 // bits), and so in f32 and bf16: each conversion here is exact. cvt.rn.f16x2.e4m3x2 (sm_89 on) turns
 // two codes into two halves, the low byte into the low half.
@@ -8,6 +8,16 @@
 
 // Channels (and rows of a weight) a scale covers.
 #define FP8_GROUP 128
+
+// Eight bf16 (one 16-byte load) as floats, in order: the quantizer's input.
+__device__ __forceinline__ void bf16x8_to_float(const uint4& u, float (&v)[8]) {
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
 
 // Two codes, the first in the low byte, as two floats.
 __device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short pair) {

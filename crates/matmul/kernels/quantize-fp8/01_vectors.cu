@@ -15,21 +15,12 @@
 // Limits: M * K < 2^31; K % 8 == 0
 #include <cuda_bf16.h>
 #include "ladder_reduce.cuh"
+#include "matmul_fp8.cuh"
 
 #define QF8_GROUP 128
 #define QF8_MAX 448.0f
 #define QF8_AMAX_FLOOR 1e-30f
 #define QF8_NAN 0x7Fu
-
-// Eight bf16 (one uint4) as floats.
-__device__ __forceinline__ void qf8_unpack(const uint4& u, float (&v)[8]) {
-    const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        v[2 * i] = __uint_as_float(w[i] << 16);
-        v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    }
-}
 
 __device__ __forceinline__ float qf8_mag(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }
 
@@ -61,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_rows_fp8(unsigned cha
     const int k = g * QF8_GROUP + 8 * half_lane;
     const bool mine = live && k < K;
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (mine) qf8_unpack(__ldg(reinterpret_cast<const uint4*>(x + (size_t)row * K + k)), v);
+    if (mine) bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + (size_t)row * K + k)), v);
     float amax = QF8_AMAX_FLOOR;
 #pragma unroll
     for (int i = 0; i < 8; ++i) amax = fmaxf(amax, qf8_mag(v[i]));
@@ -86,7 +77,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_blocks_fp8(unsigned c
     for (int r = lead; r < rows; r += 16) {
         if (!col) continue;
         float v[8];
-        qf8_unpack(__ldg(reinterpret_cast<const uint4*>(w + (size_t)(r0 + r) * K + c)), v);
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(w + (size_t)(r0 + r) * K + c)), v);
 #pragma unroll
         for (int i = 0; i < 8; ++i) amax = fmaxf(amax, qf8_mag(v[i]));
     }
@@ -96,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_blocks_fp8(unsigned c
         if (!col) continue;
         const size_t at = (size_t)(r0 + r) * K + c;
         float v[8];
-        qf8_unpack(__ldg(reinterpret_cast<const uint4*>(w + at)), v);
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(w + at)), v);
         *reinterpret_cast<uint2*>(codes + at) = qf8_codes8(v, mul);
     }
     if (threadIdx.x == 0) scales[blockIdx.x] = __fdiv_rn(amax, QF8_MAX);
