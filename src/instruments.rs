@@ -169,7 +169,7 @@ pub fn counters_block(table: &Table) -> String {
     }
     format!(
         "counters (Nsight Compute, one launch per stage; DRAM and SM as % of peak, tensor pipe % of active cycles, \
-         achieved occupancy, L2 hit rate, top two stalls in warps per issued instruction):\n{}\n",
+         achieved occupancy, L2 throughput % of peak (and hit rate), top two stalls in warps per issued instruction):\n{}\n",
         lines.join("\n")
     )
 }

@@ -383,7 +383,7 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
         rounds: u32,
         /// Also run each passed stage once under Nsight Compute (ncu) and add its counters: DRAM and
-        /// SM throughput, tensor-pipe activity, achieved occupancy, L2 hit rate, top two stalls.
+        /// SM throughput, tensor-pipe activity, achieved occupancy, L2 throughput and hit rate, top two stalls.
         #[arg(long)]
         counters: bool,
         /// Fewer repetitions (a smoke run).

@@ -45,6 +45,9 @@ const SM: &str = "sm__throughput.avg.pct_of_peak_sustained_elapsed";
 const TENSOR: &str = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active";
 const OCCUPANCY: &str = "sm__warps_active.avg.pct_of_peak_sustained_active";
 const L2_HIT: &str = "lts__t_sector_hit_rate.pct";
+/// L2 throughput (the busiest L2 sub-unit), % of peak: the tile loads' ceiling in a GEMM whose
+/// operands stay in L2.
+const L2: &str = "lts__throughput.avg.pct_of_peak_sustained_elapsed";
 /// Kept in the JSON beside the summary: the bytes behind the DRAM figure and the issue rate.
 const EXTRA: [&str; 4] = [
     "dram__bytes_read.sum",
@@ -59,7 +62,7 @@ fn stall_metric(reason: &str) -> String {
 
 /// Every metric `--counters` asks for.
 pub fn metrics() -> Vec<String> {
-    [DURATION, DRAM, SM, TENSOR, OCCUPANCY, L2_HIT]
+    [DURATION, DRAM, SM, TENSOR, OCCUPANCY, L2_HIT, L2]
         .into_iter()
         .chain(EXTRA)
         .map(String::from)
@@ -94,6 +97,9 @@ pub struct Counters {
     /// Achieved occupancy: active warps, % of the SM's maximum.
     pub occupancy_pct: Option<f64>,
     pub l2_hit_pct: Option<f64>,
+    /// L2 throughput, % of peak.
+    #[serde(default)]
+    pub l2_pct: Option<f64>,
     /// The two largest stall reasons: (reason, warps stalled per issued instruction).
     pub top_stalls: Vec<(String, f64)>,
     pub kernels: Vec<KernelCounters>,
@@ -130,6 +136,7 @@ impl Counters {
             tensor_pct: mean(TENSOR),
             occupancy_pct: mean(OCCUPANCY),
             l2_hit_pct: mean(L2_HIT),
+            l2_pct: mean(L2),
             top_stalls: stalls,
             kernels,
         })
@@ -140,11 +147,12 @@ impl Counters {
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}%"));
         let stalls: Vec<String> = self.top_stalls.iter().map(|(r, v)| format!("{r} {v:.1}")).collect();
         format!(
-            "DRAM {}  SM {}  tensor {}  occupancy {}  L2 hit {}  stalls: {}  ({} kernel{}, {:.1} us profiled)",
+            "DRAM {}  SM {}  tensor {}  occupancy {}  L2 {} (hit {})  stalls: {}  ({} kernel{}, {:.1} us profiled)",
             pct(self.dram_pct),
             pct(self.sm_pct),
             pct(self.tensor_pct),
             pct(self.occupancy_pct),
+            pct(self.l2_pct),
             pct(self.l2_hit_pct),
             if stalls.is_empty() { "-".to_string() } else { stalls.join(", ") },
             self.kernels.len(),
