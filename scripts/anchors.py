@@ -244,8 +244,8 @@ def matmul_gemv_fp8():
 
 def matmul_linear_fp8():
     """linear-fp8's shapes: torch._scaled_mm on e4m3 operands (cuBLASLt FP8) with per-tensor scales
-    and with row-wise scales (one per row of A, one per column of the output), bf16 out; and torch's
-    bf16 linear for the same shape. _scaled_mm needs every dimension a multiple of 16: the LM head's
+    and with row-wise scales (one per row of A, one per column of the output), and with DeepSeek's
+    block-wise scales (torch's scaled_mm), bf16 out; and torch's bf16 linear for the same shape. _scaled_mm needs every dimension a multiple of 16: the LM head's
     N = 50257 runs at 50272."""
     out = []
     e4m3 = torch.float8_e4m3fn
@@ -267,6 +267,20 @@ def matmul_linear_fp8():
                 out.append(anchor("matmul", "linear-fp8", shape, f"torch._scaled_mm e4m3 {name} (cuBLASLt FP8)", fns))
             except RuntimeError as e:
                 print(f"matmul/linear-fp8 {shape} {name}: {e}")
+        # DeepSeek's scales, as linear-fp8 uses them (1 x 128 on A, 128 x 128 on W; cuBLASLt's
+        # VEC128 / BLK128x128 path, sm_90 only): torch's scaled_mm API, no bias.
+        try:
+            from torch.nn.functional import scaled_mm, ScalingType, SwizzleType
+            groups = -(-k // 128)
+            a_scale = torch.ones(groups, m, device="cuda").t()  # [M, groups], M contiguous
+            w_scale = torch.ones(-(-n16 // 128), -(-groups // 4) * 4, device="cuda")  # K groups padded to 4
+            fns = [lambda a=a, w=w: scaled_mm(a, w.t(), a_scale, ScalingType.BlockWise1x128, w_scale.t(),
+                                              ScalingType.BlockWise128x128, swizzle_a=SwizzleType.NO_SWIZZLE,
+                                              swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=torch.bfloat16)
+                   for a, w in zip(a_s, w_s)]
+            out.append(anchor("matmul", "linear-fp8", shape, "torch scaled_mm e4m3 block-wise 1x128 / 128x128 (cuBLASLt FP8)", fns))
+        except (ImportError, RuntimeError, TypeError) as e:
+            print(f"matmul/linear-fp8 {shape} block-wise: {e}")
         del a_s, w_s
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(rotation(2 * (m * k + n * k)))]
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

@@ -34,6 +34,18 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned phase) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// mbar_arrive by the threads where `pred` holds, as a predicated instruction rather than a branch:
+// inside a warpgroup's open wgmma pipeline a branch makes ptxas wait for the wgmma first (C7517).
+__device__ __forceinline__ void mbar_arrive_if(unsigned bar, bool pred) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %1, 0;\n"
+        "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+        "}\n" ::"r"(bar),
+        "r"((int)pred)
+        : "memory");
+}
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
     while (!mbar_try_wait(bar, phase)) {
     }

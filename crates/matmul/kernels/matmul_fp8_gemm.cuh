@@ -1,7 +1,9 @@
-// matmul_fp8_gemm.cuh: linear-fp8's parts that every stage shares: the 128 x 128 x 128-code tile, a
+// matmul_fp8_gemm.cuh: linear-fp8's parts. Every stage shares the 128 x 128 x 128-code tile, a
 // thread's scales, a K step's four e4m3 wgmma into a fresh fp32 tile, and the promotion of that tile
-// into the thread's fp32 accumulator (DeepGEMM's scheme; the headers of linear-fp8/ say why). A
-// stage's own part is how its K loop is fed: the ring, its barriers and who refills it.
+// into the thread's fp32 accumulator (DeepGEMM's scheme; the headers of linear-fp8/ say why). The
+// warp-specialized stages (1 on) compose the rest from the parts below: the ring, the producer, a
+// consumer K loop (each step waited for, or the promotion overlapped with the next step's wgmma)
+// and the persistent stage's tile order; each stage file names its recipe.
 #pragma once
 #include "matmul_wgmma.cuh"
 
@@ -24,15 +26,20 @@ struct StepScales {
           w(b_scales + (size_t)(n0 / F8_BN) * ktiles) {}
 };
 
-// K step kt's four wgmma.m64n128k32 (32 codes = 32 bytes along the swizzled 128-byte rows) of the
+// A K step's four wgmma.m64n128k32 (32 codes = 32 bytes along the swizzled 128-byte rows) of the
 // warpgroup's 64 rows at `a` and the 128 columns at `b`, into `part` (the first with the accumulator
-// off), waited for.
-__device__ __forceinline__ void fp8_k_step(float (&part)[64], unsigned a, unsigned b) {
+// off), committed as one group and not waited for.
+__device__ __forceinline__ void fp8_k_issue(float (&part)[64], unsigned a, unsigned b) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < F8_BK / 32; ++kk)
         wgmma_m64n128k32_e4m3(part, wgmma_desc(a + 32 * kk), wgmma_desc(b + 32 * kk), kk > 0);
     wgmma_commit();
+}
+
+// fp8_k_issue, waited for.
+__device__ __forceinline__ void fp8_k_step(float (&part)[64], unsigned a, unsigned b) {
+    fp8_k_issue(part, a, b);
     wgmma_wait_all();
 }
 
@@ -47,3 +54,103 @@ __device__ __forceinline__ void fp8_promote(float (&acc)[64], const float (&part
         acc[4 * j + 3] += part[4 * j + 3] * scale1;
     }
 }
+
+// The ring of the warp-specialized stages: STAGES stages of an A and a W tile at `base` (1024-byte
+// aligned for the swizzle), then a `full` mbarrier a stage (its tiles have landed) and an `empty`
+// one (its consumers are done with it).
+template <int STAGES>
+struct Fp8Ring {
+    unsigned base;
+    static constexpr unsigned BYTES = STAGES * 2 * F8_TILE_BYTES + 16 * STAGES;
+    __device__ __forceinline__ unsigned a(int s) const { return base + (unsigned)s * 2 * F8_TILE_BYTES; }
+    __device__ __forceinline__ unsigned b(int s) const { return a(s) + F8_TILE_BYTES; }
+    __device__ __forceinline__ unsigned full(int s) const { return base + STAGES * 2 * F8_TILE_BYTES + 8u * s; }
+    __device__ __forceinline__ unsigned empty(int s) const { return full(STAGES + s); }
+    // One thread: `full` takes the producer's one arrival, `empty` one from each of `releases`
+    // consumer warpgroups.
+    __device__ __forceinline__ void init(unsigned releases) const {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), releases);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+};
+
+// The producer (one thread): K step kt's A and W tiles into ring position first + kt (stage
+// (first + kt) % STAGES) as soon as its `empty` barrier says the previous round's consumers let it
+// go. `first` is how many steps the ring has carried before this tile (0 but in a persistent loop).
+template <int STAGES>
+__device__ __forceinline__ void fp8_produce(const Fp8Ring<STAGES>& ring, const TmaMap* map_a, const TmaMap* map_b,
+                                            int m0, int n0, int ktiles, int first = 0) {
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const int i = first + kt, s = i % STAGES;
+        if (i >= STAGES) mbar_wait(ring.empty(s), ((i / STAGES) - 1) & 1);
+        mbar_expect_tx(ring.full(s), 2 * F8_TILE_BYTES);
+        tma_load(ring.a(s), map_a, ring.full(s), kt * F8_BK, m0);
+        tma_load(ring.b(s), map_b, ring.full(s), kt * F8_BK, n0);
+    }
+}
+
+// The consumer with the promotion overlapped (stage 2 on): step kt + 1's wgmma are issued before
+// step kt's are waited for (wait_group 1), so the tensor cores run step kt + 1 while this warpgroup
+// releases stage kt and promotes its tile. Two partial tiles alternate (64 + 64 registers beside the
+// accumulator's 64). A step's three scales are loaded when it is issued and multiplied when it is
+// promoted, a step later, so their latency is off the issue path. `release(s)` lets ring stage s
+// go once its wgmma are complete, without a branch (a predicated arrive): a branch while a wgmma
+// group is open makes ptxas wait for it there and serialize every wgmma (C7517, C7514). The
+// warpgroup's A rows start `a_row_bytes` into a stage's A tile; step kt sits at ring position
+// first + kt (fp8_produce's).
+template <int STAGES, class Release>
+__device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const Fp8Ring<STAGES>& ring,
+                                                       unsigned a_row_bytes, const StepScales& scales, int ktiles,
+                                                       Release release, int first = 0) {
+    float part0[64], part1[64];
+    float3 scale0, scale1;  // a0, a1, w of a step
+    auto issue = [&](float(&part)[64], float3& scale, int kt) {
+        const int i = first + kt, s = i % STAGES;
+        scale = make_float3(scales.a0[kt], scales.a1[kt], scales.w[kt]);
+        mbar_wait(ring.full(s), (i / STAGES) & 1);
+        fp8_k_issue(part, ring.a(s) + a_row_bytes, ring.b(s));
+    };
+    auto retire = [&](const float(&part)[64], float3 scale, int kt) {
+        release((first + kt) % STAGES);
+        fp8_promote(acc, part, scale.x * scale.z, scale.y * scale.z);
+    };
+    // The steady state has no branch between an issue and its wait, so ptxas can follow which
+    // group each wait_group 1 retires; the last one or two steps are peeled after it.
+    issue(part0, scale0, 0);
+    int kt = 0;
+    for (; kt + 2 < ktiles; kt += 2) {
+        issue(part1, scale1, kt + 1);
+        wgmma_wait_one();
+        retire(part0, scale0, kt);
+        issue(part0, scale0, kt + 2);
+        wgmma_wait_one();
+        retire(part1, scale1, kt + 1);
+    }
+    if (kt + 1 < ktiles) {
+        issue(part1, scale1, kt + 1);
+        wgmma_wait_one();
+        retire(part0, scale0, kt);
+        wgmma_wait_all();
+        retire(part1, scale1, kt + 1);
+    } else {
+        wgmma_wait_all();
+        retire(part0, scale0, kt);
+    }
+}
+
+// The persistent stages' tile order: this block's tiles are blockIdx.x, + gridDim.x, ... of the
+// row-major order over the output's 128 x 128 tiles (columns fastest: the order a 2-D grid of
+// stage 2 launches its blocks in). Each yields its row and column origin.
+struct Fp8TileStride {
+    int n_tiles, tiles;
+    __device__ __forceinline__ Fp8TileStride(int M, int N)
+        : n_tiles((N + F8_BN - 1) / F8_BN), tiles(((M + F8_BM - 1) / F8_BM) * n_tiles) {}
+    __device__ __forceinline__ int first() const { return blockIdx.x; }
+    __device__ __forceinline__ int next(int t) const { return t + gridDim.x; }
+    __device__ __forceinline__ bool done(int t) const { return t >= tiles; }
+    __device__ __forceinline__ int m0(int t) const { return (t / n_tiles) * F8_BM; }
+    __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * F8_BN; }
+};

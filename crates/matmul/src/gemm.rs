@@ -391,8 +391,11 @@ impl CublasLt {
         let half = match ops {
             LtOperands::Tf32 => None,
             LtOperands::Fp16 => Some(HalfOperands::prepare(gpu, d, ELEMENTWISE_THREADS)?),
-            LtOperands::Bf16 => {
-                return Err(common::Error::constraint("fp32 operands for the fp32 linear ops' cuBLASLt rows", "bf16"))
+            LtOperands::Bf16 | LtOperands::E4m3Blocks => {
+                return Err(common::Error::constraint(
+                    "fp32 operands for the fp32 linear ops' cuBLASLt rows",
+                    format!("{ops:?}"),
+                ))
             }
         };
         Ok(CublasLt { lt: Lt::prepare(gpu, ops, Output::F32, epi, d)?, half })
@@ -405,7 +408,7 @@ impl CublasLt {
             None => (p.inp, p.w),
             Some(h) => h.enqueue(stream, p)?,
         };
-        self.lt.enqueue(stream, a, b, p.bias, p.residual, p.out)
+        self.lt.enqueue(stream, a, b, p.bias, p.residual, p.out, None)
     }
 
     pub(crate) fn launches(&self) -> Vec<&Launch> {

@@ -746,7 +746,7 @@ impl Prepared {
                 }
                 Stage::Lt(lt) => {
                     let (inp, w, out) = (common::device_ptr(inp), common::device_ptr(weight), common::device_ptr(out));
-                    lt.enqueue(stream, inp, w, bias, residual, out)
+                    lt.enqueue(stream, inp, w, bias, residual, out, None)
                 }
             }
         }

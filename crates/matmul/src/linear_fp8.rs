@@ -7,6 +7,11 @@
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1).
 //!
+//! The library row is cuBLASLt's FP8 matmul with the same fine-grained scales (cuBLAS 12.9+ on
+//! sm_90: `BLK128x128_32F` for W, `VEC128_32F` for A) on the same codes; it reads the scales in its
+//! own layouts and a bf16 bias ([`OperandLayout::CublasLt`]), which the problem prepares once, as a
+//! quantizer writing for it would.
+//!
 //! The stages carry the bf16 precision preset: its tolerance (1e-2, which the exact e4m3 products
 //! and fp32 promotion meet by two orders) and, until an FP8 GEMM ceiling is measured, its ceiling: a
 //! table's `% ceil` reads an FP8 row against the bf16 GEMM rate.
@@ -21,6 +26,7 @@ use common::{
 
 use crate::gemm::Dims;
 use crate::linear::{inputs, verify_rows};
+use crate::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
 use crate::reference::{linear_rows, sampled_rows};
 use crate::{fp8, FAMILY, SOURCES};
 
@@ -28,35 +34,54 @@ const OP: &str = "linear-fp8";
 const TILE: usize = 128;
 const K_ALIGN: &str = "K % 16 == 0";
 const ROWS: &str = "M <= 65535 * 128";
+/// cuBLASLt's 1 x 128 scales: a K group's M scales start 16-byte aligned, and M % 8 is what
+/// TransformerEngine found cuBLASLt to enforce for a 1-D scaled B (its docs say M % 4).
+const LT_M: &str = "M % 8 == 0 (cuBLASLt's block-scaled FP8)";
+/// cuBLASLt's fp32 D rows 16-byte aligned.
+const LT_N: &str = "N % 4 == 0 (cuBLASLt's block-scaled FP8)";
 
-/// How a stage runs its K loop; the entry and the block size follow from it.
+/// How a stage runs; a kernel's entry, block and grid follow from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plan {
     /// Two consumer warpgroups, one of whose threads also refills the ring after a block barrier.
     Cooperative,
     /// A producer warpgroup and two consumers on full/empty barriers.
     WarpSpecialized,
+    /// Stage 1 with each step's promotion overlapped with the next step's wgmma.
+    Overlapped,
+    /// Stage 2 with one block an SM walking its tiles.
+    Persistent,
+    /// cuBLASLt's block-scaled FP8 matmul.
+    Lt,
+}
+
+/// How a kernel stage's grid covers the output's 128 x 128 tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Grid {
+    /// One block a tile: (column tiles, row tiles).
+    Tiles,
+    /// One block an SM (at most one a tile), each walking its tiles.
+    Persistent,
+}
+
+/// A kernel stage's launch: its entry, threads, mbarriers a ring stage and grid.
+struct KernelPlan {
+    entry: &'static str,
+    threads: u32,
+    barriers: u32,
+    grid: Grid,
 }
 
 impl Plan {
-    fn entry(self) -> &'static str {
-        match self {
-            Plan::Cooperative => "linear_fp8_wgmma",
-            Plan::WarpSpecialized => "linear_fp8_ws",
-        }
-    }
-    fn threads(self) -> u32 {
-        match self {
-            Plan::Cooperative => 256,
-            Plan::WarpSpecialized => 384,
-        }
-    }
-    /// Mbarriers a ring stage: `full`, and with a producer `empty`.
-    fn barriers(self) -> u32 {
-        match self {
-            Plan::Cooperative => 1,
-            Plan::WarpSpecialized => 2,
-        }
+    fn kernel(self) -> Option<KernelPlan> {
+        let (entry, threads, barriers, grid) = match self {
+            Plan::Cooperative => ("linear_fp8_wgmma", 256, 1, Grid::Tiles),
+            Plan::WarpSpecialized => ("linear_fp8_ws", 384, 2, Grid::Tiles),
+            Plan::Overlapped => ("linear_fp8_overlap", 384, 2, Grid::Tiles),
+            Plan::Persistent => ("linear_fp8_persistent", 384, 2, Grid::Persistent),
+            Plan::Lt => return None,
+        };
+        Some(KernelPlan { entry, threads, barriers, grid })
     }
 }
 
@@ -82,6 +107,31 @@ fn stages() -> Vec<Variant> {
             Plan::WarpSpecialized,
             "stage 0 with a producer warpgroup on full/empty barriers: no block barrier in the K loop, a stage refilled as soon as both consumers let it go",
         ),
+        k(
+            2,
+            "overlapped-promotion",
+            "linear-fp8/02_overlapped_promotion.cu",
+            Plan::Overlapped,
+            "stage 1 with step k + 1's wgmma issued before step k's are waited for: the promotion runs beside the tensor cores, two partial tiles alternate",
+        ),
+        k(
+            3,
+            "persistent",
+            "linear-fp8/03_persistent.cu",
+            Plan::Persistent,
+            "stage 2 with one block an SM walking its tiles: the ring runs on across tiles, so the next tile's loads land while this one is stored",
+        ),
+        Variant::library(
+            FAMILY,
+            OP,
+            90,
+            "cublaslt-fp8",
+            "cublasLtMatmul e4m3 with BLK128x128_32F W scales and VEC128_32F A scales (BIAS epilogue, bf16 bias)",
+            Precision::Bf16,
+            "cuBLASLt's block-scaled FP8 matmul on the same codes and scales (in its layouts) and a bf16 copy of the bias",
+        )
+        .with_plan(Plan::Lt)
+        .with_requirements(Requirements::SM90),
     ]
 }
 
@@ -103,83 +153,183 @@ impl LinearFp8Dims {
     }
 }
 
-pub fn check_shape(d: LinearFp8Dims) -> Result<()> {
+pub fn check_shape(v: &Variant, d: LinearFp8Dims) -> Result<()> {
     for (key, x) in [("M", d.m), ("N", d.n), ("K", d.k)] {
         require(x >= 1, &format!("{key} >= 1"), || format!("{key} = {x}"))?;
     }
     for (what, a, b) in [("M * K < 2^31", d.m, d.k), ("N * K < 2^31", d.n, d.k), ("M * N < 2^31", d.m, d.n)] {
         require(a.checked_mul(b).is_some_and(|x| x < 1 << 31), what, || format!("{a} x {b}"))?;
     }
-    require(d.m <= 65535 * TILE, ROWS, || format!("M = {}", d.m))?;
-    require(d.k.is_multiple_of(16), K_ALIGN, || format!("K = {}", d.k))
+    require(d.k.is_multiple_of(16), K_ALIGN, || format!("K = {}", d.k))?;
+    match v.plan::<Plan>()?.kernel().map(|k| k.grid) {
+        Some(Grid::Tiles) => require(d.m <= 65535 * TILE, ROWS, || format!("M = {}", d.m)),
+        Some(Grid::Persistent) => Ok(()),
+        None => {
+            require(d.m.is_multiple_of(8), LT_M, || format!("M = {}", d.m))?;
+            require(d.n.is_multiple_of(4), LT_N, || format!("N = {}", d.n))
+        }
+    }
+}
+
+/// How a stage reads the scales and the bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperandLayout {
+    /// [`fp8`]'s: A's scales `[M, ceil(K / 128)]`, W's `[ceil(N / 128), ceil(K / 128)]`, both
+    /// row-major; an fp32 bias.
+    Fp8,
+    /// cuBLASLt's: A's scales K-group-major (`[ceil(K / 128), M]`, M contiguous), W's
+    /// `[ceil(N / 128), L4]` with the K groups padded with zeros to L4 = a multiple of 4; a bf16
+    /// bias (its FP8 matmul's type beside an fp32 D).
+    CublasLt,
+}
+
+impl OperandLayout {
+    /// W's scale count in this layout.
+    fn w_scales(self, d: LinearFp8Dims) -> usize {
+        let g = fp8::groups(d.k);
+        fp8::groups(d.n) * if self == OperandLayout::CublasLt { g.next_multiple_of(4) } else { g }
+    }
+
+    /// `a_scales` and `w_scales`, given in [`OperandLayout::Fp8`], in this layout.
+    pub fn arrange(self, a_scales: &[f32], w_scales: &[f32], d: LinearFp8Dims) -> (Vec<f32>, Vec<f32>) {
+        let g = fp8::groups(d.k);
+        match self {
+            OperandLayout::Fp8 => (a_scales.to_vec(), w_scales.to_vec()),
+            OperandLayout::CublasLt => {
+                let a = (0..g).flat_map(|kb| (0..d.m).map(move |m| a_scales[m * g + kb])).collect();
+                let l4 = g.next_multiple_of(4);
+                let w = (0..fp8::groups(d.n))
+                    .flat_map(|nb| (0..l4).map(move |kb| if kb < g { w_scales[nb * g + kb] } else { 0.0 }))
+                    .collect();
+                (a, w)
+            }
+        }
+    }
+}
+
+enum Runner {
+    Kernel(Launch),
+    Lt(Lt),
 }
 
 /// A stage prepared for one size.
 pub struct Prepared {
-    launch: Launch,
+    runner: Runner,
     d: LinearFp8Dims,
 }
 
 pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
-    check_shape(d)?;
-    let plan = v.plan::<Plan>()?;
+    check_shape(v, d)?;
+    let Some(plan) = v.plan::<Plan>()?.kernel() else {
+        let epi = if d.bias { LtEpilogue::Bias } else { LtEpilogue::None };
+        let dims = Dims { m: d.m, n: d.n, k: d.k };
+        return Ok(Prepared {
+            runner: Runner::Lt(Lt::prepare(gpu, LtOperands::E4m3Blocks, Output::F32, epi, dims)?),
+            d,
+        });
+    };
     let stages = v.tunable("WG_STAGES")?;
     // Two operand tiles of 128 x 128 codes a stage, 1 KiB for the swizzle's alignment, the barriers.
-    let shared = stages * 2 * (TILE * TILE) as u32 + 1024 + 8 * plan.barriers() * stages;
-    let grid = (d.n.div_ceil(TILE) as u32, d.m.div_ceil(TILE) as u32, 1);
-    let shape = LaunchShape::new(grid, (plan.threads(), 1, 1)).with_shared(shared);
-    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, plan.entry(), shape)?, d })
+    let shared = stages * 2 * (TILE * TILE) as u32 + 1024 + 8 * plan.barriers * stages;
+    let (row_tiles, col_tiles) = (d.m.div_ceil(TILE) as u32, d.n.div_ceil(TILE) as u32);
+    let grid = match plan.grid {
+        Grid::Tiles => (col_tiles, row_tiles, 1),
+        Grid::Persistent => ((row_tiles * col_tiles).min(gpu.info().sm_count), 1, 1),
+    };
+    let shape = LaunchShape::new(grid, (plan.threads, 1, 1)).with_shared(shared);
+    Ok(Prepared { runner: Runner::Kernel(gpu.prepare_launch(&SOURCES, v, plan.entry, shape)?), d })
 }
 
-/// The buffers of one call: `out` M·N; A's codes M·K and scales `[M, ceil(K / 128)]`
-/// ([`fp8::Fp8Rows`]); W's codes N·K and scales `[ceil(N / 128), ceil(K / 128)]`
-/// ([`fp8::Fp8Blocks`]); `bias` N.
+/// The buffers of one call: `out` M·N; A's codes M·K ([`fp8::Fp8Rows`]) and W's N·K
+/// ([`fp8::Fp8Blocks`]); their scales and the bias (N) in the stage's [`Prepared::layout`].
 pub struct LinearFp8Args<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub a_codes: &'a CudaSlice<u8>,
     pub a_scales: &'a CudaSlice<f32>,
     pub w_codes: &'a CudaSlice<u8>,
     pub w_scales: &'a CudaSlice<f32>,
-    pub bias: Option<&'a CudaSlice<f32>>,
+    pub bias: Option<Bias<'a>>,
+}
+
+/// The bias, in the type of the stage's layout.
+#[derive(Clone, Copy)]
+pub enum Bias<'a> {
+    F32(&'a CudaSlice<f32>),
+    /// bf16 bit patterns ([`OperandLayout::CublasLt`]).
+    Bf16(&'a CudaSlice<u16>),
+}
+
+impl Bias<'_> {
+    fn check(self, layout: OperandLayout, n: usize) -> Result<u64> {
+        let (len, ptr, given) = match self {
+            Bias::F32(b) => (b.len(), common::device_ptr(b), OperandLayout::Fp8),
+            Bias::Bf16(b) => (b.len(), common::device_ptr(b), OperandLayout::CublasLt),
+        };
+        require(given == layout, "the bias in the stage's layout (fp32 for the kernels, bf16 for cuBLASLt)", || {
+            format!("{given:?}")
+        })?;
+        require_len("bias", len, n)?;
+        Ok(ptr)
+    }
 }
 
 impl Prepared {
+    /// How this stage reads the scales and the bias.
+    pub fn layout(&self) -> OperandLayout {
+        match self.runner {
+            Runner::Kernel(_) => OperandLayout::Fp8,
+            Runner::Lt(_) => OperandLayout::CublasLt,
+        }
+    }
+
     pub fn enqueue(&self, stream: &CudaStream, a: LinearFp8Args) -> Result<()> {
         let d = self.d;
-        let g = fp8::groups(d.k);
+        let layout = self.layout();
         require_len("out", a.out.len(), d.m * d.n)?;
         require_len("a_codes", a.a_codes.len(), d.m * d.k)?;
-        require_len("a_scales", a.a_scales.len(), d.m * g)?;
+        require_len("a_scales", a.a_scales.len(), d.m * fp8::groups(d.k))?;
         require_len("w_codes", a.w_codes.len(), d.n * d.k)?;
-        require_len("w_scales", a.w_scales.len(), fp8::groups(d.n) * g)?;
+        require_len("w_scales", a.w_scales.len(), layout.w_scales(d))?;
         require(a.bias.is_some() == d.bias, "bias given exactly when prepared with one", || {
             format!("bias given: {}", a.bias.is_some())
         })?;
-        if let Some(b) = a.bias {
-            require_len("bias", b.len(), d.n)?;
+        let bias = a.bias.map(|b| b.check(layout, d.n)).transpose()?.unwrap_or(0);
+        use common::device_ptr as ptr;
+        match &self.runner {
+            Runner::Kernel(launch) => {
+                let map_a = common::tma::e4m3_map(ptr(a.a_codes), d.m, d.k, TILE as u32)?;
+                let map_b = common::tma::e4m3_map(ptr(a.w_codes), d.n, d.k, TILE as u32)?;
+                let args = [
+                    Arg::value(&map_a),
+                    Arg::value(&map_b),
+                    Arg::buf(a.out),
+                    Arg::buf(a.a_scales),
+                    Arg::buf(a.w_scales),
+                    Arg::Ptr(bias),
+                    Arg::int(d.m),
+                    Arg::int(d.n),
+                    Arg::int(d.k),
+                ];
+                // SAFETY: the arguments follow every entry's signature; lengths checked above, the
+                // maps cover exactly the codes (K % 16 == 0 at prepare: 16-byte row strides).
+                unsafe { launch.enqueue(stream, &args) }
+            }
+            Runner::Lt(lt) => {
+                let scales = LtScales { inputs: ptr(a.a_scales), weights: ptr(a.w_scales) };
+                // SAFETY: lengths and layouts checked above (cudarc's allocations are 256-byte
+                // aligned); cuBLAS's A is W, its B the activations.
+                unsafe { lt.enqueue(stream, ptr(a.a_codes), ptr(a.w_codes), bias, 0, ptr(&*a.out), Some(scales)) }
+            }
         }
-        let map_a = common::tma::e4m3_map(common::device_ptr(a.a_codes), d.m, d.k, TILE as u32)?;
-        let map_b = common::tma::e4m3_map(common::device_ptr(a.w_codes), d.n, d.k, TILE as u32)?;
-        let args = [
-            Arg::value(&map_a),
-            Arg::value(&map_b),
-            Arg::buf(a.out),
-            Arg::buf(a.a_scales),
-            Arg::buf(a.w_scales),
-            Arg::Ptr(a.bias.map_or(0, common::device_ptr)),
-            Arg::int(d.m),
-            Arg::int(d.n),
-            Arg::int(d.k),
-        ];
-        // SAFETY: the arguments follow both entries' signature; lengths checked above, the maps
-        // cover exactly the codes (K % 16 == 0 at prepare: 16-byte row strides).
-        unsafe { self.launch.enqueue(stream, &args) }
     }
 }
 
 impl PreparedStage for Prepared {
     fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
+        match &self.runner {
+            Runner::Kernel(launch) => vec![launch.resources().clone()],
+            Runner::Lt(_) => Vec::new(),
+        }
     }
 }
 
@@ -214,21 +364,31 @@ impl Op for LinearFp8 {
             shape(8192, 8192, 8192, 0),
         ]
     }
-    fn validate(&self, _: &Variant, s: &Shape) -> Result<()> {
-        check_shape(LinearFp8Dims::of(s)?)
+    fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
+        check_shape(v, LinearFp8Dims::of(s)?)
     }
-    fn limits(&self, _: &Variant) -> Vec<Limit> {
-        vec![
-            Limit { constraint: K_ALIGN, past: shape(3, 40, 40, 1), inside: Some(shape(3, 40, 48, 1)) },
-            Limit { constraint: ROWS, past: shape(65535 * 128 + 1, 1, 16, 1), inside: None },
+    fn limits(&self, v: &Variant) -> Vec<Limit> {
+        let mut l = vec![
+            Limit { constraint: K_ALIGN, past: shape(8, 40, 40, 1), inside: Some(shape(8, 40, 48, 1)) },
             Limit { constraint: "M * K < 2^31", past: shape(1 << 16, 8, 1 << 15, 1), inside: None },
             Limit { constraint: "N * K < 2^31", past: shape(8, 1 << 16, 1 << 15, 1), inside: None },
             Limit { constraint: "M * N < 2^31", past: shape(1 << 16, 1 << 15, 16, 1), inside: None },
-        ]
+        ];
+        match v.plan::<Plan>().ok().map(|p| p.kernel().map(|k| k.grid)) {
+            Some(Some(Grid::Tiles)) => {
+                l.push(Limit { constraint: ROWS, past: shape(65535 * 128 + 1, 1, 16, 1), inside: None })
+            }
+            Some(Some(Grid::Persistent)) => {}
+            Some(None) => {
+                l.push(Limit { constraint: LT_M, past: shape(12, 8, 16, 1), inside: Some(shape(16, 8, 16, 1)) });
+                l.push(Limit { constraint: LT_N, past: shape(8, 6, 16, 1), inside: Some(shape(8, 12, 16, 1)) });
+            }
+            None => {}
+        }
+        l
     }
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = LinearFp8Dims::of(s)?;
-        check_shape(d)?;
         let (x, w, b) = inputs(Dims { m: d.m, n: d.n, k: d.k }, seed);
         let (qa, qw) = (fp8::quantize_rows(&x, d.m, d.k), fp8::quantize_blocks(&w, d.n, d.k));
         let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
@@ -244,6 +404,9 @@ impl Op for LinearFp8 {
             w_codes: Rotated::upload(gpu, &qw.codes, copies)?,
             w_scales: Rotated::upload(gpu, &qw.scales, copies)?,
             bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
+            host_scales: (qa.scales, qw.scales),
+            host_bias: b,
+            lt_operands: None,
             out: Rotated::outputs(gpu, d.m * d.n, copies)?,
             rows,
             reference,
@@ -261,6 +424,11 @@ struct LinearFp8Problem {
     w_codes: Rotated<u8>,
     w_scales: Rotated<f32>,
     bias: Option<CudaSlice<f32>>,
+    /// A's and W's scales and the bias as quantized, for the library row's layout.
+    host_scales: (Vec<f32>, Vec<f32>),
+    host_bias: Vec<f32>,
+    /// The scales and bias in [`OperandLayout::CublasLt`], made when a library row is prepared.
+    lt_operands: Option<LtOperandCopies>,
     out: Rotated<f32>,
     rows: Vec<usize>,
     /// The f64 product of the dequantized operands on `rows`: what the kernel must match.
@@ -269,6 +437,13 @@ struct LinearFp8Problem {
     format_error: f64,
     copies: usize,
     prepared: Current<Prepared>,
+}
+
+/// The library row's scales (rotated like the kernels') and bias in [`OperandLayout::CublasLt`].
+struct LtOperandCopies {
+    a_scales: Rotated<f32>,
+    w_scales: Rotated<f32>,
+    bias: CudaSlice<u16>,
 }
 
 impl Problem for LinearFp8Problem {
@@ -286,17 +461,36 @@ impl Problem for LinearFp8Problem {
         self.out.poison(gpu)
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
+        let p = prepare(gpu, v, self.d)?;
+        if p.layout() == OperandLayout::CublasLt && self.lt_operands.is_none() {
+            let (a, w) = OperandLayout::CublasLt.arrange(&self.host_scales.0, &self.host_scales.1, self.d);
+            let bias: Vec<u16> = self.host_bias.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+            self.lt_operands = Some(LtOperandCopies {
+                a_scales: Rotated::upload(gpu, &a, self.copies)?,
+                w_scales: Rotated::upload(gpu, &w, self.copies)?,
+                bias: gpu.upload(&bias)?,
+            });
+        }
+        Ok(self.prepared.set(v, p))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
+        let (a_scales, w_scales, bias) = match (p.layout(), &self.lt_operands) {
+            (OperandLayout::Fp8, _) => (&self.a_scales, &self.w_scales, self.bias.as_ref().map(Bias::F32)),
+            (OperandLayout::CublasLt, Some(lt)) => {
+                (&lt.a_scales, &lt.w_scales, self.bias.as_ref().map(|_| Bias::Bf16(&lt.bias)))
+            }
+            (OperandLayout::CublasLt, None) => {
+                return Err(common::Error::constraint("the library row's operands made at prepare", "none"))
+            }
+        };
         let args = LinearFp8Args {
             out: self.out.get_mut(copy),
             a_codes: self.a_codes.get(copy),
-            a_scales: self.a_scales.get(copy),
+            a_scales: a_scales.get(copy),
             w_codes: self.w_codes.get(copy),
-            w_scales: self.w_scales.get(copy),
-            bias: self.bias.as_ref(),
+            w_scales: w_scales.get(copy),
+            bias,
         };
         p.enqueue(stream, args)
     }
@@ -306,5 +500,35 @@ impl Problem for LinearFp8Problem {
         let out = self.out.get(copy).as_view();
         Ok(verify_rows(gpu, v, &out, &self.reference, &self.rows, d)?
             .with_note(format!("format: e4m3 A and W against the unquantized layer, rel L2 {:.2e}", self.format_error)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// cuBLASLt's layouts: A's scale (m, kb) at kb·M + m; W's (nb, kb) at nb·L4 + kb, the K groups
+    /// past ceil(K / 128) zero.
+    #[test]
+    fn cublaslt_layout_moves_each_scale_and_pads_k_groups_with_zeros() {
+        let d = LinearFp8Dims { m: 3, n: 200, k: 5 * 128 - 16, bias: false };
+        let (g, nb) = (fp8::groups(d.k), fp8::groups(d.n));
+        assert_eq!((g, nb), (5, 2));
+        let a: Vec<f32> = (0..d.m * g).map(|i| i as f32 + 1.0).collect();
+        let w: Vec<f32> = (0..nb * g).map(|i| -(i as f32) - 1.0).collect();
+        let (la, lw) = OperandLayout::CublasLt.arrange(&a, &w, d);
+        assert_eq!((la.len(), lw.len()), (d.m * g, nb * 8));
+        assert_eq!(lw.len(), OperandLayout::CublasLt.w_scales(d));
+        for m in 0..d.m {
+            for kb in 0..g {
+                assert_eq!(la[kb * d.m + m], a[m * g + kb]);
+            }
+        }
+        for n in 0..nb {
+            for kb in 0..8 {
+                assert_eq!(lw[n * 8 + kb], if kb < g { w[n * g + kb] } else { 0.0 });
+            }
+        }
+        assert_eq!(OperandLayout::Fp8.arrange(&a, &w, d), (a.clone(), w.clone()));
     }
 }

@@ -23,6 +23,12 @@ pub(crate) enum LtOperands {
     Fp16,
     /// bf16 operands as given (prepared once by the caller), `CUBLAS_COMPUTE_32F`.
     Bf16,
+    /// e4m3 codes with DeepSeek's fine-grained scales (cuBLAS 12.9+, sm_90): W (cuBLAS's A) one
+    /// fp32 scale per 128 x 128 block (`BLK128x128_32F`), the input (cuBLAS's B) one per row per 128
+    /// of K (`VEC128_32F`), both in the layouts [`crate::linear_fp8::OperandLayout::CublasLt`]
+    /// describes; `CUBLAS_COMPUTE_32F` without fast accumulation (cuBLASLt refuses it here). A
+    /// 32-bit D takes a bf16 bias.
+    E4m3Blocks,
 }
 
 /// The element type of `out`, of the bias and of the residual (read as C): the output type of
@@ -49,6 +55,14 @@ pub(crate) enum LtEpilogue {
     None,
     Bias,
     GeluBias,
+}
+
+/// The device addresses of [`LtOperands::E4m3Blocks`]' scales: `inputs` for `a` (the activations,
+/// cuBLAS's B), `weights` for `b` (cuBLAS's A).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LtScales {
+    pub inputs: u64,
+    pub weights: u64,
 }
 
 /// cuBLASLt's recommended workspace on Hopper (32 MiB; 4 MiB would do before it).
@@ -138,6 +152,14 @@ impl Lt {
             }
             LtOperands::Fp16 => (sys::cudaDataType_t::CUDA_R_16F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
             LtOperands::Bf16 => (sys::cudaDataType_t::CUDA_R_16BF, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
+            LtOperands::E4m3Blocks => {
+                (sys::cudaDataType_t::CUDA_R_8F_E4M3, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+            }
+        };
+        // cuBLASLt's FP8 matmul takes a bf16 bias beside an fp32 D; the others take D's type.
+        let bias_type = match (ops, self.out) {
+            (LtOperands::E4m3Blocks, Output::F32) => sys::cudaDataType_t::CUDA_R_16BF,
+            _ => out_type,
         };
         let f32t = sys::cudaDataType_t::CUDA_R_32F;
         let null = std::ptr::null_mut();
@@ -156,7 +178,21 @@ impl Lt {
                 LtEpilogue::GeluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
             };
             set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &e)?;
-            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out_type)?;
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type)?;
+            if ops == LtOperands::E4m3Blocks {
+                use sys::cublasLtMatmulMatrixScale_t as S;
+                set_desc(
+                    plan.desc,
+                    A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    &S::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                )?;
+                set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F)?;
+                // The scale pointers are set at each enqueue (each call's own); until then they
+                // address the workspace (device memory, 16-byte aligned) rather than nothing.
+                let placeholder = common::device_ptr(&self.workspace);
+                set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder)?;
+                set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder)?;
+            }
         }
         let (m, n, k) = (d.m as u64, d.n as u64, d.k as u64);
         plan.a = ltr::create_matrix_layout(dtype, k, n, k as i64).map_err(lt_err("create layout A"))?;
@@ -186,8 +222,10 @@ impl Lt {
     ///
     /// # Safety
     /// `a`, `b` must address M·K and N·K elements of the operand type, `out` (and `residual`
-    /// when non-zero) M·N of the output type, `bias` N of the output type (non-zero unless the
-    /// epilogue is `None`).
+    /// when non-zero) M·N of the output type, `bias` N of the bias type (non-zero unless the
+    /// epilogue is `None`); `scales` given exactly for [`LtOperands::E4m3Blocks`], each in its
+    /// layout and 16-byte aligned.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn enqueue(
         &self,
         stream: &CudaStream,
@@ -196,10 +234,16 @@ impl Lt {
         bias: u64,
         residual: u64,
         out: u64,
+        scales: Option<LtScales>,
     ) -> Result<()> {
         let plan = self.plan.as_ref().expect("prepared with its plan");
         // The descriptor is host memory: setting the bias pointer is not a device call.
         set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+        if let Some(scales) = scales {
+            use sys::cublasLtMatmulDescAttributes_t as A;
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.weights)?;
+            set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.inputs)?;
+        }
         let alpha = 1.0f32;
         let beta = if residual != 0 { 1.0f32 } else { 0.0f32 };
         let c = if residual != 0 { residual } else { out };

@@ -22,6 +22,8 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0
 #include "matmul_fp8_gemm.cuh"
 
+// Recipe: Fp8Ring, fp8_produce, and its own consumer loop (each K step waited for).
+
 #ifndef WG_STAGES
 #error "WG_STAGES is a tunable: the stage list sets it"
 #endif
@@ -30,38 +32,18 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_ws(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                   const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    auto a_tile = [&](int s) { return base + (unsigned)s * 2 * F8_TILE_BYTES; };
-    auto b_tile = [&](int s) { return base + (unsigned)s * 2 * F8_TILE_BYTES + F8_TILE_BYTES; };
-    const unsigned bars = base + WG_STAGES * 2 * F8_TILE_BYTES;
-    auto full = [&](int s) { return bars + 8u * s; };                 // the tiles have landed
-    auto empty = [&](int s) { return bars + 8u * (WG_STAGES + s); };  // both consumers are done
-
+    const Fp8Ring<WG_STAGES> ring{(smem_u32(smem_raw) + 1023) & ~1023u};
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     const int m0 = blockIdx.y * F8_BM, n0 = blockIdx.x * F8_BN;
     const int ktiles = (K + F8_BK - 1) / F8_BK;
 
-    if (tid == 0) {
-        for (int s = 0; s < WG_STAGES; ++s) {
-            mbar_init(full(s), 1);
-            mbar_init(empty(s), 2);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (tid == 0) ring.init(2);
     __syncthreads();
 
     if (wg == 0) {
         // Producer: one thread issues every load; a stage is refilled once both consumers let it go.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int kt = 0; kt < ktiles; ++kt) {
-                const int s = kt % WG_STAGES;
-                if (kt >= WG_STAGES) mbar_wait(empty(s), ((kt / WG_STAGES) - 1) & 1);
-                mbar_expect_tx(full(s), 2 * F8_TILE_BYTES);
-                tma_load(a_tile(s), &map_a, full(s), kt * F8_BK, m0);
-                tma_load(b_tile(s), &map_b, full(s), kt * F8_BK, n0);
-            }
-        }
+        if (tid == 0) fp8_produce(ring, &map_a, &map_b, m0, n0, ktiles);
         return;
     }
 
@@ -77,10 +59,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     for (int kt = 0; kt < ktiles; ++kt) {
         const int s = kt % WG_STAGES;
         const float w_scale = scales.w[kt], scale0 = scales.a0[kt] * w_scale, scale1 = scales.a1[kt] * w_scale;
-        mbar_wait(full(s), (kt / WG_STAGES) & 1);
-        fp8_k_step(part, a_tile(s) + c * 64 * F8_BK, b_tile(s));
+        mbar_wait(ring.full(s), (kt / WG_STAGES) & 1);
+        fp8_k_step(part, ring.a(s) + c * 64 * F8_BK, ring.b(s));
         // The warpgroup's wgmma have read stage s: one arrival for this consumer.
-        if ((tid & 127) == 0) mbar_arrive(empty(s));
+        if ((tid & 127) == 0) mbar_arrive(ring.empty(s));
         fp8_promote(acc, part, scale0, scale1);
     }
     store_m64n128_bias(acc, out, bias, row0, n0, M, N);
