@@ -60,6 +60,30 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, unsign
         : "memory");
 }
 
+// The TMA's 2-D tile store, issued by the threads where `pred` holds (predicated, so no branch
+// opens inside a wgmma pipeline): the box of the tensor map at (x = column, y = row) from shared
+// memory at src, as one bulk group of its own; the parts of the box past the tensor are not written.
+// The shared memory must have been written before a fence_proxy_async by every writer.
+__device__ __forceinline__ void tma_store_if(const TmaMap* map, unsigned src, int x, int y, bool pred) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %4, 0;\n"
+        "@p cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+        "@p cp.async.bulk.commit_group;\n"
+        "}\n" ::"l"(map),
+        "r"(x), "r"(y), "r"(src), "r"((int)pred)
+        : "memory");
+}
+// Waits until this thread's bulk groups have read their shared memory (it may be written again).
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups are complete (their writes done).
+__device__ __forceinline__ void tma_store_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Makes this thread's shared memory writes visible to the async proxy (a TMA store reading them).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // `bytes` (a multiple of 16) of global memory at src into shared memory at dst, completing on bar:
 // the 1-D bulk copy, which needs no tensor map (src and dst 16-byte aligned).
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {

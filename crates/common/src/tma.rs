@@ -21,6 +21,13 @@ pub fn e4m3_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<sys
     swizzled_map(ptr, rows, cols, box_rows, sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1)
 }
 
+/// [`bf16_map`] for a matrix of fp32 elements: boxes of 32 columns (128 bytes) x `box_rows`, in the
+/// 128-byte swizzle; a store through it writes nothing past the matrix. Needs `cols % 4 == 0`
+/// (16-byte row strides).
+pub fn f32_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<sys::CUtensorMap> {
+    swizzled_map(ptr, rows, cols, box_rows, sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4)
+}
+
 /// A 2-D map of `[rows, cols]` elements of `bytes` bytes in boxes of 128 bytes x `box_rows`.
 fn swizzled_map(
     ptr: u64,

@@ -100,11 +100,12 @@ __device__ __forceinline__ void fp8_produce(const Fp8Ring<STAGES>& ring, const T
 // go once its wgmma are complete, without a branch (a predicated arrive): a branch while a wgmma
 // group is open makes ptxas wait for it there and serialize every wgmma (C7517, C7514). The
 // warpgroup's A rows start `a_row_bytes` into a stage's A tile; step kt sits at ring position
-// first + kt (fp8_produce's).
-template <int STAGES, class Release>
+// first + kt (fp8_produce's). `under_first_step()` runs while step 0's wgmma are in flight, before
+// anything is promoted into acc (stage 4 stores the previous tile from acc there).
+template <int STAGES, class Release, class UnderFirstStep>
 __device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const Fp8Ring<STAGES>& ring,
                                                        unsigned a_row_bytes, const StepScales& scales, int ktiles,
-                                                       Release release, int first = 0) {
+                                                       Release release, int first, UnderFirstStep under_first_step) {
     float part0[64], part1[64];
     float3 scale0, scale1;  // a0, a1, w of a step
     auto issue = [&](float(&part)[64], float3& scale, int kt) {
@@ -120,6 +121,7 @@ __device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const F
     // The steady state has no branch between an issue and its wait, so ptxas can follow which
     // group each wait_group 1 retires; the last one or two steps are peeled after it.
     issue(part0, scale0, 0);
+    under_first_step();
     int kt = 0;
     for (; kt + 2 < ktiles; kt += 2) {
         issue(part1, scale1, kt + 1);
@@ -153,4 +155,46 @@ struct Fp8TileStride {
     __device__ __forceinline__ bool done(int t) const { return t >= tiles; }
     __device__ __forceinline__ int m0(int t) const { return (t / n_tiles) * F8_BM; }
     __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * F8_BN; }
+};
+
+// Stage 4's epilogue part: a warpgroup's 64 x 128 fp32 tile (acc in wgmma's layout) plus the bias,
+// written into its 32 KiB of shared memory in the TMA's 128-byte swizzle (4 slabs of 64 rows x 32
+// columns; row r's 16-byte chunk q lands at chunk q ^ (r % 8), so a warp's float2 writes hit 16
+// distinct chunks) and stored by one thread with 4 TMA stores, which write nothing past M or N.
+// Straight-line code with predicated stores, so it can run inside an open wgmma group.
+struct Fp8StagedStore {
+    unsigned staging;  // 1024-byte aligned
+    int barrier;       // the warpgroup's named barrier (128 threads)
+    bool elected;      // the warpgroup's thread 0, which issues and waits for the stores
+
+    // The tile at rows m0.. (the warpgroup's 64) and columns n0.. of out; stored only if `store`.
+    // acc is zeroed for the next tile.
+    __device__ __forceinline__ void operator()(float (&acc)[64], const TmaMap* map_out, const float* bias, int m0,
+                                               int n0, int N, bool store) const {
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        const int r = 16 * warp + (lane >> 2), t = lane & 3;
+        // The previous stores from this buffer have read it; then every thread may write it.
+        tma_store_wait_read();
+        named_barrier(barrier, 128);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int col = 8 * j + 2 * t, cc = col & 31;
+            const bool in = bias != nullptr && n0 + col < N;  // N % 4 == 0: col + 1 is in too
+            const float b0 = in ? bias[n0 + col] : 0.0f, b1 = in ? bias[n0 + col + 1] : 0.0f;
+            const unsigned at = staging + (col >> 5) * 8192 + r * 128 + (((cc >> 2) ^ (r & 7)) << 4) + (cc & 3) * 4;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * j] + b0),
+                         "f"(acc[4 * j + 1] + b1)
+                         : "memory");
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * 128), "f"(acc[4 * j + 2] + b0),
+                         "f"(acc[4 * j + 3] + b1)
+                         : "memory");
+        }
+        fence_proxy_async();
+        named_barrier(barrier, 128);
+#pragma unroll
+        for (int slab = 0; slab < 4; ++slab)
+            tma_store_if(map_out, staging + slab * 8192, n0 + 32 * slab, m0, store && elected && n0 + 32 * slab < N);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    }
 };

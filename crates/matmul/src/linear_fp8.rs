@@ -39,6 +39,8 @@ const ROWS: &str = "M <= 65535 * 128";
 const LT_M: &str = "M % 8 == 0 (cuBLASLt's block-scaled FP8)";
 /// cuBLASLt's fp32 D rows 16-byte aligned.
 const LT_N: &str = "N % 4 == 0 (cuBLASLt's block-scaled FP8)";
+/// The TMA store's 16-byte row stride of the fp32 out.
+const TMA_STORE_N: &str = "N % 4 == 0";
 
 /// How a stage runs; a kernel's entry, block and grid follow from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +53,8 @@ enum Plan {
     Overlapped,
     /// Stage 2 with one block an SM walking its tiles.
     Persistent,
+    /// Stage 3 storing each tile through shared memory and the TMA under the next tile's first step.
+    StagedEpilogue,
     /// cuBLASLt's block-scaled FP8 matmul.
     Lt,
 }
@@ -64,24 +68,27 @@ enum Grid {
     Persistent,
 }
 
-/// A kernel stage's launch: its entry, threads, mbarriers a ring stage and grid.
+/// A kernel stage's launch: its entry, threads, mbarriers a ring stage, grid and whether it stores
+/// through the TMA (a third tensor map, 64 KiB of staging).
 struct KernelPlan {
     entry: &'static str,
     threads: u32,
     barriers: u32,
     grid: Grid,
+    tma_store: bool,
 }
 
 impl Plan {
     fn kernel(self) -> Option<KernelPlan> {
-        let (entry, threads, barriers, grid) = match self {
-            Plan::Cooperative => ("linear_fp8_wgmma", 256, 1, Grid::Tiles),
-            Plan::WarpSpecialized => ("linear_fp8_ws", 384, 2, Grid::Tiles),
-            Plan::Overlapped => ("linear_fp8_overlap", 384, 2, Grid::Tiles),
-            Plan::Persistent => ("linear_fp8_persistent", 384, 2, Grid::Persistent),
+        let (entry, threads, barriers, grid, tma_store) = match self {
+            Plan::Cooperative => ("linear_fp8_wgmma", 256, 1, Grid::Tiles, false),
+            Plan::WarpSpecialized => ("linear_fp8_ws", 384, 2, Grid::Tiles, false),
+            Plan::Overlapped => ("linear_fp8_overlap", 384, 2, Grid::Tiles, false),
+            Plan::Persistent => ("linear_fp8_persistent", 384, 2, Grid::Persistent, false),
+            Plan::StagedEpilogue => ("linear_fp8_staged_epilogue", 384, 2, Grid::Persistent, true),
             Plan::Lt => return None,
         };
-        Some(KernelPlan { entry, threads, barriers, grid })
+        Some(KernelPlan { entry, threads, barriers, grid, tma_store })
     }
 }
 
@@ -120,6 +127,13 @@ fn stages() -> Vec<Variant> {
             "linear-fp8/03_persistent.cu",
             Plan::Persistent,
             "stage 2 with one block an SM walking its tiles: the ring runs on across tiles, so the next tile's loads land while this one is stored",
+        ),
+        k(
+            4,
+            "staged-epilogue",
+            "linear-fp8/04_staged_epilogue.cu",
+            Plan::StagedEpilogue,
+            "stage 3 storing each tile through shared memory and four TMA stores while the next tile's first K step runs",
         ),
         Variant::library(
             FAMILY,
@@ -161,7 +175,11 @@ pub fn check_shape(v: &Variant, d: LinearFp8Dims) -> Result<()> {
         require(a.checked_mul(b).is_some_and(|x| x < 1 << 31), what, || format!("{a} x {b}"))?;
     }
     require(d.k.is_multiple_of(16), K_ALIGN, || format!("K = {}", d.k))?;
-    match v.plan::<Plan>()?.kernel().map(|k| k.grid) {
+    let kernel = v.plan::<Plan>()?.kernel();
+    if kernel.as_ref().is_some_and(|k| k.tma_store) {
+        require(d.n.is_multiple_of(4), TMA_STORE_N, || format!("N = {}", d.n))?;
+    }
+    match kernel.map(|k| k.grid) {
         Some(Grid::Tiles) => require(d.m <= 65535 * TILE, ROWS, || format!("M = {}", d.m)),
         Some(Grid::Persistent) => Ok(()),
         None => {
@@ -208,7 +226,11 @@ impl OperandLayout {
 }
 
 enum Runner {
-    Kernel(Launch),
+    /// A kernel, and whether it takes out's tensor map after the common arguments.
+    Kernel {
+        launch: Launch,
+        tma_store: bool,
+    },
     Lt(Lt),
 }
 
@@ -229,15 +251,18 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
         });
     };
     let stages = v.tunable("WG_STAGES")?;
-    // Two operand tiles of 128 x 128 codes a stage, 1 KiB for the swizzle's alignment, the barriers.
-    let shared = stages * 2 * (TILE * TILE) as u32 + 1024 + 8 * plan.barriers * stages;
+    // Two operand tiles of 128 x 128 codes a stage, 1 KiB for the swizzle's alignment, the barriers;
+    // with TMA stores, rounded up to 1 KiB and two consumers' 64 x 128 fp32 staging.
+    let ring = stages * 2 * (TILE * TILE) as u32 + 8 * plan.barriers * stages;
+    let shared = 1024 + if plan.tma_store { ring.next_multiple_of(1024) + 2 * 64 * TILE as u32 * 4 } else { ring };
     let (row_tiles, col_tiles) = (d.m.div_ceil(TILE) as u32, d.n.div_ceil(TILE) as u32);
     let grid = match plan.grid {
         Grid::Tiles => (col_tiles, row_tiles, 1),
         Grid::Persistent => ((row_tiles * col_tiles).min(gpu.info().sm_count), 1, 1),
     };
     let shape = LaunchShape::new(grid, (plan.threads, 1, 1)).with_shared(shared);
-    Ok(Prepared { runner: Runner::Kernel(gpu.prepare_launch(&SOURCES, v, plan.entry, shape)?), d })
+    let launch = gpu.prepare_launch(&SOURCES, v, plan.entry, shape)?;
+    Ok(Prepared { runner: Runner::Kernel { launch, tma_store: plan.tma_store }, d })
 }
 
 /// The buffers of one call: `out` M·N; A's codes M·K ([`fp8::Fp8Rows`]) and W's N·K
@@ -277,7 +302,7 @@ impl Prepared {
     /// How this stage reads the scales and the bias.
     pub fn layout(&self) -> OperandLayout {
         match self.runner {
-            Runner::Kernel(_) => OperandLayout::Fp8,
+            Runner::Kernel { .. } => OperandLayout::Fp8,
             Runner::Lt(_) => OperandLayout::CublasLt,
         }
     }
@@ -296,10 +321,12 @@ impl Prepared {
         let bias = a.bias.map(|b| b.check(layout, d.n)).transpose()?.unwrap_or(0);
         use common::device_ptr as ptr;
         match &self.runner {
-            Runner::Kernel(launch) => {
+            Runner::Kernel { launch, tma_store } => {
                 let map_a = common::tma::e4m3_map(ptr(a.a_codes), d.m, d.k, TILE as u32)?;
                 let map_b = common::tma::e4m3_map(ptr(a.w_codes), d.n, d.k, TILE as u32)?;
-                let args = [
+                // Out in boxes of 32 columns x one warpgroup's 64 rows (N % 4 == 0 at prepare).
+                let map_out = if *tma_store { Some(common::tma::f32_map(ptr(&*a.out), d.m, d.n, 64)?) } else { None };
+                let mut args = vec![
                     Arg::value(&map_a),
                     Arg::value(&map_b),
                     Arg::buf(a.out),
@@ -310,8 +337,12 @@ impl Prepared {
                     Arg::int(d.n),
                     Arg::int(d.k),
                 ];
+                if let Some(map) = &map_out {
+                    args.push(Arg::value(map));
+                }
                 // SAFETY: the arguments follow every entry's signature; lengths checked above, the
-                // maps cover exactly the codes (K % 16 == 0 at prepare: 16-byte row strides).
+                // maps cover exactly the codes and out (K % 16 == 0 and, with out's map, N % 4 == 0
+                // at prepare: 16-byte row strides).
                 unsafe { launch.enqueue(stream, &args) }
             }
             Runner::Lt(lt) => {
@@ -327,7 +358,7 @@ impl Prepared {
 impl PreparedStage for Prepared {
     fn resources(&self) -> Vec<ResourceUse> {
         match &self.runner {
-            Runner::Kernel(launch) => vec![launch.resources().clone()],
+            Runner::Kernel { launch, .. } => vec![launch.resources().clone()],
             Runner::Lt(_) => Vec::new(),
         }
     }
@@ -374,7 +405,11 @@ impl Op for LinearFp8 {
             Limit { constraint: "N * K < 2^31", past: shape(8, 1 << 16, 1 << 15, 1), inside: None },
             Limit { constraint: "M * N < 2^31", past: shape(1 << 16, 1 << 15, 16, 1), inside: None },
         ];
-        match v.plan::<Plan>().ok().map(|p| p.kernel().map(|k| k.grid)) {
+        let kernel = v.plan::<Plan>().ok().map(Plan::kernel);
+        if kernel.as_ref().is_some_and(|k| k.as_ref().is_some_and(|k| k.tma_store)) {
+            l.push(Limit { constraint: TMA_STORE_N, past: shape(8, 6, 16, 1), inside: Some(shape(8, 12, 16, 1)) });
+        }
+        match kernel.map(|p| p.map(|k| k.grid)) {
             Some(Some(Grid::Tiles)) => {
                 l.push(Limit { constraint: ROWS, past: shape(65535 * 128 + 1, 1, 16, 1), inside: None })
             }

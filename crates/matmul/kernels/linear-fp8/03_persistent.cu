@@ -59,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-        fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, release, first);
+        fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, release, first, [] {});
         store_m64n128_bias(acc, out, bias, row0, n0, M, N);
     }
 }

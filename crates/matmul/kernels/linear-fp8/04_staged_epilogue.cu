@@ -1,0 +1,77 @@
+// linear-fp8, stage 4: staged epilogue (a tile's store runs under the next tile's first K step).
+// Changed from stage 3: a consumer no longer stores its finished tile from registers with the
+//   tensor cores idle. It issues the next tile's first four wgmma, then (Fp8StagedStore) writes the
+//   finished accumulator plus the bias into its own 32 KiB of shared memory in the TMA's 128-byte
+//   swizzle, and one thread stores it with four TMA stores; the next tile's promotion starts into
+//   the zeroed accumulator only after that. The last tile is stored after the loop and waited for.
+// Why it should be faster: stage 3 spends, per tile and warpgroup, 64 STG.64 with their bounds
+//   checks and address math (and the bias loads) between two tiles' MMA; at GPT-2's K = 768 a tile
+//   has only six K steps (~1.7 us at the FP8 rate), so that store is a large share. Here the
+//   warpgroup's own next step runs under it, and the stores themselves leave as four bulk copies
+//   of whole 128-byte lines. Predicted ~1.1x stage 3 at the K = 768 shapes, ~1.03x at 4096^3.
+// Measured (H100, stage 3 in the same call): QKV 1.21x (33.5 us), MLP up 1.17x (40.1), attn proj
+//   1.00x, MLP down 1.02x; 4096^3 and 8192^3 0.98x. Against cuBLASLt's block-scaled FP8, same call:
+//   0.93x at QKV, 0.90x at MLP up. ncu at MLP up: tensor pipe 33% of active cycles (stage 3: 25%),
+//   long-scoreboard stalls 2.1 (4.7). Kept for the multi-wave K = 768 shapes; at large K the staging
+//   (64 STS, two named barriers) delays the next step's issue by more than the store it replaces.
+// Launch: linear_fp8_staged_epilogue: stage 3's grid and block; dynamic shared memory WG_STAGES *
+//   32 KiB + 2 barriers a stage, rounded up to 1 KiB, + 64 KiB (two consumers' staging) + 1 KiB
+//   (alignment); a third CUtensorMap (out, fp32, boxes of 32 columns x 64 rows) after stage 3's
+//   arguments.
+// Constraints: stage 3's, and N % 4 == 0 (the TMA's 16-byte row stride of the fp32 out).
+// Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0
+#include "matmul_fp8_gemm.cuh"
+
+// Recipe: Fp8Ring, Fp8TileStride, fp8_produce, fp8_consume_overlapped with Fp8StagedStore of the
+// previous tile under its first step.
+
+#ifndef WG_STAGES
+#error "WG_STAGES is a tunable: the stage list sets it"
+#endif
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    linear_fp8_staged_epilogue(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b,
+                               float* out, const float* a_scales, const float* b_scales, const float* bias, int M,
+                               int N, int K, const __grid_constant__ TmaMap map_out) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const Fp8Ring<WG_STAGES> ring{(smem_u32(smem_raw) + 1023) & ~1023u};
+    const unsigned staging = (ring.base + Fp8Ring<WG_STAGES>::BYTES + 1023) & ~1023u;
+    const Fp8TileStride tiles(M, N);
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    const int ktiles = (K + F8_BK - 1) / F8_BK;
+
+    if (tid == 0) ring.init(2);
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int first = 0;
+            for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles)
+                fp8_produce(ring, &map_a, &map_b, tiles.m0(t), tiles.n0(t), ktiles, first);
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1, warp = (tid >> 5) & 3;
+    const auto release = [&](int s) { mbar_arrive_if(ring.empty(s), (tid & 127) == 0); };
+    const Fp8StagedStore store{staging + c * 4 * 8192, 1 + c, (tid & 127) == 0};
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    // The tile whose result acc holds (none before the first: its store is predicated off).
+    int prev_m0 = 0, prev_n0 = 0;
+    bool have_prev = false;
+    int first = 0;
+    for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles) {
+        const int m0 = tiles.m0(t) + 64 * c, n0 = tiles.n0(t);
+        const StepScales scales(a_scales, b_scales, m0 + 16 * warp + (lane >> 2), n0, M, ktiles);
+        const auto store_prev = [&] { store(acc, &map_out, bias, prev_m0, prev_n0, N, have_prev); };
+        fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, release, first, store_prev);
+        prev_m0 = m0, prev_n0 = n0, have_prev = true;
+    }
+    store(acc, &map_out, bias, prev_m0, prev_n0, N, have_prev);
+    tma_store_wait();
+}
