@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU-side runner packed into .gpu-bundle/run.sh by scripts/gpu-bundle.
 #   run.sh tests [FILTER [ARGS...]]  every test executable (whose name contains FILTER) with
-#                                LADDER_REQUIRE_GPU=1 and ARGS (a test-name filter, --skip NAME);
-#                                one line each (a test the harness ignored is flagged: none should
-#                                be, with a device), then "N passed, N failed"; logs in $LOG_DIR/tests/
+#                                LADDER_REQUIRE_GPU=1 and ARGS (a test-name filter, --skip NAME),
+#                                TEST_JOBS (default 4) executables at once; one line each as it ends
+#                                (a test the harness ignored is flagged: none should be, with a
+#                                device), then "N passed, N failed"; logs in $LOG_DIR/tests/
 #   run.sh ladder ARGS...        the ladder CLI
 #   run.sh bench NAME [ARGS...]  one criterion bench executable (NAME as in benches/, e.g.
 #                                norm.bench.norm), with criterion's output under $LOG_DIR/criterion
@@ -30,25 +31,45 @@ tests)
     filter="${1:-}"
     shift || true
     mkdir -p "$LOG_DIR/tests"
-    passed=0
-    failed=0
-    for t in "$here"/tests/*; do
+    # One executable: its log, and one status line in $LOG_DIR/tests/NAME.status.
+    run_one() {
+        local t=$1 name start status summary ignored flag
+        shift
         name=$(basename "$t")
-        [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
         start=$(date +%s)
         if timeout "${TEST_TIMEOUT:-300}" "$t" --test-threads=1 "$@" >"$LOG_DIR/tests/$name.log" 2>&1; then
             status=ok
-            passed=$((passed + 1))
         else
             status=FAILED
-            failed=$((failed + 1))
         fi
         summary=$(grep -E "^test result" "$LOG_DIR/tests/$name.log" | tail -1)
         ignored=$(echo "$summary" | grep -oE "[0-9]+ ignored" | cut -d' ' -f1)
         flag=""
         [ "${ignored:-0}" -gt 0 ] && flag=" (IGNORED TESTS)"
-        echo "$status $name ($(($(date +%s) - start)) s): ${summary:-no test result line}$flag"
+        echo "$status $name ($(($(date +%s) - start)) s): ${summary:-no test result line}$flag" | tee "$LOG_DIR/tests/$name.status"
+    }
+    # TEST_JOBS executables at once (each still one test at a time): the tests check results, not
+    # time, and most of an executable's wall time is NVRTC on the CPU, which the others' GPU work
+    # does not slow. The kernel cache is written by rename, so they share it safely. gpu_runner
+    # runs first and alone: it may measure the device's ceilings, which the session caches.
+    rm -f "$LOG_DIR"/tests/*.status
+    for t in "$here"/tests/*; do
+        name=$(basename "$t")
+        [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+        if [[ "$name" == *gpu_runner* ]]; then
+            run_one "$t" "$@"
+        fi
     done
+    for t in "$here"/tests/*; do
+        name=$(basename "$t")
+        [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+        [[ "$name" == *gpu_runner* ]] && continue
+        while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-4}" ]; do wait -n; done
+        run_one "$t" "$@" &
+    done
+    wait
+    passed=$(cat "$LOG_DIR"/tests/*.status 2>/dev/null | grep -c "^ok ")
+    failed=$(cat "$LOG_DIR"/tests/*.status 2>/dev/null | grep -vc "^ok ")
     echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ]
     ;;
