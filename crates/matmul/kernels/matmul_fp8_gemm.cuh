@@ -157,18 +157,32 @@ struct Fp8TileStride {
     __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * F8_BN; }
 };
 
-// Stage 4's epilogue part: a warpgroup's 64 x 128 fp32 tile (acc in wgmma's layout) plus the bias,
-// written into its 32 KiB of shared memory in the TMA's 128-byte swizzle (4 slabs of 64 rows x 32
-// columns; row r's 16-byte chunk q lands at chunk q ^ (r % 8), so a warp's float2 writes hit 16
-// distinct chunks) and stored by one thread with 4 TMA stores, which write nothing past M or N.
-// Straight-line code with predicated stores, so it can run inside an open wgmma group.
+// Stage 4's epilogue part: a warpgroup's 64 x 128 tile (acc in wgmma's layout) plus the bias, as
+// Out (float, or __nv_bfloat16 rounded to nearest even), written into its shared memory in the
+// TMA's 128-byte swizzle: slabs of 64 rows x 128 bytes (32 fp32 or 64 bf16 columns), row r's
+// 16-byte chunk q at chunk q ^ (r % 8), so a warp's writes of one column pair hit distinct chunks.
+// One thread stores the slabs with TMA stores, which write nothing past M or N. Straight-line code
+// with predicated stores, so it can run inside an open wgmma group.
+template <class Out>
 struct Fp8StagedStore {
+    static constexpr int SLAB_COLS = 128 / sizeof(Out), SLABS = F8_BN / SLAB_COLS;
+    static constexpr unsigned BYTES = SLABS * 64 * 128;  // a warpgroup's staging
     unsigned staging;  // 1024-byte aligned
     int barrier;       // the warpgroup's named barrier (128 threads)
     bool elected;      // the warpgroup's thread 0, which issues and waits for the stores
 
+    // Columns col and col + 1 of local row r (x, y): 8 bytes of fp32 or 4 of bf16.
+    __device__ __forceinline__ void put(int r, int col, float x, float y) const {
+        const int slab = col / SLAB_COLS, byte = (col % SLAB_COLS) * (int)sizeof(Out);
+        const unsigned at = staging + slab * (64 * 128) + r * 128 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15);
+        if constexpr (sizeof(Out) == 4)
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+        else
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(x, y)) : "memory");
+    }
+
     // The tile at rows m0.. (the warpgroup's 64) and columns n0.. of out; stored only if `store`.
-    // acc is zeroed for the next tile.
+    // acc is zeroed for the next tile. N % (16 / sizeof(Out)) == 0, so a pair is in or out whole.
     __device__ __forceinline__ void operator()(float (&acc)[64], const TmaMap* map_out, const float* bias, int m0,
                                                int n0, int N, bool store) const {
         const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
@@ -178,22 +192,18 @@ struct Fp8StagedStore {
         named_barrier(barrier, 128);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            const int col = 8 * j + 2 * t, cc = col & 31;
-            const bool in = bias != nullptr && n0 + col < N;  // N % 4 == 0: col + 1 is in too
+            const int col = 8 * j + 2 * t;
+            const bool in = bias != nullptr && n0 + col < N;
             const float b0 = in ? bias[n0 + col] : 0.0f, b1 = in ? bias[n0 + col + 1] : 0.0f;
-            const unsigned at = staging + (col >> 5) * 8192 + r * 128 + (((cc >> 2) ^ (r & 7)) << 4) + (cc & 3) * 4;
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * j] + b0),
-                         "f"(acc[4 * j + 1] + b1)
-                         : "memory");
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * 128), "f"(acc[4 * j + 2] + b0),
-                         "f"(acc[4 * j + 3] + b1)
-                         : "memory");
+            put(r, col, acc[4 * j] + b0, acc[4 * j + 1] + b1);
+            put(r + 8, col, acc[4 * j + 2] + b0, acc[4 * j + 3] + b1);
         }
         fence_proxy_async();
         named_barrier(barrier, 128);
 #pragma unroll
-        for (int slab = 0; slab < 4; ++slab)
-            tma_store_if(map_out, staging + slab * 8192, n0 + 32 * slab, m0, store && elected && n0 + 32 * slab < N);
+        for (int slab = 0; slab < SLABS; ++slab)
+            tma_store_if(map_out, staging + slab * (64 * 128), n0 + SLAB_COLS * slab, m0,
+                         store && elected && n0 + SLAB_COLS * slab < N);
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     }

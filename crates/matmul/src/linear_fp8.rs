@@ -5,7 +5,8 @@
 //! stands apart from the format's; the format's (the same product on the unquantized operands
 //! against the exact layer) is the check's note.
 //!
-//! Shape keys: `M`, `N`, `K`, `bias` (0/1).
+//! Shape keys: `M`, `N`, `K`, `bias` (0/1), `out` (32: fp32, the default; 16: bf16, which stage 4
+//! and the library row store).
 //!
 //! The library row is cuBLASLt's FP8 matmul with the same fine-grained scales (cuBLAS 12.9+ on
 //! sm_90: `BLK128x128_32F` for W, `VEC128_32F` for A) on the same codes; it reads the scales in its
@@ -26,6 +27,7 @@ use common::{
 
 use crate::gemm::Dims;
 use crate::linear::{inputs, verify_rows};
+use crate::linear_bf16::OutElement;
 use crate::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
 use crate::reference::{linear_rows, sampled_rows};
 use crate::{fp8, FAMILY, SOURCES};
@@ -41,6 +43,11 @@ const LT_M: &str = "M % 8 == 0 (cuBLASLt's block-scaled FP8)";
 const LT_N: &str = "N % 4 == 0 (cuBLASLt's block-scaled FP8)";
 /// The TMA store's 16-byte row stride of the fp32 out.
 const TMA_STORE_N: &str = "N % 4 == 0";
+const TMA_STORE_N_BF16: &str = "N % 8 == 0 at out = 16";
+/// Stages 0-3 store fp32 from registers.
+const OUT_F32: &str = "out = 32";
+/// cuBLASLt's bf16 D rows 16-byte aligned.
+const LT_N_BF16: &str = "N % 8 == 0 (cuBLASLt's block-scaled FP8, bf16 out)";
 
 /// How a stage runs; a kernel's entry, block and grid follow from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,13 +156,14 @@ fn stages() -> Vec<Variant> {
     ]
 }
 
-/// The sizes of one call.
+/// The sizes of one call, whether it adds a bias, and its output's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearFp8Dims {
     pub m: usize,
     pub n: usize,
     pub k: usize,
     pub bias: bool,
+    pub out: Output,
 }
 
 impl LinearFp8Dims {
@@ -163,7 +171,12 @@ impl LinearFp8Dims {
         let big = i32::MAX as i64;
         let bias = s.get("bias").unwrap_or(1);
         require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
-        Ok(LinearFp8Dims { m: s.dim("M", big)?, n: s.dim("N", big)?, k: s.dim("K", big)?, bias: bias == 1 })
+        let out = match s.get("out").unwrap_or(32) {
+            32 => Output::F32,
+            16 => Output::Bf16,
+            o => return Err(common::Error::constraint("out in {32, 16}", format!("out = {o}"))),
+        };
+        Ok(LinearFp8Dims { m: s.dim("M", big)?, n: s.dim("N", big)?, k: s.dim("K", big)?, bias: bias == 1, out })
     }
 }
 
@@ -176,8 +189,13 @@ pub fn check_shape(v: &Variant, d: LinearFp8Dims) -> Result<()> {
     }
     require(d.k.is_multiple_of(16), K_ALIGN, || format!("K = {}", d.k))?;
     let kernel = v.plan::<Plan>()?.kernel();
-    if kernel.as_ref().is_some_and(|k| k.tma_store) {
-        require(d.n.is_multiple_of(4), TMA_STORE_N, || format!("N = {}", d.n))?;
+    let bf16 = d.out == Output::Bf16;
+    match &kernel {
+        Some(k) if k.tma_store && bf16 => require(d.n.is_multiple_of(8), TMA_STORE_N_BF16, || format!("N = {}", d.n))?,
+        Some(k) if k.tma_store => require(d.n.is_multiple_of(4), TMA_STORE_N, || format!("N = {}", d.n))?,
+        Some(_) => require(!bf16, OUT_F32, || "out = 16".to_string())?,
+        None if bf16 => require(d.n.is_multiple_of(8), LT_N_BF16, || format!("N = {}", d.n))?,
+        None => {}
     }
     match kernel.map(|k| k.grid) {
         Some(Grid::Tiles) => require(d.m <= 65535 * TILE, ROWS, || format!("M = {}", d.m)),
@@ -245,35 +263,52 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
     let Some(plan) = v.plan::<Plan>()?.kernel() else {
         let epi = if d.bias { LtEpilogue::Bias } else { LtEpilogue::None };
         let dims = Dims { m: d.m, n: d.n, k: d.k };
-        return Ok(Prepared {
-            runner: Runner::Lt(Lt::prepare(gpu, LtOperands::E4m3Blocks, Output::F32, epi, dims)?),
-            d,
-        });
+        return Ok(Prepared { runner: Runner::Lt(Lt::prepare(gpu, LtOperands::E4m3Blocks, d.out, epi, dims)?), d });
     };
     let stages = v.tunable("WG_STAGES")?;
     // Two operand tiles of 128 x 128 codes a stage, 1 KiB for the swizzle's alignment, the barriers;
     // with TMA stores, rounded up to 1 KiB and two consumers' 64 x 128 fp32 staging.
     let ring = stages * 2 * (TILE * TILE) as u32 + 8 * plan.barriers * stages;
-    let shared = 1024 + if plan.tma_store { ring.next_multiple_of(1024) + 2 * 64 * TILE as u32 * 4 } else { ring };
+    let out_bytes = d.out.bytes() as u32;
+    let shared =
+        1024 + if plan.tma_store { ring.next_multiple_of(1024) + 2 * 64 * TILE as u32 * out_bytes } else { ring };
     let (row_tiles, col_tiles) = (d.m.div_ceil(TILE) as u32, d.n.div_ceil(TILE) as u32);
     let grid = match plan.grid {
         Grid::Tiles => (col_tiles, row_tiles, 1),
         Grid::Persistent => ((row_tiles * col_tiles).min(gpu.info().sm_count), 1, 1),
     };
     let shape = LaunchShape::new(grid, (plan.threads, 1, 1)).with_shared(shared);
-    let launch = gpu.prepare_launch(&SOURCES, v, plan.entry, shape)?;
+    let entry = match d.out {
+        Output::F32 => plan.entry.to_string(),
+        Output::Bf16 => format!("{}_bf16", plan.entry),
+    };
+    let launch = gpu.prepare_launch(&SOURCES, v, &entry, shape)?;
     Ok(Prepared { runner: Runner::Kernel { launch, tma_store: plan.tma_store }, d })
 }
 
 /// The buffers of one call: `out` M·N; A's codes M·K ([`fp8::Fp8Rows`]) and W's N·K
 /// ([`fp8::Fp8Blocks`]); their scales and the bias (N) in the stage's [`Prepared::layout`].
 pub struct LinearFp8Args<'a> {
-    pub out: &'a mut CudaSlice<f32>,
+    pub out: OutBuf<'a>,
     pub a_codes: &'a CudaSlice<u8>,
     pub a_scales: &'a CudaSlice<f32>,
     pub w_codes: &'a CudaSlice<u8>,
     pub w_scales: &'a CudaSlice<f32>,
     pub bias: Option<Bias<'a>>,
+}
+
+/// `out`: M·N elements of the call's output type, borrowed mutably for the call.
+pub struct OutBuf<'a> {
+    ptr: u64,
+    len: usize,
+    output: Output,
+    _buf: std::marker::PhantomData<&'a mut ()>,
+}
+
+impl<'a> OutBuf<'a> {
+    pub fn new<T: OutElement>(buf: &'a mut CudaSlice<T>) -> OutBuf<'a> {
+        OutBuf { ptr: common::device_ptr(&*buf), len: buf.len(), output: T::OUTPUT, _buf: std::marker::PhantomData }
+    }
 }
 
 /// The bias, in the type of the stage's layout.
@@ -310,7 +345,8 @@ impl Prepared {
     pub fn enqueue(&self, stream: &CudaStream, a: LinearFp8Args) -> Result<()> {
         let d = self.d;
         let layout = self.layout();
-        require_len("out", a.out.len(), d.m * d.n)?;
+        require(a.out.output == d.out, "out of the prepared output type", || format!("{:?}", a.out.output))?;
+        require_len("out", a.out.len, d.m * d.n)?;
         require_len("a_codes", a.a_codes.len(), d.m * d.k)?;
         require_len("a_scales", a.a_scales.len(), d.m * fp8::groups(d.k))?;
         require_len("w_codes", a.w_codes.len(), d.n * d.k)?;
@@ -325,11 +361,15 @@ impl Prepared {
                 let map_a = common::tma::e4m3_map(ptr(a.a_codes), d.m, d.k, TILE as u32)?;
                 let map_b = common::tma::e4m3_map(ptr(a.w_codes), d.n, d.k, TILE as u32)?;
                 // Out in boxes of 32 columns x one warpgroup's 64 rows (N % 4 == 0 at prepare).
-                let map_out = if *tma_store { Some(common::tma::f32_map(ptr(&*a.out), d.m, d.n, 64)?) } else { None };
+                let map_out = match (*tma_store, d.out) {
+                    (false, _) => None,
+                    (true, Output::F32) => Some(common::tma::f32_map(a.out.ptr, d.m, d.n, 64)?),
+                    (true, Output::Bf16) => Some(common::tma::bf16_map(a.out.ptr, d.m, d.n, 64)?),
+                };
                 let mut args = vec![
                     Arg::value(&map_a),
                     Arg::value(&map_b),
-                    Arg::buf(a.out),
+                    Arg::Ptr(a.out.ptr),
                     Arg::buf(a.a_scales),
                     Arg::buf(a.w_scales),
                     Arg::Ptr(bias),
@@ -349,7 +389,7 @@ impl Prepared {
                 let scales = LtScales { inputs: ptr(a.a_scales), weights: ptr(a.w_scales) };
                 // SAFETY: lengths and layouts checked above (cudarc's allocations are 256-byte
                 // aligned); cuBLAS's A is W, its B the activations.
-                unsafe { lt.enqueue(stream, ptr(a.a_codes), ptr(a.w_codes), bias, 0, ptr(&*a.out), Some(scales)) }
+                unsafe { lt.enqueue(stream, ptr(a.a_codes), ptr(a.w_codes), bias, 0, a.out.ptr, Some(scales)) }
             }
         }
     }
@@ -373,7 +413,7 @@ static INFO: OpInfo = OpInfo {
     name: OP,
     description: "linear layer on e4m3 tensor cores: out = dequant(A) . dequant(W)^T + bias, A with 1 x 128 row scales, W with 128 x 128 block scales",
     sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias"],
+    shape_keys: &["M", "N", "K", "bias", "out"],
     stages,
 };
 
@@ -384,8 +424,10 @@ impl Op for LinearFp8 {
         &INFO
     }
     fn default_shapes(&self) -> Vec<Shape> {
-        // GPT-2's four block linears at B = 4, T = 1024, its LM head, and the square 4096^3 and 8192^3.
-        vec![
+        // GPT-2's four block linears at B = 4, T = 1024, its LM head, and the square 4096^3 and 8192^3;
+        // then the block linears and 4096^3 with a bf16 output (what a model feeds the next layer,
+        // and what torch's anchors store).
+        let fp32 = [
             shape(4096, 2304, 768, 1),
             shape(4096, 768, 768, 1),
             shape(4096, 3072, 768, 1),
@@ -393,7 +435,9 @@ impl Op for LinearFp8 {
             shape(4096, 50257, 768, 0),
             shape(4096, 4096, 4096, 0),
             shape(8192, 8192, 8192, 0),
-        ]
+        ];
+        let bf16 = [0, 1, 2, 3, 5].map(|i| crate::linear_bf16::bf16_out(fp32[i].clone()));
+        fp32.into_iter().chain(bf16).collect()
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check_shape(v, LinearFp8Dims::of(s)?)
@@ -406,8 +450,27 @@ impl Op for LinearFp8 {
             Limit { constraint: "M * N < 2^31", past: shape(1 << 16, 1 << 15, 16, 1), inside: None },
         ];
         let kernel = v.plan::<Plan>().ok().map(Plan::kernel);
-        if kernel.as_ref().is_some_and(|k| k.as_ref().is_some_and(|k| k.tma_store)) {
-            l.push(Limit { constraint: TMA_STORE_N, past: shape(8, 6, 16, 1), inside: Some(shape(8, 12, 16, 1)) });
+        let bf16 = crate::linear_bf16::bf16_out;
+        match &kernel {
+            Some(Some(k)) if k.tma_store => {
+                l.push(Limit { constraint: TMA_STORE_N, past: shape(8, 6, 16, 1), inside: Some(shape(8, 12, 16, 1)) });
+                l.push(Limit {
+                    constraint: TMA_STORE_N_BF16,
+                    past: bf16(shape(8, 12, 16, 1)),
+                    inside: Some(bf16(shape(8, 16, 16, 1))),
+                });
+            }
+            Some(Some(_)) => l.push(Limit {
+                constraint: OUT_F32,
+                past: bf16(shape(8, 16, 16, 1)),
+                inside: Some(shape(8, 16, 16, 1)),
+            }),
+            Some(None) => l.push(Limit {
+                constraint: LT_N_BF16,
+                past: bf16(shape(8, 12, 16, 1)),
+                inside: Some(bf16(shape(8, 16, 16, 1))),
+            }),
+            None => {}
         }
         match kernel.map(|p| p.map(|k| k.grid)) {
             Some(Some(Grid::Tiles)) => {
@@ -424,35 +487,43 @@ impl Op for LinearFp8 {
     }
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
         let d = LinearFp8Dims::of(s)?;
-        let (x, w, b) = inputs(Dims { m: d.m, n: d.n, k: d.k }, seed);
-        let (qa, qw) = (fp8::quantize_rows(&x, d.m, d.k), fp8::quantize_blocks(&w, d.n, d.k));
-        let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
-        let bias = d.bias.then_some(&b[..]);
-        let reference = linear_rows(&qa.dequantize(), &qw.dequantize(), bias, d.n, d.k, &rows);
-        let exact = linear_rows(&x, &w, bias, d.n, d.k, &rows);
-        let format_error = compare("format", &reference, &exact).rel_l2;
-        let copies = rotation_copies(gpu, (d.m * d.k + d.n * d.k + 4 * d.m * d.n) as u64);
-        Ok(Box::new(LinearFp8Problem {
-            d,
-            a_codes: Rotated::upload(gpu, &qa.codes, copies)?,
-            a_scales: Rotated::upload(gpu, &qa.scales, copies)?,
-            w_codes: Rotated::upload(gpu, &qw.codes, copies)?,
-            w_scales: Rotated::upload(gpu, &qw.scales, copies)?,
-            bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
-            host_scales: (qa.scales, qw.scales),
-            host_bias: b,
-            lt_operands: None,
-            out: Rotated::outputs(gpu, d.m * d.n, copies)?,
-            rows,
-            reference,
-            format_error,
-            copies,
-            prepared: Current::default(),
-        }))
+        match d.out {
+            Output::F32 => problem::<f32>(gpu, d, seed),
+            Output::Bf16 => problem::<u16>(gpu, d, seed),
+        }
     }
 }
 
-struct LinearFp8Problem {
+/// A call's quantized operands, output copies of type `T` and f64 reference.
+fn problem<T: OutElement>(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<dyn Problem>> {
+    let (x, w, b) = inputs(Dims { m: d.m, n: d.n, k: d.k }, seed);
+    let (qa, qw) = (fp8::quantize_rows(&x, d.m, d.k), fp8::quantize_blocks(&w, d.n, d.k));
+    let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
+    let bias = d.bias.then_some(&b[..]);
+    let reference = linear_rows(&qa.dequantize(), &qw.dequantize(), bias, d.n, d.k, &rows);
+    let exact = linear_rows(&x, &w, bias, d.n, d.k, &rows);
+    let format_error = compare("format", &reference, &exact).rel_l2;
+    let copies = rotation_copies(gpu, (d.m * d.k + d.n * d.k) as u64 + d.out.bytes() * (d.m * d.n) as u64);
+    Ok(Box::new(LinearFp8Problem::<T> {
+        d,
+        a_codes: Rotated::upload(gpu, &qa.codes, copies)?,
+        a_scales: Rotated::upload(gpu, &qa.scales, copies)?,
+        w_codes: Rotated::upload(gpu, &qw.codes, copies)?,
+        w_scales: Rotated::upload(gpu, &qw.scales, copies)?,
+        bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
+        host_scales: (qa.scales, qw.scales),
+        host_bias: b,
+        lt_operands: None,
+        out: Rotated::outputs(gpu, d.m * d.n, copies)?,
+        rows,
+        reference,
+        format_error,
+        copies,
+        prepared: Current::default(),
+    }))
+}
+
+struct LinearFp8Problem<T: OutElement> {
     d: LinearFp8Dims,
     a_codes: Rotated<u8>,
     a_scales: Rotated<f32>,
@@ -464,7 +535,7 @@ struct LinearFp8Problem {
     host_bias: Vec<f32>,
     /// The scales and bias in [`OperandLayout::CublasLt`], made when a library row is prepared.
     lt_operands: Option<LtOperandCopies>,
-    out: Rotated<f32>,
+    out: Rotated<T>,
     rows: Vec<usize>,
     /// The f64 product of the dequantized operands on `rows`: what the kernel must match.
     reference: Vec<f64>,
@@ -481,12 +552,12 @@ struct LtOperandCopies {
     bias: CudaSlice<u16>,
 }
 
-impl Problem for LinearFp8Problem {
+impl<T: OutElement> Problem for LinearFp8Problem<T> {
     fn workload(&self) -> Workload {
-        let LinearFp8Dims { m, n, k, bias } = self.d;
+        let LinearFp8Dims { m, n, k, bias, out } = self.d;
         let g = fp8::groups(k);
         let scales = 4 * (m * g + fp8::groups(n) * g);
-        let bytes = m * k + n * k + scales + 4 * m * n + if bias { 4 * n } else { 0 };
+        let bytes = m * k + n * k + scales + out.bytes() as usize * m * n + if bias { 4 * n } else { 0 };
         Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Compute(Precision::Bf16) }
     }
     fn copies(&self) -> usize {
@@ -520,7 +591,7 @@ impl Problem for LinearFp8Problem {
             }
         };
         let args = LinearFp8Args {
-            out: self.out.get_mut(copy),
+            out: OutBuf::new(self.out.get_mut(copy)),
             a_codes: self.a_codes.get(copy),
             a_scales: a_scales.get(copy),
             w_codes: self.w_codes.get(copy),
@@ -532,8 +603,12 @@ impl Problem for LinearFp8Problem {
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
         let d = Dims { m: self.d.m, n: self.d.n, k: self.d.k };
-        let out = self.out.get(copy).as_view();
-        Ok(verify_rows(gpu, v, &out, &self.reference, &self.rows, d)?
+        let out = self.out.get(copy);
+        // SAFETY: `Checked` has `T`'s size and layout (f32 as f32, bf16 bits as bf16).
+        let checked = unsafe { out.transmute::<T::Checked>(out.len()) }.ok_or_else(|| {
+            common::Error::constraint("out's checked element type has its size", std::any::type_name::<T::Checked>())
+        })?;
+        Ok(verify_rows(gpu, v, &checked, &self.reference, &self.rows, d)?
             .with_note(format!("format: e4m3 A and W against the unquantized layer, rel L2 {:.2e}", self.format_error)))
     }
 }
@@ -546,7 +621,7 @@ mod tests {
     /// past ceil(K / 128) zero.
     #[test]
     fn cublaslt_layout_moves_each_scale_and_pads_k_groups_with_zeros() {
-        let d = LinearFp8Dims { m: 3, n: 200, k: 5 * 128 - 16, bias: false };
+        let d = LinearFp8Dims { m: 3, n: 200, k: 5 * 128 - 16, bias: false, out: Output::F32 };
         let (g, nb) = (fp8::groups(d.k), fp8::groups(d.n));
         assert_eq!((g, nb), (5, 2));
         let a: Vec<f32> = (0..d.m * g).map(|i| i as f32 + 1.0).collect();

@@ -14,13 +14,14 @@
 //   0.93x at QKV, 0.90x at MLP up. ncu at MLP up: tensor pipe 33% of active cycles (stage 3: 25%),
 //   long-scoreboard stalls 2.1 (4.7). Kept for the multi-wave K = 768 shapes; at large K the staging
 //   (64 STS, two named barriers) delays the next step's issue by more than the store it replaces.
-// Launch: linear_fp8_staged_epilogue: stage 3's grid and block; dynamic shared memory WG_STAGES *
-//   32 KiB + 2 barriers a stage, rounded up to 1 KiB, + 64 KiB (two consumers' staging) + 1 KiB
-//   (alignment); a third CUtensorMap (out, fp32, boxes of 32 columns x 64 rows) after stage 3's
-//   arguments.
-// Constraints: stage 3's, and N % 4 == 0 (the TMA's 16-byte row stride of the fp32 out).
+// Launch: linear_fp8_staged_epilogue (fp32 out) and linear_fp8_staged_epilogue_bf16 (bf16 out, the
+//   only stage that has one): stage 3's grid and block; dynamic shared memory WG_STAGES * 32 KiB +
+//   2 barriers a stage, rounded up to 1 KiB, + two consumers' staging (2 x 32 KiB fp32, 2 x 16 KiB
+//   bf16) + 1 KiB (alignment); a third CUtensorMap (out, boxes of 128 bytes x 64 rows) after stage
+//   3's arguments.
+// Constraints: stage 3's, and 16-byte rows of out for the TMA: N % 4 == 0 (fp32), N % 8 == 0 (bf16).
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
 #include "matmul_fp8_gemm.cuh"
 
 // Recipe: Fp8Ring, Fp8TileStride, fp8_produce, fp8_consume_overlapped with Fp8StagedStore of the
@@ -30,10 +31,12 @@
 #error "WG_STAGES is a tunable: the stage list sets it"
 #endif
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-    linear_fp8_staged_epilogue(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b,
-                               float* out, const float* a_scales, const float* b_scales, const float* bias, int M,
-                               int N, int K, const __grid_constant__ TmaMap map_out) {
+// out is Out (fp32, or bf16 in linear_fp8_staged_epilogue_bf16); map_out its tensor map in boxes of
+// 128 bytes x 64 rows.
+template <class Out>
+__device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMap& map_b, const float* a_scales,
+                                                const float* b_scales, const float* bias, int M, int N, int K,
+                                                const TmaMap& map_out) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const Fp8Ring<WG_STAGES> ring{(smem_u32(smem_raw) + 1023) & ~1023u};
     const unsigned staging = (ring.base + Fp8Ring<WG_STAGES>::BYTES + 1023) & ~1023u;
@@ -57,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = (tid >> 5) & 3;
     const auto release = [&](int s) { mbar_arrive_if(ring.empty(s), (tid & 127) == 0); };
-    const Fp8StagedStore store{staging + c * 4 * 8192, 1 + c, (tid & 127) == 0};
+    const Fp8StagedStore<Out> store{staging + c * Fp8StagedStore<Out>::BYTES, 1 + c, (tid & 127) == 0};
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
@@ -74,4 +77,19 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
     store(acc, &map_out, bias, prev_m0, prev_n0, N, have_prev);
     tma_store_wait();
+}
+
+// `out` is unused (the stores go through map_out): the argument list is every stage's, then the map.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    linear_fp8_staged_epilogue(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b,
+                               float* out, const float* a_scales, const float* b_scales, const float* bias, int M,
+                               int N, int K, const __grid_constant__ TmaMap map_out) {
+    staged_epilogue<float>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+    linear_fp8_staged_epilogue_bf16(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b,
+                                    void* out, const float* a_scales, const float* b_scales, const float* bias, int M,
+                                    int N, int K, const __grid_constant__ TmaMap map_out) {
+    staged_epilogue<__nv_bfloat16>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out);
 }
