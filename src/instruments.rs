@@ -1,5 +1,5 @@
 //! The lab's instruments behind `ladder sweep`, `ladder run --counters` and `ladder profile`: the
-//! CLI glue over `common::sweep`, `common::tuned` and `common::counters`.
+//! CLI glue over `kernel_ladder::sweep`, `common::tuned` and `common::counters`.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use common::ceilings::Ceilings;
 use common::counters::{self, Counters};
 use common::runner::{first_line, run_variants, Progress, RunOptions, Status, Table};
-use common::sweep::SweepSummary;
 use common::{Error, Generator, Gpu, Grid, Op, Result, Shape, Sweep, Variant};
 use indicatif::{ProgressBar, ProgressStyle};
+use kernel_ladder::sweep::SweepSummary;
 
 /// What `ladder sweep` was asked for.
 pub struct SweepRequest {
@@ -121,7 +121,7 @@ fn write_sweep(dir: &Path, summary: &SweepSummary, table: &Table) -> Result<()> 
     std::fs::create_dir_all(dir).map_err(io)?;
     let stem = format!(
         "sweep-{}-{:02}-{}-{}",
-        common::baseline::table_stem(table),
+        kernel_ladder::baseline::table_stem(table),
         summary.stage,
         summary.name,
         summary.axes.join("-")
@@ -130,7 +130,7 @@ fn write_sweep(dir: &Path, summary: &SweepSummary, table: &Table) -> Result<()> 
     std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_vec_pretty(&json).unwrap_or_default())
         .map_err(io)?;
     std::fs::write(dir.join(format!("{stem}.md")), summary.markdown()).map_err(io)?;
-    if let Some(svg) = common::chart::sweep_svg(summary)? {
+    if let Some(svg) = kernel_ladder::chart::sweep_svg(summary)? {
         std::fs::write(dir.join(format!("{stem}.svg")), svg).map_err(io)?;
     }
     Ok(())

@@ -1,9 +1,16 @@
 //! kernel-ladder: the registry of kernel families that the `ladder` CLI, the cross-family benches
-//! and the workspace tests read.
+//! and the workspace tests read, and the CLI's instruments over saved tables and compiled stages
+//! (charts, matrices, sweeps, baselines, comparisons, ptxas resources, SASS), which no family needs.
 
 use common::Family;
 
+pub mod baseline;
+pub mod chart;
+pub mod compare;
+pub mod matrix;
+pub mod resources;
 pub mod sass;
+pub mod sweep;
 
 /// Every family, in the order the CLI lists them. Adding a family is one line here.
 pub fn families() -> Vec<&'static dyn Family> {

@@ -773,16 +773,16 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         Command::Compare { before, after } => {
-            let (b, a) = (common::baseline::read_table(&before)?, common::baseline::read_table(&after)?);
-            let changes = common::compare::compare(&b, &a)?;
-            print!("{}", common::compare::markdown(&b, &a, &changes));
+            let (b, a) = (kernel_ladder::baseline::read_table(&before)?, kernel_ladder::baseline::read_table(&after)?);
+            let changes = kernel_ladder::compare::compare(&b, &a)?;
+            print!("{}", kernel_ladder::compare::markdown(&b, &a, &changes));
             Ok(ExitCode::SUCCESS)
         }
         Command::Chart { files, out } => {
             for file in files {
-                let table = common::baseline::read_table(&file)?;
+                let table = kernel_ladder::baseline::read_table(&file)?;
                 let dir = out.clone().unwrap_or_else(|| file.parent().map(PathBuf::from).unwrap_or_default());
-                match write_chart(&dir, &common::baseline::table_stem(&table), &table)? {
+                match write_chart(&dir, &kernel_ladder::baseline::table_stem(&table), &table)? {
                     Some(path) => println!("{}", path.display()),
                     None => eprintln!("{}: no stage passed, no chart", file.display()),
                 }
@@ -791,8 +791,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
         }
         Command::Matrix { files, anchor, format } => {
             common::require(format != OutputFormat::Json, "--format table, md or csv", || "json".into())?;
-            let tables = files.iter().map(|f| common::baseline::read_table(f)).collect::<common::Result<Vec<_>>>()?;
-            print!("{}", common::matrix::render(&tables, Format::from(format), anchor));
+            let tables =
+                files.iter().map(|f| kernel_ladder::baseline::read_table(f)).collect::<common::Result<Vec<_>>>()?;
+            print!("{}", kernel_ladder::matrix::render(&tables, Format::from(format), anchor));
             Ok(ExitCode::SUCCESS)
         }
         Command::Resources {
@@ -815,9 +816,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             for op in select_ops(&family, op.as_deref())? {
                 let mut variants = resource_variants(op, stages, &config, &defines, leave_one_out, sweep_points);
                 variants.iter_mut().for_each(|v| switches.iter().for_each(|s| v.switch_on(s)));
-                let rows = common::resources::measure(&tc, op, &variants, arch);
+                let rows = kernel_ladder::resources::measure(&tc, op, &variants, arch);
                 any |= !rows.is_empty();
-                print!("{}", common::resources::render(&rows, Format::from(format)));
+                print!("{}", kernel_ladder::resources::render(&rows, Format::from(format)));
             }
             let configured = || {
                 let range = stages.map_or("all".to_string(), |(a, b)| format!("{a}..{b}"));
@@ -1089,8 +1090,8 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             measuring.finish_and_clear();
             let ceilings = ceilings?;
             let uuid = gpu.info().uuid.clone();
-            let save_dir = save_baseline.map(|n| common::baseline::dir(&uuid, &n)).transpose()?;
-            let baseline_dir = baseline.map(|n| common::baseline::dir(&uuid, &n)).transpose()?;
+            let save_dir = save_baseline.map(|n| kernel_ladder::baseline::dir(&uuid, &n)).transpose()?;
+            let baseline_dir = baseline.map(|n| kernel_ladder::baseline::dir(&uuid, &n)).transpose()?;
             let total: usize = plan
                 .iter()
                 .map(|(op, shapes)| {
@@ -1165,18 +1166,18 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                         extra.push_str(&instruments::counters_block(&table));
                     }
                     if repeat > 1 {
-                        let spread = common::baseline::spread(&runs);
-                        extra.push_str(&common::baseline::spread_markdown(&table, &spread, REPEAT_LIMIT));
+                        let spread = kernel_ladder::baseline::spread(&runs);
+                        extra.push_str(&kernel_ladder::baseline::spread_markdown(&table, &spread, REPEAT_LIMIT));
                     }
                     if let Some(dir) = &baseline_dir {
-                        match common::baseline::load(dir, &table)? {
+                        match kernel_ladder::baseline::load(dir, &table)? {
                             // A baseline timed in another mode is named, not compared, and the
                             // run's own table still prints.
-                            Some(before) => match common::compare::compare(&before, &table) {
+                            Some(before) => match kernel_ladder::compare::compare(&before, &table) {
                                 Ok(changes) => extra.push_str(&format!(
                                     "\nAgainst baseline {}:\n\n{}",
                                     dir.display(),
-                                    common::compare::markdown(&before, &table, &changes)
+                                    kernel_ladder::compare::markdown(&before, &table, &changes)
                                 )),
                                 Err(e) => {
                                     extra.push_str(&format!("\n(baseline in {} not compared: {e})\n", dir.display()))
@@ -1192,7 +1193,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                         write_table(dir, &table)?;
                     }
                     if let Some(dir) = &save_dir {
-                        let path = common::baseline::save(dir, &table)?;
+                        let path = kernel_ladder::baseline::save(dir, &table)?;
                         bar.suspend(|| eprintln!("saved baseline {}", path.display()));
                     }
                     let took = table_started.elapsed().as_secs_f64();
@@ -1340,7 +1341,7 @@ fn read_anchors(path: &std::path::Path) -> common::Result<Vec<Anchor>> {
 fn write_table(dir: &std::path::Path, table: &Table) -> common::Result<()> {
     let io = |source| Error::Io { context: format!("writing into {}", dir.display()), source };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let stem = common::baseline::table_stem(table);
+    let stem = kernel_ladder::baseline::table_stem(table);
     std::fs::write(dir.join(format!("{stem}.json")), render(table, Format::Json)).map_err(io)?;
     std::fs::write(dir.join(format!("{stem}.md")), render(table, Format::Markdown)).map_err(io)?;
     write_chart(dir, &stem, table)?;
@@ -1349,7 +1350,7 @@ fn write_table(dir: &std::path::Path, table: &Table) -> common::Result<()> {
 
 /// `dir/stem.svg`, unless no stage passed.
 fn write_chart(dir: &std::path::Path, stem: &str, table: &Table) -> common::Result<Option<PathBuf>> {
-    let Some(svg) = common::chart::svg(table)? else { return Ok(None) };
+    let Some(svg) = kernel_ladder::chart::svg(table)? else { return Ok(None) };
     let path = dir.join(format!("{stem}.svg"));
     let io = |source| Error::Io { context: format!("writing {}", path.display()), source };
     std::fs::create_dir_all(dir).map_err(io)?;

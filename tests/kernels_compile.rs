@@ -138,7 +138,7 @@ fn resource_report_reads_every_entry(tc: &common::Toolchain) {
             let kernels: Vec<Variant> =
                 op.variants().into_iter().filter(|v| matches!(v.source, Source::Kernel(_))).collect();
             let ends: Vec<Variant> = kernels.first().into_iter().chain(kernels.last()).cloned().collect();
-            for r in common::resources::measure(tc, op, &ends, Arch::SM90A) {
+            for r in kernel_ladder::resources::measure(tc, op, &ends, Arch::SM90A) {
                 let id = format!("{}/{}/{:02}", r.family, r.op, r.stage);
                 let v = ends.iter().find(|v| v.stage == r.stage).unwrap();
                 let Source::Kernel(path) = v.source else { unreachable!() };
@@ -146,7 +146,7 @@ fn resource_report_reads_every_entry(tc: &common::Toolchain) {
                 let ptx =
                     tc.compile(&v.id(), src, &family.sources().headers().unwrap(), &v.compile_defines(), Arch::SM90A);
                 let ptx = ptx.unwrap_or_else(|e| panic!("{e}")).ptx;
-                let mut in_ptx = common::resources::entry_names(&ptx);
+                let mut in_ptx = kernel_ladder::resources::entry_names(&ptx);
                 let entries = r.entries.as_ref().unwrap_or_else(|e| panic!("{id}: {e}"));
                 let mut reported: Vec<&str> = entries.iter().map(|e| e.entry.as_str()).collect();
                 in_ptx.sort_unstable();

@@ -35,10 +35,11 @@ pub struct Ceilings {
     pub fp16_tflops: f64,
 }
 
-#[cfg(test)]
 impl Ceilings {
-    /// Ceilings for the report modules' unit tests: an H100-like device with copy bandwidth `copy_gbps`.
-    pub(crate) fn for_tests(copy_gbps: f64) -> Ceilings {
+    /// Ceilings for the report modules' unit tests (here and in the CLI's instruments): an H100-like
+    /// device with copy bandwidth `copy_gbps`.
+    #[doc(hidden)]
+    pub fn for_tests(copy_gbps: f64) -> Ceilings {
         Ceilings {
             device: "test".into(),
             uuid: "0".into(),

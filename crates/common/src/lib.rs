@@ -11,29 +11,23 @@
 extern crate self as common;
 
 pub mod activation;
-pub mod baseline;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod blas;
 pub mod ceilings;
-pub mod chart;
 pub mod check;
-pub mod compare;
 pub mod counters;
 pub mod data;
 mod error;
 pub mod family;
 mod gpu;
 pub mod launch;
-pub mod matrix;
 pub mod module;
 pub mod nvrtc;
 pub mod overhead;
 pub mod report;
-pub mod resources;
 pub mod runner;
 pub mod shape;
-pub mod sweep;
 pub mod testing;
 pub mod timeline;
 pub mod timing;

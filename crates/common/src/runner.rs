@@ -114,9 +114,10 @@ impl Row {
         }
     }
 
-    /// A row for the report modules' unit tests: stage, name, status and timing; fp32.
-    #[cfg(test)]
-    pub(crate) fn for_tests(stage: u32, name: impl Into<String>, status: Status, timing: Option<Timing>) -> Row {
+    /// A row for the report modules' unit tests (here and in the CLI's instruments): stage, name,
+    /// status and timing; fp32.
+    #[doc(hidden)]
+    pub fn for_tests(stage: u32, name: impl Into<String>, status: Status, timing: Option<Timing>) -> Row {
         Row::new(stage, name, Precision::Fp32, status, timing)
     }
 }

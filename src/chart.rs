@@ -7,11 +7,11 @@
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::error::{Error, Result};
-use crate::family::Bound;
-use crate::report::fmt_time;
-use crate::runner::{Status, Table};
-use crate::variant::Precision;
+use common::family::Bound;
+use common::report::fmt_time;
+use common::runner::{Status, Table};
+use common::variant::Precision;
+use common::{Error, Result};
 
 const WIDTH: u32 = 960;
 const HEIGHT: u32 = 540;
@@ -155,17 +155,17 @@ where
 /// `None` when no point passed.
 pub fn sweep_svg(s: &crate::sweep::SweepSummary) -> Result<Option<String>> {
     let Some(first) = s.axes.first() else { return Ok(None) };
-    let value = |r: &crate::runner::Row| r.config.iter().find(|(n, _)| n == first).map(|c| c.1);
+    let value = |r: &common::runner::Row| r.config.iter().find(|(n, _)| n == first).map(|c| c.1);
     let mut xs: Vec<u32> = s.points.iter().filter_map(value).collect();
     xs.sort_unstable();
     xs.dedup();
-    let passed: Vec<(&crate::runner::Row, f64)> =
+    let passed: Vec<(&common::runner::Row, f64)> =
         s.points.iter().filter(|r| r.status == Status::Passed).filter_map(|r| Some((r, r.timing?.median_ms))).collect();
     if passed.is_empty() || xs.is_empty() {
         return Ok(None);
     }
     // Series: the other axes' values of a point.
-    let rest = |r: &crate::runner::Row| -> String {
+    let rest = |r: &common::runner::Row| -> String {
         let parts: Vec<String> = r
             .config
             .iter()
@@ -177,7 +177,7 @@ pub fn sweep_svg(s: &crate::sweep::SweepSummary) -> Result<Option<String>> {
     let mut series: Vec<String> = passed.iter().map(|(r, _)| rest(r)).collect();
     series.sort();
     series.dedup();
-    let x_of = |r: &crate::runner::Row| value(r).and_then(|v| xs.iter().position(|&x| x == v)).map(|i| i as f64);
+    let x_of = |r: &common::runner::Row| value(r).and_then(|v| xs.iter().position(|&x| x == v)).map(|i| i as f64);
     let (lo, hi) = passed.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), (_, t)| (lo.min(*t), hi.max(*t)));
     let (y0, y1) = (lo / 1.5, hi * 1.5);
     let mut doc = String::new();
@@ -245,10 +245,10 @@ pub fn sweep_svg(s: &crate::sweep::SweepSummary) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ceilings::Ceilings;
-    use crate::family::Workload;
-    use crate::runner::{Anchor, Row};
-    use crate::timing::Timing;
+    use common::ceilings::Ceilings;
+    use common::family::Workload;
+    use common::runner::{Anchor, Row};
+    use common::timing::Timing;
 
     fn row(stage: u32, ms: f64, status: Status, vs_previous: Option<f64>) -> Row {
         let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, reps: 1, last_copy: 0 };

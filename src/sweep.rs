@@ -4,10 +4,10 @@
 
 use serde::Serialize;
 
-use crate::report::fmt_time;
-use crate::runner::{Row, Status, Table};
-use crate::tuned::Tuned;
-use crate::variant::Variant;
+use common::report::fmt_time;
+use common::runner::{Row, Status, Table};
+use common::tuned::Tuned;
+use common::variant::Variant;
 
 /// One stage's sweep at one shape, its points sorted: passed ones by median, then the others.
 #[derive(Clone, Debug, Serialize)]
@@ -209,10 +209,10 @@ impl SweepSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ceilings::Ceilings;
-    use crate::family::{Bound, Workload};
-    use crate::timing::Timing;
-    use crate::variant::{Generator, Grid, Precision, Sweep};
+    use common::ceilings::Ceilings;
+    use common::family::{Bound, Workload};
+    use common::timing::Timing;
+    use common::variant::{Generator, Grid, Precision, Sweep};
 
     fn row(v: &Variant, ms: Option<f64>) -> Row {
         let status = if ms.is_some() { Status::Passed } else { Status::Skipped("block too large".into()) };

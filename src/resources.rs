@@ -7,10 +7,10 @@
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::family::Op;
-use crate::nvrtc::{Arch, EntryResources, Toolchain};
-use crate::report::Format;
-use crate::variant::{Source, Variant};
+use common::family::Op;
+use common::nvrtc::{Arch, EntryResources, Toolchain};
+use common::report::Format;
+use common::variant::{Source, Variant};
 
 /// One stage (or leave-one-out row, or sweep point) of an op, compiled for `arch`.
 #[derive(Clone, Debug, Serialize)]
@@ -128,10 +128,10 @@ pub fn render(rows: &[StageResources], format: Format) -> String {
             let rows = body.into_iter().map(|row| {
                 [&first.family, &first.op, &first.arch].into_iter().cloned().chain(row).collect::<Vec<String>>()
             });
-            crate::report::csv_text(std::iter::once(head).chain(rows))
+            common::report::csv_text(std::iter::once(head).chain(rows))
         }
         Format::Table | Format::Markdown => {
-            format!("{caption}\n\n{}\n\n", crate::report::text_table(format, HEAD, body))
+            format!("{caption}\n\n{}\n\n", common::report::text_table(format, HEAD, body))
         }
     }
 }

@@ -2,9 +2,9 @@
 //! whether it moved by more than the runs' own spread (the new median outside the old run's
 //! min–max and the old median outside the new run's). Rows are matched by stage number and name.
 
-use crate::error::{Error, Result};
-use crate::report::fmt_time;
-use crate::runner::{Status, Table};
+use common::report::fmt_time;
+use common::runner::{Status, Table};
+use common::{Error, Result};
 
 /// One stage in both runs.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,8 +110,8 @@ pub fn markdown(before: &Table, after: &Table, changes: &[Change]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::Row;
-    use crate::timing::Timing;
+    use common::runner::Row;
+    use common::timing::Timing;
 
     fn row(stage: u32, median: f64, lo: f64, hi: f64, status: Status) -> Row {
         let timing = Timing { median_ms: median, min_ms: lo, max_ms: hi, reps: 3, last_copy: 0 };

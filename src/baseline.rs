@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
-use crate::runner::{Status, Table};
+use common::runner::{Status, Table};
+use common::{Error, Result};
 
 /// `family-op-shape` with the shape's `,` and `=` made file-name safe: the stem of a table's files.
 pub fn table_stem(table: &Table) -> String {
@@ -19,8 +19,8 @@ pub fn table_stem(table: &Table) -> String {
 /// The directory of baseline `name` on the device `uuid`.
 pub fn dir(uuid: &str, name: &str) -> Result<PathBuf> {
     let ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    crate::require(ok, "a baseline name of letters, digits, '-', '_' and '.'", || format!("'{name}'"))?;
-    let base = crate::nvrtc::cache_dir()
+    common::require(ok, "a baseline name of letters, digits, '-', '_' and '.'", || format!("'{name}'"))?;
+    let base = common::nvrtc::cache_dir()
         .ok_or_else(|| Error::constraint("a cache directory (LADDER_CACHE_DIR or HOME)", "none"))?;
     Ok(base.join("baselines").join(uuid).join(name))
 }
@@ -104,7 +104,7 @@ pub fn spread_markdown(table: &Table, rows: &[Spread], limit: f64) -> String {
         limit * 100.0
     );
     for r in rows {
-        let medians: Vec<String> = r.medians_ms.iter().map(|&m| crate::report::fmt_time(m)).collect();
+        let medians: Vec<String> = r.medians_ms.iter().map(|&m| common::report::fmt_time(m)).collect();
         let mark = if r.spread > limit { " **past**" } else { "" };
         md.push_str(&format!(
             "| {:02} | {} | {} | {:.1}%{mark} |\n",
@@ -120,8 +120,8 @@ pub fn spread_markdown(table: &Table, rows: &[Spread], limit: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::Row;
-    use crate::timing::Timing;
+    use common::runner::Row;
+    use common::timing::Timing;
 
     fn table(medians: &[(u32, &str, Option<f64>)]) -> Table {
         let json = serde_json::json!({

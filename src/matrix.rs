@@ -4,10 +4,10 @@
 //! summary a family's notes give for a whole ladder; reading it off the saved tables keeps it from
 //! being copied by hand.
 
-use crate::family::Bound;
-use crate::report::{fmt_time, Format};
-use crate::runner::{Row, Status, Table};
-use crate::variant::LIBRARY_STAGES;
+use common::family::Bound;
+use common::report::{fmt_time, Format};
+use common::runner::{Row, Status, Table};
+use common::variant::LIBRARY_STAGES;
 
 /// The stages' rates at one shape.
 struct Line<'a> {
@@ -162,7 +162,7 @@ pub fn render(tables: &[Table], format: Format, anchor: Option<u32>) -> String {
                     let t = l.table;
                     [t.family.clone(), t.op.clone(), caption(t)].into_iter().chain(row).collect::<Vec<String>>()
                 });
-                out.push_str(&crate::report::csv_text(std::iter::once(head).chain(rows)));
+                out.push_str(&common::report::csv_text(std::iter::once(head).chain(rows)));
             }
             Format::Markdown => {
                 out.push_str(&format!("{}\n\n", caption(group[0])));
@@ -198,10 +198,10 @@ pub fn render(tables: &[Table], format: Format, anchor: Option<u32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ceilings::Ceilings;
-    use crate::family::Workload;
-    use crate::timing::Timing;
-    use crate::variant::Precision;
+    use common::ceilings::Ceilings;
+    use common::family::Workload;
+    use common::timing::Timing;
+    use common::variant::Precision;
 
     fn table(shape: &str, rows: &[(u32, &str, Option<f64>)]) -> Table {
         let rows = rows
