@@ -5,6 +5,7 @@
 // consumer K loop (each step waited for, or the promotion overlapped with the next step's wgmma)
 // and the persistent stage's tile order; each stage file names its recipe.
 #pragma once
+#include "matmul_tail.cuh"
 #include "matmul_wgmma.cuh"
 
 #define F8_BM 128
@@ -157,13 +158,15 @@ struct Fp8TileStride {
     __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * F8_BN; }
 };
 
-// Stage 4's epilogue part: a warpgroup's 64 x 128 tile (acc in wgmma's layout) plus the bias, as
-// Out (float, or __nv_bfloat16 rounded to nearest even), written into its shared memory in the
+// Stage 4's epilogue part: a warpgroup's 64 x 128 tile (acc in wgmma's layout) plus the bias, then
+// TAIL (MM_TAIL_GELU: GELU in the SFU's tanh form; MM_TAIL_RESIDUAL: plus the residual, of type Out,
+// read with predicated loads, so it may be out itself), as Out (float, or __nv_bfloat16 rounded to
+// nearest even), written into its shared memory in the
 // TMA's 128-byte swizzle: slabs of 64 rows x 128 bytes (32 fp32 or 64 bf16 columns), row r's
 // 16-byte chunk q at chunk q ^ (r % 8), so a warp's writes of one column pair hit distinct chunks.
 // One thread stores the slabs with TMA stores, which write nothing past M or N. Straight-line code
 // with predicated stores, so it can run inside an open wgmma group.
-template <class Out>
+template <class Out, int TAIL>
 struct Fp8StagedStore {
     static constexpr int SLAB_COLS = 128 / sizeof(Out), SLABS = F8_BN / SLAB_COLS;
     static constexpr unsigned BYTES = SLABS * 64 * 128;  // a warpgroup's staging
@@ -181,10 +184,42 @@ struct Fp8StagedStore {
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(x, y)) : "memory");
     }
 
+    // Columns col and col + 1 of row `row` of the residual where `pred` holds, else zeros.
+    __device__ __forceinline__ float2 residual_pair(const Out* residual, int row, int col, int N, bool pred) const {
+        const Out* p = residual + (size_t)row * N + col;
+        if constexpr (sizeof(Out) == 4) {
+            float2 v;
+            asm volatile(
+                "{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\nmov.f32 %0, 0f00000000;\nmov.f32 %1, 0f00000000;\n"
+                "@q ld.global.v2.f32 {%0, %1}, [%2];\n}\n"
+                : "=f"(v.x), "=f"(v.y)
+                : "l"(p), "r"((int)pred));
+            return v;
+        } else {
+            unsigned u;
+            asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, 0;\n@q ld.global.b32 %0, [%1];\n}\n"
+                         : "=r"(u)
+                         : "l"(p), "r"((int)pred));
+            return unpack_bf16x2(u);
+        }
+    }
+
+    // The tail of one biased pair of columns (x, y) at `row` (inside M: `row_in`) and `col`.
+    __device__ __forceinline__ float2 tail(float x, float y, const Out* residual, int row, int col, int N,
+                                           bool row_in) const {
+        if constexpr (TAIL == MM_TAIL_GELU) return make_float2(mm_gelu_tanh_approx(x), mm_gelu_tanh_approx(y));
+        if constexpr (TAIL == MM_TAIL_RESIDUAL) {
+            const float2 r = residual_pair(residual, row, col, N, row_in && col < N);
+            return make_float2(x + r.x, y + r.y);
+        }
+        return make_float2(x, y);
+    }
+
     // The tile at rows m0.. (the warpgroup's 64) and columns n0.. of out; stored only if `store`.
     // acc is zeroed for the next tile. N % (16 / sizeof(Out)) == 0, so a pair is in or out whole.
-    __device__ __forceinline__ void operator()(float (&acc)[64], const TmaMap* map_out, const float* bias, int m0,
-                                               int n0, int N, bool store) const {
+    __device__ __forceinline__ void operator()(float (&acc)[64], const TmaMap* map_out, const float* bias,
+                                               const Out* residual, int m0, int n0, int M, int N,
+                                               bool store) const {
         const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
         const int r = 16 * warp + (lane >> 2), t = lane & 3;
         // The previous stores from this buffer have read it; then every thread may write it.
@@ -195,8 +230,11 @@ struct Fp8StagedStore {
             const int col = 8 * j + 2 * t;
             const bool in = bias != nullptr && n0 + col < N;
             const float b0 = in ? bias[n0 + col] : 0.0f, b1 = in ? bias[n0 + col + 1] : 0.0f;
-            put(r, col, acc[4 * j] + b0, acc[4 * j + 1] + b1);
-            put(r + 8, col, acc[4 * j + 2] + b0, acc[4 * j + 3] + b1);
+            const float2 p0 = tail(acc[4 * j] + b0, acc[4 * j + 1] + b1, residual, m0 + r, n0 + col, N, m0 + r < M);
+            const float2 p1 =
+                tail(acc[4 * j + 2] + b0, acc[4 * j + 3] + b1, residual, m0 + r + 8, n0 + col, N, m0 + r + 8 < M);
+            put(r, col, p0.x, p0.y);
+            put(r + 8, col, p1.x, p1.y);
         }
         fence_proxy_async();
         named_barrier(barrier, 128);

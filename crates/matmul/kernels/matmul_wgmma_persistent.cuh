@@ -50,6 +50,7 @@
 // warpgroup, in builds with LADDER_TIMELINE only; "last" is the block's last tile.)
 #pragma once
 #include "matmul_wgmma.cuh"
+#include "matmul_tail.cuh"
 #include "ladder_timeline.cuh"
 
 #ifndef WG_STAGES
@@ -134,23 +135,11 @@ __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, 
     tn = in_group / rows;
 }
 
-// GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-__device__ __forceinline__ float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
-// EPI_LEAN's GELU: the same formula on the SFU's tanh.approx.f32 (max relative error ~2^-11, far
-// inside the bf16 tolerance) instead of tanhf's ~20-instruction sequence.
-__device__ __forceinline__ float gelu_tanh_approx(float x) {
-    float th;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(th) : "f"(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    return 0.5f * x * (1.0f + th);
-}
-
+// EPI_LEAN's GELU is the SFU's tanh form (matmul_tail.cuh).
 #ifdef EPI_LEAN
-#define epi_gelu gelu_tanh_approx
+#define epi_gelu mm_gelu_tanh_approx
 #else
-#define epi_gelu gelu_tanh
+#define epi_gelu mm_gelu_tanh
 #endif
 
 #define EPI_GELU 1
@@ -587,8 +576,8 @@ __device__ __forceinline__ void persistent_gemm(const TmaMap& map_a, const TmaMa
                 float x = d[4 * j + 2 * h] + b0, y = d[4 * j + 2 * h + 1] + b1;
                 if constexpr (TAIL) {
                     if (epilogue == EPI_GELU) {
-                        x = gelu_tanh(x);
-                        y = gelu_tanh(y);
+                        x = mm_gelu_tanh(x);
+                        y = mm_gelu_tanh(y);
                     } else if (epilogue == EPI_RESIDUAL) {
                         const float* r = residual + (size_t)row * N + col;
                         x += r[0];

@@ -5,8 +5,9 @@
 //! stands apart from the format's; the format's (the same product on the unquantized operands
 //! against the exact layer) is the check's note.
 //!
-//! Shape keys: `M`, `N`, `K`, `bias` (0/1), `out` (32: fp32, the default; 16: bf16, which stage 4
-//! and the library row store).
+//! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (0: the bias only; 1: then GELU; 2: then plus a
+//! residual of out's type; tails need the bias and stage 4), `out` (32: fp32, the default; 16:
+//! bf16, which stage 4 and the library row store).
 //!
 //! The library row is cuBLASLt's FP8 matmul with the same fine-grained scales (cuBLAS 12.9+ on
 //! sm_90: `BLK128x128_32F` for W, `VEC128_32F` for A) on the same codes; it reads the scales in its
@@ -19,17 +20,17 @@
 
 use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
-use common::data::{rotation_copies, Rotated};
+use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
     PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::gemm::Dims;
-use crate::linear::{inputs, verify_rows};
-use crate::linear_bf16::OutElement;
+use crate::linear::{inputs, verify_rows, verify_rows_scaled};
+use crate::linear_bf16::{shape_with_tail, tail_of, OutElement, Tail};
 use crate::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
-use crate::reference::{linear_rows, sampled_rows};
+use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
 use crate::{fp8, FAMILY, SOURCES};
 
 const OP: &str = "linear-fp8";
@@ -46,6 +47,9 @@ const TMA_STORE_N: &str = "N % 4 == 0";
 const TMA_STORE_N_BF16: &str = "N % 8 == 0 at out = 16";
 /// Stages 0-3 store fp32 from registers.
 const OUT_F32: &str = "out = 32";
+/// Stages 0-3 and the library row add the bias only.
+const EPI_NONE: &str = "epi = 0";
+const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
 /// cuBLASLt's bf16 D rows 16-byte aligned.
 const LT_N_BF16: &str = "N % 8 == 0 (cuBLASLt's block-scaled FP8, bf16 out)";
 
@@ -156,13 +160,14 @@ fn stages() -> Vec<Variant> {
     ]
 }
 
-/// The sizes of one call, whether it adds a bias, and its output's type.
+/// The sizes of one call, whether it adds a bias, its tail, and its output's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearFp8Dims {
     pub m: usize,
     pub n: usize,
     pub k: usize,
     pub bias: bool,
+    pub tail: Tail,
     pub out: Output,
 }
 
@@ -176,7 +181,8 @@ impl LinearFp8Dims {
             16 => Output::Bf16,
             o => return Err(common::Error::constraint("out in {32, 16}", format!("out = {o}"))),
         };
-        Ok(LinearFp8Dims { m: s.dim("M", big)?, n: s.dim("N", big)?, k: s.dim("K", big)?, bias: bias == 1, out })
+        let (m, n, k, tail) = (s.dim("M", big)?, s.dim("N", big)?, s.dim("K", big)?, tail_of(s)?);
+        Ok(LinearFp8Dims { m, n, k, bias: bias == 1, tail, out })
     }
 }
 
@@ -188,7 +194,11 @@ pub fn check_shape(v: &Variant, d: LinearFp8Dims) -> Result<()> {
         require(a.checked_mul(b).is_some_and(|x| x < 1 << 31), what, || format!("{a} x {b}"))?;
     }
     require(d.k.is_multiple_of(16), K_ALIGN, || format!("K = {}", d.k))?;
+    require(d.tail == Tail::None || d.bias, TAIL_BIAS, || format!("{:?} without a bias", d.tail))?;
     let kernel = v.plan::<Plan>()?.kernel();
+    if !kernel.as_ref().is_some_and(|k| k.tma_store) {
+        require(d.tail == Tail::None, EPI_NONE, || format!("{:?}", d.tail))?;
+    }
     let bf16 = d.out == Output::Bf16;
     match &kernel {
         Some(k) if k.tma_store && bf16 => require(d.n.is_multiple_of(8), TMA_STORE_N_BF16, || format!("N = {}", d.n))?,
@@ -278,10 +288,13 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
         Grid::Persistent => ((row_tiles * col_tiles).min(gpu.info().sm_count), 1, 1),
     };
     let shape = LaunchShape::new(grid, (plan.threads, 1, 1)).with_shared(shared);
-    let entry = match d.out {
-        Output::F32 => plan.entry.to_string(),
-        Output::Bf16 => format!("{}_bf16", plan.entry),
+    let tail = match d.tail {
+        Tail::None => "",
+        Tail::Gelu => "_gelu",
+        Tail::Residual => "_residual",
     };
+    let out = if d.out == Output::Bf16 { "_bf16" } else { "" };
+    let entry = format!("{}{tail}{out}", plan.entry);
     let launch = gpu.prepare_launch(&SOURCES, v, &entry, shape)?;
     Ok(Prepared { runner: Runner::Kernel { launch, tma_store: plan.tma_store }, d })
 }
@@ -295,6 +308,8 @@ pub struct LinearFp8Args<'a> {
     pub w_codes: &'a CudaSlice<u8>,
     pub w_scales: &'a CudaSlice<f32>,
     pub bias: Option<Bias<'a>>,
+    /// M·N elements of out's type, exactly with the residual tail (it may be `out`'s own buffer).
+    pub residual: Option<ResidualBuf<'a>>,
 }
 
 /// `out`: M·N elements of the call's output type, borrowed mutably for the call.
@@ -308,6 +323,20 @@ pub struct OutBuf<'a> {
 impl<'a> OutBuf<'a> {
     pub fn new<T: OutElement>(buf: &'a mut CudaSlice<T>) -> OutBuf<'a> {
         OutBuf { ptr: common::device_ptr(&*buf), len: buf.len(), output: T::OUTPUT, _buf: std::marker::PhantomData }
+    }
+}
+
+/// The residual tail's input: M·N elements of the call's output type.
+pub struct ResidualBuf<'a> {
+    ptr: u64,
+    len: usize,
+    output: Output,
+    _buf: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> ResidualBuf<'a> {
+    pub fn new<T: OutElement>(buf: &'a CudaSlice<T>) -> ResidualBuf<'a> {
+        ResidualBuf { ptr: common::device_ptr(buf), len: buf.len(), output: T::OUTPUT, _buf: std::marker::PhantomData }
     }
 }
 
@@ -355,6 +384,19 @@ impl Prepared {
             format!("bias given: {}", a.bias.is_some())
         })?;
         let bias = a.bias.map(|b| b.check(layout, d.n)).transpose()?.unwrap_or(0);
+        require(
+            a.residual.is_some() == (d.tail == Tail::Residual),
+            "a residual exactly with the residual tail",
+            || format!("residual given: {}, tail {:?}", a.residual.is_some(), d.tail),
+        )?;
+        let residual = match &a.residual {
+            Some(r) => {
+                require(r.output == d.out, "the residual of out's type", || format!("{:?}", r.output))?;
+                require_len("residual", r.len, d.m * d.n)?;
+                r.ptr
+            }
+            None => 0,
+        };
         use common::device_ptr as ptr;
         match &self.runner {
             Runner::Kernel { launch, tma_store } => {
@@ -379,6 +421,7 @@ impl Prepared {
                 ];
                 if let Some(map) = &map_out {
                     args.push(Arg::value(map));
+                    args.push(Arg::Ptr(residual));
                 }
                 // SAFETY: the arguments follow every entry's signature; lengths checked above, the
                 // maps cover exactly the codes and out (K % 16 == 0 and, with out's map, N % 4 == 0
@@ -413,7 +456,7 @@ static INFO: OpInfo = OpInfo {
     name: OP,
     description: "linear layer on e4m3 tensor cores: out = dequant(A) . dequant(W)^T + bias, A with 1 x 128 row scales, W with 128 x 128 block scales",
     sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "out"],
+    shape_keys: &["M", "N", "K", "bias", "epi", "out"],
     stages,
 };
 
@@ -437,7 +480,14 @@ impl Op for LinearFp8 {
             shape(8192, 8192, 8192, 0),
         ];
         let bf16 = [0, 1, 2, 3, 5].map(|i| crate::linear_bf16::bf16_out(fp32[i].clone()));
-        fp32.into_iter().chain(bf16).collect()
+        // The tails GPT-2 fuses: the MLP up's GELU into bf16, the projections adding into the fp32
+        // residual stream.
+        let tails = [
+            crate::linear_bf16::bf16_out(shape_with_tail(4096, 3072, 768, 1)),
+            shape_with_tail(4096, 768, 768, 2),
+            shape_with_tail(4096, 768, 3072, 2),
+        ];
+        fp32.into_iter().chain(bf16).chain(tails).collect()
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check_shape(v, LinearFp8Dims::of(s)?)
@@ -460,16 +510,30 @@ impl Op for LinearFp8 {
                     inside: Some(bf16(shape(8, 16, 16, 1))),
                 });
             }
-            Some(Some(_)) => l.push(Limit {
-                constraint: OUT_F32,
-                past: bf16(shape(8, 16, 16, 1)),
-                inside: Some(shape(8, 16, 16, 1)),
-            }),
-            Some(None) => l.push(Limit {
-                constraint: LT_N_BF16,
-                past: bf16(shape(8, 12, 16, 1)),
-                inside: Some(bf16(shape(8, 16, 16, 1))),
-            }),
+            Some(Some(_)) => {
+                l.push(Limit {
+                    constraint: OUT_F32,
+                    past: bf16(shape(8, 16, 16, 1)),
+                    inside: Some(shape(8, 16, 16, 1)),
+                });
+                l.push(Limit {
+                    constraint: EPI_NONE,
+                    past: shape_with_tail(8, 16, 16, 1),
+                    inside: Some(shape(8, 16, 16, 1)),
+                });
+            }
+            Some(None) => {
+                l.push(Limit {
+                    constraint: LT_N_BF16,
+                    past: bf16(shape(8, 12, 16, 1)),
+                    inside: Some(bf16(shape(8, 16, 16, 1))),
+                });
+                l.push(Limit {
+                    constraint: EPI_NONE,
+                    past: shape_with_tail(8, 16, 16, 2),
+                    inside: Some(shape(8, 16, 16, 1)),
+                });
+            }
             None => {}
         }
         match kernel.map(|p| p.map(|k| k.grid)) {
@@ -500,10 +564,33 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<
     let (qa, qw) = (fp8::quantize_rows(&x, d.m, d.k), fp8::quantize_blocks(&w, d.n, d.k));
     let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
     let bias = d.bias.then_some(&b[..]);
-    let reference = linear_rows(&qa.dequantize(), &qw.dequantize(), bias, d.n, d.k, &rows);
-    let exact = linear_rows(&x, &w, bias, d.n, d.k, &rows);
+    let (qx, qw_wide) = (qa.dequantize(), qw.dequantize());
+    let mut reference = linear_rows(&qx, &qw_wide, bias, d.n, d.k, &rows);
+    let mut exact = linear_rows(&x, &w, bias, d.n, d.k, &rows);
+    // The tail on both: GELU, or the residual (of out's type, as the kernel reads it).
+    let residual: Option<Vec<T>> = (d.tail == Tail::Residual)
+        .then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3).into_iter().map(T::from_f32).collect());
+    for values in [&mut reference, &mut exact] {
+        match (d.tail, &residual) {
+            (Tail::Gelu, _) => values.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
+            (Tail::Residual, Some(r)) => {
+                for (o, &row) in values.chunks_mut(d.n).zip(&rows) {
+                    o.iter_mut().zip(&r[row * d.n..(row + 1) * d.n]).for_each(|(x, &y)| *x += y.to_f32() as f64);
+                }
+            }
+            _ => {}
+        }
+    }
     let format_error = compare("format", &reference, &exact).rel_l2;
-    let copies = rotation_copies(gpu, (d.m * d.k + d.n * d.k) as u64 + d.out.bytes() * (d.m * d.n) as u64);
+    // A tailed output may cancel (a product plus a residual): its error is measured against the
+    // magnitude of its terms.
+    let magnitude = (d.tail != Tail::None).then(|| {
+        let r: Option<Vec<f32>> = residual.as_ref().map(|r| r.iter().map(|&y| y.to_f32()).collect());
+        magnitude_rows(&qx, &qw_wide, bias, r.as_deref(), d.n, d.k, &rows)
+    });
+    let residual_bytes = if residual.is_some() { d.out.bytes() * (d.m * d.n) as u64 } else { 0 };
+    let copies =
+        rotation_copies(gpu, (d.m * d.k + d.n * d.k) as u64 + d.out.bytes() * (d.m * d.n) as u64 + residual_bytes);
     Ok(Box::new(LinearFp8Problem::<T> {
         d,
         a_codes: Rotated::upload(gpu, &qa.codes, copies)?,
@@ -514,9 +601,11 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<
         host_scales: (qa.scales, qw.scales),
         host_bias: b,
         lt_operands: None,
+        residual: residual.map(|r| gpu.upload(&r)).transpose()?,
         out: Rotated::outputs(gpu, d.m * d.n, copies)?,
         rows,
         reference,
+        magnitude,
         format_error,
         copies,
         prepared: Current::default(),
@@ -535,10 +624,14 @@ struct LinearFp8Problem<T: OutElement> {
     host_bias: Vec<f32>,
     /// The scales and bias in [`OperandLayout::CublasLt`], made when a library row is prepared.
     lt_operands: Option<LtOperandCopies>,
+    residual: Option<CudaSlice<T>>,
     out: Rotated<T>,
     rows: Vec<usize>,
-    /// The f64 product of the dequantized operands on `rows`: what the kernel must match.
+    /// The f64 product of the dequantized operands on `rows`, with the tail: what the kernel must
+    /// match.
     reference: Vec<f64>,
+    /// With a tail, the scale of each reference element's error ([`magnitude_rows`]).
+    magnitude: Option<Vec<f64>>,
     /// That product's relative L2 distance from the layer on unquantized operands.
     format_error: f64,
     copies: usize,
@@ -554,10 +647,12 @@ struct LtOperandCopies {
 
 impl<T: OutElement> Problem for LinearFp8Problem<T> {
     fn workload(&self) -> Workload {
-        let LinearFp8Dims { m, n, k, bias, out } = self.d;
+        let LinearFp8Dims { m, n, k, bias, tail, out } = self.d;
         let g = fp8::groups(k);
         let scales = 4 * (m * g + fp8::groups(n) * g);
-        let bytes = m * k + n * k + scales + out.bytes() as usize * m * n + if bias { 4 * n } else { 0 };
+        // out written, and read again as the residual with that tail.
+        let out_passes = if tail == Tail::Residual { 2 } else { 1 };
+        let bytes = m * k + n * k + scales + out_passes * out.bytes() as usize * m * n + if bias { 4 * n } else { 0 };
         Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Compute(Precision::Bf16) }
     }
     fn copies(&self) -> usize {
@@ -597,6 +692,7 @@ impl<T: OutElement> Problem for LinearFp8Problem<T> {
             w_codes: self.w_codes.get(copy),
             w_scales: w_scales.get(copy),
             bias,
+            residual: self.residual.as_ref().map(ResidualBuf::new),
         };
         p.enqueue(stream, args)
     }
@@ -608,7 +704,11 @@ impl<T: OutElement> Problem for LinearFp8Problem<T> {
         let checked = unsafe { out.transmute::<T::Checked>(out.len()) }.ok_or_else(|| {
             common::Error::constraint("out's checked element type has its size", std::any::type_name::<T::Checked>())
         })?;
-        Ok(verify_rows(gpu, v, &checked, &self.reference, &self.rows, d)?
+        let verification = match &self.magnitude {
+            Some(m) => verify_rows_scaled(gpu, v, &checked, &self.reference, m, &self.rows, d)?,
+            None => verify_rows(gpu, v, &checked, &self.reference, &self.rows, d)?,
+        };
+        Ok(verification
             .with_note(format!("format: e4m3 A and W against the unquantized layer, rel L2 {:.2e}", self.format_error)))
     }
 }
@@ -621,7 +721,7 @@ mod tests {
     /// past ceil(K / 128) zero.
     #[test]
     fn cublaslt_layout_moves_each_scale_and_pads_k_groups_with_zeros() {
-        let d = LinearFp8Dims { m: 3, n: 200, k: 5 * 128 - 16, bias: false, out: Output::F32 };
+        let d = LinearFp8Dims { m: 3, n: 200, k: 5 * 128 - 16, bias: false, tail: Tail::None, out: Output::F32 };
         let (g, nb) = (fp8::groups(d.k), fp8::groups(d.n));
         assert_eq!((g, nb), (5, 2));
         let a: Vec<f32> = (0..d.m * g).map(|i| i as f32 + 1.0).collect();

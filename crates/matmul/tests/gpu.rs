@@ -373,6 +373,7 @@ fn main() -> std::process::ExitCode {
             // Against the f64 product of the dequantized operands: GPT-2's linears and the square
             // shapes at M = 512 (8192^3 at 8192), then M, N, K not multiples of the 128-wide tile or
             // scale group (K % 16 == 0), M = 1 and N = 1.
+            use matmul::linear_bf16::{bf16_out, shape_with_tail};
             use matmul::linear_fp8::{shape, LinearFp8};
             let stages = LinearFp8.variants();
             for mut s in LinearFp8.default_shapes() {
@@ -386,8 +387,18 @@ fn main() -> std::process::ExitCode {
             {
                 assert_stages_pass(gpu, &LinearFp8, &shape(m, n, k, b), &stages);
             }
-            proptest(12, (1i64..400, 1i64..400, 1i64..40, 0i64..2), |(m, n, k16, b)| {
-                assert_stages_pass(gpu, &LinearFp8, &shape(m, n, 16 * k16, b), &stages)
+            // The tails at ragged M and partial tiles and scale groups: GELU into bf16, the residual
+            // in fp32 and bf16.
+            for (m, n, k, e, bf16) in [(129, 136, 144, 1, true), (300, 260, 1008, 2, false), (1, 8, 16, 2, true)] {
+                let s = shape_with_tail(m, n, k, e);
+                assert_stages_pass(gpu, &LinearFp8, &if bf16 { bf16_out(s) } else { s }, &stages);
+            }
+            // Ragged shapes with every tail and both outputs (stage 4 takes the tails and bf16, at
+            // N % 4 == 0 or N % 8 == 0; the other stages refuse them, and prepare must agree).
+            proptest(16, (1i64..400, 1i64..400, 1i64..40, 0i64..2, 0i64..3, 0i64..2), |(m, n, k16, b, e, o)| {
+                let s = if e > 0 { shape_with_tail(m, n, 16 * k16, e) } else { shape(m, n, 16 * k16, b) };
+                let s = if o == 1 { bf16_out(s) } else { s };
+                assert_stages_pass(gpu, &LinearFp8, &s, &stages)
             })
         })
         .gpu("linear_bf16_modules_compile_and_load", linear_bf16_modules_compile_and_load)

@@ -21,7 +21,7 @@
 //   K >= 1; M * K, N * K, M * N < 2^31; M <= 65535 * 128; scales as matmul::fp8 lays them out.
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands (exact e4m3 products,
 //   fp32 promotion every 128 of K).
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
 #ifndef WG_STAGES

@@ -19,7 +19,7 @@
 //   two CUtensorMaps by value.
 // Constraints: stage 0's.
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
 // Recipe: Fp8Ring, fp8_produce, and its own consumer loop (each K step waited for).

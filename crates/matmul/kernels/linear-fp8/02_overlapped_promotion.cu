@@ -18,7 +18,7 @@
 //   shared memory WG_STAGES * 32 KiB + 1 KiB + 2 barriers a stage).
 // Constraints: stage 0's.
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
 // Recipe: Fp8Ring, fp8_produce, fp8_consume_overlapped, store_m64n128_bias.

@@ -17,7 +17,7 @@
 // Constraints: sm_90a; K % 16 == 0; M, N, K >= 1; M * K, N * K, M * N < 2^31 (so the tile count
 //   fits an int); no limit on M from the grid.
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; out = 32
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
 // Recipe: Fp8Ring, Fp8TileStride, fp8_produce and fp8_consume_overlapped at running ring positions,

@@ -14,11 +14,16 @@
 //   0.93x at QKV, 0.90x at MLP up. ncu at MLP up: tensor pipe 33% of active cycles (stage 3: 25%),
 //   long-scoreboard stalls 2.1 (4.7). Kept for the multi-wave K = 768 shapes; at large K the staging
 //   (64 STS, two named barriers) delays the next step's issue by more than the store it replaces.
-// Launch: linear_fp8_staged_epilogue (fp32 out) and linear_fp8_staged_epilogue_bf16 (bf16 out, the
-//   only stage that has one): stage 3's grid and block; dynamic shared memory WG_STAGES * 32 KiB +
+//   With the tails (a later call): MLP up with GELU into bf16 35.7 us (30.1 without), attn proj and
+//   MLP down adding an fp32 residual 22.9 and 39.1 us.
+// Tails: the bias, then GELU (_gelu, the SFU's tanh form) or plus a residual of out's type
+//   (_residual; it may be out itself, since a tile reads its residual before it is stored), as
+//   linear-bf16's. This is the only stage with a tail or a bf16 output.
+// Launch: linear_fp8_staged_epilogue[_gelu|_residual][_bf16] (fp32 or bf16 out): stage 3's grid and
+//   block; dynamic shared memory WG_STAGES * 32 KiB +
 //   2 barriers a stage, rounded up to 1 KiB, + two consumers' staging (2 x 32 KiB fp32, 2 x 16 KiB
 //   bf16) + 1 KiB (alignment); a third CUtensorMap (out, boxes of 128 bytes x 64 rows) after stage
-//   3's arguments.
+//   3's arguments, then the residual.
 // Constraints: stage 3's, and 16-byte rows of out for the TMA: N % 4 == 0 (fp32), N % 8 == 0 (bf16).
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
@@ -31,12 +36,12 @@
 #error "WG_STAGES is a tunable: the stage list sets it"
 #endif
 
-// out is Out (fp32, or bf16 in linear_fp8_staged_epilogue_bf16); map_out its tensor map in boxes of
-// 128 bytes x 64 rows.
-template <class Out>
+// out is Out (fp32, or bf16); map_out its tensor map in boxes of 128 bytes x 64 rows; residual (Out,
+// M x N) is read by the residual tail only.
+template <class Out, int TAIL>
 __device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMap& map_b, const float* a_scales,
                                                 const float* b_scales, const float* bias, int M, int N, int K,
-                                                const TmaMap& map_out) {
+                                                const TmaMap& map_out, const Out* residual) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const Fp8Ring<WG_STAGES> ring{(smem_u32(smem_raw) + 1023) & ~1023u};
     const unsigned staging = (ring.base + Fp8Ring<WG_STAGES>::BYTES + 1023) & ~1023u;
@@ -60,7 +65,8 @@ __device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMa
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = (tid >> 5) & 3;
     const auto release = [&](int s) { mbar_arrive_if(ring.empty(s), (tid & 127) == 0); };
-    const Fp8StagedStore<Out> store{staging + c * Fp8StagedStore<Out>::BYTES, 1 + c, (tid & 127) == 0};
+    using Store = Fp8StagedStore<Out, TAIL>;
+    const Store store{staging + c * Store::BYTES, 1 + c, (tid & 127) == 0};
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
@@ -71,25 +77,27 @@ __device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMa
     for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles) {
         const int m0 = tiles.m0(t) + 64 * c, n0 = tiles.n0(t);
         const StepScales scales(a_scales, b_scales, m0 + 16 * warp + (lane >> 2), n0, M, ktiles);
-        const auto store_prev = [&] { store(acc, &map_out, bias, prev_m0, prev_n0, N, have_prev); };
+        const auto store_prev = [&] { store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev); };
         fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, release, first, store_prev);
         prev_m0 = m0, prev_n0 = n0, have_prev = true;
     }
-    store(acc, &map_out, bias, prev_m0, prev_n0, N, have_prev);
+    store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev);
     tma_store_wait();
 }
 
-// `out` is unused (the stores go through map_out): the argument list is every stage's, then the map.
-extern "C" __global__ void __launch_bounds__(384, 1)
-    linear_fp8_staged_epilogue(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b,
-                               float* out, const float* a_scales, const float* b_scales, const float* bias, int M,
-                               int N, int K, const __grid_constant__ TmaMap map_out) {
-    staged_epilogue<float>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out);
-}
+// `out` is unused (the stores go through map_out): the argument list is every stage's, then out's
+// map and the residual (Out, M x N; null but for the residual tail).
+#define STAGED_ENTRY(name, Out, TAIL)                                                                              \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                                           \
+        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, void* out,                \
+             const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K,                 \
+             const __grid_constant__ TmaMap map_out, const Out* residual) {                                        \
+        staged_epilogue<Out, TAIL>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out, residual);            \
+    }
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-    linear_fp8_staged_epilogue_bf16(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b,
-                                    void* out, const float* a_scales, const float* b_scales, const float* bias, int M,
-                                    int N, int K, const __grid_constant__ TmaMap map_out) {
-    staged_epilogue<__nv_bfloat16>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out);
-}
+STAGED_ENTRY(linear_fp8_staged_epilogue, float, MM_TAIL_NONE)
+STAGED_ENTRY(linear_fp8_staged_epilogue_gelu, float, MM_TAIL_GELU)
+STAGED_ENTRY(linear_fp8_staged_epilogue_residual, float, MM_TAIL_RESIDUAL)
+STAGED_ENTRY(linear_fp8_staged_epilogue_bf16, __nv_bfloat16, MM_TAIL_NONE)
+STAGED_ENTRY(linear_fp8_staged_epilogue_gelu_bf16, __nv_bfloat16, MM_TAIL_GELU)
+STAGED_ENTRY(linear_fp8_staged_epilogue_residual_bf16, __nv_bfloat16, MM_TAIL_RESIDUAL)
