@@ -1001,13 +1001,14 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     ceilings.h2d_bytes >> 20
                 );
                 println!(
-                    "  cuBLAS fp32 GEMM   {:>8.1} TFLOP/s ({n}x{n}x{n})",
+                    "  cuBLASLt fp32 GEMM {:>8.1} TFLOP/s ({n}x{n}x{n})",
                     ceilings.fp32_tflops,
                     n = ceilings.gemm_size
                 );
-                println!("  cuBLAS tf32 GEMM   {:>8.1} TFLOP/s", ceilings.tf32_tflops);
-                println!("  cuBLAS bf16 GEMM   {:>8.1} TFLOP/s", ceilings.bf16_tflops);
-                println!("  cuBLAS fp16 GEMM   {:>8.1} TFLOP/s", ceilings.fp16_tflops);
+                println!("  cuBLASLt tf32 GEMM {:>8.1} TFLOP/s", ceilings.tf32_tflops);
+                println!("  cuBLASLt bf16 GEMM {:>8.1} TFLOP/s", ceilings.bf16_tflops);
+                println!("  cuBLASLt fp16 GEMM {:>8.1} TFLOP/s (fp32 out)", ceilings.fp16_tflops);
+                println!("  cuBLASLt e4m3 GEMM {:>8.1} TFLOP/s (per-tensor scales, bf16 out)", ceilings.fp8_tflops);
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -22,6 +22,7 @@ mod error;
 pub mod family;
 mod gpu;
 pub mod launch;
+pub mod lt;
 pub mod module;
 pub mod nvrtc;
 pub mod overhead;

@@ -122,7 +122,7 @@ fn ceiling_line(table: &Table) -> String {
         Bound::HostLink => {
             format!("host-link-bound; ceiling {:.1} GB/s (host-to-device copy from pinned memory)", c.h2d_pinned_gbps)
         }
-        Bound::Compute(p) => format!("compute-bound; ceiling {:.1} TFLOP/s (cuBLAS {} GEMM)", c.tflops(p), p.label()),
+        Bound::Compute(p) => format!("compute-bound; ceiling {:.1} TFLOP/s (cuBLASLt {} GEMM)", c.tflops(p), p.label()),
     }
 }
 

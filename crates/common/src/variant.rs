@@ -22,6 +22,8 @@ pub enum Precision {
     Bf16,
     /// INT4 storage dequantised to bf16 for the matrix products, fp32 accumulation.
     Int4Bf16,
+    /// e4m3 operands with fp32 scales on the FP8 tensor cores, fp32 accumulation (promoted).
+    Fp8,
 }
 
 impl Precision {
@@ -30,7 +32,7 @@ impl Precision {
         match self {
             Precision::Fp32 => 1e-5,
             Precision::Tf32 => 1e-3,
-            Precision::Fp16 | Precision::Bf16 | Precision::Int4Bf16 => 1e-2,
+            Precision::Fp16 | Precision::Bf16 | Precision::Int4Bf16 | Precision::Fp8 => 1e-2,
         }
     }
 
@@ -41,6 +43,7 @@ impl Precision {
             Precision::Fp16 => "fp16",
             Precision::Bf16 => "bf16",
             Precision::Int4Bf16 => "int4/bf16",
+            Precision::Fp8 => "fp8",
         }
     }
 }

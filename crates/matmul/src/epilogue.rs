@@ -14,9 +14,9 @@ use common::{
 
 use crate::gemm::{check_dims, check_gemm, elementwise, gemm_limits, CublasLt, Dims, Gemm, Ptrs, Wmma, M3_TUNABLES};
 use crate::linear::{inputs, verify_rows_scaled, M3_DEFINES};
-use crate::lt::{LtEpilogue, LtOperands};
 use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
+use common::lt::{LtEpilogue, LtOperands};
 
 const OP: &str = "linear-epilogue";
 

@@ -7,8 +7,8 @@ use common::blas::{self, Blas, GemmPrecision};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::{require, Arg, Gpu, Launch, LaunchShape, Limit, Precision, Result, Shape, Variant};
 
-use crate::lt::{Lt, LtEpilogue, LtOperands, Output};
 use crate::{FAMILY, SOURCES};
+use common::lt::{Lt, LtEpilogue, LtOperands, Output};
 
 /// The WMMA tile edge; the WMMA stages pad M, N and K to multiples of it.
 pub const WMMA_TILE: usize = 16;
@@ -36,6 +36,11 @@ fn round16(x: usize) -> usize {
 }
 
 impl Dims {
+    /// The same sizes as cuBLASLt's wrapper takes them.
+    pub fn lt(self) -> common::lt::LtDims {
+        common::lt::LtDims { m: self.m, n: self.n, k: self.k }
+    }
+
     /// Each size rounded up to the WMMA tile.
     pub fn padded(self) -> Dims {
         Dims { m: round16(self.m), n: round16(self.n), k: round16(self.k) }
@@ -389,16 +394,16 @@ pub(crate) struct CublasLt {
 impl CublasLt {
     pub(crate) fn prepare(gpu: &Gpu, ops: LtOperands, epi: LtEpilogue, d: Dims) -> Result<CublasLt> {
         let half = match ops {
-            LtOperands::Tf32 => None,
+            LtOperands::Fp32 | LtOperands::Tf32 => None,
             LtOperands::Fp16 => Some(HalfOperands::prepare(gpu, d, ELEMENTWISE_THREADS)?),
-            LtOperands::Bf16 | LtOperands::E4m3Blocks => {
+            LtOperands::Bf16 | LtOperands::E4m3 | LtOperands::E4m3Blocks => {
                 return Err(common::Error::constraint(
                     "fp32 operands for the fp32 linear ops' cuBLASLt rows",
                     format!("{ops:?}"),
                 ))
             }
         };
-        Ok(CublasLt { lt: Lt::prepare(gpu, ops, Output::F32, epi, d)?, half })
+        Ok(CublasLt { lt: Lt::prepare(gpu, ops, Output::F32, epi, d.lt())?, half })
     }
 
     /// # Safety

@@ -48,7 +48,7 @@ enum Plan {
 
 fn stages() -> Vec<Variant> {
     let k = |stage, name, file, plan: Plan, summary| {
-        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp8, summary)
             .with_plan(plan)
             .with_requirements(Requirements::SM90)
     };

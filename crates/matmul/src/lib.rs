@@ -17,7 +17,6 @@ pub mod gemv_fp8;
 pub mod linear;
 pub mod linear_bf16;
 pub mod linear_fp8;
-mod lt;
 pub mod quantize_fp8;
 pub mod reference;
 

@@ -25,10 +25,10 @@ use half::bf16;
 
 use crate::gemm::{check_dims, Dims, ELEMS_MK, ELEMS_MN, ELEMS_NK};
 use crate::linear::{inputs, verify_rows, verify_rows_scaled};
-pub use crate::lt::Output;
-use crate::lt::{Lt, LtEpilogue, LtOperands};
 use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
+pub use common::lt::Output;
+use common::lt::{Lt, LtEpilogue, LtOperands};
 
 const OP: &str = "linear-bf16";
 /// The block tile of the mma.sync stages (rows of out along M and N, and the K step), and the rows
@@ -546,7 +546,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearBf16Dims) -> Result<Prepared> {
                 (true, Tail::Gelu) => LtEpilogue::GeluBias,
                 (true, _) => LtEpilogue::Bias,
             };
-            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, d.out, epi, d.gemm())?)
+            Stage::Lt(Lt::prepare(gpu, LtOperands::Bf16, d.out, epi, d.gemm().lt())?)
         }
         Plan::Wgmma | Plan::WarpSpecialized => {
             // Stage 7: two warpgroups on a 128 x 128 tile, one mbarrier a stage; stage 8: a producer

@@ -14,9 +14,9 @@
 //! own layouts and a bf16 bias ([`OperandLayout::CublasLt`]), which the problem prepares once, as a
 //! quantizer writing for it would.
 //!
-//! The stages carry the bf16 precision preset: its tolerance (1e-2, which the exact e4m3 products
-//! and fp32 promotion meet by two orders) and, until an FP8 GEMM ceiling is measured, its ceiling: a
-//! table's `% ceil` reads an FP8 row against the bf16 GEMM rate.
+//! The stages carry the fp8 precision preset: its tolerance (1e-2, which the exact e4m3 products and
+//! fp32 promotion meet by two orders) and its ceiling, cuBLASLt's per-tensor e4m3 GEMM rate
+//! ([`common::ceilings::Ceilings::fp8_tflops`]).
 
 use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
@@ -29,9 +29,9 @@ use common::{
 use crate::gemm::Dims;
 use crate::linear::{inputs, verify_rows, verify_rows_scaled};
 use crate::linear_bf16::{shape_with_tail, tail_of, OutElement, Tail};
-use crate::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
 use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
 use crate::{fp8, FAMILY, SOURCES};
+use common::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
 
 const OP: &str = "linear-fp8";
 const TILE: usize = 128;
@@ -105,7 +105,7 @@ impl Plan {
 
 fn stages() -> Vec<Variant> {
     let k = |stage, name, file, plan: Plan, summary| {
-        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Fp8, summary)
             .with_plan(plan)
             .with_tunables(&[("WG_STAGES", 4)])
             .with_requirements(Requirements::SM90A)
@@ -152,7 +152,7 @@ fn stages() -> Vec<Variant> {
             90,
             "cublaslt-fp8",
             "cublasLtMatmul e4m3 with BLK128x128_32F W scales and VEC128_32F A scales (BIAS epilogue, bf16 bias)",
-            Precision::Bf16,
+            Precision::Fp8,
             "cuBLASLt's block-scaled FP8 matmul on the same codes and scales (in its layouts) and a bf16 copy of the bias",
         )
         .with_plan(Plan::Lt)
@@ -272,7 +272,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
     check_shape(v, d)?;
     let Some(plan) = v.plan::<Plan>()?.kernel() else {
         let epi = if d.bias { LtEpilogue::Bias } else { LtEpilogue::None };
-        let dims = Dims { m: d.m, n: d.n, k: d.k };
+        let dims = common::lt::LtDims { m: d.m, n: d.n, k: d.k };
         return Ok(Prepared { runner: Runner::Lt(Lt::prepare(gpu, LtOperands::E4m3Blocks, d.out, epi, dims)?), d });
     };
     let stages = v.tunable("WG_STAGES")?;
@@ -653,7 +653,7 @@ impl<T: OutElement> Problem for LinearFp8Problem<T> {
         // out written, and read again as the residual with that tail.
         let out_passes = if tail == Tail::Residual { 2 } else { 1 };
         let bytes = m * k + n * k + scales + out_passes * out.bytes() as usize * m * n + if bias { 4 * n } else { 0 };
-        Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Compute(Precision::Bf16) }
+        Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Compute(Precision::Fp8) }
     }
     fn copies(&self) -> usize {
         self.copies

@@ -1,6 +1,7 @@
-//! cuBLASLt through cudarc's `cublaslt::result` layer: `out = epilogue(inp · Wᵀ + bias) (+ residual)`
-//! with TF32, fp16 or bf16 operands and an fp32 output, bias and residual, or (bf16 operands) a bf16
-//! output, bias and residual: cuBLASLt takes a 16-bit output's bias in the output's type only
+//! cuBLASLt through cudarc's `cublaslt::result` layer, for the families' library rows and the FP8
+//! GEMM ceiling: `out = epilogue(inp · Wᵀ + bias) (+ residual)` with TF32, fp16 or bf16 operands and
+//! an fp32 output, bias and residual, or (bf16 operands) a bf16 output, bias and residual, or e4m3
+//! operands (per-tensor or DeepSeek's block scales) with an fp32 or bf16 output: cuBLASLt takes a 16-bit output's bias in the output's type only
 //! (an fp32 bias beside a bf16 D is `CUBLAS_STATUS_INVALID_VALUE` at the heuristic, H100, CUDA 13). cudarc's safe `Matmul` trait
 //! uses one buffer for C and D and one element type for everything, which rules out a residual as C
 //! and fp16 operands with an fp32 output; descriptors are therefore built here, once per
@@ -8,24 +9,37 @@
 
 use std::ffi::c_void;
 
-use common::cudarc::cublaslt::{result as ltr, sys};
-use common::cudarc::driver::{CudaSlice, CudaStream};
-use common::{DriverContext, Error, Gpu, Result};
+use cudarc::cublaslt::{result as ltr, sys};
+use cudarc::driver::{CudaSlice, CudaStream};
 
-use crate::gemm::Dims;
+use crate::error::{DriverContext, Error, Result};
+use crate::gpu::Gpu;
+
+/// The sizes of one cuBLASLt call: `out[m, n] = a[m, k] · b[n, k]ᵀ`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LtDims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
 
 /// The operand precision of a cuBLASLt row (accumulation is fp32 in all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum LtOperands {
+pub enum LtOperands {
+    /// fp32 operands and fp32 FMA (`CUBLAS_COMPUTE_32F`): the fp32 GEMM ceiling.
+    Fp32,
     /// fp32 operands rounded to TF32 on the tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`).
     Tf32,
     /// fp16 operands (converted by the caller), `CUBLAS_COMPUTE_32F`.
     Fp16,
     /// bf16 operands as given (prepared once by the caller), `CUBLAS_COMPUTE_32F`.
     Bf16,
+    /// e4m3 codes with unit per-tensor scales (cuBLASLt's fastest FP8 path, `torch._scaled_mm`'s
+    /// per-tensor case), `CUBLAS_COMPUTE_32F`: the FP8 GEMM ceiling.
+    E4m3,
     /// e4m3 codes with DeepSeek's fine-grained scales (cuBLAS 12.9+, sm_90): W (cuBLAS's A) one
     /// fp32 scale per 128 x 128 block (`BLK128x128_32F`), the input (cuBLAS's B) one per row per 128
-    /// of K (`VEC128_32F`), both in the layouts [`crate::linear_fp8::OperandLayout::CublasLt`]
+    /// of K (`VEC128_32F`), both in the layouts `matmul::linear_fp8::OperandLayout::CublasLt`
     /// describes; `CUBLAS_COMPUTE_32F` without fast accumulation (cuBLASLt refuses it here). A
     /// 32-bit D takes a bf16 bias.
     E4m3Blocks,
@@ -41,7 +55,7 @@ pub enum Output {
 }
 
 impl Output {
-    pub(crate) fn bytes(self) -> u64 {
+    pub fn bytes(self) -> u64 {
         match self {
             Output::F32 => 4,
             Output::Bf16 => 2,
@@ -50,7 +64,7 @@ impl Output {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum LtEpilogue {
+pub enum LtEpilogue {
     /// The bare GEMM.
     None,
     Bias,
@@ -60,7 +74,7 @@ pub(crate) enum LtEpilogue {
 /// The device addresses of [`LtOperands::E4m3Blocks`]' scales: `inputs` for `a` (the activations,
 /// cuBLAS's B), `weights` for `b` (cuBLAS's A).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct LtScales {
+pub struct LtScales {
     pub inputs: u64,
     pub weights: u64,
 }
@@ -103,11 +117,11 @@ unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmul
 
 /// A cuBLASLt handle, its workspace and one matmul plan (descriptors and the heuristic's first
 /// algorithm), prepared for one (operands, epilogue, shape).
-pub(crate) struct Lt {
+pub struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     plan: Option<Plan>,
-    d: Dims,
+    d: LtDims,
     ops: LtOperands,
     out: Output,
     epi: LtEpilogue,
@@ -124,7 +138,7 @@ impl Drop for Lt {
 }
 
 impl Lt {
-    pub(crate) fn prepare(gpu: &Gpu, ops: LtOperands, out: Output, epi: LtEpilogue, d: Dims) -> Result<Lt> {
+    pub fn prepare(gpu: &Gpu, ops: LtOperands, out: Output, epi: LtEpilogue, d: LtDims) -> Result<Lt> {
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::Blas {
@@ -147,18 +161,19 @@ impl Lt {
             Output::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
         };
         let (dtype, compute) = match ops {
+            LtOperands::Fp32 => (sys::cudaDataType_t::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
             LtOperands::Tf32 => {
                 (sys::cudaDataType_t::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
             }
             LtOperands::Fp16 => (sys::cudaDataType_t::CUDA_R_16F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
             LtOperands::Bf16 => (sys::cudaDataType_t::CUDA_R_16BF, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-            LtOperands::E4m3Blocks => {
+            LtOperands::E4m3 | LtOperands::E4m3Blocks => {
                 (sys::cudaDataType_t::CUDA_R_8F_E4M3, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
             }
         };
         // cuBLASLt's FP8 matmul takes a bf16 bias beside an fp32 D; the others take D's type.
         let bias_type = match (ops, self.out) {
-            (LtOperands::E4m3Blocks, Output::F32) => sys::cudaDataType_t::CUDA_R_16BF,
+            (LtOperands::E4m3 | LtOperands::E4m3Blocks, Output::F32) => sys::cudaDataType_t::CUDA_R_16BF,
             _ => out_type,
         };
         let f32t = sys::cudaDataType_t::CUDA_R_32F;
@@ -189,7 +204,7 @@ impl Lt {
                 set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F)?;
                 // The scale pointers are set at each enqueue (each call's own); until then they
                 // address the workspace (device memory, 16-byte aligned) rather than nothing.
-                let placeholder = common::device_ptr(&self.workspace);
+                let placeholder = crate::device_ptr(&self.workspace);
                 set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder)?;
                 set_desc(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder)?;
             }
@@ -226,7 +241,7 @@ impl Lt {
     /// epilogue is `None`); `scales` given exactly for [`LtOperands::E4m3Blocks`], each in its
     /// layout and 16-byte aligned.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn enqueue(
+    pub unsafe fn enqueue(
         &self,
         stream: &CudaStream,
         a: u64,
@@ -263,7 +278,7 @@ impl Lt {
             out as *mut c_void,
             plan.c,
             algo as *const _,
-            common::device_ptr(&self.workspace) as *mut c_void,
+            crate::device_ptr(&self.workspace) as *mut c_void,
             WORKSPACE_BYTES,
             stream.cu_stream() as *mut _,
         )
