@@ -1,11 +1,12 @@
-//! cuBLASLt through cudarc's `cublaslt::result` layer, for the families' library rows and the FP8
-//! GEMM ceiling: `out = epilogue(inp · Wᵀ + bias) (+ residual)` with TF32, fp16 or bf16 operands and
-//! an fp32 output, bias and residual, or (bf16 operands) a bf16 output, bias and residual, or e4m3
-//! operands (per-tensor or DeepSeek's block scales) with an fp32 or bf16 output: cuBLASLt takes a 16-bit output's bias in the output's type only
-//! (an fp32 bias beside a bf16 D is `CUBLAS_STATUS_INVALID_VALUE` at the heuristic, H100, CUDA 13). cudarc's safe `Matmul` trait
-//! uses one buffer for C and D and one element type for everything, which rules out a residual as C
-//! and fp16 operands with an fp32 output; descriptors are therefore built here, once per
-//! (operands, epilogue, shape) at prepare, with the heuristic's first algorithm.
+//! cuBLASLt through cudarc's `cublaslt::result` layer, for the families' library rows and the GEMM
+//! ceilings: `out = epilogue(inp · Wᵀ + bias) (+ residual)` with fp32, TF32, fp16 or bf16 operands
+//! and an fp32 output, bias and residual; bf16 operands with a bf16 output, bias and residual; or
+//! e4m3 operands (per-tensor or DeepSeek's block scales) with an fp32 or bf16 output. cuBLASLt takes
+//! a 16-bit output's bias in the output's type only (an fp32 bias beside a bf16 D is
+//! `CUBLAS_STATUS_INVALID_VALUE` at the heuristic, H100, CUDA 13). cudarc's safe `Matmul` trait uses
+//! one buffer for C and D and one element type for everything, which rules out a residual as C and
+//! fp16 operands with an fp32 output; descriptors are therefore built here, once per (operands,
+//! epilogue, shape) at prepare, with the heuristic's first algorithm.
 
 use std::ffi::c_void;
 
