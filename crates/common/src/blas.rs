@@ -52,7 +52,7 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 /// into a graph. Not for concurrent use from several threads: a prepared stage owns its own.
 pub struct Blas {
     handle: CudaBlas,
-    _workspace: CudaSlice<u8>,
+    workspace: CudaSlice<u8>,
 }
 
 impl Blas {
@@ -66,18 +66,29 @@ impl Blas {
         }
         let handle = CudaBlas::new(gpu.stream().clone())
             .map_err(|e| Error::Blas { context: "creating the handle".into(), message: format!("{e:?}") })?;
-        let workspace = gpu.zeros::<u8>(WORKSPACE_BYTES)?;
+        let blas = Blas { handle, workspace: gpu.zeros::<u8>(WORKSPACE_BYTES)? };
+        blas.set_stream(gpu.stream())?;
+        Ok(blas)
+    }
+
+    /// Puts the handle on `stream` with its own workspace again: `cublasSetStream` resets the
+    /// workspace to cuBLAS's default pool, which the handle would otherwise use from then on.
+    fn set_stream(&self, stream: &CudaStream) -> Result<()> {
+        let handle = *self.handle.handle();
+        // SAFETY: the handle is live; `stream` outlives the calls enqueued on it through the handle
+        // (the callers' contract: a stage's GEMMs run on a stream that outlives them).
+        unsafe { cudarc::cublas::result::set_stream(handle, stream.cu_stream() as _) }
+            .map_err(|e| Error::Blas { context: "set the stream".into(), message: e.to_string() })?;
         // SAFETY: the workspace outlives the handle (both owned here; the handle field drops first).
         unsafe {
             cudarc::cublas::sys::cublasSetWorkspace_v2(
-                *handle.handle(),
-                gpu.ptr(&workspace) as *mut c_void,
+                handle,
+                crate::device_ptr(&self.workspace) as *mut c_void,
                 WORKSPACE_BYTES,
             )
         }
         .result()
-        .map_err(|e| Error::Blas { context: "set the workspace".into(), message: e.to_string() })?;
-        Ok(Blas { handle, _workspace: workspace })
+        .map_err(|e| Error::Blas { context: "set the workspace".into(), message: e.to_string() })
     }
 }
 
@@ -104,9 +115,8 @@ pub unsafe fn linear(
             return Err(Error::constraint(format!("1 <= {name} <= 2^31-1 for cuBLAS"), format!("{name} = {v}")));
         }
     }
+    blas.set_stream(stream)?;
     let handle = *blas.handle.handle();
-    cudarc::cublas::result::set_stream(handle, stream.cu_stream() as _)
-        .map_err(|e| Error::Blas { context: "set the stream".into(), message: e.to_string() })?;
     let (dtype, compute) = precision.types();
     let (alpha, beta) = (1.0f32, 0.0f32);
     // Row-major out[M,N] is column-major outᵀ[N,M] = W[N,K] · inpᵀ: A = W (transposed), B = inp.
