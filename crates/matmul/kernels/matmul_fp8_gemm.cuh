@@ -158,6 +158,16 @@ struct Fp8TileStride {
     __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * F8_BN; }
 };
 
+// The persistent stages' producer (one thread): every K step of this block's tiles, the ring's
+// positions counting on from tile to tile.
+template <int STAGES>
+__device__ __forceinline__ void fp8_produce_tiles(const Fp8Ring<STAGES>& ring, const Fp8TileStride& tiles,
+                                                  const TmaMap* map_a, const TmaMap* map_b, int ktiles) {
+    int first = 0;
+    for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles)
+        fp8_produce(ring, map_a, map_b, tiles.m0(t), tiles.n0(t), ktiles, first);
+}
+
 // Stage 4's epilogue part: a warpgroup's 64 x 128 tile (acc in wgmma's layout) plus the bias, then
 // TAIL (MM_TAIL_GELU: GELU in the SFU's tanh form; MM_TAIL_RESIDUAL: plus the residual, of type Out,
 // read with predicated loads, so it may be out itself), as Out (float, or __nv_bfloat16 rounded to

@@ -409,7 +409,55 @@ pub(crate) fn tail_of(s: &Shape) -> Result<Tail> {
     })
 }
 
+/// The output type a shape's `out` key names: 32 fp32 (the default), 16 bf16.
+pub(crate) fn output_of(s: &Shape) -> Result<Output> {
+    Ok(match s.get("out").unwrap_or(32) {
+        32 => Output::F32,
+        16 => Output::Bf16,
+        o => return Err(Error::constraint("out in {32, 16}", format!("out = {o}"))),
+    })
+}
+
 impl Tail {
+    /// The residual tail's input of a check at `seed`, in out's type `T` (the reference adds
+    /// exactly those values); `None` for the other tails.
+    pub(crate) fn residual<T: OutElement>(self, m: usize, n: usize, seed: u64) -> Option<Vec<T>> {
+        (self == Tail::Residual).then(|| uniform(m * n, -1.0, 1.0, seed ^ 3).into_iter().map(T::from_f32).collect())
+    }
+
+    /// The tail on the reference `values` of `rows` (n columns each): GELU, or plus `residual`.
+    pub(crate) fn apply<T: OutElement>(self, values: &mut [f64], residual: Option<&[T]>, rows: &[usize], n: usize) {
+        match (self, residual) {
+            (Tail::Gelu, _) => values.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
+            (Tail::Residual, Some(r)) => {
+                for (o, &row) in values.chunks_mut(n).zip(rows) {
+                    o.iter_mut().zip(&r[row * n..(row + 1) * n]).for_each(|(x, &y)| *x += y.to_f32() as f64);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// With a tail, the scale of each reference element's error ([`magnitude_rows`]): a tailed
+    /// output may cancel (a product plus a residual), so its error is measured against the
+    /// magnitude of its terms.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn magnitude<T: OutElement>(
+        self,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        residual: Option<&[T]>,
+        n: usize,
+        k: usize,
+        rows: &[usize],
+    ) -> Option<Vec<f64>> {
+        (self != Tail::None).then(|| {
+            let r: Option<Vec<f32>> = residual.map(|r| r.iter().map(|&y| y.to_f32()).collect());
+            magnitude_rows(x, w, bias, r.as_deref(), n, k, rows)
+        })
+    }
+
     /// The code the kernels take (matmul_tail.cuh's MM_TAIL_*).
     pub(crate) fn code(self) -> i32 {
         match self {
@@ -781,12 +829,7 @@ fn dims(s: &Shape) -> Result<LinearBf16Dims> {
     let max = i32::MAX as i64;
     let b = s.get("bias").unwrap_or(1);
     require(b == 0 || b == 1, "bias is 0 or 1", || format!("bias = {b}"))?;
-    let tail = tail_of(s)?;
-    let out = match s.get("out").unwrap_or(32) {
-        32 => Output::F32,
-        16 => Output::Bf16,
-        o => return Err(Error::constraint("out in {32, 16}", format!("out = {o}"))),
-    };
+    let (tail, out) = (tail_of(s)?, output_of(s)?);
     Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1, tail, out })
 }
 
@@ -876,24 +919,9 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearBf16Dims, seed: u64) -> Result<Box
     let b: Vec<T> = b.into_iter().map(T::from_f32).collect();
     let b_wide: Vec<f32> = b.iter().map(|&x| x.to_f32()).collect();
     let mut reference = linear_rows(&x, &w, d.bias.then_some(&b_wide[..]), d.n, d.k, &rows);
-    // The residual in the output's type; the reference adds exactly those values.
-    let residual: Option<Vec<T>> = (d.tail == Tail::Residual)
-        .then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3).into_iter().map(T::from_f32).collect());
-    match (d.tail, &residual) {
-        (Tail::Gelu, _) => reference.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
-        (Tail::Residual, Some(r)) => {
-            for (o, &row) in reference.chunks_mut(d.n).zip(&rows) {
-                o.iter_mut().zip(&r[row * d.n..(row + 1) * d.n]).for_each(|(x, &y)| *x += y.to_f32() as f64);
-            }
-        }
-        _ => {}
-    }
-    // A tailed output may cancel (a product plus a residual): its error is measured against the
-    // magnitude of its terms.
-    let magnitude = (d.tail != Tail::None).then(|| {
-        let r: Option<Vec<f32>> = residual.as_ref().map(|r| r.iter().map(|&y| y.to_f32()).collect());
-        magnitude_rows(&x, &w, d.bias.then_some(&b_wide[..]), r.as_deref(), d.n, d.k, &rows)
-    });
+    let residual: Option<Vec<T>> = d.tail.residual(d.m, d.n, seed);
+    d.tail.apply(&mut reference, residual.as_deref(), &rows, d.n);
+    let magnitude = d.tail.magnitude(&x, &w, d.bias.then_some(&b_wide[..]), residual.as_deref(), d.n, d.k, &rows);
     let out_bytes = d.out.bytes() as usize;
     let copies = rotation_copies(gpu, (2 * (d.m * d.k + d.n * d.k) + out_bytes * d.m * d.n) as u64);
     Ok(Box::new(LinearBf16Problem::<T> {

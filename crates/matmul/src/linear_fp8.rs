@@ -20,7 +20,7 @@
 
 use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
-use common::data::{rotation_copies, uniform, Rotated};
+use common::data::{rotation_copies, Rotated};
 use common::{
     require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
     PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
@@ -28,8 +28,8 @@ use common::{
 
 use crate::gemm::Dims;
 use crate::linear::{inputs, verify_rows, verify_rows_scaled};
-use crate::linear_bf16::{shape_with_tail, tail_of, OutElement, Tail};
-use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
+use crate::linear_bf16::{output_of, shape_with_tail, tail_of, OutElement, Tail};
+use crate::reference::{linear_rows, sampled_rows};
 use crate::{fp8, FAMILY, SOURCES};
 use common::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
 
@@ -176,12 +176,8 @@ impl LinearFp8Dims {
         let big = i32::MAX as i64;
         let bias = s.get("bias").unwrap_or(1);
         require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
-        let out = match s.get("out").unwrap_or(32) {
-            32 => Output::F32,
-            16 => Output::Bf16,
-            o => return Err(common::Error::constraint("out in {32, 16}", format!("out = {o}"))),
-        };
-        let (m, n, k, tail) = (s.dim("M", big)?, s.dim("N", big)?, s.dim("K", big)?, tail_of(s)?);
+        let (tail, out) = (tail_of(s)?, output_of(s)?);
+        let (m, n, k) = (s.dim("M", big)?, s.dim("N", big)?, s.dim("K", big)?);
         Ok(LinearFp8Dims { m, n, k, bias: bias == 1, tail, out })
     }
 }
@@ -568,26 +564,12 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<
     let mut reference = linear_rows(&qx, &qw_wide, bias, d.n, d.k, &rows);
     let mut exact = linear_rows(&x, &w, bias, d.n, d.k, &rows);
     // The tail on both: GELU, or the residual (of out's type, as the kernel reads it).
-    let residual: Option<Vec<T>> = (d.tail == Tail::Residual)
-        .then(|| uniform(d.m * d.n, -1.0, 1.0, seed ^ 3).into_iter().map(T::from_f32).collect());
+    let residual: Option<Vec<T>> = d.tail.residual(d.m, d.n, seed);
     for values in [&mut reference, &mut exact] {
-        match (d.tail, &residual) {
-            (Tail::Gelu, _) => values.iter_mut().for_each(|x| *x = gelu_tanh(*x)),
-            (Tail::Residual, Some(r)) => {
-                for (o, &row) in values.chunks_mut(d.n).zip(&rows) {
-                    o.iter_mut().zip(&r[row * d.n..(row + 1) * d.n]).for_each(|(x, &y)| *x += y.to_f32() as f64);
-                }
-            }
-            _ => {}
-        }
+        d.tail.apply(values, residual.as_deref(), &rows, d.n);
     }
     let format_error = compare("format", &reference, &exact).rel_l2;
-    // A tailed output may cancel (a product plus a residual): its error is measured against the
-    // magnitude of its terms.
-    let magnitude = (d.tail != Tail::None).then(|| {
-        let r: Option<Vec<f32>> = residual.as_ref().map(|r| r.iter().map(|&y| y.to_f32()).collect());
-        magnitude_rows(&qx, &qw_wide, bias, r.as_deref(), d.n, d.k, &rows)
-    });
+    let magnitude = d.tail.magnitude(&qx, &qw_wide, bias, residual.as_deref(), d.n, d.k, &rows);
     let residual_bytes = if residual.is_some() { d.out.bytes() * (d.m * d.n) as u64 } else { 0 };
     let copies =
         rotation_copies(gpu, (d.m * d.k + d.n * d.k) as u64 + d.out.bytes() * (d.m * d.n) as u64 + residual_bytes);

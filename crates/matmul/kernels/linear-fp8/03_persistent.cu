@@ -20,8 +20,8 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: Fp8Ring, Fp8TileStride, fp8_produce and fp8_consume_overlapped at running ring positions,
-// store_m64n128_bias.
+// Recipe: Fp8Ring, Fp8TileStride, fp8_produce_tiles and fp8_consume_overlapped at running ring
+// positions, store_m64n128_bias.
 
 #ifndef WG_STAGES
 #error "WG_STAGES is a tunable: the stage list sets it"
@@ -41,11 +41,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            int first = 0;
-            for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles)
-                fp8_produce(ring, &map_a, &map_b, tiles.m0(t), tiles.n0(t), ktiles, first);
-        }
+        if (tid == 0) fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles);
         return;
     }
 

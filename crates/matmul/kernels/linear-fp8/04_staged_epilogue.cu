@@ -29,8 +29,8 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: Fp8Ring, Fp8TileStride, fp8_produce, fp8_consume_overlapped with Fp8StagedStore of the
-// previous tile under its first step.
+// Recipe: Fp8Ring, Fp8TileStride, fp8_produce_tiles, fp8_consume_overlapped with Fp8StagedStore of
+// the previous tile under its first step.
 
 #ifndef WG_STAGES
 #error "WG_STAGES is a tunable: the stage list sets it"
@@ -54,11 +54,7 @@ __device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMa
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            int first = 0;
-            for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles)
-                fp8_produce(ring, &map_a, &map_b, tiles.m0(t), tiles.n0(t), ktiles, first);
-        }
+        if (tid == 0) fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles);
         return;
     }
 
