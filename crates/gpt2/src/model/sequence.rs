@@ -1,0 +1,483 @@
+//! The whole-sequence pass: every op prepared for one (B, T) in fp32 or bf16, its activations, and
+//! the [`Pass`] that runs them (with, for a prefill into the KV cache, each layer's keys and values
+//! appended).
+
+use std::sync::Arc;
+
+use common::cudarc::driver::{CudaSlice, CudaStream};
+use common::{require, Act, ActMut, ActType, DriverContext, Error, Gpu, Result};
+
+use attention::kv_append::{self, Cells, KvAppendArgs};
+use attention::prefill::{self, PrefillArgs, PrefillDims};
+use attention::prefill_bf16::{self, PrefillBf16Args, PrefillBf16Dims};
+use attention::reference::Dims as AttnDims;
+use matmul::linear::{self, LinearArgs, LinearDims};
+use matmul::linear_bf16::{self, LinearBf16Args, LinearBf16Dims, Output, Tail};
+use norm::layernorm::{self, LayerNormDims};
+
+use super::device_weights::DeviceWeights;
+use super::{block, enqueue_layernorm, forward, BlockLinear, Model, Pass};
+use crate::cache::KvCache;
+use crate::config::Config;
+use crate::encoder::{self, EncoderArgs, TokenIds};
+use crate::plan::Bf16Stages;
+use crate::pointwise::{self, Kind};
+use crate::weights::Block;
+
+/// Every op of the whole-sequence pass prepared for one (B, T), in the plan's precision.
+pub(super) enum Prepared {
+    F32(Box<Stages32>),
+    Bf16(Box<Stages16>),
+}
+
+impl Prepared {
+    /// The logits a pass ending in `which` wrote, as fp32: `[B·T, V]` or `[B, V]` (from the padded
+    /// `[rows, Vp]` on the device).
+    pub(super) fn download_logits(
+        &self,
+        gpu: &Gpu,
+        which: Logits,
+        rows: usize,
+        (v, vp): (usize, usize),
+    ) -> Result<Vec<f32>> {
+        match (self, which) {
+            (Prepared::F32(p), Logits::All) => gpu.download_rows(&p.acts.logits, rows, v, vp),
+            (Prepared::F32(p), Logits::Last) => gpu.download_rows(&p.last.logits, rows, v, vp),
+            (Prepared::Bf16(p), Logits::All) => {
+                let bits = gpu.download_rows(&p.acts.logits, rows, v, vp)?;
+                Ok(bits.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect())
+            }
+            (Prepared::Bf16(p), Logits::Last) => gpu.download_rows(&p.last.logits, rows, v, vp),
+        }
+    }
+}
+
+/// The fp32 pass's stages for one (B, T).
+pub(super) struct Stages32 {
+    encoder: encoder::Prepared,
+    layernorm: layernorm::Prepared,
+    /// A block's linears, in [`BlockLinear`] order.
+    linears: [linear::Prepared; 4],
+    lm_head: linear::Prepared,
+    attention: prefill::Prepared,
+    gelu: pointwise::Prepared,
+    residual: pointwise::Prepared,
+    acts: Activations,
+    last: LastLogits<linear::Prepared, f32>,
+}
+
+/// The bf16 pass's stages for one (B, T) ([`crate::plan::Bf16Stages`]): the block's GELU and
+/// residual adds run in its linears' tails.
+pub(super) struct Stages16 {
+    encoder: encoder::Prepared,
+    layernorm: layernorm::Prepared,
+    /// A block's linears, in [`BlockLinear`] order (the projections on the plan's residual stage).
+    linears: [linear_bf16::Prepared; 4],
+    lm_head: linear_bf16::Prepared,
+    attention: prefill_bf16::Prepared,
+    acts: Activations16,
+    last: LastLogits<linear_bf16::Prepared, u16>,
+}
+
+/// Which positions' logits a whole-sequence pass computes: every one (what the model table's
+/// prefill and Hugging Face's forward compute), or each sequence's last (what generation samples
+/// from: the LM head over B rows instead of B·T).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    All,
+    Last,
+}
+
+/// The LM head over each sequence's last position: those rows of the final LayerNorm's output
+/// (of element type `E`), gathered, and their logits.
+struct LastLogits<L, E> {
+    lm_head: L,
+    ln: CudaSlice<E>,
+    logits: CudaSlice<f32>,
+}
+
+impl<L, E: common::cudarc::driver::DeviceRepr + common::cudarc::driver::ValidAsZeroBits> LastLogits<L, E> {
+    fn new(gpu: &Gpu, cfg: &Config, b: usize, lm_head: L) -> Result<Self> {
+        Ok(LastLogits { lm_head, ln: gpu.zeros(b * cfg.c)?, logits: gpu.zeros(b * cfg.padded_vocab())? })
+    }
+
+    /// Copies row `t - 1` of each of the B sequences of `ln` (`[B·T, C]`) into `self.ln`.
+    fn gather(&mut self, s: &Arc<CudaStream>, ln: &CudaSlice<E>, (b, t, c): (usize, usize, usize)) -> Result<()> {
+        for i in 0..b {
+            let row = (i * t + t - 1) * c;
+            s.memcpy_dtod(&ln.slice(row..row + c), &mut self.ln.slice_mut(i * c..(i + 1) * c))
+                .ctx("gather the last positions")?;
+        }
+        Ok(())
+    }
+}
+
+/// The activations of one fp32 pass over `rows` token positions (B·T in the prefill, B in a decode
+/// step).
+pub(super) struct Activations {
+    pub(super) x: CudaSlice<f32>,
+    pub(super) ln: CudaSlice<f32>,
+    pub(super) mean: CudaSlice<f32>,
+    pub(super) rstd: CudaSlice<f32>,
+    pub(super) qkv: CudaSlice<f32>,
+    pub(super) att: CudaSlice<f32>,
+    pub(super) att_lse: CudaSlice<f32>,
+    pub(super) proj: CudaSlice<f32>,
+    pub(super) fc: CudaSlice<f32>,
+    pub(super) gelu: CudaSlice<f32>,
+    pub(super) logits: CudaSlice<f32>,
+}
+
+impl Activations {
+    /// The output and input of a block's linear `which`; `fused`: a linear that applies the block's
+    /// tail itself writes where the tail would (the MLP up into `gelu`, the projections into `x`).
+    pub(super) fn linear_io(&mut self, which: BlockLinear, fused: bool) -> (&mut CudaSlice<f32>, &CudaSlice<f32>) {
+        match (which, fused) {
+            (BlockLinear::Qkv, _) => (&mut self.qkv, &self.ln),
+            (BlockLinear::Proj, false) => (&mut self.proj, &self.att),
+            (BlockLinear::Proj, true) => (&mut self.x, &self.att),
+            (BlockLinear::Fc, false) => (&mut self.fc, &self.ln),
+            (BlockLinear::Fc, true) => (&mut self.gelu, &self.ln),
+            (BlockLinear::FcProj, false) => (&mut self.proj, &self.gelu),
+            (BlockLinear::FcProj, true) => (&mut self.x, &self.gelu),
+        }
+    }
+
+    pub(super) fn new(gpu: &Gpu, cfg: &Config, rows: usize) -> Result<Activations> {
+        let c = cfg.c;
+        Ok(Activations {
+            x: gpu.zeros(rows * c)?,
+            ln: gpu.zeros(rows * c)?,
+            mean: gpu.zeros(rows)?,
+            rstd: gpu.zeros(rows)?,
+            qkv: gpu.zeros(rows * 3 * c)?,
+            att: gpu.zeros(rows * c)?,
+            att_lse: gpu.zeros(rows * cfg.heads)?,
+            proj: gpu.zeros(rows * c)?,
+            fc: gpu.zeros(rows * 4 * c)?,
+            gelu: gpu.zeros(rows * 4 * c)?,
+            logits: gpu.zeros(rows * cfg.padded_vocab())?,
+        })
+    }
+}
+
+/// The activations of one bf16 pass over `rows` positions: the residual stream `x` fp32, the rest
+/// bf16 bit patterns (`gelu`: the MLP up's output, GELU applied in its tail; `logits`: every
+/// position's, bf16 as Hugging Face's bf16 model returns them; the last positions' are fp32,
+/// [`LastLogits`], for sampling).
+struct Activations16 {
+    x: CudaSlice<f32>,
+    ln: CudaSlice<u16>,
+    mean: CudaSlice<f32>,
+    rstd: CudaSlice<f32>,
+    qkv: CudaSlice<u16>,
+    att: CudaSlice<u16>,
+    att_lse: CudaSlice<f32>,
+    gelu: CudaSlice<u16>,
+    logits: CudaSlice<u16>,
+}
+
+impl Activations16 {
+    fn new(gpu: &Gpu, cfg: &Config, rows: usize) -> Result<Activations16> {
+        let c = cfg.c;
+        Ok(Activations16 {
+            x: gpu.zeros(rows * c)?,
+            ln: gpu.zeros(rows * c)?,
+            mean: gpu.zeros(rows)?,
+            rstd: gpu.zeros(rows)?,
+            qkv: gpu.zeros(rows * 3 * c)?,
+            att: gpu.zeros(rows * c)?,
+            att_lse: gpu.zeros(rows * cfg.heads)?,
+            gelu: gpu.zeros(rows * 4 * c)?,
+            logits: gpu.zeros(rows * cfg.padded_vocab())?,
+        })
+    }
+}
+
+impl Model {
+    pub(super) fn prepare_f32(&self, gpu: &Gpu, b: usize, t: usize, encoder: encoder::Prepared) -> Result<Stages32> {
+        let (cfg, p) = (self.cfg, &self.plan);
+        let (c, m) = (cfg.c, b * t);
+        let lin =
+            |m: usize, n: usize, k: usize, bias: bool| linear::prepare(gpu, &p.linear, LinearDims { m, n, k, bias });
+        let ad = AttnDims { b, t, c, nh: cfg.heads };
+        Ok(Stages32 {
+            encoder,
+            layernorm: layernorm::prepare(gpu, &p.layernorm, LayerNormDims { rows: m, c, out: ActType::F32 })?,
+            linears: [lin(m, 3 * c, c, true)?, lin(m, c, c, true)?, lin(m, 4 * c, c, true)?, lin(m, c, 4 * c, true)?],
+            lm_head: lin(m, cfg.padded_vocab(), c, false)?,
+            attention: prefill::prepare(gpu, &p.attention, PrefillDims { dims: ad, window: t })?,
+            gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, m * 4 * c)?,
+            residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, m * c)?,
+            acts: Activations::new(gpu, &cfg, m)?,
+            last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, false)?)?,
+        })
+    }
+
+    pub(super) fn prepare_bf16(
+        &self,
+        gpu: &Gpu,
+        bf: &Bf16Stages,
+        b: usize,
+        t: usize,
+        encoder: encoder::Prepared,
+    ) -> Result<Stages16> {
+        let cfg = self.cfg;
+        let (c, m) = (cfg.c, b * t);
+        let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output| {
+            let stage = if tail == Tail::Residual { &bf.residual_linear } else { &bf.linear };
+            linear_bf16::prepare(gpu, stage, LinearBf16Dims { m, n, k, bias, tail, out })
+        };
+        let dims = PrefillBf16Dims { dims: AttnDims { b, t, c, nh: cfg.heads }, causal: true };
+        Ok(Stages16 {
+            encoder,
+            layernorm: layernorm::prepare(gpu, &bf.layernorm, LayerNormDims { rows: m, c, out: ActType::Bf16 })?,
+            linears: [
+                lin(m, 3 * c, c, true, Tail::None, Output::Bf16)?,
+                lin(m, c, c, true, Tail::Residual, Output::F32)?,
+                lin(m, 4 * c, c, true, Tail::Gelu, Output::Bf16)?,
+                lin(m, c, 4 * c, true, Tail::Residual, Output::F32)?,
+            ],
+            lm_head: lin(m, cfg.padded_vocab(), c, false, Tail::None, Output::Bf16)?,
+            attention: prefill_bf16::prepare(gpu, &bf.attention, dims)?,
+            acts: Activations16::new(gpu, &cfg, m)?,
+            last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, false, Tail::None, Output::F32)?)?,
+        })
+    }
+
+    /// The logits `[B, T, V]` of `tokens` (`B` rows of `T` ids each).
+    pub fn forward(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
+        let (b, t) = self.run(gpu, tokens, Logits::All)?;
+        self.prepared[&(b, t)].download_logits(gpu, Logits::All, b * t, (self.cfg.vocab, self.cfg.padded_vocab()))
+    }
+
+    /// The logits of each row's last position only, `[B, V]` (what generation samples from): the
+    /// same pass with the LM head over those B rows alone.
+    pub fn forward_last(&mut self, gpu: &Gpu, tokens: &[Vec<i32>]) -> Result<Vec<f32>> {
+        let (b, t) = self.run(gpu, tokens, Logits::Last)?;
+        self.prepared[&(b, t)].download_logits(gpu, Logits::Last, b, (self.cfg.vocab, self.cfg.padded_vocab()))
+    }
+
+    /// Checks `tokens`, prepares (B, T) and enqueues the forward pass on the harness stream.
+    fn run(&mut self, gpu: &Gpu, tokens: &[Vec<i32>], logits: Logits) -> Result<(usize, usize)> {
+        let b = tokens.len();
+        let t = tokens.first().map_or(0, |r| r.len());
+        require(b >= 1 && tokens.iter().all(|r| r.len() == t), "B >= 1 prompts of one length T", || {
+            format!("lengths {:?}", tokens.iter().map(|r| r.len()).collect::<Vec<_>>())
+        })?;
+        self.prepare(gpu, b, t)?;
+        let ids = TokenIds::upload(gpu, &tokens.concat(), self.cfg.vocab)?;
+        let stream = gpu.stream().clone();
+        self.enqueue_forward(&stream, b, t, &ids, None, logits)?;
+        Ok((b, t))
+    }
+
+    /// The forward pass of (B, T) on `s`, ending in `logits`. With `fill`, each layer's k and v
+    /// also go into the KV cache.
+    pub(super) fn enqueue_forward(
+        &mut self,
+        s: &Arc<CudaStream>,
+        b: usize,
+        t: usize,
+        ids: &TokenIds,
+        fill: Option<Fill>,
+        logits: Logits,
+    ) -> Result<()> {
+        let ctx = Whole { w: &self.weights, ids: Some(ids), fill, logits, b, t, c: self.cfg.c };
+        match self.prepared.get_mut(&(b, t)).expect("prepared before") {
+            Prepared::F32(op) => forward(s, &mut Sequence { op: op.as_mut(), ctx }, &self.weights.p),
+            Prepared::Bf16(op) => forward(s, &mut Sequence { op: op.as_mut(), ctx }, &self.weights.p),
+        }
+    }
+
+    /// Enqueues transformer block `layer` alone, prepared for (B, T), on `s`, over whatever the
+    /// activations hold: the unit the cross-family benches time.
+    pub fn enqueue_one_block(
+        &mut self,
+        gpu: &Gpu,
+        s: &Arc<CudaStream>,
+        b: usize,
+        t: usize,
+        layer: usize,
+    ) -> Result<()> {
+        self.prepare(gpu, b, t)?;
+        let l =
+            self.weights.p.blocks.get(layer).ok_or_else(|| {
+                Error::constraint(format!("a layer below {}", self.cfg.layers), format!("layer {layer}"))
+            })?;
+        let ctx = Whole { w: &self.weights, ids: None, fill: None, logits: Logits::All, b, t, c: self.cfg.c };
+        match self.prepared.get_mut(&(b, t)).expect("prepared above") {
+            Prepared::F32(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
+            Prepared::Bf16(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
+        }
+    }
+}
+
+/// What a whole-sequence pass of (B, T) runs with besides its stages: the weights, the token ids,
+/// where its keys and values go (`fill`, a prefill into the KV cache) and which logits it ends in.
+struct Whole<'a, 'f> {
+    w: &'a DeviceWeights,
+    /// `None`: a block alone ([`Model::enqueue_one_block`]), which embeds nothing.
+    ids: Option<&'a TokenIds>,
+    fill: Option<Fill<'f>>,
+    logits: Logits,
+    b: usize,
+    t: usize,
+    c: usize,
+}
+
+impl Whole<'_, '_> {
+    /// `x = wte[token] + wpe[position]` for the pass's tokens.
+    fn embed(&self, s: &Arc<CudaStream>, encoder: &encoder::Prepared, x: &mut CudaSlice<f32>) -> Result<()> {
+        let tokens = self.ids.ok_or_else(|| Error::constraint("token ids for a pass that embeds", "a block alone"))?;
+        encoder.enqueue(s, EncoderArgs { out: x, tokens, wte: &self.w.p.wte, wpe: &self.w.p.wpe })
+    }
+}
+
+/// The whole-sequence pass of one (B, T) as a [`Pass`], on the fp32 stages ([`Stages32`]) or the
+/// bf16 ones ([`Stages16`]).
+struct Sequence<'a, 'f, S> {
+    op: &'a mut S,
+    ctx: Whole<'a, 'f>,
+}
+
+impl Pass for Sequence<'_, '_, Stages32> {
+    fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        self.ctx.embed(s, &self.op.encoder, &mut self.op.acts.x)
+    }
+
+    fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        let a = &mut self.op.acts;
+        let stats = (&mut a.mean, &mut a.rstd);
+        enqueue_layernorm(s, &self.op.layernorm, ActMut::F32(&mut a.ln), stats, &a.x, (w, b))
+    }
+
+    fn linear(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
+        let (weight, bias) = which.params(l);
+        let (out, inp) = self.op.acts.linear_io(which, false);
+        self.op.linears[which as usize].enqueue(s, LinearArgs { out, inp, weight, bias: Some(bias) })
+    }
+
+    fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
+        let a = &mut self.op.acts;
+        if let Some(f) = self.ctx.fill.as_mut() {
+            f.append(s, layer, Act::F32(&a.qkv))?;
+        }
+        self.op.attention.enqueue(s, PrefillArgs { out: &mut a.att, lse: Some(&mut a.att_lse), qkv: &a.qkv })
+    }
+
+    fn gelu(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let a = &mut self.op.acts;
+        self.op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)
+    }
+
+    fn residual(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let a = &mut self.op.acts;
+        self.op.residual.enqueue_in_place(s, &mut a.x, &a.proj)
+    }
+
+    fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let (op, Whole { w, logits, b, t, c, .. }) = (&mut *self.op, &self.ctx);
+        let (a, head) = (&mut op.acts, &w.lm_head);
+        match logits {
+            Logits::All => {
+                op.lm_head.enqueue(s, LinearArgs { out: &mut a.logits, inp: &a.ln, weight: head, bias: None })
+            }
+            Logits::Last => {
+                let last = &mut op.last;
+                last.gather(s, &a.ln, (*b, *t, *c))?;
+                last.lm_head.enqueue(s, LinearArgs { out: &mut last.logits, inp: &last.ln, weight: head, bias: None })
+            }
+        }
+    }
+}
+
+impl Pass for Sequence<'_, '_, Stages16> {
+    fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        self.ctx.embed(s, &self.op.encoder, &mut self.op.acts.x)
+    }
+
+    fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        let a = &mut self.op.acts;
+        let stats = (&mut a.mean, &mut a.rstd);
+        enqueue_layernorm(s, &self.op.layernorm, ActMut::Bf16(&mut a.ln), stats, &a.x, (w, b))
+    }
+
+    /// QKV and the MLP up store bf16 (the MLP up with GELU applied); the projections add into the
+    /// fp32 residual stream in place.
+    fn linear(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        l: &Block<CudaSlice<f32>>,
+        layer: usize,
+    ) -> Result<()> {
+        let w16 = self.ctx.w.bf16()?;
+        let (weight, bias16) = (&w16.blocks[layer].weights[which as usize], &w16.blocks[layer]);
+        let (a, p) = (&mut self.op.acts, &self.op.linears[which as usize]);
+        match which {
+            BlockLinear::Qkv => {
+                let bias = Some(&bias16.qkv_b);
+                p.enqueue(s, LinearBf16Args { out: &mut a.qkv, inp: &a.ln, weight, bias, residual: None })
+            }
+            BlockLinear::Fc => {
+                let bias = Some(&bias16.fc_b);
+                p.enqueue(s, LinearBf16Args { out: &mut a.gelu, inp: &a.ln, weight, bias, residual: None })
+            }
+            BlockLinear::Proj => p.enqueue_residual_in_place(s, &mut a.x, &a.att, weight, Some(&l.proj_b)),
+            BlockLinear::FcProj => p.enqueue_residual_in_place(s, &mut a.x, &a.gelu, weight, Some(&l.fcproj_b)),
+        }
+    }
+
+    fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
+        let a = &mut self.op.acts;
+        if let Some(f) = self.ctx.fill.as_mut() {
+            f.append(s, layer, Act::Bf16(&a.qkv))?;
+        }
+        self.op.attention.enqueue(s, PrefillBf16Args { out: &mut a.att, lse: &mut a.att_lse, qkv: &a.qkv })
+    }
+
+    /// Applied in the MLP up's tail.
+    fn gelu(&mut self, _: &Arc<CudaStream>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Added in the projections' tails.
+    fn residual(&mut self, _: &Arc<CudaStream>) -> Result<()> {
+        Ok(())
+    }
+
+    fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let (op, Whole { w, logits, b, t, c, .. }) = (&mut *self.op, &self.ctx);
+        let (a, head) = (&mut op.acts, &w.bf16()?.lm_head);
+        match logits {
+            Logits::All => op.lm_head.enqueue(
+                s,
+                LinearBf16Args { out: &mut a.logits, inp: &a.ln, weight: head, bias: None, residual: None },
+            ),
+            Logits::Last => {
+                let last = &mut op.last;
+                last.gather(s, &a.ln, (*b, *t, *c))?;
+                let args =
+                    LinearBf16Args { out: &mut last.logits, inp: &last.ln, weight: head, bias: None, residual: None };
+                last.lm_head.enqueue(s, args)
+            }
+        }
+    }
+}
+
+/// Where a prefill writes its keys and values.
+pub(super) struct Fill<'a> {
+    pub(super) cache: &'a mut KvCache,
+    pub(super) cells: &'a Cells,
+    pub(super) kv: &'a kv_append::Prepared,
+    pub(super) q16: &'a mut CudaSlice<u16>,
+}
+
+impl Fill<'_> {
+    /// Layer `layer`'s keys and values from `qkv` into the cache.
+    fn append(&mut self, s: &Arc<CudaStream>, layer: usize, qkv: Act) -> Result<()> {
+        let cache = self.cache.layers[layer].target();
+        self.kv.enqueue(s, KvAppendArgs { q_out: &mut *self.q16, cache, qkv, cells: self.cells })
+    }
+}
