@@ -121,8 +121,13 @@ for s in "$@"; do
         # Hugging Face's GPT-2 (seeded, no download) as the reference, then every named plan against it,
         # whole-sequence and through the KV cache, eager and graph-replayed.
         step gpt2-check 300 "python3 scripts/gpt2_reference.py --out /tmp/gpt2-ref && $bundle/run.sh ladder gpt2 check \
-            --reference /tmp/gpt2-ref --plan naive report fp32 cublas cublas-gemv bf16 pdl megakernel fastest fastest-bf16 fastest-bf16:decode=4 \
+            --reference /tmp/gpt2-ref --plan naive report fp32 cublas cublas-gemv bf16 fp8 fp8:gemv-fp8=4 pdl megakernel fastest fastest-bf16 fastest-bf16:decode=4 \
             --kv-cache --graph"
+        ;;
+    gpt2-check:*)
+        # The same check for the plans after the colon (comma-separated).
+        step "gpt2-check-${arg//[^A-Za-z0-9=.-]/_}" 300 "[ -f /tmp/gpt2-ref/model.safetensors ] || python3 scripts/gpt2_reference.py --out /tmp/gpt2-ref; \
+            $bundle/run.sh ladder gpt2 check --reference /tmp/gpt2-ref --plan ${arg//,/ } --kv-cache --graph"
         ;;
     gpt2-generate)
         # Text from the reference weights and from random ones, batch 1 and a ragged batch, each plan.

@@ -589,6 +589,13 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                             " ({}x HF bf16's {prefill:.2e} / {decode:.2e}; tokens where HF bf16's agree)",
                             gpt2::check::HF_BF16_FACTOR
                         ),
+                        gpt2::check::Criterion::Fp8 { prefill, decode, decided } => format!(
+                            " ({}x HF bf16's {prefill:.2e} / {decode:.2e}; tokens where HF fp32's top-2 gap > 2x the \
+                             row's RMS error: {} of {} steps)",
+                            gpt2::check::FP8_FACTOR,
+                            decided.iter().flatten().filter(|&&d| d).count(),
+                            decided.iter().map(Vec::len).sum::<usize>()
+                        ),
                         gpt2::check::Criterion::Fixed { .. } => String::new(),
                     };
                     println!(

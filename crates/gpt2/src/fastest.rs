@@ -21,15 +21,18 @@ use common::runner::{self, RunOptions, Status};
 use common::timing::TimingConfig;
 use common::{Error, Gpu, Op, Result, Shape};
 use matmul::gemv::Gemv;
+use matmul::gemv_fp8::GemvFp8;
 use matmul::linear::Linear;
 use matmul::linear_bf16::LinearBf16;
+use matmul::linear_fp8::LinearFp8;
+use matmul::quantize_fp8::QuantizeFp8;
 use norm::layernorm::LayerNorm;
 
 use crate::argmax::Argmax;
 use crate::config::Config;
 use crate::decode_step::DecodeStep;
 use crate::encoder::Encoder;
-use crate::plan::{Plan, Stages, BF16_OPS, OFF, PLAN_OPS};
+use crate::plan::{Plan, Stages, BF16_OPS, FP8_OPS, OFF, PLAN_OPS};
 use crate::pointwise::{Gelu, Residual};
 use crate::sample::Sample;
 
@@ -99,6 +102,19 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
             })
             .collect()
     };
+    let gemv_shapes: Vec<Dims> = DECODE_BATCHES
+        .iter()
+        .flat_map(|&b| {
+            let m = ("M", b as i64);
+            [
+                vec![m, ("N", 3 * c), ("K", c), ("bias", 1), ("ln", 1)],
+                vec![m, ("N", c), ("K", c), ("bias", 1), ("epi", 2), ("in", 16)],
+                vec![m, ("N", 4 * c), ("K", c), ("bias", 1), ("epi", 1), ("ln", 1)],
+                vec![m, ("N", c), ("K", 4 * c), ("bias", 1), ("epi", 2)],
+                vec![m, ("N", vp), ("K", c), ("bias", 1), ("ln", 1)],
+            ]
+        })
+        .collect();
     let ops: Vec<(&'static dyn Op, Vec<Dims>)> = vec![
         (&Encoder, vec![vec![("B", PREFILL_B as i64), ("T", t), ("C", c), ("V", v)]]),
         (&LayerNorm, vec![vec![("rows", rows), ("C", c)]]),
@@ -117,22 +133,7 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
         // LayerNorm before them folded in, the projections adding into the residual stream (the
         // attention's on its bf16 output). Only a stage that folds runs the first three: the one
         // whose step has no LayerNorm kernels.
-        (
-            &Gemv,
-            DECODE_BATCHES
-                .iter()
-                .flat_map(|&b| {
-                    let m = ("M", b as i64);
-                    [
-                        vec![m, ("N", 3 * c), ("K", c), ("bias", 1), ("ln", 1)],
-                        vec![m, ("N", c), ("K", c), ("bias", 1), ("epi", 2), ("in", 16)],
-                        vec![m, ("N", 4 * c), ("K", c), ("bias", 1), ("epi", 1), ("ln", 1)],
-                        vec![m, ("N", c), ("K", 4 * c), ("bias", 1), ("epi", 2)],
-                        vec![m, ("N", vp), ("K", c), ("bias", 1), ("ln", 1)],
-                    ]
-                })
-                .collect(),
-        ),
+        (&Gemv, gemv_shapes.clone()),
         (&Argmax, DECODE_BATCHES.iter().map(|&b| vec![("B", b as i64), ("V", v), ("ld", vp)]).collect()),
         (
             &Sample,
@@ -156,6 +157,15 @@ fn model_ops(cfg: &Config) -> Vec<(&'static dyn Op, Vec<Shape>)> {
         (&LinearBf16, bf16_shapes(&linears_bf16)),
         (&LinearBf16, bf16_shapes(&residual_linears_bf16)),
         (&PrefillBf16, vec![vec![("B", PREFILL_B as i64), ("T", t), ("NH", nh), ("HS", hs), ("causal", 1)]]),
+        // The fp8 linears: their inputs' quantization at both K widths, the linears as the bf16
+        // pass's (the projections with the residual tail, the LM head storing bf16), and the GEMVs
+        // as the step runs `gemv`'s.
+        (
+            &QuantizeFp8,
+            vec![vec![("M", rows), ("K", c), ("blocks", 0)], vec![("M", rows), ("K", 4 * c), ("blocks", 0)]],
+        ),
+        (&LinearFp8, bf16_shapes(&[linears_bf16.as_slice(), residual_linears_bf16.as_slice()].concat())),
+        (&GemvFp8, gemv_shapes.clone()),
     ];
     ops.into_iter()
         .map(|(op, shapes)| {
@@ -266,6 +276,8 @@ pub fn resolve(gpu: &Gpu, cfg: &Config, spec: &str, progress: &mut dyn FnMut(&st
     let fastest = name == "fastest" || name == "fastest-bf16";
     let plan = if fastest {
         let mut stages = selection(gpu, cfg, false, progress)?.stages();
+        // Both run the bf16 GEMV or none; the fp8 linears are a plan of their own.
+        stages[FP8_OPS..].fill(OFF);
         if name == "fastest" {
             stages[8] = OFF;
             stages[BF16_OPS..].fill(OFF);

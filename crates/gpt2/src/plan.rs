@@ -7,8 +7,11 @@ use attention::prefill::Prefill;
 use attention::prefill_bf16::PrefillBf16;
 use common::{Error, Op, Result, Variant};
 use matmul::gemv::Gemv;
+use matmul::gemv_fp8::GemvFp8;
 use matmul::linear::Linear;
 use matmul::linear_bf16::LinearBf16;
+use matmul::linear_fp8::LinearFp8;
+use matmul::quantize_fp8::QuantizeFp8;
 use norm::layernorm::LayerNorm;
 
 use crate::argmax::Argmax;
@@ -45,6 +48,9 @@ pub struct Plan {
     pub step: Variant,
     /// The whole-sequence pass on bf16 activations (`None`: fp32, the stages above).
     pub bf16: Option<Bf16Stages>,
+    /// The linears on e4m3 weights (`None`: the bf16 or fp32 ones): the bf16 pass's linears and the
+    /// decode step's GEMVs replaced.
+    pub fp8: Option<Fp8Stages>,
     /// The saved sweep configurations the `fastest` plans applied (`ladder sweep --save-best`), one
     /// line each: `op/NN-stage NAME=value,... (best at SHAPE)`.
     pub tuned: Vec<String>,
@@ -70,11 +76,28 @@ pub struct Bf16Stages {
     pub attention: Variant,
 }
 
+/// The stages of an fp8 plan's linears, over the bf16 pass (its LayerNorm, attention and fp32 residual
+/// stream): in the whole-sequence pass each linear's bf16 input quantized to e4m3 with one scale per
+/// row per 128 channels, then the FP8 tensor-core linear on the weights' 128 x 128 blocks (made once at
+/// load) with the bf16 pass's tails; in the decode step the FP8 GEMV on the same blocks (folded with
+/// the LayerNorm before it where the stage folds).
+#[derive(Clone, Debug)]
+pub struct Fp8Stages {
+    /// A `matmul/quantize-fp8` stage (activations: 1 x 128 row scales).
+    pub quantize: Variant,
+    /// A `matmul/linear-fp8` stage with the tails and a bf16 output (stage 4): every linear of the
+    /// whole-sequence pass, the LM head included.
+    pub linear: Variant,
+    /// A `matmul/gemv-fp8` stage: the decode step's linears.
+    pub gemv: Variant,
+}
+
 /// The op names a plan assigns, in forward order (`decode`, `kv-append` and `gemv` run with the KV
 /// cache; `gemv=off` gives the decode step the plan's `linear`; `argmax` ends a greedy decode step,
 /// `sample` a sampled one; `decode-step` above 0 runs the step as a megakernel); then the bf16
-/// pass's four, all on (a bf16 plan) or all off.
-pub const PLAN_OPS: [&str; 16] = [
+/// pass's four, all on (a bf16 plan) or all off; then the fp8 linears' three, all on (an fp8 plan,
+/// over a bf16 pass) or all off.
+pub const PLAN_OPS: [&str; 19] = [
     "encoder",
     "layernorm",
     "linear",
@@ -91,10 +114,16 @@ pub const PLAN_OPS: [&str; 16] = [
     "linear-bf16",
     "linear-bf16-residual",
     "attention-bf16",
+    "quantize-fp8",
+    "linear-fp8",
+    "gemv-fp8",
 ];
 
 /// The index in [`PLAN_OPS`] of the bf16 pass's first op.
 pub(crate) const BF16_OPS: usize = 12;
+
+/// The index in [`PLAN_OPS`] of the fp8 linears' first op.
+pub(crate) const FP8_OPS: usize = 16;
 
 /// One stage per op of [`PLAN_OPS`].
 pub type Stages = [u32; PLAN_OPS.len()];
@@ -111,8 +140,8 @@ fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
 
 /// The named plans, in the model table's order. `fastest` and `fastest-bf16` are chosen on the
 /// device ([`crate::fastest::resolve`]); the others are fixed.
-pub const PLAN_NAMES: [&str; 10] =
-    ["naive", "report", "fp32", "cublas", "cublas-gemv", "bf16", "pdl", "megakernel", "fastest", "fastest-bf16"];
+pub const PLAN_NAMES: [&str; 11] =
+    ["naive", "report", "fp32", "cublas", "cublas-gemv", "bf16", "fp8", "pdl", "megakernel", "fastest", "fastest-bf16"];
 
 impl Plan {
     /// - `naive`: stage 0 of every op;
@@ -128,6 +157,9 @@ impl Plan {
     /// - `bf16`: the whole-sequence pass on bf16 activations with the last rung of each bf16 ladder
     ///   (LayerNorm 07 storing bf16, `linear-bf16` 16 for every linear, `prefill-bf16` 10), the
     ///   decode step on the tensor-core GEMV with the LayerNorms folded in (05);
+    /// - `fp8`: `bf16` with every linear on e4m3 weights in 128 x 128 blocks: in the whole-sequence
+    ///   pass each linear's input quantized (`quantize-fp8` 1) and `linear-fp8` 4 with the tails,
+    ///   the LM head included; the decode step on `gemv-fp8` 1 with the LayerNorms folded in;
     /// - `pdl`: `bf16` with the decode step as a programmatic-dependent chain (`decode-step` 7):
     ///   every kernel after the encoder starts under the one before it and waits for it inside the
     ///   kernel, the GEMVs (stage 6) with their first pass of weights already copied, kv-append in
@@ -137,14 +169,15 @@ impl Plan {
     /// `fastest` and `fastest-bf16` need the device: see [`crate::fastest::resolve`].
     pub fn named(name: &str) -> Result<Plan> {
         let stages: Stages = match name {
-            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
-            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
-            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
-            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF],
-            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF],
-            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 10],
-            "pdl" => [0, 6, 91, 6, 1, 1, 7, 0, 6, 1, 0, 7, 7, 16, 16, 10],
-            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 10],
+            "naive" => [0, 0, 0, 0, 0, 0, 0, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
+            "report" => [0, 4, 90, 5, 0, 0, 0, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
+            "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
+            "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
+            "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
+            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 10, OFF, OFF, OFF],
+            "fp8" => [0, 6, 91, 6, 1, 1, 7, 0, OFF, 1, 0, 0, 7, 16, 16, 10, 1, 4, 1],
+            "pdl" => [0, 6, 91, 6, 1, 1, 7, 0, 6, 1, 0, 7, 7, 16, 16, 10, OFF, OFF, OFF],
+            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 10, OFF, OFF, OFF],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (fastest::resolve)",
@@ -188,11 +221,14 @@ impl Plan {
             self.bf16.as_ref().map_or(OFF, |b| b.linear.stage),
             self.bf16.as_ref().map_or(OFF, |b| b.residual_linear.stage),
             self.bf16.as_ref().map_or(OFF, |b| b.attention.stage),
+            self.fp8.as_ref().map_or(OFF, |f| f.quantize.stage),
+            self.fp8.as_ref().map_or(OFF, |f| f.linear.stage),
+            self.fp8.as_ref().map_or(OFF, |f| f.gemv.stage),
         ]
     }
 
     pub(crate) fn from_stages(name: &str, s: Stages) -> Result<Plan> {
-        let bf16 = match s[BF16_OPS..] {
+        let bf16 = match s[BF16_OPS..FP8_OPS] {
             [OFF, OFF, OFF, OFF] => None,
             [ln, lin, res, att] if ![ln, lin, res, att].contains(&OFF) => Some(Bf16Stages {
                 layernorm: stage_of(&LayerNorm, ln)?,
@@ -203,7 +239,30 @@ impl Plan {
             _ => {
                 return Err(Error::constraint(
                     "the bf16 pass's ops all on (a bf16 pass) or all off",
-                    format!("{:?}", &PLAN_OPS[BF16_OPS..]),
+                    format!("{:?}", &PLAN_OPS[BF16_OPS..FP8_OPS]),
+                ))
+            }
+        };
+        let fp8 = match s[FP8_OPS..] {
+            [OFF, OFF, OFF] => None,
+            [q, lin, gemv] if ![q, lin, gemv].contains(&OFF) && bf16.is_some() && s[8] == OFF && s[11] == 0 => {
+                Some(Fp8Stages {
+                    quantize: stage_of(&QuantizeFp8, q)?,
+                    linear: stage_of(&LinearFp8, lin)?,
+                    gemv: stage_of(&GemvFp8, gemv)?,
+                })
+            }
+            _ => {
+                return Err(Error::constraint(
+                    "the fp8 linears all on (over a bf16 pass, with gemv off and decode-step 0: gemv-fp8 is the \
+                     composed step's GEMV) or all off",
+                    format!(
+                        "{:?} with bf16 pass {}, gemv {}, decode-step {}",
+                        &s[FP8_OPS..],
+                        bf16.is_some(),
+                        s[8] != OFF,
+                        s[11]
+                    ),
                 ))
             }
         };
@@ -222,16 +281,29 @@ impl Plan {
             sample: stage_of(&Sample, s[10])?,
             step: stage_of(&DecodeStep, s[11])?,
             bf16,
+            fp8,
             tuned: Vec::new(),
         })
     }
 
     /// Whether the model runs op `i` of [`PLAN_OPS`] under this plan: a bf16 plan's whole-sequence
     /// pass replaces the fp32 LayerNorm, linear, attention, GELU and residual stages, and its decode
-    /// step runs them only without the GEMV.
+    /// step runs them only without a GEMV; an fp8 plan's linears replace the bf16 pass's.
     pub fn runs(&self, i: usize) -> bool {
-        let replaced = (1..=5).contains(&i) && self.bf16.is_some() && self.gemv.is_some();
+        let step_gemv = self.gemv.is_some() || self.fp8.is_some();
+        let replaced = ((1..=5).contains(&i) && self.bf16.is_some() && step_gemv)
+            || ((BF16_OPS + 1..BF16_OPS + 3).contains(&i) && self.fp8.is_some());
         self.stages()[i] != OFF && !replaced
+    }
+
+    /// The decode step's GEMV: `gemv` on bf16 copies of the weights, or an fp8 plan's `gemv-fp8` on
+    /// e4m3 blocks (`None`: the step's linears on the plan's `linear`).
+    pub fn step_gemv(&self) -> Option<StepGemv<'_>> {
+        match (&self.fp8, &self.gemv) {
+            (Some(f), _) => Some(StepGemv::Fp8(&f.gemv)),
+            (None, Some(v)) => Some(StepGemv::Bf16(v)),
+            (None, None) => None,
+        }
     }
 
     /// The variant of op `i` of [`PLAN_OPS`] (`None`: an optional op that is off).
@@ -253,6 +325,9 @@ impl Plan {
             13 => self.bf16.as_mut().map(|b| &mut b.linear),
             14 => self.bf16.as_mut().map(|b| &mut b.residual_linear),
             15 => self.bf16.as_mut().map(|b| &mut b.attention),
+            16 => self.fp8.as_mut().map(|f| &mut f.quantize),
+            17 => self.fp8.as_mut().map(|f| &mut f.linear),
+            18 => self.fp8.as_mut().map(|f| &mut f.gemv),
             _ => None,
         }
     }
@@ -277,5 +352,24 @@ impl Plan {
         }
         let name = if spec.is_empty() { self.name.clone() } else { format!("{}+{spec}", self.name) };
         Plan::from_stages(&name, stages)
+    }
+}
+
+/// The decode step's GEMV stage and the weights it reads ([`Plan::step_gemv`]).
+#[derive(Clone, Copy, Debug)]
+pub enum StepGemv<'a> {
+    /// `matmul/gemv` on bf16 copies.
+    Bf16(&'a Variant),
+    /// `matmul/gemv-fp8` on e4m3 blocks.
+    Fp8(&'a Variant),
+}
+
+impl StepGemv<'_> {
+    /// Whether the stage folds the LayerNorm before QKV, the MLP up and the LM head into them.
+    pub fn folds_layernorm(self) -> bool {
+        match self {
+            StepGemv::Bf16(v) => matmul::gemv::folds_layernorm(v),
+            StepGemv::Fp8(v) => matmul::gemv_fp8::folds_layernorm(v),
+        }
     }
 }

@@ -1,12 +1,30 @@
 //! The forward pass in f64 on the CPU: the reference the model's tests compare against.
 
+use matmul::fp8;
+
 use crate::config::{Config, LN_EPS};
 use crate::pointwise;
 use crate::weights::Weights;
 
 /// The forward pass in f64 on the CPU: logits `[B, T, V]`.
 pub fn forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
+    forward_with(cfg, w, tokens, false)
+}
+
+/// [`forward`] with the linears' operands as an fp8 plan's whole-sequence pass reads them: each
+/// linear's input quantized a row's 128 channels at a time and its weight in 128 x 128 blocks
+/// (`matmul::fp8`), dequantized; the rest exact. What the plan's kernels compute, so its error
+/// against this is theirs, not the format's.
+pub fn forward_fp8(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
+    forward_with(cfg, w, tokens, true)
+}
+
+/// `fp8`: the linears on quantized operands ([`forward_fp8`]).
+fn forward_with(cfg: &Config, w: &Weights, tokens: &[Vec<i32>], fp8: bool) -> Vec<f64> {
     let (c, nh, hs) = (cfg.c, cfg.heads, cfg.head_size());
+    // The LM head is the tied embedding; the embedding itself stays exact.
+    let (weights, head) = if fp8 { dequantized_linears(w, cfg) } else { (w.clone(), w.wte.clone()) };
+    let w = &weights;
     let mut logits = Vec::new();
     for row in tokens {
         let t = row.len();
@@ -18,6 +36,14 @@ pub fn forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
         };
         // out[t, n] = inp[t, :] . W[n, :] + bias[n]
         let lin = |inp: &[f64], wt: &[f32], bias: Option<&[f32]>, k: usize, n: usize| -> Vec<f64> {
+            let quantized: Vec<f64>;
+            let inp = if fp8 {
+                let x: Vec<f32> = inp.iter().map(|&v| v as f32).collect();
+                quantized = fp8::quantize_rows(&x, inp.len() / k, k).dequantize().into_iter().map(f64::from).collect();
+                &quantized
+            } else {
+                inp
+            };
             inp.chunks(k).flat_map(|r| linear_row(r, wt, bias, n)).collect()
         };
         for l in &w.blocks {
@@ -52,9 +78,24 @@ pub fn forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
         let h = ln(&x, &w.lnf_w, &w.lnf_b);
-        logits.extend(lin(&h, &w.wte, None, c, cfg.vocab));
+        logits.extend(lin(&h, &head, None, c, cfg.vocab));
     }
     logits
+}
+
+/// `w` with every block's linear weights quantized in 128 x 128 blocks and dequantized, and the LM
+/// head (the embedding) so quantized.
+fn dequantized_linears(w: &Weights, cfg: &Config) -> (Weights, Vec<f32>) {
+    let c = cfg.c;
+    let blocks = |x: &[f32], n: usize| fp8::quantize_blocks(x, n, x.len() / n).dequantize();
+    let mut q = w.clone();
+    for (qb, b) in q.blocks.iter_mut().zip(&w.blocks) {
+        qb.qkv_w = blocks(&b.qkv_w, 3 * c);
+        qb.proj_w = blocks(&b.proj_w, c);
+        qb.fc_w = blocks(&b.fc_w, 4 * c);
+        qb.fcproj_w = blocks(&b.fcproj_w, c);
+    }
+    (q, blocks(&w.wte, cfg.vocab))
 }
 
 /// LayerNorm of one row in f64 (GPT-2's epsilon) with gain `g` and shift `bias`.

@@ -136,10 +136,12 @@ pub struct ModelTable {
     /// The cache length of the timed decode steps (they end at the context).
     pub decode_from: usize,
     pub copy_gbps: f64,
-    /// Bytes of weights one decode step reads: fp32 (GEMM plans) and bf16 (GEMV plans), the tied
-    /// embedding counted once as the LM head.
+    /// Bytes of weights one decode step reads: fp32 (GEMM plans), bf16 (GEMV plans) and e4m3 (fp8
+    /// plans: a byte a weight and a 4-byte scale per 128 x 128 block), the tied embedding counted once
+    /// as the LM head.
     pub weight_bytes_fp32: u64,
     pub weight_bytes_bf16: u64,
+    pub weight_bytes_fp8: u64,
     pub rows: Vec<PlanRow>,
     pub leave_one_out_base: Option<String>,
     pub leave_one_out: Vec<PlanRow>,
@@ -214,6 +216,7 @@ pub fn model_table(gpu: &Gpu, cfg: Config, opts: &TableOptions, progress: &mut d
         copy_gbps: ceilings.copy_gbps,
         weight_bytes_fp32: 4 * n,
         weight_bytes_bf16: 2 * n,
+        weight_bytes_fp8: n + 4 * n.div_ceil(128 * 128),
         rows,
         leave_one_out_base: opts.leave_one_out.then_some(base_spec),
         leave_one_out: loo,
@@ -501,7 +504,7 @@ impl ModelTable {
     pub fn markdown(&self) -> String {
         let mut md = format!(
             "gpt2/model  {} on {}: prefill B={} T={}; decode tok/s at batch {:?}, steps from a {}-token cache to the \
-             context; weights per step {:.0} MB fp32 / {:.0} MB bf16; copy {:.0} GB/s\n\n",
+             context; weights per step {:.0} MB fp32 / {:.0} MB bf16 / {:.0} MB e4m3; copy {:.0} GB/s\n\n",
             self.config,
             self.device,
             self.prefill_b,
@@ -510,6 +513,7 @@ impl ModelTable {
             self.decode_from,
             self.weight_bytes_fp32 as f64 / 1e6,
             self.weight_bytes_bf16 as f64 / 1e6,
+            self.weight_bytes_fp8 as f64 / 1e6,
             self.copy_gbps
         );
         let b = &self.batches;
@@ -555,7 +559,11 @@ impl ModelTable {
         }
         md.push_str("\nBest decode step against the weights' bytes (graph, % of copy bandwidth):\n\n");
         for r in &self.rows {
-            let bytes = if r.stages.contains("gemv=off") { self.weight_bytes_fp32 } else { self.weight_bytes_bf16 };
+            let bytes = match (r.stages.contains("gemv-fp8=off"), r.stages.contains("gemv=off")) {
+                (false, _) => self.weight_bytes_fp8,
+                (true, true) => self.weight_bytes_fp32,
+                (true, false) => self.weight_bytes_bf16,
+            };
             if let Some(ms) = r.decode_graph.first().and_then(Cell::ms) {
                 let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
                 md.push_str(&format!(

@@ -108,9 +108,14 @@ fn mma_split(blocks: u32, steps: u32, mt: u32, target: u32) -> u32 {
     target.div_ceil(blocks).next_power_of_two().clamp(8, cap).min(steps).max(4)
 }
 
+/// Whether stage `v` can fold the LayerNorm before it (`ln` = 1: the tensor-core stage).
+pub fn folds_layernorm(v: &Variant) -> bool {
+    v.plan::<Plan>().is_ok_and(|p| p == Plan::Mma)
+}
+
 pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
     if d.ln {
-        require(v.plan::<Plan>()? == Plan::Mma, LN_STAGE, || format!("stage {}", v.stage))?;
+        require(folds_layernorm(v), LN_STAGE, || format!("stage {}", v.stage))?;
         require(d.input == ActType::F32 && d.bias, LN_ARGS, || format!("{:?} inp, bias {}", d.input, d.bias))?;
     }
     for (key, x) in [("M", d.m), ("N", d.n), ("K", d.k)] {
@@ -180,42 +185,77 @@ pub struct GemvFp8Args<'a> {
 }
 
 impl Prepared {
+    pub fn tail(&self) -> Tail {
+        self.d.tail
+    }
+
     pub fn enqueue(&self, stream: &CudaStream, a: GemvFp8Args) -> Result<()> {
+        require(
+            a.residual.is_some() == (self.d.tail == Tail::Residual),
+            "residual given exactly with epi = 2",
+            || format!("residual given: {}, tail {:?}", a.residual.is_some(), self.d.tail),
+        )?;
+        if let Some(r) = a.residual {
+            require_len("residual", r.len(), self.d.m * self.d.n)?;
+        }
+        let residual = a.residual.map_or(0, common::device_ptr);
+        self.launch(stream, a.out, a.inp, (a.codes, a.scales), a.bias, residual)
+    }
+
+    /// The residual tail with `out` as its own residual: `out += inp · dequant(W)ᵀ + bias` (the
+    /// decode step's residual stream). Each output element is read and then written by the same
+    /// thread.
+    pub fn enqueue_residual_in_place(
+        &self,
+        stream: &CudaStream,
+        out: &mut CudaSlice<f32>,
+        inp: Act,
+        (codes, scales): (&CudaSlice<u8>, &CudaSlice<f32>),
+        bias: Option<&CudaSlice<f32>>,
+    ) -> Result<()> {
+        require(self.d.tail == Tail::Residual, "a stage prepared with epi = 2", || format!("{:?}", self.d.tail))?;
+        let residual = common::device_ptr(out);
+        self.launch(stream, out, inp, (codes, scales), bias, residual)
+    }
+
+    fn launch(
+        &self,
+        stream: &CudaStream,
+        out: &mut CudaSlice<f32>,
+        inp: Act,
+        (codes, scales): (&CudaSlice<u8>, &CudaSlice<f32>),
+        bias: Option<&CudaSlice<f32>>,
+        residual: u64,
+    ) -> Result<()> {
         let d = self.d;
-        require(a.inp.ty() == d.input, "inp of the type the stage was prepared for", || {
-            format!("{:?} for a stage prepared for {:?}", a.inp.ty(), d.input)
+        require(inp.ty() == d.input, "inp of the type the stage was prepared for", || {
+            format!("{:?} for a stage prepared for {:?}", inp.ty(), d.input)
         })?;
-        require(a.residual.is_some() == (d.tail == Tail::Residual), "residual given exactly with epi = 2", || {
-            format!("residual given: {}, tail {:?}", a.residual.is_some(), d.tail)
+        require(bias.is_some() == d.bias, "bias given exactly when prepared with one", || {
+            format!("bias given: {}", bias.is_some())
         })?;
-        require(a.bias.is_some() == d.bias, "bias given exactly when prepared with one", || {
-            format!("bias given: {}", a.bias.is_some())
-        })?;
-        require_len("out", a.out.len(), d.m * d.n)?;
-        require_len("inp", a.inp.len(), d.m * d.k)?;
-        require_len("codes", a.codes.len(), d.n * d.k)?;
-        require_len("scales", a.scales.len(), fp8::groups(d.n) * fp8::groups(d.k))?;
-        if let Some(b) = a.bias {
+        require_len("out", out.len(), d.m * d.n)?;
+        require_len("inp", inp.len(), d.m * d.k)?;
+        require_len("codes", codes.len(), d.n * d.k)?;
+        require_len("scales", scales.len(), fp8::groups(d.n) * fp8::groups(d.k))?;
+        if let Some(b) = bias {
             require_len("bias", b.len(), d.n)?;
         }
-        if let Some(r) = a.residual {
-            require_len("residual", r.len(), d.m * d.n)?;
-        }
         let args = [
-            Arg::buf(a.out),
-            Arg::Ptr(a.inp.ptr()),
-            Arg::buf(a.codes),
-            Arg::buf(a.scales),
-            Arg::Ptr(a.bias.map_or(0, common::device_ptr)),
-            Arg::Ptr(a.residual.map_or(0, common::device_ptr)),
+            Arg::buf(out),
+            Arg::Ptr(inp.ptr()),
+            Arg::buf(codes),
+            Arg::buf(scales),
+            Arg::Ptr(bias.map_or(0, common::device_ptr)),
+            Arg::Ptr(residual),
             Arg::I32(d.tail.code()),
             Arg::int(d.m),
             Arg::int(d.n),
             Arg::int(d.k),
         ];
         // SAFETY: the arguments follow every entry's signature (out, inp, codes, scales, bias,
-        // residual, tail, M, N, K); lengths checked above; K % 16 == 0 (prepare), so every row of the
-        // codes and of inp starts 16-byte aligned.
+        // residual, tail, M, N, K); lengths checked above (the residual, M·N, by the callers); K % 16
+        // == 0 (prepare), so every row of the codes and of inp starts 16-byte aligned.
         unsafe { self.launch.enqueue(stream, &args) }
     }
 }

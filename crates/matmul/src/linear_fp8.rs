@@ -334,6 +334,12 @@ impl<'a> ResidualBuf<'a> {
     pub fn new<T: OutElement>(buf: &'a CudaSlice<T>) -> ResidualBuf<'a> {
         ResidualBuf { ptr: common::device_ptr(buf), len: buf.len(), output: T::OUTPUT, _buf: std::marker::PhantomData }
     }
+
+    /// `out` itself as the residual (`out += ...`): the kernels read each element's residual before
+    /// they store it.
+    pub fn in_place(out: &OutBuf<'a>) -> ResidualBuf<'a> {
+        ResidualBuf { ptr: out.ptr, len: out.len, output: out.output, _buf: std::marker::PhantomData }
+    }
 }
 
 /// The bias, in the type of the stage's layout.

@@ -129,7 +129,7 @@ impl Prepared {
         stream: &CudaStream,
         codes: &mut CudaSlice<u8>,
         scales: &mut CudaSlice<f32>,
-        x: &CudaSlice<bf16>,
+        x: &CudaSlice<u16>,
     ) -> Result<()> {
         let QuantizeDims { m, k, .. } = self.d;
         require_len("codes", codes.len(), m * k)?;
@@ -202,7 +202,7 @@ impl Op for QuantizeFp8 {
             let q = fp8::quantize_rows(&x, d.m, d.k);
             (q.codes, q.scales)
         };
-        let host: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+        let host: Vec<u16> = x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
         let copies = rotation_copies(gpu, (3 * d.m * d.k) as u64);
         Ok(Box::new(QuantizeProblem {
             d,
@@ -238,7 +238,8 @@ fn inputs(d: QuantizeDims, seed: u64) -> Vec<f32> {
 
 struct QuantizeProblem {
     d: QuantizeDims,
-    x: Rotated<bf16>,
+    /// bf16 bit patterns, as the model's activations hold them.
+    x: Rotated<u16>,
     codes: Rotated<u8>,
     scales: Rotated<f32>,
     /// The CPU quantizer's codes and scales, as the numbers the exact comparison reads.

@@ -11,11 +11,12 @@ use common::{require, Act, ActMut, ActType, DriverContext, Error, Gpu, Result};
 use attention::decode::{self as attn_decode, DecodeArgs, DecodeDims, Dtype, Heads, Layout, PagedCache, SeqLens};
 use attention::kv_append::{self, Cells, KvAppendArgs, KvAppendDims};
 use matmul::gemv::{self, GemvArgs, GemvDims};
+use matmul::gemv_fp8::{self, GemvFp8Args};
 use matmul::linear::{self, LinearArgs, LinearDims};
 use matmul::linear_bf16::Tail;
 use norm::layernorm::{self, LayerNormDims};
 
-use super::device_weights::DeviceWeights;
+use super::device_weights::{DeviceWeights, LinearWeight};
 use super::sequence::{Activations, Fill, Logits};
 use super::{enqueue_layernorm, forward, is_megakernel, BlockLinear, Model, Pass};
 use crate::argmax::{self, ArgmaxDims};
@@ -23,17 +24,20 @@ use crate::cache::{KvCache, LayerCache, PAGED_BLOCK};
 use crate::decode_step::{self as step, MegaStep, MkIo, MkLayer, MkModel};
 use crate::encoder::{self, EncoderArgs, EncoderDims, Positions, TokenIds};
 use crate::graph;
+use crate::plan::StepGemv;
 use crate::pointwise::{self, Kind};
 use crate::sample::{self, SampleDims};
 use crate::sampling::Sampling;
 use crate::weights::Block;
 
-/// A decode step's linear: the plan's GEMM on the fp32 weights, or the GEMV on their bf16 copies
-/// with the block's tail fused (GELU after the MLP up, the residual add after the projections) and,
-/// for the attention projection, the attention's bf16 output read as it lies.
+/// A decode step's linear: the plan's GEMM on the fp32 weights, or a GEMV (on their bf16 copies, or
+/// an fp8 plan's on their e4m3 blocks) with the block's tail fused (GELU after the MLP up, the
+/// residual add after the projections) and, for the attention projection, the attention's bf16
+/// output read as it lies.
 enum DecodeLinear {
     Gemm(Box<linear::Prepared>),
     Gemv(gemv::Prepared),
+    GemvFp8(gemv_fp8::Prepared),
 }
 
 impl DecodeLinear {
@@ -41,16 +45,17 @@ impl DecodeLinear {
     /// residual kernel after it, and it writes where that kernel would: [`Activations::linear_io`]);
     /// such a step's attention projection also reads the bf16 attention output directly.
     fn fuses_tail(&self) -> bool {
-        matches!(self, DecodeLinear::Gemv(_))
+        matches!(self, DecodeLinear::Gemv(_) | DecodeLinear::GemvFp8(_))
     }
 
-    /// `out = inp · Wᵀ + bias`, then the GEMV's tail (the residual one updates `out` in place).
+    /// `out = inp · Wᵀ + bias` on the form of `w` the stage reads, then the GEMV's tail (the
+    /// residual one updates `out` in place).
     fn enqueue(
         &self,
         s: &Arc<CudaStream>,
         out: &mut CudaSlice<f32>,
         inp: Act,
-        (w, w16): (&CudaSlice<f32>, Option<&CudaSlice<u16>>),
+        w: LinearWeight,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
         match self {
@@ -58,14 +63,23 @@ impl DecodeLinear {
                 let Act::F32(inp) = inp else {
                     return Err(Error::constraint("fp32 activations for a GEMM", "bf16 ones"));
                 };
-                p.enqueue(s, LinearArgs { out, inp, weight: w, bias })
+                p.enqueue(s, LinearArgs { out, inp, weight: w.f32, bias })
             }
             DecodeLinear::Gemv(p) => {
-                let weight = w16.ok_or_else(|| Error::constraint("bf16 weights for a GEMV plan", "none made"))?;
+                let weight = w.bf16.ok_or_else(|| Error::constraint("bf16 weights for a GEMV plan", "none made"))?;
                 if p.tail() == Tail::Residual {
                     p.enqueue_residual_in_place(s, out, inp, weight, bias)
                 } else {
                     p.enqueue(s, GemvArgs { out, inp, weight, bias, residual: None })
+                }
+            }
+            DecodeLinear::GemvFp8(p) => {
+                let w8 = w.fp8.ok_or_else(|| Error::constraint("e4m3 weights for an fp8 plan", "none made"))?;
+                if p.tail() == Tail::Residual {
+                    p.enqueue_residual_in_place(s, out, inp, (&w8.codes, &w8.scales), bias)
+                } else {
+                    let args = GemvFp8Args { out, inp, codes: &w8.codes, scales: &w8.scales, bias, residual: None };
+                    p.enqueue(s, args)
                 }
             }
         }
@@ -220,13 +234,14 @@ impl Model {
         }
         let (cfg, p) = (self.cfg, &self.plan);
         let c = cfg.c;
-        let (ln_stage, ln_out) = match (&p.bf16, &p.gemv) {
+        let step_gemv = p.step_gemv();
+        let (ln_stage, ln_out) = match (&p.bf16, step_gemv) {
             (Some(bf), Some(_)) => (&bf.layernorm, ActType::Bf16),
             _ => (&p.layernorm, ActType::F32),
         };
-        // A GEMV that folds the LayerNorm in (stages 5, 6) takes QKV, the MLP up and the LM head with
-        // it: they read the residual stream (fp32) and add the folded shift as a bias.
-        let fold = p.gemv.as_ref().is_some_and(gemv::folds_layernorm);
+        // A GEMV that folds the LayerNorm in (`gemv` 5, 6; `gemv-fp8` 1) takes QKV, the MLP up and the
+        // LM head with it: they read the residual stream (fp32) and add the folded shift as a bias.
+        let fold = step_gemv.is_some_and(StepGemv::folds_layernorm);
         // A dependent-launch step (`decode-step` 6, 7): the GEMVs, kv-append, decode attention and the
         // argmax are built as links of a chain (each waits for the kernel before it inside the
         // kernel) and launched as programmatic dependents; the encoder, first, is not.
@@ -248,9 +263,11 @@ impl Model {
                 Input::Act(t) => t,
             };
             let bias = bias || ln;
-            Ok(match &gemv_stage {
-                Some(v) => DecodeLinear::Gemv(gemv::prepare(gpu, v, GemvDims { m: b, n, k, bias, tail, input, ln })?),
-                None => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
+            let d = GemvDims { m: b, n, k, bias, tail, input, ln };
+            Ok(match (&gemv_stage, step_gemv) {
+                (Some(v), _) => DecodeLinear::Gemv(gemv::prepare(gpu, v, d)?),
+                (None, Some(StepGemv::Fp8(v))) => DecodeLinear::GemvFp8(gemv_fp8::prepare(gpu, v, d)?),
+                _ => DecodeLinear::Gemm(Box::new(linear::prepare(gpu, &p.linear, LinearDims { m: b, n, k, bias })?)),
             })
         };
         let dd = DecodeDims {
@@ -623,8 +640,6 @@ impl Pass for Step<'_> {
         l: &Block<CudaSlice<f32>>,
         layer: usize,
     ) -> Result<()> {
-        let (weight, bias) = which.params(l);
-        let w16 = self.w.bf16.as_ref().map(|x| &x.blocks[layer].weights[which as usize]);
         let op = &mut *self.op;
         let linear = &op.linears[which as usize];
         let fused = linear.fuses_tail();
@@ -654,11 +669,13 @@ impl Pass for Step<'_> {
             unsafe { fused.enqueue(s, args)? };
             return (self.mark)("linear qkv + kv-append");
         }
-        if let Some(f) = self.w.folded(which, layer).filter(|_| op.folds_ln) {
+        let folded = op.folds_ln && matches!(which, BlockLinear::Qkv | BlockLinear::Fc);
+        let (weight, bias) = self.w.step_linear(Some((which, layer)), Some(l), folded);
+        if folded {
             // The LayerNorm folded in: the raw residual stream, W' and bias'.
             let a = &mut op.acts;
             let out = if which == BlockLinear::Qkv { &mut a.qkv } else { &mut a.gelu };
-            linear.enqueue(s, out, Act::F32(&a.x), (weight, Some(&f.weight)), Some(&f.bias))?;
+            linear.enqueue(s, out, Act::F32(&a.x), weight, bias)?;
             return (self.mark)(which.name());
         }
         let (out, inp) = op.acts.linear_io(which, fused);
@@ -669,7 +686,7 @@ impl Pass for Step<'_> {
             (BlockLinear::Proj, _) if fused => Act::Bf16(&op.att16),
             _ => Act::F32(inp),
         };
-        linear.enqueue(s, out, inp, (weight, w16), Some(bias))?;
+        linear.enqueue(s, out, inp, weight, bias)?;
         (self.mark)(which.name())
     }
 
@@ -723,24 +740,14 @@ impl Pass for Step<'_> {
 
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         let op = &mut *self.op;
-        let folded = self.w.bf16.as_ref().and_then(|x| x.folded.as_ref()).filter(|_| op.folds_ln);
-        if let Some(f) = folded {
-            let (a, head) = (&mut op.acts, &f.lm_head);
-            op.lm_head.enqueue(
-                s,
-                &mut a.logits,
-                Act::F32(&a.x),
-                (&self.w.lm_head, Some(&head.weight)),
-                Some(&head.bias),
-            )?;
-            return (self.mark)("linear lm-head");
-        }
-        let w16 = self.w.bf16.as_ref().map(|x| &x.lm_head);
-        let ln = match &op.ln16 {
+        let (weight, bias) = self.w.step_linear(None, None, op.folds_ln);
+        let a = &mut op.acts;
+        let inp = match &op.ln16 {
+            _ if op.folds_ln => Act::F32(&a.x),
             Some(ln) => Act::Bf16(ln),
-            None => Act::F32(&op.acts.ln),
+            None => Act::F32(&a.ln),
         };
-        op.lm_head.enqueue(s, &mut op.acts.logits, ln, (&self.w.lm_head, w16), None)?;
+        op.lm_head.enqueue(s, &mut a.logits, inp, weight, bias)?;
         (self.mark)("linear lm-head")
     }
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::{require, ActMut, Gpu, Result};
 
-use matmul::gemv;
+use matmul::{gemv, gemv_fp8};
 use norm::layernorm::{self, LayerNormArgs};
 
 use crate::config::{Config, LN_EPS};
@@ -41,7 +41,7 @@ mod profile;
 mod sequence;
 
 use decode_engine::DecodeStep;
-use device_weights::{padded_head, Bf16Weights, DeviceWeights};
+use device_weights::{padded_head, Bf16Weights, DeviceWeights, Fp8Weights};
 pub use harness::StepOutputs;
 pub use profile::StepTimeline;
 pub use sequence::Logits;
@@ -76,11 +76,10 @@ impl Model {
             require(got == n, &format!("{name} of {n} elements for this config"), || format!("{got}"))?;
         }
         let lm_head = padded_head(weights, &cfg);
-        let bf16 = match weight_forms(&plan)? {
-            WeightForms { bf16: true, folded } => Some(Bf16Weights::new(gpu, weights, &lm_head, folded)?),
-            _ => None,
-        };
-        let weights = DeviceWeights { p: weights.map(|w| gpu.upload(w))?, lm_head: gpu.upload(&lm_head)?, bf16 };
+        let forms = weight_forms(&plan)?;
+        let bf16 = forms.bf16.then(|| Bf16Weights::new(gpu, weights, &lm_head, forms.folded)).transpose()?;
+        let fp8 = forms.fp8.then(|| Fp8Weights::new(gpu, &cfg, weights, &lm_head, forms.fp8_folded)).transpose()?;
+        let weights = DeviceWeights { p: weights.map(|w| gpu.upload(w))?, lm_head: gpu.upload(&lm_head)?, bf16, fp8 };
         Ok(Model { cfg, plan, weights, prepared: HashMap::new(), decode: None, graph: false, mega_grid: None })
     }
 
@@ -110,9 +109,10 @@ impl Model {
         require(t >= 1 && t <= cfg.max_t, &format!("1 <= T <= context {}", cfg.max_t), || format!("T = {t}"))?;
         let ed = EncoderDims { b, t, c: cfg.c, vocab: cfg.vocab, max_t: cfg.max_t };
         let encoder = encoder::prepare(gpu, &self.plan.encoder, ed)?;
-        let prepared = match &self.plan.bf16 {
-            None => Prepared::F32(Box::new(self.prepare_f32(gpu, b, t, encoder)?)),
-            Some(bf) => Prepared::Bf16(Box::new(self.prepare_bf16(gpu, bf, b, t, encoder)?)),
+        let prepared = match (&self.plan.bf16, &self.plan.fp8) {
+            (None, _) => Prepared::F32(Box::new(self.prepare_f32(gpu, b, t, encoder)?)),
+            (Some(bf), None) => Prepared::Bf16(Box::new(self.prepare_bf16(gpu, bf, b, t, encoder)?)),
+            (Some(bf), Some(f8)) => Prepared::Fp8(Box::new(self.prepare_fp8(gpu, (bf, f8), b, t, encoder)?)),
         };
         self.prepared.insert((b, t), prepared);
         Ok(())
@@ -208,17 +208,24 @@ fn is_megakernel(v: &common::Variant) -> Result<bool> {
 /// The forms of the weights a plan reads besides the fp32 ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct WeightForms {
-    /// bf16 copies (a GEMV decode step, a bf16 pass or a megakernel).
+    /// bf16 copies (a bf16 GEMV decode step, a bf16 pass's linears or a megakernel).
     bf16: bool,
-    /// The LayerNorms folded into the linears after them (a folding GEMV or a megakernel).
+    /// The LayerNorms folded into the bf16 linears after them (a folding GEMV or a megakernel).
     folded: bool,
+    /// e4m3 blocks (an fp8 plan).
+    fp8: bool,
+    /// The LayerNorms folded into the e4m3 linears after them (a folding FP8 GEMV).
+    fp8_folded: bool,
 }
 
 fn weight_forms(plan: &Plan) -> Result<WeightForms> {
     let mega = is_megakernel(&plan.step)?;
+    let fp8 = plan.fp8.as_ref();
     Ok(WeightForms {
-        bf16: mega || plan.gemv.is_some() || plan.bf16.is_some(),
+        bf16: mega || plan.gemv.is_some() || (plan.bf16.is_some() && fp8.is_none()),
         folded: mega || plan.gemv.as_ref().is_some_and(gemv::folds_layernorm),
+        fp8: fp8.is_some(),
+        fp8_folded: fp8.is_some_and(|f| gemv_fp8::folds_layernorm(&f.gemv)),
     })
 }
 

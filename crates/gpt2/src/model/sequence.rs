@@ -1,5 +1,5 @@
-//! The whole-sequence pass: every op prepared for one (B, T) in fp32 or bf16, its activations, and
-//! the [`Pass`] that runs them (with, for a prefill into the KV cache, each layer's keys and values
+//! The whole-sequence pass: every op prepared for one (B, T) in fp32, bf16 or bf16 with FP8 linears,
+//! its activations, and the [`Pass`] that runs them (with, for a prefill into the KV cache, each layer's keys and values
 //! appended).
 
 use std::sync::Arc;
@@ -12,22 +12,25 @@ use attention::prefill::{self, PrefillArgs, PrefillDims};
 use attention::prefill_bf16::{self, PrefillBf16Args, PrefillBf16Dims};
 use attention::reference::Dims as AttnDims;
 use matmul::linear::{self, LinearArgs, LinearDims};
-use matmul::linear_bf16::{self, LinearBf16Args, LinearBf16Dims, Output, Tail};
+use matmul::linear_bf16::{self, LinearBf16Args, LinearBf16Dims, OutElement, Output, Tail};
+use matmul::linear_fp8::{self, Bias, LinearFp8Args, LinearFp8Dims, OperandLayout, OutBuf, ResidualBuf};
+use matmul::quantize_fp8::{self, QuantizeDims};
 use norm::layernorm::{self, LayerNormDims};
 
-use super::device_weights::DeviceWeights;
+use super::device_weights::{DeviceWeights, Fp8Weight};
 use super::{block, enqueue_layernorm, forward, BlockLinear, Model, Pass};
 use crate::cache::KvCache;
 use crate::config::Config;
 use crate::encoder::{self, EncoderArgs, TokenIds};
-use crate::plan::Bf16Stages;
+use crate::plan::{Bf16Stages, Fp8Stages};
 use crate::pointwise::{self, Kind};
 use crate::weights::Block;
 
 /// Every op of the whole-sequence pass prepared for one (B, T), in the plan's precision.
 pub(super) enum Prepared {
     F32(Box<Stages32>),
-    Bf16(Box<Stages16>),
+    Bf16(Box<Stages16<linear_bf16::Prepared>>),
+    Fp8(Box<Stages16<Fp8Linear>>),
 }
 
 impl Prepared {
@@ -43,11 +46,8 @@ impl Prepared {
         match (self, which) {
             (Prepared::F32(p), Logits::All) => gpu.download_rows(&p.acts.logits, rows, v, vp),
             (Prepared::F32(p), Logits::Last) => gpu.download_rows(&p.last.logits, rows, v, vp),
-            (Prepared::Bf16(p), Logits::All) => {
-                let bits = gpu.download_rows(&p.acts.logits, rows, v, vp)?;
-                Ok(bits.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect())
-            }
-            (Prepared::Bf16(p), Logits::Last) => gpu.download_rows(&p.last.logits, rows, v, vp),
+            (Prepared::Bf16(p), _) => p.download_logits(gpu, which, rows, (v, vp)),
+            (Prepared::Fp8(p), _) => p.download_logits(gpu, which, rows, (v, vp)),
         }
     }
 }
@@ -66,17 +66,180 @@ pub(super) struct Stages32 {
     last: LastLogits<linear::Prepared, f32>,
 }
 
-/// The bf16 pass's stages for one (B, T) ([`crate::plan::Bf16Stages`]): the block's GELU and
-/// residual adds run in its linears' tails.
-pub(super) struct Stages16 {
+/// The bf16 pass's stages for one (B, T) ([`crate::plan::Bf16Stages`]), its linears of kind `L`
+/// (`linear-bf16`, or an fp8 plan's [`Fp8Linear`]): the block's GELU and residual adds run in its
+/// linears' tails.
+pub(super) struct Stages16<L> {
     encoder: encoder::Prepared,
     layernorm: layernorm::Prepared,
     /// A block's linears, in [`BlockLinear`] order (the projections on the plan's residual stage).
-    linears: [linear_bf16::Prepared; 4],
-    lm_head: linear_bf16::Prepared,
+    linears: [L; 4],
+    lm_head: L,
     attention: prefill_bf16::Prepared,
     acts: Activations16,
-    last: LastLogits<linear_bf16::Prepared, u16>,
+    last: LastLogits<L, u16>,
+}
+
+impl<L> Stages16<L> {
+    /// [`Prepared::download_logits`]: every position's bf16 logits widened, or the last ones' fp32.
+    fn download_logits(&self, gpu: &Gpu, which: Logits, rows: usize, (v, vp): (usize, usize)) -> Result<Vec<f32>> {
+        match which {
+            Logits::All => {
+                let bits = gpu.download_rows(&self.acts.logits, rows, v, vp)?;
+                Ok(bits.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect())
+            }
+            Logits::Last => gpu.download_rows(&self.last.logits, rows, v, vp),
+        }
+    }
+}
+
+/// A linear of the bf16 pass as its stage runs it: `linear-bf16` on bf16 copies of the weights, or
+/// [`Fp8Linear`] on e4m3 blocks.
+pub(super) trait PassLinear {
+    /// Block linear `which` of layer `layer` (parameters `l`) on the pass's activations: QKV and the
+    /// MLP up store bf16 (the MLP up with GELU applied); the projections add into the fp32 residual
+    /// stream in place.
+    fn block(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        a: &mut Activations16,
+        w: &DeviceWeights,
+        params: (&Block<CudaSlice<f32>>, usize),
+    ) -> Result<()>;
+
+    /// The LM head over `ln` (no bias) into `out`: bf16 logits at every position, fp32 at the last.
+    fn head<T: OutElement>(
+        &mut self,
+        s: &Arc<CudaStream>,
+        out: &mut CudaSlice<T>,
+        ln: &CudaSlice<u16>,
+        w: &DeviceWeights,
+    ) -> Result<()>;
+}
+
+impl PassLinear for linear_bf16::Prepared {
+    fn block(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        a: &mut Activations16,
+        w: &DeviceWeights,
+        (l, layer): (&Block<CudaSlice<f32>>, usize),
+    ) -> Result<()> {
+        let w16 = &w.bf16()?.blocks[layer];
+        let weight = &w16.weights[which as usize];
+        match which {
+            BlockLinear::Qkv => {
+                let bias = Some(&w16.qkv_b);
+                self.enqueue(s, LinearBf16Args { out: &mut a.qkv, inp: &a.ln, weight, bias, residual: None })
+            }
+            BlockLinear::Fc => {
+                let bias = Some(&w16.fc_b);
+                self.enqueue(s, LinearBf16Args { out: &mut a.gelu, inp: &a.ln, weight, bias, residual: None })
+            }
+            BlockLinear::Proj => self.enqueue_residual_in_place(s, &mut a.x, &a.att, weight, Some(&l.proj_b)),
+            BlockLinear::FcProj => self.enqueue_residual_in_place(s, &mut a.x, &a.gelu, weight, Some(&l.fcproj_b)),
+        }
+    }
+
+    fn head<T: OutElement>(
+        &mut self,
+        s: &Arc<CudaStream>,
+        out: &mut CudaSlice<T>,
+        ln: &CudaSlice<u16>,
+        w: &DeviceWeights,
+    ) -> Result<()> {
+        let weight = &w.bf16()?.lm_head;
+        self.enqueue(s, LinearBf16Args { out, inp: ln, weight, bias: None, residual: None })
+    }
+}
+
+/// A linear of an fp8 plan's pass: its bf16 input quantized to e4m3 with one scale per row per 128
+/// channels (`quantize-fp8`), then `linear-fp8` on the weight's 128 x 128 blocks with the fp32 bias;
+/// the codes and scales between them are its own.
+pub(super) struct Fp8Linear {
+    quantize: quantize_fp8::Prepared,
+    linear: linear_fp8::Prepared,
+    codes: CudaSlice<u8>,
+    scales: CudaSlice<f32>,
+}
+
+impl Fp8Linear {
+    fn prepare(gpu: &Gpu, f: &Fp8Stages, d: LinearFp8Dims) -> Result<Fp8Linear> {
+        let q = QuantizeDims { m: d.m, k: d.k, blocks: false };
+        let linear = linear_fp8::prepare(gpu, &f.linear, d)?;
+        require(
+            linear.layout() == OperandLayout::Fp8,
+            "a linear-fp8 kernel stage (the quantizer's scale layout)",
+            || format!("stage {} reads {:?}", f.linear.stage, linear.layout()),
+        )?;
+        Ok(Fp8Linear {
+            quantize: quantize_fp8::prepare(gpu, &f.quantize, q)?,
+            linear,
+            codes: gpu.zeros(d.m * d.k)?,
+            scales: gpu.zeros(q.scales())?,
+        })
+    }
+
+    /// `inp` quantized, then `out = dequant(inp) · dequant(weight)ᵀ (+ bias)` and the prepared tail.
+    fn enqueue(
+        &mut self,
+        s: &Arc<CudaStream>,
+        (out, residual): (OutBuf, Option<ResidualBuf>),
+        inp: &CudaSlice<u16>,
+        weight: &Fp8Weight,
+        bias: Option<&CudaSlice<f32>>,
+    ) -> Result<()> {
+        self.quantize.enqueue(s, &mut self.codes, &mut self.scales, inp)?;
+        let args = LinearFp8Args {
+            out,
+            a_codes: &self.codes,
+            a_scales: &self.scales,
+            w_codes: &weight.codes,
+            w_scales: &weight.scales,
+            bias: bias.map(Bias::F32),
+            residual,
+        };
+        self.linear.enqueue(s, args)
+    }
+}
+
+/// `x` as a linear's output and its residual (`x += ...`).
+fn in_place(x: &mut CudaSlice<f32>) -> (OutBuf<'_>, Option<ResidualBuf<'_>>) {
+    let out = OutBuf::new(x);
+    let residual = ResidualBuf::in_place(&out);
+    (out, Some(residual))
+}
+
+impl PassLinear for Fp8Linear {
+    fn block(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        a: &mut Activations16,
+        w: &DeviceWeights,
+        (l, layer): (&Block<CudaSlice<f32>>, usize),
+    ) -> Result<()> {
+        let weight = &w.fp8()?.blocks[layer][which as usize];
+        let bias = Some(which.params(l).1);
+        match which {
+            BlockLinear::Qkv => self.enqueue(s, (OutBuf::new(&mut a.qkv), None), &a.ln, weight, bias),
+            BlockLinear::Fc => self.enqueue(s, (OutBuf::new(&mut a.gelu), None), &a.ln, weight, bias),
+            BlockLinear::Proj => self.enqueue(s, in_place(&mut a.x), &a.att, weight, bias),
+            BlockLinear::FcProj => self.enqueue(s, in_place(&mut a.x), &a.gelu, weight, bias),
+        }
+    }
+
+    fn head<T: OutElement>(
+        &mut self,
+        s: &Arc<CudaStream>,
+        out: &mut CudaSlice<T>,
+        ln: &CudaSlice<u16>,
+        w: &DeviceWeights,
+    ) -> Result<()> {
+        self.enqueue(s, (OutBuf::new(out), None), ln, &w.fp8()?.lm_head, None)
+    }
 }
 
 /// Which positions' logits a whole-sequence pass computes: every one (what the model table's
@@ -165,7 +328,7 @@ impl Activations {
 /// bf16 bit patterns (`gelu`: the MLP up's output, GELU applied in its tail; `logits`: every
 /// position's, bf16 as Hugging Face's bf16 model returns them; the last positions' are fp32,
 /// [`LastLogits`], for sampling).
-struct Activations16 {
+pub(super) struct Activations16 {
     x: CudaSlice<f32>,
     ln: CudaSlice<u16>,
     mean: CudaSlice<f32>,
@@ -221,13 +384,39 @@ impl Model {
         b: usize,
         t: usize,
         encoder: encoder::Prepared,
-    ) -> Result<Stages16> {
-        let cfg = self.cfg;
-        let (c, m) = (cfg.c, b * t);
+    ) -> Result<Stages16<linear_bf16::Prepared>> {
         let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output| {
             let stage = if tail == Tail::Residual { &bf.residual_linear } else { &bf.linear };
             linear_bf16::prepare(gpu, stage, LinearBf16Dims { m, n, k, bias, tail, out })
         };
+        self.prepare_16(gpu, bf, (b, t), encoder, lin)
+    }
+
+    pub(super) fn prepare_fp8(
+        &self,
+        gpu: &Gpu,
+        (bf, f8): (&Bf16Stages, &Fp8Stages),
+        b: usize,
+        t: usize,
+        encoder: encoder::Prepared,
+    ) -> Result<Stages16<Fp8Linear>> {
+        let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output| {
+            Fp8Linear::prepare(gpu, f8, LinearFp8Dims { m, n, k, bias, tail, out })
+        };
+        self.prepare_16(gpu, bf, (b, t), encoder, lin)
+    }
+
+    /// The bf16 pass's stages with its linears made by `lin(M, N, K, bias, tail, out)`.
+    fn prepare_16<L>(
+        &self,
+        gpu: &Gpu,
+        bf: &Bf16Stages,
+        (b, t): (usize, usize),
+        encoder: encoder::Prepared,
+        lin: impl Fn(usize, usize, usize, bool, Tail, Output) -> Result<L>,
+    ) -> Result<Stages16<L>> {
+        let cfg = self.cfg;
+        let (c, m) = (cfg.c, b * t);
         let dims = PrefillBf16Dims { dims: AttnDims { b, t, c, nh: cfg.heads }, causal: true };
         Ok(Stages16 {
             encoder,
@@ -287,6 +476,7 @@ impl Model {
         match self.prepared.get_mut(&(b, t)).expect("prepared before") {
             Prepared::F32(op) => forward(s, &mut Sequence { op: op.as_mut(), ctx }, &self.weights.p),
             Prepared::Bf16(op) => forward(s, &mut Sequence { op: op.as_mut(), ctx }, &self.weights.p),
+            Prepared::Fp8(op) => forward(s, &mut Sequence { op: op.as_mut(), ctx }, &self.weights.p),
         }
     }
 
@@ -309,6 +499,7 @@ impl Model {
         match self.prepared.get_mut(&(b, t)).expect("prepared above") {
             Prepared::F32(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
             Prepared::Bf16(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
+            Prepared::Fp8(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
         }
     }
 }
@@ -392,7 +583,7 @@ impl Pass for Sequence<'_, '_, Stages32> {
     }
 }
 
-impl Pass for Sequence<'_, '_, Stages16> {
+impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
     fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         self.ctx.embed(s, &self.op.encoder, &mut self.op.acts.x)
     }
@@ -403,8 +594,6 @@ impl Pass for Sequence<'_, '_, Stages16> {
         enqueue_layernorm(s, &self.op.layernorm, ActMut::Bf16(&mut a.ln), stats, &a.x, (w, b))
     }
 
-    /// QKV and the MLP up store bf16 (the MLP up with GELU applied); the projections add into the
-    /// fp32 residual stream in place.
     fn linear(
         &mut self,
         s: &Arc<CudaStream>,
@@ -412,21 +601,7 @@ impl Pass for Sequence<'_, '_, Stages16> {
         l: &Block<CudaSlice<f32>>,
         layer: usize,
     ) -> Result<()> {
-        let w16 = self.ctx.w.bf16()?;
-        let (weight, bias16) = (&w16.blocks[layer].weights[which as usize], &w16.blocks[layer]);
-        let (a, p) = (&mut self.op.acts, &self.op.linears[which as usize]);
-        match which {
-            BlockLinear::Qkv => {
-                let bias = Some(&bias16.qkv_b);
-                p.enqueue(s, LinearBf16Args { out: &mut a.qkv, inp: &a.ln, weight, bias, residual: None })
-            }
-            BlockLinear::Fc => {
-                let bias = Some(&bias16.fc_b);
-                p.enqueue(s, LinearBf16Args { out: &mut a.gelu, inp: &a.ln, weight, bias, residual: None })
-            }
-            BlockLinear::Proj => p.enqueue_residual_in_place(s, &mut a.x, &a.att, weight, Some(&l.proj_b)),
-            BlockLinear::FcProj => p.enqueue_residual_in_place(s, &mut a.x, &a.gelu, weight, Some(&l.fcproj_b)),
-        }
+        self.op.linears[which as usize].block(s, which, &mut self.op.acts, self.ctx.w, (l, layer))
     }
 
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
@@ -449,18 +624,12 @@ impl Pass for Sequence<'_, '_, Stages16> {
 
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         let (op, Whole { w, logits, b, t, c, .. }) = (&mut *self.op, &self.ctx);
-        let (a, head) = (&mut op.acts, &w.bf16()?.lm_head);
         match logits {
-            Logits::All => op.lm_head.enqueue(
-                s,
-                LinearBf16Args { out: &mut a.logits, inp: &a.ln, weight: head, bias: None, residual: None },
-            ),
+            Logits::All => op.lm_head.head(s, &mut op.acts.logits, &op.acts.ln, w),
             Logits::Last => {
                 let last = &mut op.last;
-                last.gather(s, &a.ln, (*b, *t, *c))?;
-                let args =
-                    LinearBf16Args { out: &mut last.logits, inp: &last.ln, weight: head, bias: None, residual: None };
-                last.lm_head.enqueue(s, args)
+                last.gather(s, &op.acts.ln, (*b, *t, *c))?;
+                last.lm_head.head(s, &mut last.logits, &last.ln, w)
             }
         }
     }
