@@ -10,12 +10,21 @@ crates = {"kernel-ladder": os.path.join(root, "src")}
 for c in sorted(os.listdir(os.path.join(root, "crates"))):
     crates[c] = os.path.join(root, "crates", c, "src")
 for name, src in crates.items():
-    mods = {f[:-3] for f in os.listdir(src) if f.endswith(".rs") and f not in ("lib.rs", "main.rs")}
+    # A module is a file `m.rs` or a folder `m/` (its `mod.rs` and submodules count as `m`).
+    files = {}
+    for f in os.listdir(src):
+        path = os.path.join(src, f)
+        if f.endswith(".rs") and f not in ("lib.rs", "main.rs"):
+            files.setdefault(f[:-3], []).append(path)
+        elif os.path.isdir(path):
+            files.setdefault(f, []).extend(
+                os.path.join(d, g) for d, _, gs in os.walk(path) for g in gs if g.endswith(".rs"))
+    mods = set(files)
     edges = {m: set() for m in mods}
     for m in mods:
-        text = open(os.path.join(src, m + ".rs")).read()
-        # skip #[cfg(test)] modules: tests may import anything
-        text = text.split("#[cfg(test)]")[0]
+        # skip #[cfg(test)] modules (tests may import anything) and comments (a doc link is no import)
+        text = "\n".join(open(f).read().split("#[cfg(test)]")[0] for f in files[m])
+        text = re.sub(r"//.*", "", text)
         for t in re.findall(r"crate::(\w+)", text):
             if t in mods and t != m:
                 edges[m].add(t)

@@ -133,6 +133,17 @@ pub fn gather_rows<T: Copy>(x: &[T], row_len: usize, rows: &[usize]) -> Vec<T> {
     rows.iter().flat_map(|&r| &x[r * row_len..(r + 1) * row_len]).copied().collect()
 }
 
+/// The relative L2 error of `out` against `reference` as one number: NaN when any element of `out`
+/// is not finite (so no tolerance passes it). What a model-level comparison reports.
+pub fn rel_l2<T: Element>(out: &[T], reference: &[f64]) -> f64 {
+    let e = compare("out", out, reference);
+    if e.non_finite > 0 {
+        f64::NAN
+    } else {
+        e.rel_l2
+    }
+}
+
 /// Compares `out` with `reference` element by element. A length mismatch counts every missing
 /// element as non-finite.
 pub fn compare<T: Element>(output: &str, out: &[T], reference: &[f64]) -> ErrorStats {

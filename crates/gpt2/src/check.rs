@@ -125,15 +125,9 @@ fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
     Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
-/// Relative L2 error of `got` against `want` (common's comparison); NaN if any value is not finite.
+/// Relative L2 error of `got` against `want` (common's, NaN if any value of `got` is not finite).
 fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
-    let e = common::check::compare("logits", got, &want);
-    if e.non_finite > 0 {
-        f64::NAN
-    } else {
-        e.rel_l2
-    }
+    common::check::rel_l2(got, &want.iter().map(|&x| x as f64).collect::<Vec<_>>())
 }
 
 /// Whether HF fp32's top-1 / top-2 gap in `want` exceeds twice the RMS error of `got` on that row.

@@ -13,6 +13,7 @@ pub mod encoder;
 pub mod fastest;
 pub mod generate;
 pub mod graph;
+pub mod megakernel;
 pub mod model;
 pub mod plan;
 pub mod pointwise;

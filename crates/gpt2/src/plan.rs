@@ -15,8 +15,8 @@ use matmul::quantize_fp8::QuantizeFp8;
 use norm::layernorm::LayerNorm;
 
 use crate::argmax::Argmax;
-use crate::decode_step::DecodeStep;
 use crate::encoder::Encoder;
+use crate::megakernel;
 use crate::pointwise::{Gelu, Residual};
 use crate::sample::Sample;
 
@@ -132,10 +132,16 @@ pub type Stages = [u32; PLAN_OPS.len()];
 pub(crate) const OFF: u32 = u32::MAX;
 
 fn stage_of(op: &dyn Op, stage: u32) -> Result<Variant> {
-    op.variants().into_iter().find(|v| v.stage == stage).ok_or_else(|| {
-        let have: Vec<u32> = op.variants().iter().map(|v| v.stage).collect();
-        Error::constraint(format!("{}/{} stage in {have:?}", op.family(), op.name()), format!("stage {stage}"))
-    })
+    stage_in(op.variants(), &format!("{}/{}", op.family(), op.name()), stage)
+}
+
+/// Stage `stage` of the stage list `variants` of op `op` (`family/name`).
+fn stage_in(variants: Vec<Variant>, op: &str, stage: u32) -> Result<Variant> {
+    let have: Vec<u32> = variants.iter().map(|v| v.stage).collect();
+    variants
+        .into_iter()
+        .find(|v| v.stage == stage)
+        .ok_or_else(|| Error::constraint(format!("{op} stage in {have:?}"), format!("stage {stage}")))
 }
 
 /// The named plans, in the model table's order. `fastest` and `fastest-bf16` are chosen on the
@@ -279,7 +285,8 @@ impl Plan {
             gemv: if s[8] == OFF { None } else { Some(stage_of(&Gemv, s[8])?) },
             argmax: stage_of(&Argmax, s[9])?,
             sample: stage_of(&Sample, s[10])?,
-            step: stage_of(&DecodeStep, s[11])?,
+            // The decode step's stage list without its op, which drives the model (no import circle).
+            step: stage_in(megakernel::stages(), &format!("{}/{}", crate::FAMILY, megakernel::OP), s[11])?,
             bf16,
             fp8,
             tuned: Vec::new(),

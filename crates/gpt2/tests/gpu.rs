@@ -2,6 +2,7 @@
 //! ids checked on upload, the documented limits, and a graph replay. Ignored (not passed) without a
 //! GPU; failing with `LADDER_REQUIRE_GPU=1`.
 
+use common::check::rel_l2;
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
 use common::{Op, Shape};
 use gpt2::config::Config;
@@ -13,16 +14,6 @@ use gpt2::reference;
 use gpt2::sampling::Sampling;
 use gpt2::weights::Weights;
 use proptest::prelude::{prop_oneof, Just};
-
-/// Relative L2 error of `got` against `want`; NaN if any value is not finite.
-fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let e = common::check::compare("logits", got, want);
-    if e.non_finite > 0 {
-        f64::NAN
-    } else {
-        e.rel_l2
-    }
-}
 
 fn main() -> std::process::ExitCode {
     Suite::new()

@@ -9,7 +9,9 @@ use common::{require, DriverContext, Error, Gpu, Result};
 use super::decode_engine::{enqueue_step, StepEnd};
 use super::Model;
 use crate::cache::{KvCache, LayerCache};
-use crate::decode_step::{HostCache, MegaStep};
+use crate::config::Config;
+use crate::megakernel::MegaStep;
+use rayon::prelude::*;
 
 /// The decode step as `gpt2/decode-step` drives it: a stage set, a cache filled from the host, the
 /// greedy step replayed without advancing, its outputs read back.
@@ -118,4 +120,44 @@ pub struct StepOutputs {
     pub ids: Vec<i32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
+}
+
+/// A random bf16 cache in [-1, 1): each layer's k and v, `[B, context, C]` bit patterns, rows past a
+/// sequence's length zero.
+pub(crate) struct HostCache {
+    pub k: Vec<Vec<u16>>,
+    pub v: Vec<Vec<u16>>,
+}
+
+impl HostCache {
+    pub(crate) fn random(cfg: &Config, lens: &[usize], seed: u64) -> HostCache {
+        let per = cfg.max_t * cfg.c;
+        let fill = |salt: u64| -> Vec<u16> {
+            let mut out = vec![0u16; lens.len() * per];
+            out.par_chunks_mut(cfg.c).enumerate().for_each(|(row, r)| {
+                let (b, t) = (row / cfg.max_t, row % cfg.max_t);
+                if t < lens[b] {
+                    for (i, x) in r.iter_mut().enumerate() {
+                        let u = splitmix(seed ^ salt ^ ((row * cfg.c + i) as u64).wrapping_mul(0x9E37_79B9));
+                        let f = (u >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                        *x = half::bf16::from_f32(f).to_bits();
+                    }
+                }
+            });
+            out
+        };
+        let layer = |l: usize, kv: u64| fill((l as u64 + 1) * 0x1000_0001 + kv);
+        HostCache {
+            k: (0..cfg.layers).map(|l| layer(l, 1)).collect(),
+            v: (0..cfg.layers).map(|l| layer(l, 2)).collect(),
+        }
+    }
+}
+
+/// SplitMix64's output function: a well-mixed 64-bit value of `z`.
+pub(crate) fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

@@ -29,8 +29,8 @@ use matmul::{gemv, gemv_fp8};
 use norm::layernorm::{self, LayerNormArgs};
 
 use crate::config::{Config, LN_EPS};
-use crate::decode_step as step;
 use crate::encoder::{self, EncoderDims};
+use crate::megakernel as step;
 use crate::plan::Plan;
 use crate::weights::{Block, Params, Weights};
 
@@ -43,6 +43,7 @@ mod sequence;
 use decode_engine::DecodeStep;
 use device_weights::{padded_head, Bf16Weights, DeviceWeights, Fp8Weights};
 pub use harness::StepOutputs;
+pub(crate) use harness::{splitmix, HostCache};
 pub use profile::StepTimeline;
 pub use sequence::Logits;
 use sequence::Prepared;
