@@ -146,15 +146,23 @@ fn main() -> std::process::ExitCode {
                 let quantized_last: Vec<f32> =
                     quantized.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect();
                 let format_last = rel_l2(&quantized_last, &last_of(&want));
-                let mut m = Model::new(gpu, cfg, &w, Plan::named("fp8").unwrap()).unwrap();
-                let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
-                eprintln!("fp8, seed {seed}, T = {t}: logits rel L2 {err:.2e} (the format's own {format:.2e})");
-                assert!(err <= 1.5 * format + 1e-2, "fp8, seed {seed}: logits rel L2 {err:e}, format {format:e}");
-                let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &last_of(&want));
-                assert!(
-                    err <= 1.5 * format_last + 1e-2,
-                    "fp8, seed {seed}: last-position logits rel L2 {err:e}, format {format_last:e}"
-                );
+                // The LayerNorms taken into the quantizer (quantize-fp8 2), or run apart (1).
+                for spec in ["fp8", "fp8:quantize-fp8=1"] {
+                    let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+                    let plan = Plan::named(name).unwrap().with_overrides(overrides).unwrap();
+                    let mut m = Model::new(gpu, cfg, &w, plan).unwrap();
+                    let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
+                    eprintln!("{spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e} (the format's own {format:.2e})");
+                    assert!(
+                        err <= 1.5 * format + 1e-2,
+                        "{spec}, seed {seed}: logits rel L2 {err:e}, format {format:e}"
+                    );
+                    let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &last_of(&want));
+                    assert!(
+                        err <= 1.5 * format_last + 1e-2,
+                        "{spec}, seed {seed}: last-position logits rel L2 {err:e}, format {format_last:e}"
+                    );
+                }
             }
         })
         .gpu("fp8_kv_cache_decode_within_the_format_error", |gpu| {
@@ -166,7 +174,8 @@ fn main() -> std::process::ExitCode {
             let w = Weights::random(&cfg, 7);
             let seqs: Vec<Vec<i32>> =
                 [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
-            for (spec, graph) in [("fp8", false), ("fp8", true), ("fp8:gemv-fp8=4", true)] {
+            for (spec, graph) in [("fp8", false), ("fp8", true), ("fp8:gemv-fp8=4", true), ("fp8:quantize-fp8=1", true)]
+            {
                 let (plan, overrides) = spec.split_once(':').unwrap_or((spec, ""));
                 let plan = Plan::named(plan).unwrap().with_overrides(overrides).unwrap();
                 let mut m = Model::new(gpu, cfg, &w, plan).unwrap();

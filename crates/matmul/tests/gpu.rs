@@ -329,7 +329,7 @@ fn main() -> std::process::ExitCode {
         .gpu("quantize_fp8_default_and_ragged", |gpu| {
             // Byte for byte against the CPU quantizer: GPT-2's shapes, then rows and channels that
             // are not multiples of 4, 32 or 128 (a partial last group or block), M = 1 and K = 1.
-            use matmul::quantize_fp8::{shape, QuantizeFp8};
+            use matmul::quantize_fp8::{shape, shape_ln, QuantizeFp8};
             for s in QuantizeFp8.default_shapes() {
                 assert_stages_pass(gpu, &QuantizeFp8, &s, &QuantizeFp8.variants());
             }
@@ -338,6 +338,15 @@ fn main() -> std::process::ExitCode {
             }
             proptest(16, (1i64..=400, 1i64..=700, 0i64..=1), |(m, k, blocks)| {
                 assert_stages_pass(gpu, &QuantizeFp8, &shape(m, k, blocks), &QuantizeFp8.variants());
+            });
+            // The LayerNorm taken in (stage 2, ln = 1): ragged rows, K a multiple of 8 with a partial
+            // last group, up to the 4096 limit.
+            let stage2: Vec<_> = QuantizeFp8.variants().into_iter().filter(|v| v.stage == 2).collect();
+            for s in [shape_ln(1, 8), shape_ln(3, 4096), shape_ln(33, 1000)] {
+                assert_stages_pass(gpu, &QuantizeFp8, &s, &stage2);
+            }
+            proptest(16, (1i64..=300, 1i64..=512), |(m, k8)| {
+                assert_stages_pass(gpu, &QuantizeFp8, &shape_ln(m, 8 * k8), &stage2);
             })
         })
         .gpu("gemv_fp8_gpt2_shapes_and_ragged", |gpu| {

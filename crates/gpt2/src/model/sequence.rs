@@ -20,7 +20,7 @@ use norm::layernorm::{self, LayerNormDims};
 use super::device_weights::{DeviceWeights, Fp8Weight};
 use super::{block, enqueue_layernorm, forward, BlockLinear, Model, Pass};
 use crate::cache::KvCache;
-use crate::config::Config;
+use crate::config::{Config, LN_EPS};
 use crate::encoder::{self, EncoderArgs, TokenIds};
 use crate::plan::{Bf16Stages, Fp8Stages};
 use crate::pointwise::{self, Kind};
@@ -108,14 +108,25 @@ pub(super) trait PassLinear {
         params: (&Block<CudaSlice<f32>>, usize),
     ) -> Result<()>;
 
-    /// The LM head over `ln` (no bias) into `out`: bf16 logits at every position, fp32 at the last.
+    /// The LM head (no bias) into `out`: bf16 logits at every position, fp32 at the last.
     fn head<T: OutElement>(
         &mut self,
         s: &Arc<CudaStream>,
         out: &mut CudaSlice<T>,
-        ln: &CudaSlice<u16>,
+        inp: HeadInput,
         w: &DeviceWeights,
     ) -> Result<()>;
+
+    /// Whether the linears after a LayerNorm (QKV, the MLP up, the LM head) take it in themselves
+    /// and read the residual stream: then the pass launches no LayerNorm.
+    fn takes_layernorm(&self) -> bool;
+}
+
+/// What the LM head reads: ln_f's bf16 output, or the fp32 residual stream (a head that takes ln_f
+/// in).
+pub(super) enum HeadInput<'a> {
+    LayerNorm(&'a CudaSlice<u16>),
+    Stream(&'a CudaSlice<f32>),
 }
 
 impl PassLinear for linear_bf16::Prepared {
@@ -147,16 +158,24 @@ impl PassLinear for linear_bf16::Prepared {
         &mut self,
         s: &Arc<CudaStream>,
         out: &mut CudaSlice<T>,
-        ln: &CudaSlice<u16>,
+        inp: HeadInput,
         w: &DeviceWeights,
     ) -> Result<()> {
+        let HeadInput::LayerNorm(ln) = inp else {
+            return Err(Error::constraint("ln_f's bf16 output for a linear-bf16 LM head", "the residual stream"));
+        };
         let weight = &w.bf16()?.lm_head;
         self.enqueue(s, LinearBf16Args { out, inp: ln, weight, bias: None, residual: None })
+    }
+
+    fn takes_layernorm(&self) -> bool {
+        false
     }
 }
 
 /// A linear of an fp8 plan's pass: its bf16 input quantized to e4m3 with one scale per row per 128
-/// channels (`quantize-fp8`), then `linear-fp8` on the weight's 128 x 128 blocks with the fp32 bias;
+/// channels (`quantize-fp8`; after a LayerNorm, with a stage that takes it in, the fp32 residual stream
+/// and the LayerNorm instead), then `linear-fp8` on the weight's 128 x 128 blocks with the fp32 bias;
 /// the codes and scales between them are its own.
 pub(super) struct Fp8Linear {
     quantize: quantize_fp8::Prepared,
@@ -165,9 +184,18 @@ pub(super) struct Fp8Linear {
     scales: CudaSlice<f32>,
 }
 
+/// What an [`Fp8Linear`] quantizes: a bf16 activation, or the residual stream through the LayerNorm
+/// with this gain and shift.
+enum Fp8Input<'a> {
+    Bf16(&'a CudaSlice<u16>),
+    LayerNorm(&'a CudaSlice<f32>, (&'a CudaSlice<f32>, &'a CudaSlice<f32>)),
+}
+
 impl Fp8Linear {
-    fn prepare(gpu: &Gpu, f: &Fp8Stages, d: LinearFp8Dims) -> Result<Fp8Linear> {
-        let q = QuantizeDims { m: d.m, k: d.k, blocks: false };
+    /// `after_ln`: the linear reads a LayerNorm's output, which a stage that can takes in.
+    fn prepare(gpu: &Gpu, f: &Fp8Stages, d: LinearFp8Dims, after_ln: bool) -> Result<Fp8Linear> {
+        let ln = after_ln && quantize_fp8::takes_layernorm(&f.quantize);
+        let q = QuantizeDims { m: d.m, k: d.k, blocks: false, ln };
         let linear = linear_fp8::prepare(gpu, &f.linear, d)?;
         require(
             linear.layout() == OperandLayout::Fp8,
@@ -187,11 +215,16 @@ impl Fp8Linear {
         &mut self,
         s: &Arc<CudaStream>,
         (out, residual): (OutBuf, Option<ResidualBuf>),
-        inp: &CudaSlice<u16>,
+        inp: Fp8Input,
         weight: &Fp8Weight,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
-        self.quantize.enqueue(s, &mut self.codes, &mut self.scales, inp)?;
+        match inp {
+            Fp8Input::Bf16(x) => self.quantize.enqueue(s, &mut self.codes, &mut self.scales, x)?,
+            Fp8Input::LayerNorm(x, ln) => {
+                self.quantize.enqueue_layernorm(s, &mut self.codes, &mut self.scales, x, ln, LN_EPS)?
+            }
+        }
         let args = LinearFp8Args {
             out,
             a_codes: &self.codes,
@@ -223,11 +256,22 @@ impl PassLinear for Fp8Linear {
     ) -> Result<()> {
         let weight = &w.fp8()?.blocks[layer][which as usize];
         let bias = Some(which.params(l).1);
+        // QKV and the MLP up read their LayerNorm: its output, or the stream through it.
+        let after_ln = |gain_shift| match self.takes_layernorm() {
+            true => Fp8Input::LayerNorm(&a.x, gain_shift),
+            false => Fp8Input::Bf16(&a.ln),
+        };
         match which {
-            BlockLinear::Qkv => self.enqueue(s, (OutBuf::new(&mut a.qkv), None), &a.ln, weight, bias),
-            BlockLinear::Fc => self.enqueue(s, (OutBuf::new(&mut a.gelu), None), &a.ln, weight, bias),
-            BlockLinear::Proj => self.enqueue(s, in_place(&mut a.x), &a.att, weight, bias),
-            BlockLinear::FcProj => self.enqueue(s, in_place(&mut a.x), &a.gelu, weight, bias),
+            BlockLinear::Qkv => {
+                let inp = after_ln((&l.ln1_w, &l.ln1_b));
+                self.enqueue(s, (OutBuf::new(&mut a.qkv), None), inp, weight, bias)
+            }
+            BlockLinear::Fc => {
+                let inp = after_ln((&l.ln2_w, &l.ln2_b));
+                self.enqueue(s, (OutBuf::new(&mut a.gelu), None), inp, weight, bias)
+            }
+            BlockLinear::Proj => self.enqueue(s, in_place(&mut a.x), Fp8Input::Bf16(&a.att), weight, bias),
+            BlockLinear::FcProj => self.enqueue(s, in_place(&mut a.x), Fp8Input::Bf16(&a.gelu), weight, bias),
         }
     }
 
@@ -235,10 +279,18 @@ impl PassLinear for Fp8Linear {
         &mut self,
         s: &Arc<CudaStream>,
         out: &mut CudaSlice<T>,
-        ln: &CudaSlice<u16>,
+        inp: HeadInput,
         w: &DeviceWeights,
     ) -> Result<()> {
-        self.enqueue(s, (OutBuf::new(out), None), ln, &w.fp8()?.lm_head, None)
+        let inp = match inp {
+            HeadInput::LayerNorm(ln) => Fp8Input::Bf16(ln),
+            HeadInput::Stream(x) => Fp8Input::LayerNorm(x, (&w.p.lnf_w, &w.p.lnf_b)),
+        };
+        self.enqueue(s, (OutBuf::new(out), None), inp, &w.fp8()?.lm_head, None)
+    }
+
+    fn takes_layernorm(&self) -> bool {
+        self.quantize.takes_layernorm()
     }
 }
 
@@ -251,28 +303,36 @@ pub enum Logits {
     Last,
 }
 
-/// The LM head over each sequence's last position: those rows of the final LayerNorm's output
-/// (of element type `E`), gathered, and their logits.
+/// The LM head over each sequence's last position: those rows of the final LayerNorm's output (of
+/// element type `E`), or of the residual stream for an LM head that takes the LayerNorm in,
+/// gathered, and their logits.
 struct LastLogits<L, E> {
     lm_head: L,
     ln: CudaSlice<E>,
+    stream: CudaSlice<f32>,
     logits: CudaSlice<f32>,
 }
 
 impl<L, E: common::cudarc::driver::DeviceRepr + common::cudarc::driver::ValidAsZeroBits> LastLogits<L, E> {
     fn new(gpu: &Gpu, cfg: &Config, b: usize, lm_head: L) -> Result<Self> {
-        Ok(LastLogits { lm_head, ln: gpu.zeros(b * cfg.c)?, logits: gpu.zeros(b * cfg.padded_vocab())? })
+        let (ln, stream) = (gpu.zeros(b * cfg.c)?, gpu.zeros(b * cfg.c)?);
+        Ok(LastLogits { lm_head, ln, stream, logits: gpu.zeros(b * cfg.padded_vocab())? })
     }
+}
 
-    /// Copies row `t - 1` of each of the B sequences of `ln` (`[B·T, C]`) into `self.ln`.
-    fn gather(&mut self, s: &Arc<CudaStream>, ln: &CudaSlice<E>, (b, t, c): (usize, usize, usize)) -> Result<()> {
-        for i in 0..b {
-            let row = (i * t + t - 1) * c;
-            s.memcpy_dtod(&ln.slice(row..row + c), &mut self.ln.slice_mut(i * c..(i + 1) * c))
-                .ctx("gather the last positions")?;
-        }
-        Ok(())
+/// Copies row `t - 1` of each of the B sequences of `from` (`[B·T, C]`) into `into` (`[B, C]`).
+fn gather_last<T: common::cudarc::driver::DeviceRepr>(
+    s: &Arc<CudaStream>,
+    from: &CudaSlice<T>,
+    into: &mut CudaSlice<T>,
+    (b, t, c): (usize, usize, usize),
+) -> Result<()> {
+    for i in 0..b {
+        let row = (i * t + t - 1) * c;
+        s.memcpy_dtod(&from.slice(row..row + c), &mut into.slice_mut(i * c..(i + 1) * c))
+            .ctx("gather the last positions")?;
     }
+    Ok(())
 }
 
 /// The activations of one fp32 pass over `rows` token positions (B·T in the prefill, B in a decode
@@ -385,7 +445,7 @@ impl Model {
         t: usize,
         encoder: encoder::Prepared,
     ) -> Result<Stages16<linear_bf16::Prepared>> {
-        let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output| {
+        let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output, _after_ln: bool| {
             let stage = if tail == Tail::Residual { &bf.residual_linear } else { &bf.linear };
             linear_bf16::prepare(gpu, stage, LinearBf16Dims { m, n, k, bias, tail, out })
         };
@@ -400,20 +460,21 @@ impl Model {
         t: usize,
         encoder: encoder::Prepared,
     ) -> Result<Stages16<Fp8Linear>> {
-        let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output| {
-            Fp8Linear::prepare(gpu, f8, LinearFp8Dims { m, n, k, bias, tail, out })
+        let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output, after_ln: bool| {
+            Fp8Linear::prepare(gpu, f8, LinearFp8Dims { m, n, k, bias, tail, out }, after_ln)
         };
         self.prepare_16(gpu, bf, (b, t), encoder, lin)
     }
 
-    /// The bf16 pass's stages with its linears made by `lin(M, N, K, bias, tail, out)`.
+    /// The bf16 pass's stages with its linears made by `lin(M, N, K, bias, tail, out, after_ln)`
+    /// (`after_ln`: the linear reads a LayerNorm's output).
     fn prepare_16<L>(
         &self,
         gpu: &Gpu,
         bf: &Bf16Stages,
         (b, t): (usize, usize),
         encoder: encoder::Prepared,
-        lin: impl Fn(usize, usize, usize, bool, Tail, Output) -> Result<L>,
+        lin: impl Fn(usize, usize, usize, bool, Tail, Output, bool) -> Result<L>,
     ) -> Result<Stages16<L>> {
         let cfg = self.cfg;
         let (c, m) = (cfg.c, b * t);
@@ -422,15 +483,15 @@ impl Model {
             encoder,
             layernorm: layernorm::prepare(gpu, &bf.layernorm, LayerNormDims { rows: m, c, out: ActType::Bf16 })?,
             linears: [
-                lin(m, 3 * c, c, true, Tail::None, Output::Bf16)?,
-                lin(m, c, c, true, Tail::Residual, Output::F32)?,
-                lin(m, 4 * c, c, true, Tail::Gelu, Output::Bf16)?,
-                lin(m, c, 4 * c, true, Tail::Residual, Output::F32)?,
+                lin(m, 3 * c, c, true, Tail::None, Output::Bf16, true)?,
+                lin(m, c, c, true, Tail::Residual, Output::F32, false)?,
+                lin(m, 4 * c, c, true, Tail::Gelu, Output::Bf16, true)?,
+                lin(m, c, 4 * c, true, Tail::Residual, Output::F32, false)?,
             ],
-            lm_head: lin(m, cfg.padded_vocab(), c, false, Tail::None, Output::Bf16)?,
+            lm_head: lin(m, cfg.padded_vocab(), c, false, Tail::None, Output::Bf16, true)?,
             attention: prefill_bf16::prepare(gpu, &bf.attention, dims)?,
             acts: Activations16::new(gpu, &cfg, m)?,
-            last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, false, Tail::None, Output::F32)?)?,
+            last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, false, Tail::None, Output::F32, true)?)?,
         })
     }
 
@@ -576,7 +637,7 @@ impl Pass for Sequence<'_, '_, Stages32> {
             }
             Logits::Last => {
                 let last = &mut op.last;
-                last.gather(s, &a.ln, (*b, *t, *c))?;
+                gather_last(s, &a.ln, &mut last.ln, (*b, *t, *c))?;
                 last.lm_head.enqueue(s, LinearArgs { out: &mut last.logits, inp: &last.ln, weight: head, bias: None })
             }
         }
@@ -588,7 +649,11 @@ impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
         self.ctx.embed(s, &self.op.encoder, &mut self.op.acts.x)
     }
 
+    /// Nothing where the linears after it take it in.
     fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        if self.op.lm_head.takes_layernorm() {
+            return Ok(());
+        }
         let a = &mut self.op.acts;
         let stats = (&mut a.mean, &mut a.rstd);
         enqueue_layernorm(s, &self.op.layernorm, ActMut::Bf16(&mut a.ln), stats, &a.x, (w, b))
@@ -624,12 +689,20 @@ impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
 
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         let (op, Whole { w, logits, b, t, c, .. }) = (&mut *self.op, &self.ctx);
+        let (a, stream) = (&mut op.acts, op.lm_head.takes_layernorm());
         match logits {
-            Logits::All => op.lm_head.head(s, &mut op.acts.logits, &op.acts.ln, w),
+            Logits::All if stream => op.lm_head.head(s, &mut a.logits, HeadInput::Stream(&a.x), w),
+            Logits::All => op.lm_head.head(s, &mut a.logits, HeadInput::LayerNorm(&a.ln), w),
             Logits::Last => {
                 let last = &mut op.last;
-                last.gather(s, &op.acts.ln, (*b, *t, *c))?;
-                last.lm_head.head(s, &mut last.logits, &last.ln, w)
+                let inp = if stream {
+                    gather_last(s, &a.x, &mut last.stream, (*b, *t, *c))?;
+                    HeadInput::Stream(&last.stream)
+                } else {
+                    gather_last(s, &a.ln, &mut last.ln, (*b, *t, *c))?;
+                    HeadInput::LayerNorm(&last.ln)
+                };
+                last.lm_head.head(s, &mut last.logits, inp, w)
             }
         }
     }
