@@ -298,7 +298,7 @@ impl Op for QuantizeFp8 {
                 gamma: gpu.upload(&gamma)?,
                 beta: gpu.upload(&beta)?,
             };
-            (input, q.dequantize(), q.scales)
+            (input, (q.dequantize(), q.codes), q.scales)
         } else {
             let x = inputs(d, seed);
             let (codes, scales) = if d.blocks {
@@ -309,14 +309,17 @@ impl Op for QuantizeFp8 {
                 (q.codes, q.scales)
             };
             let host: Vec<u16> = x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
-            (Input::Bf16(Rotated::upload(gpu, &host, copies)?), codes.into_iter().map(f32::from).collect(), scales)
+            let numbers = codes.iter().map(|&c| f32::from(c)).collect();
+            (Input::Bf16(Rotated::upload(gpu, &host, copies)?), (numbers, codes), scales)
         };
+        let (codes, raw_codes) = codes;
         Ok(Box::new(QuantizeProblem {
             d,
             input,
             codes: Rotated::outputs(gpu, d.m * d.k, copies)?,
             scales: Rotated::outputs(gpu, d.scales(), copies)?,
             want_codes: codes.iter().map(|&c| c as f64).collect(),
+            want_raw_codes: raw_codes,
             want_scales: scales.iter().map(|&s| s as f64).collect(),
             copies,
             prepared: Current::default(),
@@ -374,6 +377,8 @@ struct QuantizeProblem {
     /// The CPU quantizer's codes (with `ln` = 1: its dequantized values) and scales, as the numbers
     /// the comparison reads.
     want_codes: Vec<f64>,
+    /// The CPU quantizer's code bytes, for the note's count of differing codes.
+    want_raw_codes: Vec<u8>,
     want_scales: Vec<f64>,
     copies: usize,
     prepared: Current<Prepared>,
@@ -414,20 +419,20 @@ impl Problem for QuantizeProblem {
         // the dequantized values at LN_TOLERANCE.
         let raw = gpu.download(self.codes.get(copy))?;
         let scales = gpu.download(self.scales.get(copy))?;
+        let code_diffs = raw.iter().zip(&self.want_raw_codes).filter(|(a, b)| a != b).count();
+        let scale_diffs = scales.iter().zip(&self.want_scales).filter(|(g, w)| **g as f64 != **w).count();
+        let note = format!(
+            "{code_diffs} of {} codes, {scale_diffs} of {} scales differ{}",
+            raw.len(),
+            scales.len(),
+            if self.d.ln { " (scales by an fp32 rounding: the LayerNorm in fp32 against f64)" } else { "" }
+        );
         let (codes, tolerance, what) = if self.d.ln {
             let q = fp8::Fp8Rows { m: self.d.m, k: self.d.k, codes: raw, scales: scales.clone() };
             (q.dequantize(), LN_TOLERANCE, "values (the CPU quantizer's on the f64 LayerNorm)")
         } else {
             (raw.into_iter().map(f32::from).collect(), v.tolerance(), "codes (the CPU quantizer's)")
         };
-        let differ = |got: &[f32], want: &[f64]| got.iter().zip(want).filter(|(g, w)| **g as f64 != **w).count();
-        let note = format!(
-            "{} of {} codes, {} of {} scales differ",
-            differ(&codes, &self.want_codes),
-            codes.len(),
-            differ(&scales, &self.want_scales),
-            scales.len()
-        );
         let mut ver =
             Verification::new(tolerance).add(what, &codes, &self.want_codes).add("scales", &scales, &self.want_scales);
         ver.note = Some(note);
