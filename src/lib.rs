@@ -8,6 +8,7 @@ pub mod baseline;
 pub mod chart;
 pub mod compare;
 pub mod matrix;
+pub mod overhead;
 pub mod resources;
 pub mod sass;
 pub mod sweep;

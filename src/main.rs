@@ -915,7 +915,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
         }
         Command::LaunchOverhead { launches, batch } => {
             let gpu = Gpu::open()?;
-            let o = common::overhead::measure(&gpu, launches, batch.max(1))?;
+            let o = kernel_ladder::overhead::measure(&gpu, launches, batch.max(1))?;
             println!("host cost of one launch, {} launches per path in batches of {}:", o.launches, o.batch);
             for (name, p) in [("prepared (Launch::enqueue)", o.prepared), ("raw cuLaunchKernel (cudarc)", o.raw)] {
                 println!("  {name:<28} {:.3} us (min {:.3}, max {:.3})", p.median_us, p.min_us, p.max_us);
@@ -925,7 +925,7 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             let sms = gpu.info().sm_count;
             println!("device time per kernel node of a replayed graph of 75 empty kernels (a kernel boundary):");
             for blocks in [1, 4 * sms] {
-                let g = common::overhead::graph_node(&gpu, 75, blocks, 200)?;
+                let g = kernel_ladder::overhead::graph_node(&gpu, 75, blocks, 200)?;
                 let p = g.per_node;
                 println!(
                     "  {:>4} blocks of 256 threads   {:.3} us (min {:.3}, max {:.3})",

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use rand::Rng;
 
 use common::ceilings::Ceilings;
-use common::check::{Element, NonFinite, Verification};
+use common::check::{device_non_finite, Element, NonFinite, Verification};
 use common::runner::{run_op, RunOptions, Status};
 use common::testing::Suite;
 use common::timing::TimingConfig;
@@ -64,10 +64,10 @@ fn device_check_matches_the_host_for<T: Element>(gpu: &Gpu, seed: u64, to: fn(f3
     let values = common::data::uniform(total * row_len, -4.0, 4.0, seed);
     let clean: Vec<T> = values.iter().map(|&v| to(v)).collect();
     let dev = gpu.upload(&clean).unwrap();
-    assert_eq!(gpu.non_finite(&dev.as_view()).unwrap(), NonFinite { count: 0, first: None }, "seed {seed}");
+    assert_eq!(device_non_finite(gpu, &dev.as_view()).unwrap(), NonFinite { count: 0, first: None }, "seed {seed}");
     let (dirty, expected) = planted(&values, seed ^ 1, to);
     let dev = gpu.upload(&dirty).unwrap();
-    assert_eq!(gpu.non_finite(&dev.as_view()).unwrap(), expected, "seed {seed}");
+    assert_eq!(device_non_finite(gpu, &dev.as_view()).unwrap(), expected, "seed {seed}");
     // The sampled check on the device and on the host agree, failure included.
     let rows = common::check::sample_rows(total, 64, seed ^ 2);
     let reference: Vec<f64> =
@@ -91,14 +91,14 @@ fn device_check_matches_the_host(gpu: &Gpu) {
 fn graph_node_times_a_replayed_chain(gpu: &Gpu) {
     // The chain's time grows with its nodes: 40 nodes take longer than 4 (a replay is one launch
     // either way, so a per-node figure that ignored the nodes could not pass).
-    let short = common::overhead::graph_node(gpu, 4, 1, 20).unwrap();
-    let long = common::overhead::graph_node(gpu, 40, 264, 20).unwrap();
+    let short = kernel_ladder::overhead::graph_node(gpu, 4, 1, 20).unwrap();
+    let long = kernel_ladder::overhead::graph_node(gpu, 40, 264, 20).unwrap();
     for g in [short, long] {
         let p = g.per_node;
         assert!(p.min_us > 0.0 && p.min_us <= p.median_us && p.median_us <= p.max_us, "{g:?}");
     }
     assert!(40.0 * long.per_node.median_us > 4.0 * short.per_node.median_us, "{short:?} {long:?}");
-    assert!(common::overhead::graph_node(gpu, 0, 1, 20).is_err(), "nodes >= 1");
+    assert!(kernel_ladder::overhead::graph_node(gpu, 0, 1, 20).is_err(), "nodes >= 1");
 }
 
 fn main() -> ExitCode {

@@ -9,9 +9,9 @@ use common::{Arch, Generator, Grid, KernelSource, Source, Variant};
 fn compile_everything(tc: &common::Toolchain) {
     let mut jobs: Vec<(&'static common::Sources, Variant, &'static str, Arch)> = Vec::new();
     // The harness's own kernels (empty kernel, gate, non-finite count).
-    for v in [common::overhead::noop(), common::overhead::gate(), common::overhead::non_finite()] {
+    for v in [common::harness::noop(), common::harness::gate(), common::harness::non_finite()] {
         let Source::Kernel(path) = v.source else { continue };
-        jobs.extend([Arch::SM80, Arch::SM90A].map(|arch| (&common::overhead::SOURCES, v.clone(), path, arch)));
+        jobs.extend([Arch::SM80, Arch::SM90A].map(|arch| (&common::harness::SOURCES, v.clone(), path, arch)));
     }
     for family in kernel_ladder::families() {
         for op in family.ops() {

@@ -2,6 +2,7 @@
 //! layout) at fp32, TF32, bf16 and fp16. Used for the GEMM ceilings and by families' library rows.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use serde::Serialize;
@@ -9,8 +10,7 @@ use serde::Serialize;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use crate::error::{Error, Result};
-use crate::gpu::Gpu;
+use crate::error::{DriverContext, Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum GemmPrecision {
@@ -56,7 +56,8 @@ pub struct Blas {
 }
 
 impl Blas {
-    pub fn new(gpu: &Gpu) -> Result<Blas> {
+    /// A handle on `stream` (a `Gpu`'s: `Gpu::blas` keeps one).
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(Error::Blas {
@@ -64,10 +65,11 @@ impl Blas {
                 message: "libcublas.so could not be loaded".into(),
             });
         }
-        let handle = CudaBlas::new(gpu.stream().clone())
+        let handle = CudaBlas::new(stream.clone())
             .map_err(|e| Error::Blas { context: "creating the handle".into(), message: format!("{e:?}") })?;
-        let blas = Blas { handle, workspace: gpu.zeros::<u8>(WORKSPACE_BYTES)? };
-        blas.set_stream(gpu.stream())?;
+        let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES).ctx("allocate the cuBLAS workspace")?;
+        let blas = Blas { handle, workspace };
+        blas.set_stream(stream)?;
         Ok(blas)
     }
 

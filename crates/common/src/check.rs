@@ -10,12 +10,13 @@ use cudarc::driver::{CudaView, DeviceRepr};
 use rand::seq::index;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::launch::{Arg, LaunchShape};
 
 /// An element type a kernel may write, read back as f64 for comparison.
 pub trait Element: Copy + DeviceRepr + Default {
-    /// The exponent bits: all set is NaN or ±Inf (the device-side check, [`Gpu::non_finite`]).
+    /// The exponent bits: all set is NaN or ±Inf (the device-side check, [`device_non_finite`]).
     const EXPONENT_BITS: u64;
     fn to_f64(self) -> f64;
 }
@@ -98,6 +99,36 @@ pub struct NonFinite {
 
 /// Rows of an output compared with the f64 reference when it has more than this many.
 pub const SAMPLED_ROWS: usize = 64;
+
+/// Counts the NaN/±Inf elements of `dev` on the device (`harness/02_non_finite.cu`): the
+/// finiteness check of an output too large to copy to the host for it.
+pub fn device_non_finite<T: Element>(gpu: &Gpu, dev: &CudaView<T>) -> Result<NonFinite> {
+    use cudarc::driver::DevicePtr;
+    const THREADS: u32 = 256;
+    let n = dev.len() as u64;
+    let blocks = n.div_ceil(THREADS as u64).clamp(1, 8 * gpu.info().sm_count as u64) as u32;
+    let entry = match std::mem::size_of::<T>() {
+        2 => "ladder_non_finite_b16",
+        4 => "ladder_non_finite_b32",
+        8 => "ladder_non_finite_b64",
+        size => {
+            return Err(Error::Constraint {
+                constraint: "an element of 2, 4 or 8 bytes".into(),
+                got: format!("{size} bytes"),
+            })
+        }
+    };
+    let stage = crate::harness::non_finite();
+    let launch = gpu.prepare_launch(&crate::harness::SOURCES, &stage, entry, LaunchShape::linear(blocks, THREADS))?;
+    let result = gpu.upload(&[0u64, u64::MAX])?;
+    let (bits64, bits32) = (T::EXPONENT_BITS, T::EXPONENT_BITS as u32);
+    let exponent = if entry.ends_with("b64") { Arg::value(&bits64) } else { Arg::U32(bits32) };
+    let (ptr, _guard) = dev.device_ptr(gpu.stream());
+    // SAFETY: the kernel reads the `n` elements of `dev` and writes the two u64 of `result`.
+    unsafe { launch.enqueue(gpu.stream(), &[Arg::Ptr(ptr), Arg::value(&n), exponent, Arg::buf(&result)]) }?;
+    let r = gpu.download(&result)?;
+    Ok(NonFinite { count: r[0] as usize, first: (r[1] != u64::MAX).then_some(r[1] as usize) })
+}
 
 /// The rows of a `rows`-row output to compare with the reference, ascending: every row when there
 /// are at most `budget`, else `budget` distinct rows: the first and the last (where edge tiles and
@@ -227,7 +258,7 @@ impl Verification {
 
     /// [`Verification::add_rows`] for an output left on the device: only `rows` cross to the host
     /// to be compared, and when they are a sample every element is checked finite on the device
-    /// ([`Gpu::non_finite`]), so a large output (an LM head's 800 MB) costs milliseconds to check,
+    /// ([`device_non_finite`]), so a large output (an LM head's 800 MB) costs milliseconds to check,
     /// not a copy of the whole.
     pub fn add_device_rows<T: Element>(
         self,
@@ -278,7 +309,7 @@ impl Verification {
         });
         if !whole {
             let have = out.len().min(total * row_len);
-            let found = gpu.non_finite(&out.slice(..have))?;
+            let found = device_non_finite(gpu, &out.slice(..have))?;
             self.outputs.push(ErrorStats::counted(
                 &format!("{output} (every row finite)"),
                 found,

@@ -15,9 +15,8 @@ use serde::Serialize;
 
 use cudarc::driver::CudaModule;
 
-use crate::check::NonFinite;
 use crate::error::{require, DriverContext, Error, Result};
-use crate::launch::{launch_config, param_sizes, Arg, Launch, LaunchShape, ResourceUse, MAX_ARGS};
+use crate::launch::{launch_config, param_sizes, Launch, LaunchShape, ResourceUse, MAX_ARGS};
 use crate::module::{KernelSource, Sources};
 use crate::nvrtc::{Arch, Compiled, Toolchain};
 use crate::variant::{Define, Source, Variant};
@@ -161,7 +160,7 @@ impl Gpu {
     /// library stage owns its own).
     pub fn blas(&self) -> Result<Arc<crate::blas::Blas>> {
         self.blas
-            .get_or_init(|| crate::blas::Blas::new(self).map(Arc::new).map_err(|e| e.to_string()))
+            .get_or_init(|| crate::blas::Blas::new(&self.stream).map(Arc::new).map_err(|e| e.to_string()))
             .clone()
             .map_err(|message| Error::Blas { context: "creating the handle".into(), message })
     }
@@ -301,37 +300,6 @@ impl Gpu {
         }
         self.synchronize()?;
         Ok(out)
-    }
-
-    /// Counts the NaN/±Inf elements of `dev` on the device (`harness/02_non_finite.cu`): the
-    /// finiteness check of an output too large to copy to the host for it.
-    pub fn non_finite<T: crate::check::Element>(&self, dev: &CudaView<T>) -> Result<NonFinite> {
-        use cudarc::driver::DevicePtr;
-        const THREADS: u32 = 256;
-        let n = dev.len() as u64;
-        let blocks = n.div_ceil(THREADS as u64).clamp(1, 8 * self.info.sm_count as u64) as u32;
-        let entry = match std::mem::size_of::<T>() {
-            2 => "ladder_non_finite_b16",
-            4 => "ladder_non_finite_b32",
-            8 => "ladder_non_finite_b64",
-            size => {
-                return Err(Error::Constraint {
-                    constraint: "an element of 2, 4 or 8 bytes".into(),
-                    got: format!("{size} bytes"),
-                })
-            }
-        };
-        let stage = crate::overhead::non_finite();
-        let launch =
-            self.prepare_launch(&crate::overhead::SOURCES, &stage, entry, LaunchShape::linear(blocks, THREADS))?;
-        let result = self.upload(&[0u64, u64::MAX])?;
-        let (bits64, bits32) = (T::EXPONENT_BITS, T::EXPONENT_BITS as u32);
-        let exponent = if entry.ends_with("b64") { Arg::value(&bits64) } else { Arg::U32(bits32) };
-        let (ptr, _guard) = dev.device_ptr(&self.stream);
-        // SAFETY: the kernel reads the `n` elements of `dev` and writes the two u64 of `result`.
-        unsafe { launch.enqueue(&self.stream, &[Arg::Ptr(ptr), Arg::value(&n), exponent, Arg::buf(&result)]) }?;
-        let r = self.download(&result)?;
-        Ok(NonFinite { count: r[0] as usize, first: (r[1] != u64::MAX).then_some(r[1] as usize) })
     }
 
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {

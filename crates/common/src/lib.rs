@@ -21,11 +21,12 @@ pub mod data;
 mod error;
 pub mod family;
 mod gpu;
+pub mod harness;
 pub mod launch;
 pub mod lt;
 pub mod module;
 pub mod nvrtc;
-pub mod overhead;
+
 pub mod report;
 pub mod runner;
 pub mod shape;
@@ -53,5 +54,5 @@ pub use variant::{
 /// conversion) and common's own kernels (the harness's empty kernel). Headers are handed to NVRTC
 /// in memory, so `#include "ladder_reduce.cuh"` works from any family's kernel.
 pub fn common_sources() -> &'static [KernelSource] {
-    overhead::SOURCES.files
+    harness::SOURCES.files
 }

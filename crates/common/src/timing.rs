@@ -210,8 +210,8 @@ pub struct Gate {
 impl Gate {
     /// Closes a gate on the harness stream.
     pub fn close(gpu: &Gpu) -> Result<Gate> {
-        let variant = crate::overhead::gate();
-        let sources = &crate::overhead::SOURCES;
+        let variant = crate::harness::gate();
+        let sources = &crate::harness::SOURCES;
         let launch = gpu.prepare_launch(sources, &variant, "ladder_gate", crate::launch::LaunchShape::linear(1, 1))?;
         let mut flag = gpu.pinned(&[0u32])?;
         let host = flag.as_mut_ptr().ctx("the gate's flag")?;

@@ -346,7 +346,7 @@ impl Cublas {
         };
         Ok(Cublas {
             precision,
-            blas: Blas::new(gpu)?,
+            blas: Blas::new(gpu.stream())?,
             bias: gpu.prepare_launch(&SOURCES, &aux, "mm_bias_add", elementwise_in(d.m * d.n, aux_block))?,
             half,
             d,

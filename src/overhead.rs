@@ -1,4 +1,4 @@
-//! The host cost of one launch: a prepared trivial stage enqueued many times through [`crate::Launch`]
+//! The host cost of one launch: a prepared trivial stage enqueued many times through [`common::Launch`]
 //! (`cuLaunchKernelEx` with parameter checks), beside the same kernel launched through cudarc's own
 //! builder (`cuLaunchKernel`) in the same process. Launches go in batches with a synchronisation
 //! between them, and only the host time of the enqueue loops is counted, so a full launch queue
@@ -10,36 +10,11 @@
 
 use std::time::Instant;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use common::cudarc::driver::{LaunchConfig, PushKernelArg};
 use serde::Serialize;
 
-use crate::error::{DriverContext, Result};
-use crate::gpu::Gpu;
-use crate::launch::{Arg, LaunchShape};
-use crate::module::Sources;
-use crate::variant::{Precision, Variant};
-
-mod embedded {
-    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
-}
-
-/// common's own kernels (the harness's empty kernel) and shared headers.
-pub static SOURCES: Sources = Sources { family: "common", files: embedded::KERNEL_SOURCES, imports: &[] };
-
-/// The empty kernel, as a stage.
-pub fn noop() -> Variant {
-    Variant::kernel("common", "harness", 0, "noop", "harness/00_noop.cu", Precision::Fp32, "the empty kernel")
-}
-
-/// The gate kernel ([`crate::timing::Gate`]), as a stage.
-pub fn gate() -> Variant {
-    Variant::kernel("common", "harness", 1, "gate", "harness/01_gate.cu", Precision::Fp32, "spin until the host opens")
-}
-
-/// The device-side count of NaN/±Inf elements ([`Gpu::non_finite`]), as a stage.
-pub fn non_finite() -> Variant {
-    Variant::kernel("common", "harness", 2, "non-finite", "harness/02_non_finite.cu", Precision::Fp32, "count NaN/Inf")
-}
+use common::harness::{noop, SOURCES};
+use common::{require, Arg, DriverContext, Gpu, LaunchShape, Result};
 
 /// Host microseconds per launch: median, min and max over the batches.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -125,17 +100,17 @@ pub fn measure(gpu: &Gpu, launches: usize, batch: usize) -> Result<Overhead> {
 /// and replayed `replays` times (after a warm-up), each replay between its own pair of events:
 /// device time per node.
 pub fn graph_node(gpu: &Gpu, nodes: usize, blocks: u32, replays: usize) -> Result<GraphNode> {
-    crate::require(nodes >= 1 && replays >= 1, "nodes >= 1 and replays >= 1", || format!("{nodes}, {replays}"))?;
+    require(nodes >= 1 && replays >= 1, "nodes >= 1 and replays >= 1", || format!("{nodes}, {replays}"))?;
     let launch = gpu.prepare_launch(&SOURCES, &noop(), "ladder_noop", LaunchShape::linear(blocks, 256))?;
     let out = gpu.zeros::<f32>(1)?;
-    let graph = crate::timing::capture(gpu.stream(), |s| {
+    let graph = common::timing::capture(gpu.stream(), |s| {
         for _ in 0..nodes {
             // SAFETY: ladder_noop(float*, int) never writes for n >= 0.
             unsafe { launch.enqueue(s, &[Arg::buf(&out), Arg::I32(1)]) }?;
         }
         Ok(())
     })?;
-    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let timed = Some(common::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let (start, end) = (gpu.context().new_event(timed).ctx("event")?, gpu.context().new_event(timed).ctx("event")?);
     let stream = gpu.stream();
     let mut per_node = Vec::with_capacity(replays);
