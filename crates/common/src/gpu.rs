@@ -16,7 +16,7 @@ use serde::Serialize;
 use cudarc::driver::CudaModule;
 
 use crate::error::{require, DriverContext, Error, Result};
-use crate::launch::{launch_config, param_sizes, Launch, LaunchShape, ResourceUse, MAX_ARGS};
+use crate::launch::{launch_config, param_sizes, Launch, LaunchLimits, LaunchShape, ResourceUse, MAX_ARGS};
 use crate::module::{KernelSource, Sources};
 use crate::nvrtc::{Arch, Compiled, Toolchain};
 use crate::variant::{Define, Source, Variant};
@@ -52,7 +52,7 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: DeviceInfo,
-    modules: Mutex<HashMap<String, Arc<CudaModule>>>,
+    modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
     blas: OnceLock<std::result::Result<Arc<crate::blas::Blas>, String>>,
 }
 
@@ -165,7 +165,7 @@ impl Gpu {
             .map_err(|message| Error::Blas { context: "creating the handle".into(), message })
     }
 
-    pub(crate) fn module_cache(&self) -> &Mutex<HashMap<String, Arc<CudaModule>>> {
+    pub(crate) fn module_cache(&self) -> &Mutex<HashMap<ModuleKey, Arc<CudaModule>>> {
         &self.modules
     }
 
@@ -366,10 +366,10 @@ pub unsafe fn copy_htod_2d(
 impl Gpu {
     /// Prepares entry point `entry` of `variant` (from `sources`) for `shape`: compiles or loads the
     /// module, resolves the function, reads its attributes and parameter sizes, checks the
-    /// configuration (zero or oversized dimensions, threads per block, shared memory, clusters, a
-    /// block that fits on an SM), raises the dynamic shared-memory limit when static plus dynamic
-    /// shared memory passes 48 KiB, and records the
-    /// resources the table shows. Nothing is launched.
+    /// configuration ([`LaunchShape::check`], then what the driver's occupancy queries say: a block
+    /// that fits on an SM, a cluster and a cooperative grid that fit on the device), raises the
+    /// dynamic shared-memory limit when static plus dynamic shared memory passes 48 KiB, and records
+    /// the resources the table shows. Nothing is launched.
     pub fn prepare_launch(
         &self,
         sources: &Sources,
@@ -409,44 +409,16 @@ impl Gpu {
             attr(FnAttr::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
         );
         let fail = |reason: String| Error::Launch { kernel: name.clone(), reason };
-        let (gx, gy, gz) = shape.grid;
-        let (bx, by, bz) = shape.block;
-        if [gx, gy, gz, bx, by, bz].contains(&0) {
-            return Err(fail(format!("zero dimension in grid {:?} or block {:?}", shape.grid, shape.block)));
-        }
-        if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
-            return Err(fail(format!("grid {:?} exceeds (2^31-1, 65535, 65535)", shape.grid)));
-        }
-        let threads = shape.block_threads();
-        if threads > max_threads as u64 || bz > 64 {
-            return Err(fail(format!(
-                "block {:?} = {threads} threads; this function allows {max_threads}",
-                shape.block
-            )));
-        }
         let info = self.info();
+        let limits = LaunchLimits {
+            max_threads,
+            static_shared,
+            shared_optin: info.shared_memory_per_block_optin,
+            compute_capability: info.compute_capability,
+        };
+        shape.check(&limits).map_err(fail)?;
+        let threads = shape.block_threads();
         let total_smem = static_shared as u64 + shape.dynamic_shared_bytes as u64;
-        if total_smem > info.shared_memory_per_block_optin as u64 {
-            return Err(fail(format!(
-                "{total_smem} bytes of shared memory per block; the device allows {}",
-                info.shared_memory_per_block_optin
-            )));
-        }
-        if let Some((cx, cy, cz)) = shape.cluster {
-            if info.compute_capability < (9, 0) {
-                return Err(fail("thread-block clusters need compute capability 9.0".into()));
-            }
-            if [cx, cy, cz].contains(&0) || gx % cx != 0 || gy % cy != 0 || gz % cz != 0 || cx * cy * cz > 8 {
-                return Err(fail(format!(
-                    "cluster {:?} must divide grid {:?} and hold at most 8 blocks",
-                    (cx, cy, cz),
-                    shape.grid
-                )));
-            }
-        }
-        if shape.dependent && info.compute_capability < (9, 0) {
-            return Err(fail("programmatic dependent launch needs compute capability 9.0".into()));
-        }
         if total_smem > 48 * 1024 {
             func.set_attribute(
                 FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -485,6 +457,7 @@ impl Gpu {
             )));
         }
         let resident = blocks_per_sm as u64 * info.sm_count as u64;
+        let (gx, gy, gz) = shape.grid;
         if shape.cooperative && gx as u64 * gy as u64 * gz as u64 > resident {
             return Err(fail(format!(
                 "a cooperative grid of {:?} blocks; {resident} fit on the device at once ({blocks_per_sm} an SM)",
@@ -510,9 +483,19 @@ impl Gpu {
     }
 }
 
+/// What tells one compiled module from another in the process-wide cache: the family (two families'
+/// `op/NN_x.cu` never collide), the file, the defines (switches and tunables) and the architecture.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ModuleKey {
+    family: &'static str,
+    path: &'static str,
+    defines: Vec<Define>,
+    arch: Arch,
+}
+
 /// One module as [`Gpu::module`] compiles it: its key in the process-wide cache and NVRTC's inputs.
 struct ModuleJob {
-    key: String,
+    key: ModuleKey,
     variant: String,
     source: &'static KernelSource,
     headers: Vec<KernelSource>,
@@ -556,7 +539,7 @@ impl Gpu {
                 }
             }
         }
-        let images: Vec<(String, Compiled)> =
+        let images: Vec<(ModuleKey, Compiled)> =
             jobs.into_par_iter().filter_map(|job| Some((job.key.clone(), job.compile(&tc).ok()?))).collect();
         images.into_iter().map(|(key, image)| self.load_compiled(key, image)).filter(Result::is_ok).count()
     }
@@ -569,7 +552,7 @@ impl Gpu {
         let arch = self.arch(variant.requires.arch_specific);
         let defines = variant.compile_defines();
         Ok(ModuleJob {
-            key: format!("{}/{path}|{defines:?}|{arch}", sources.family),
+            key: ModuleKey { family: sources.family, path, defines: defines.clone(), arch },
             variant: variant.id(),
             source: sources.find(path)?,
             headers: sources.headers()?,
@@ -578,7 +561,7 @@ impl Gpu {
         })
     }
 
-    fn load_compiled(&self, key: String, compiled: Compiled) -> Result<Arc<CudaModule>> {
+    fn load_compiled(&self, key: ModuleKey, compiled: Compiled) -> Result<Arc<CudaModule>> {
         let module = self.context().load_module(Ptx::from_binary(compiled.image)).ctx("load the compiled module")?;
         self.module_cache().lock().unwrap().insert(key, module.clone());
         Ok(module)
@@ -588,10 +571,13 @@ impl Gpu {
     /// (a prepared stage may have set defines per shape, so its module is found by file and switch:
     /// the timeline reads its stamps from whichever of these a run launched).
     pub fn loaded_with(&self, sources: &Sources, path: &str, switch: &'static str) -> Vec<Arc<CudaModule>> {
-        let prefix = format!("{}/{path}|", sources.family);
-        let on = format!("{:?}", crate::variant::Define::on(switch));
+        let on = Define::on(switch);
         let cache = self.module_cache().lock().unwrap();
-        cache.iter().filter(|(k, _)| k.starts_with(&prefix) && k.contains(&on)).map(|(_, m)| m.clone()).collect()
+        cache
+            .iter()
+            .filter(|(k, _)| k.family == sources.family && k.path == path && k.defines.contains(&on))
+            .map(|(_, m)| m.clone())
+            .collect()
     }
 
     /// Copies `data` into the `__constant__` (or `__device__`) symbol `symbol` of `variant`'s module,

@@ -44,7 +44,66 @@ pub struct LaunchShape {
     pub cooperative: bool,
 }
 
+/// What the device and a compiled function allow a launch ([`LaunchShape::check`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchLimits {
+    /// The function's most threads a block (its registers and `__launch_bounds__`).
+    pub max_threads: u32,
+    /// The function's static shared memory, bytes.
+    pub static_shared: u32,
+    /// The device's most shared memory a block with the opt-in, bytes.
+    pub shared_optin: u32,
+    pub compute_capability: (u32, u32),
+}
+
 impl LaunchShape {
+    /// Why this shape cannot launch under `limits`, if it cannot: a zero dimension, a grid past
+    /// (2^31 - 1, 65535, 65535), more threads a block than the function allows (or z past 64), more
+    /// shared memory (static and dynamic) than the device's opt-in, a cluster that does not divide
+    /// the grid or holds more than 8 blocks, or clusters or dependent launch before compute
+    /// capability 9.0. What only the driver's occupancy queries can tell is checked at prepare.
+    pub fn check(&self, limits: &LaunchLimits) -> std::result::Result<(), String> {
+        let (gx, gy, gz) = self.grid;
+        let (bx, by, bz) = self.block;
+        if [gx, gy, gz, bx, by, bz].contains(&0) {
+            return Err(format!("zero dimension in grid {:?} or block {:?}", self.grid, self.block));
+        }
+        if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
+            return Err(format!("grid {:?} exceeds (2^31-1, 65535, 65535)", self.grid));
+        }
+        let threads = self.block_threads();
+        if threads > limits.max_threads as u64 || bz > 64 {
+            return Err(format!(
+                "block {:?} = {threads} threads; this function allows {}",
+                self.block, limits.max_threads
+            ));
+        }
+        let shared = limits.static_shared as u64 + self.dynamic_shared_bytes as u64;
+        if shared > limits.shared_optin as u64 {
+            return Err(format!(
+                "{shared} bytes of shared memory per block; the device allows {}",
+                limits.shared_optin
+            ));
+        }
+        let hopper = limits.compute_capability >= (9, 0);
+        if let Some((cx, cy, cz)) = self.cluster {
+            if !hopper {
+                return Err("thread-block clusters need compute capability 9.0".into());
+            }
+            if [cx, cy, cz].contains(&0) || gx % cx != 0 || gy % cy != 0 || gz % cz != 0 || cx * cy * cz > 8 {
+                return Err(format!(
+                    "cluster {:?} must divide grid {:?} and hold at most 8 blocks",
+                    (cx, cy, cz),
+                    self.grid
+                ));
+            }
+        }
+        if self.dependent && !hopper {
+            return Err("programmatic dependent launch needs compute capability 9.0".into());
+        }
+        Ok(())
+    }
+
     pub fn linear(grid: u32, block: u32) -> LaunchShape {
         LaunchShape::new((grid, 1, 1), (block, 1, 1))
     }
@@ -285,6 +344,33 @@ pub fn wave_splits(units: usize, resident: usize, max: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    fn h100() -> LaunchLimits {
+        LaunchLimits { max_threads: 1024, static_shared: 1024, shared_optin: 227 * 1024, compute_capability: (9, 0) }
+    }
+
+    #[test]
+    fn shapes_past_the_limits_are_refused_with_the_reason() {
+        let ok = LaunchShape::new((132, 1, 1), (384, 1, 1)).with_shared(200 * 1024);
+        assert_eq!(ok.check(&h100()), Ok(()));
+        let cases = [
+            (LaunchShape::new((0, 1, 1), (32, 1, 1)), "zero dimension"),
+            (LaunchShape::new((1, 65536, 1), (32, 1, 1)), "exceeds"),
+            (LaunchShape::linear(1, 2048), "threads"),
+            (LaunchShape::new((1, 1, 1), (1, 1, 65)), "threads"),
+            (LaunchShape::linear(1, 32).with_shared(227 * 1024), "shared memory"),
+            (LaunchShape::linear(3, 32).with_cluster((2, 1, 1)), "cluster"),
+            (LaunchShape::linear(16, 32).with_cluster((16, 1, 1)), "cluster"),
+        ];
+        for (shape, why) in cases {
+            let err = shape.check(&h100()).expect_err(why);
+            assert!(err.contains(why), "{err}");
+        }
+        let ampere = LaunchLimits { compute_capability: (8, 0), ..h100() };
+        assert!(LaunchShape::linear(2, 32).with_cluster((2, 1, 1)).check(&ampere).is_err());
+        assert!(LaunchShape::linear(2, 32).with_cluster((2, 1, 1)).check(&h100()).is_ok());
+        assert!(LaunchShape::linear(2, 32).with_dependent_launch().check(&ampere).is_err());
+    }
+
     use super::*;
 
     #[test]

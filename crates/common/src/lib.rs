@@ -42,7 +42,7 @@ pub use cudarc;
 pub use error::{require, require_len, DriverContext, Error, Result};
 pub use family::{compiled_for, preload, Bound, Family, Limit, Op, OpInfo, Prepared, PreparedStage, Problem, Workload};
 pub use gpu::{copy_htod_2d, DeviceInfo, Gpu};
-pub use launch::{device_ptr, Arg, Launch, LaunchShape, ResourceUse, DEPENDENT_LAUNCH};
+pub use launch::{device_ptr, Arg, Launch, LaunchLimits, LaunchShape, ResourceUse, DEPENDENT_LAUNCH};
 pub use module::{KernelSource, Sources};
 pub use nvrtc::{Arch, EntryResources, Toolchain};
 pub use shape::Shape;
