@@ -15,6 +15,22 @@ use gpt2::sampling::Sampling;
 use gpt2::weights::Weights;
 use proptest::prelude::{prop_oneof, Just};
 
+/// The small models' prompts: 3 rows of `t` tokens below 101, varied by `seed`.
+fn token_rows(seed: u64, t: usize) -> Vec<Vec<i32>> {
+    (0..3).map(|b| (0..t).map(|i| ((b * 31 + i * 7 + seed as usize) % 101) as i32).collect()).collect()
+}
+
+/// Each row's last position of `all` (`[B, T, V]`): what `forward_last` computes.
+fn last_rows<T: Copy>(all: &[T], t: usize, v: usize) -> Vec<T> {
+    all.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect()
+}
+
+/// The plan `NAME[:op=stage,...]`.
+fn plan_of(spec: &str) -> Plan {
+    let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+    Plan::named(name).unwrap().with_overrides(overrides).unwrap()
+}
+
 fn main() -> std::process::ExitCode {
     Suite::new()
         .gpu("encoder_default_shape", |gpu| {
@@ -102,19 +118,15 @@ fn main() -> std::process::ExitCode {
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
             for (seed, t) in [(1u64, 17usize), (2, 33)] {
                 let w = Weights::random(&cfg, seed);
-                let tokens: Vec<Vec<i32>> =
-                    (0..3).map(|b| (0..t).map(|i| ((b * 31 + i * 7 + seed as usize) % 101) as i32).collect()).collect();
+                let tokens = token_rows(seed, t);
                 let want = reference::forward(&cfg, &w, &tokens);
-                let v = cfg.vocab;
-                let want_last: Vec<f64> = want.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect();
+                let want_last = last_rows(&want, t, cfg.vocab);
                 for spec in [
                     "bf16",
                     "bf16:linear-bf16=12,linear-bf16-residual=14",
                     "bf16:linear-bf16=90,linear-bf16-residual=90,attention-bf16=0",
                 ] {
-                    let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
-                    let plan = Plan::named(name).unwrap().with_overrides(overrides).unwrap();
-                    let mut m = Model::new(gpu, cfg, &w, plan).unwrap();
+                    let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
                     let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
                     eprintln!("plan {spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e}");
                     assert!(err <= 1e-2, "plan {spec}, seed {seed}: logits rel L2 {err:e}");
@@ -135,29 +147,22 @@ fn main() -> std::process::ExitCode {
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
             for (seed, t) in [(1u64, 17usize), (2, 33)] {
                 let w = Weights::random(&cfg, seed);
-                let tokens: Vec<Vec<i32>> =
-                    (0..3).map(|b| (0..t).map(|i| ((b * 31 + i * 7 + seed as usize) % 101) as i32).collect()).collect();
+                let tokens = token_rows(seed, t);
                 let want = reference::forward(&cfg, &w, &tokens);
                 let quantized: Vec<f32> = reference::forward_fp8(&cfg, &w, &tokens).iter().map(|&x| x as f32).collect();
                 let format = rel_l2(&quantized, &want);
-                let v = cfg.vocab;
-                let last_of =
-                    |all: &[f64]| -> Vec<f64> { all.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect() };
-                let quantized_last: Vec<f32> =
-                    quantized.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect();
-                let format_last = rel_l2(&quantized_last, &last_of(&want));
+                let want_last = last_rows(&want, t, cfg.vocab);
+                let format_last = rel_l2(&last_rows(&quantized, t, cfg.vocab), &want_last);
                 // The LayerNorms taken into the quantizer (quantize-fp8 2), or run apart (1).
                 for spec in ["fp8", "fp8:quantize-fp8=1"] {
-                    let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
-                    let plan = Plan::named(name).unwrap().with_overrides(overrides).unwrap();
-                    let mut m = Model::new(gpu, cfg, &w, plan).unwrap();
+                    let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
                     let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
                     eprintln!("{spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e} (the format's own {format:.2e})");
                     assert!(
                         err <= 1.5 * format + 1e-2,
                         "{spec}, seed {seed}: logits rel L2 {err:e}, format {format:e}"
                     );
-                    let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &last_of(&want));
+                    let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &want_last);
                     assert!(
                         err <= 1.5 * format_last + 1e-2,
                         "{spec}, seed {seed}: last-position logits rel L2 {err:e}, format {format_last:e}"
@@ -176,9 +181,7 @@ fn main() -> std::process::ExitCode {
                 [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
             for (spec, graph) in [("fp8", false), ("fp8", true), ("fp8:gemv-fp8=4", true), ("fp8:quantize-fp8=1", true)]
             {
-                let (plan, overrides) = spec.split_once(':').unwrap_or((spec, ""));
-                let plan = Plan::named(plan).unwrap().with_overrides(overrides).unwrap();
-                let mut m = Model::new(gpu, cfg, &w, plan).unwrap();
+                let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
                 m.set_graph(graph);
                 let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
                 let mut s = seqs.clone();
@@ -236,9 +239,7 @@ fn main() -> std::process::ExitCode {
                 ("bf16:gemv=4", true),
             ];
             for (spec, graph) in plans {
-                let (plan, overrides) = spec.split_once(':').unwrap_or((spec, ""));
-                let plan = Plan::named(plan).unwrap().with_overrides(overrides).unwrap();
-                let mut m = Model::new(gpu, cfg, &w, plan).unwrap();
+                let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
                 m.set_graph(graph);
                 let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
                 let mut s = seqs.clone();
@@ -310,9 +311,7 @@ fn main() -> std::process::ExitCode {
                 ("pdl", false),
                 ("pdl", true),
             ] {
-                let (name, overrides) = plan.split_once(':').unwrap_or((plan, ""));
-                let plan_of = Plan::named(name).unwrap().with_overrides(overrides).unwrap();
-                let mut m = Model::new(gpu, cfg, &w, plan_of).unwrap();
+                let mut m = Model::new(gpu, cfg, &w, plan_of(plan)).unwrap();
                 m.set_graph(graph);
                 let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
                 let mut s = seqs.clone();

@@ -80,3 +80,16 @@ __device__ __forceinline__ void quantize_blocks_vectors(unsigned char* __restric
     }
     if (threadIdx.x == 0) scales[blockIdx.x] = __fdiv_rn(amax, QF8_MAX);
 }
+
+// Stage 1's two entries, rows and weight blocks (stage 2 keeps them beside its LayerNorm entry).
+#define QF8_VECTOR_ENTRIES                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
+        quantize_rows_fp8(unsigned char* __restrict__ codes, float* __restrict__ scales,                        \
+                          const __nv_bfloat16* __restrict__ x, int M, int K) {                                  \
+        quantize_rows_vectors(codes, scales, x, M, K);                                                          \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
+        quantize_blocks_fp8(unsigned char* __restrict__ codes, float* __restrict__ scales,                      \
+                            const __nv_bfloat16* __restrict__ w, int N, int K) {                                \
+        quantize_blocks_vectors(codes, scales, w, N, K);                                                        \
+    }

@@ -21,19 +21,7 @@
 #include "ladder_vec.cuh"
 #include "matmul_fp8_quantize.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) quantize_rows_fp8(unsigned char* __restrict__ codes,
-                                                                   float* __restrict__ scales,
-                                                                   const __nv_bfloat16* __restrict__ x, int M,
-                                                                   int K) {
-    quantize_rows_vectors(codes, scales, x, M, K);
-}
-
-extern "C" __global__ void __launch_bounds__(256) quantize_blocks_fp8(unsigned char* __restrict__ codes,
-                                                                     float* __restrict__ scales,
-                                                                     const __nv_bfloat16* __restrict__ w, int N,
-                                                                     int K) {
-    quantize_blocks_vectors(codes, scales, w, N, K);
-}
+QF8_VECTOR_ENTRIES
 
 template <int N>
 __device__ __forceinline__ void quantize_rows_layernorm(unsigned char* __restrict__ codes,
