@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Each crate's module graph from its `crate::` paths (a module's file naming another module of the same
 crate, tests left out), and the cycles in it: the "no import circles" of the house rules as a number.
+Exits 1 when any crate has a cycle (CI runs it).
 
     scripts/module_graph.py [REPO]      (default: the current directory)
 """
@@ -9,6 +10,7 @@ root = sys.argv[1] if len(sys.argv) > 1 else "."
 crates = {"kernel-ladder": os.path.join(root, "src")}
 for c in sorted(os.listdir(os.path.join(root, "crates"))):
     crates[c] = os.path.join(root, "crates", c, "src")
+cycles = 0
 for name, src in crates.items():
     # A module is a file `m.rs` or a folder `m/` (its `mod.rs` and submodules count as `m`).
     files = {}
@@ -52,3 +54,5 @@ for name, src in crates.items():
         if v not in index: strong(v)
     n_edges = sum(len(e) for e in edges.values())
     print(f"{name}: {len(mods)} modules, {n_edges} edges, {len(sccs)} cycle(s)" + "".join(f"\n  cycle: {' <-> '.join(c)}" for c in sccs))
+    cycles += len(sccs)
+sys.exit(1 if cycles else 0)
