@@ -57,6 +57,7 @@ enum Command {
         /// Measure the ceilings again instead of reading the cache.
         #[arg(long)]
         remeasure: bool,
+        /// How the tables print: aligned text or Markdown.
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
@@ -79,6 +80,7 @@ enum Command {
         /// Hugging Face's model.safetensors for the chosen model.
         #[arg(long)]
         weights: Option<PathBuf>,
+        /// The model size: gpt2, gpt2-medium, gpt2-large or gpt2-xl.
         #[arg(long, default_value = "gpt2")]
         model: String,
         /// A named plan, optionally with op=stage overrides after a colon (`fp32:linear=90`).
@@ -87,15 +89,19 @@ enum Command {
         /// Run the prompts this many times over (a larger batch).
         #[arg(long, default_value_t = 1)]
         batch: usize,
+        /// Tokens generated after each prompt.
         #[arg(long, default_value_t = 32)]
         max_new_tokens: usize,
         /// 0 = greedy.
         #[arg(long, default_value_t = 1.0)]
         temperature: f32,
+        /// Sample among the k most likely tokens only (default: all).
         #[arg(long)]
         top_k: Option<usize>,
+        /// Sample from the smallest set of tokens whose probabilities reach p (1: all).
         #[arg(long, default_value_t = 1.0)]
         top_p: f32,
+        /// The sampler's seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Recompute the whole prefix for every token (the report's ablation).
@@ -110,12 +116,18 @@ enum Command {
         /// Table JSON files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Write the charts into DIR (default: beside each table).
         #[arg(long)]
         out: Option<PathBuf>,
     },
     /// Two saved runs of one table side by side: before, after, the change, and whether it moved
     /// beyond both runs' min-max spread.
-    Compare { before: PathBuf, after: PathBuf },
+    Compare {
+        /// The table JSON before the change.
+        before: PathBuf,
+        /// The same table after it.
+        after: PathBuf,
+    },
     /// Saved tables (the JSON `ladder run --out` writes) as one stage x shape matrix per op and
     /// timing mode: each stage's TFLOP/s (GB/s at a memory-bound shape), the fastest stage and its
     /// ratio to a library row of the same run.
@@ -137,6 +149,7 @@ enum Command {
     Resources {
         /// A family name, or `all`.
         family: String,
+        /// Only this op of the family (`ladder list` names them; default: every op).
         #[arg(long)]
         op: Option<String>,
         /// Stage range `a..b` (inclusive) or one stage `a`.
@@ -164,6 +177,7 @@ enum Command {
         /// sm_90a (default), sm_90 or sm_80: stages with Hopper-only instructions are n/a on the last two.
         #[arg(long, default_value = "sm_90a")]
         arch: String,
+        /// How the tables print: aligned text or Markdown.
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
     },
@@ -215,6 +229,7 @@ enum Command {
     Verify {
         /// A family name, or `all`.
         family: String,
+        /// Only this op of the family (`ladder list` names them; default: every op).
         #[arg(long)]
         op: Option<String>,
         /// key=value,... overriding the op's first default shape.
@@ -245,6 +260,7 @@ enum Command {
     Sweep {
         /// A family name, or `all`.
         family: String,
+        /// Only this op of the family (`ladder list` names them; default: every op).
         #[arg(long)]
         op: Option<String>,
         /// Only this stage number (default: every stage that declares a sweep space, or that has
@@ -275,16 +291,21 @@ enum Command {
         /// drift of the clock reaches every point alike.
         #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
         rounds: u32,
+        /// Short timings (fewer repetitions): a quick look, not a figure to cite.
         #[arg(long)]
         quick: bool,
+        /// Fixed input seed (default: fresh).
         #[arg(long)]
         seed: Option<u64>,
     },
     /// The full Nsight Compute report (`ncu --set full`) of one stage at one shape, into a .ncu-rep.
     Profile {
+        /// The family of the op.
         family: String,
+        /// The op (`ladder list` names them).
         #[arg(long)]
         op: String,
+        /// The stage number.
         #[arg(long)]
         stage: u32,
         /// key=value,... overriding the op's first default shape.
@@ -319,6 +340,7 @@ enum Command {
         /// Runs stamped per stage and shape (each stamp's median over them is shown).
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10000))]
         runs: u32,
+        /// How the tables print: aligned text or Markdown.
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
         /// Fixed input seed (default: fresh).
@@ -348,6 +370,7 @@ enum Command {
         /// each value (repeatable; the launch geometry follows the tunable).
         #[arg(long, value_parser = parse_sweep)]
         sweep: Vec<Sweep>,
+        /// How the tables print: aligned text or Markdown.
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
         /// Also write every table as JSON and Markdown into DIR.
