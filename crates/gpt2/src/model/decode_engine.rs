@@ -609,30 +609,8 @@ struct Step<'a> {
     mark: &'a mut dyn FnMut(&'static str) -> Result<()>,
 }
 
-impl Pass for Step<'_> {
-    /// At each sequence's own position.
-    fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
-        let (op, w) = (&mut *self.op, &self.w.p);
-        let args = EncoderArgs { out: &mut op.acts.x, tokens: &op.ids, wte: &w.wte, wpe: &w.wpe };
-        op.encoder.enqueue_at(s, args, &op.pos)?;
-        (self.mark)("encoder")
-    }
-
-    /// Nothing when the GEMVs after it fold it in.
-    fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
-        let op = &mut *self.op;
-        if op.folds_ln {
-            return Ok(());
-        }
-        let a = &mut op.acts;
-        let out = match op.ln16.as_mut() {
-            Some(ln) => ActMut::Bf16(ln),
-            None => ActMut::F32(&mut a.ln),
-        };
-        enqueue_layernorm(s, &op.layernorm, out, (&mut a.mean, &mut a.rstd), &a.x, (w, b))?;
-        (self.mark)("layernorm")
-    }
-
+impl Step<'_> {
+    /// Linear `which` of block `l` on the step's activations (the GEMV's fused tail where it has one).
     fn linear(
         &mut self,
         s: &Arc<CudaStream>,
@@ -690,6 +668,73 @@ impl Pass for Step<'_> {
         (self.mark)(which.name())
     }
 
+    /// Nothing when the MLP up applied it.
+    fn gelu(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        if self.op.linears[BlockLinear::Fc as usize].fuses_tail() {
+            return Ok(());
+        }
+        let a = &mut self.op.acts;
+        self.op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)?;
+        (self.mark)("gelu")
+    }
+
+    /// Nothing when the projections applied it.
+    fn residual(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        if self.op.linears[BlockLinear::Proj as usize].fuses_tail() {
+            return Ok(());
+        }
+        let a = &mut self.op.acts;
+        self.op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
+        (self.mark)("residual")
+    }
+}
+
+impl Pass for Step<'_> {
+    /// At each sequence's own position.
+    fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+        let (op, w) = (&mut *self.op, &self.w.p);
+        let args = EncoderArgs { out: &mut op.acts.x, tokens: &op.ids, wte: &w.wte, wpe: &w.wpe };
+        op.encoder.enqueue_at(s, args, &op.pos)?;
+        (self.mark)("encoder")
+    }
+
+    /// Nothing when the GEMVs after it fold it in.
+    fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        let op = &mut *self.op;
+        if op.folds_ln {
+            return Ok(());
+        }
+        let a = &mut op.acts;
+        let out = match op.ln16.as_mut() {
+            Some(ln) => ActMut::Bf16(ln),
+            None => ActMut::F32(&mut a.ln),
+        };
+        enqueue_layernorm(s, &op.layernorm, out, (&mut a.mean, &mut a.rstd), &a.x, (w, b))?;
+        (self.mark)("layernorm")
+    }
+
+    fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
+        self.linear(s, BlockLinear::Qkv, l, layer)
+    }
+
+    /// One kernel where the GEMV adds the residual in its tail; the plan's GEMM, then the add.
+    fn linear_residual(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        l: &Block<CudaSlice<f32>>,
+        layer: usize,
+    ) -> Result<()> {
+        self.linear(s, which, l, layer)?;
+        self.residual(s)
+    }
+
+    /// One kernel where the GEMV applies GELU in its tail; the plan's GEMM, then GELU.
+    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
+        self.linear(s, BlockLinear::Fc, l, layer)?;
+        self.gelu(s)
+    }
+
     /// The new token's k and v into the cache (and q to bf16), decode attention over the cache, and
     /// its bf16 output widened for a projection that reads fp32 (a GEMV plan's reads it as bf16).
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
@@ -716,26 +761,6 @@ impl Pass for Step<'_> {
         }
         op.kv.enqueue_widen(s, &mut a.att, &op.att16)?;
         (self.mark)("kv-append")
-    }
-
-    /// Nothing when the MLP up applied it.
-    fn gelu(&mut self, s: &Arc<CudaStream>) -> Result<()> {
-        if self.op.linears[BlockLinear::Fc as usize].fuses_tail() {
-            return Ok(());
-        }
-        let a = &mut self.op.acts;
-        self.op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)?;
-        (self.mark)("gelu")
-    }
-
-    /// Nothing when the projections applied it.
-    fn residual(&mut self, s: &Arc<CudaStream>) -> Result<()> {
-        if self.op.linears[BlockLinear::Proj as usize].fuses_tail() {
-            return Ok(());
-        }
-        let a = &mut self.op.acts;
-        self.op.residual.enqueue_in_place(s, &mut a.x, &a.proj)?;
-        (self.mark)("residual")
     }
 
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {

@@ -157,22 +157,26 @@ impl BlockLinear {
 trait Pass {
     /// `x = wte[token] + wpe[position]`.
     fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()>;
-    /// `ln = LayerNorm(x)` with gain `w` and bias `b`.
+    /// `ln = LayerNorm(x)` with gain `w` and bias `b` (nothing where the linears after it take it in:
+    /// a GEMV that folds it, the fp8 quantizer).
     fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()>;
-    /// Linear `which` of block `l` (layer `layer`), with its bias.
-    fn linear(
+    /// `qkv = ln · Wᵀ + b` of block `l` (layer `layer`).
+    fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()>;
+    /// `att = attention(qkv)` over this layer's keys and values.
+    fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()>;
+    /// `x += inp · Wᵀ + b` for projection `which` (the attention's, from `att`; the MLP's down, from
+    /// `gelu`): one kernel where the linear adds the residual in its tail, else the linear and the
+    /// residual add.
+    fn linear_residual(
         &mut self,
         s: &Arc<CudaStream>,
         which: BlockLinear,
         l: &Block<CudaSlice<f32>>,
         layer: usize,
     ) -> Result<()>;
-    /// `att = attention(qkv)` over this layer's keys and values.
-    fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()>;
-    /// `gelu = GELU(fc)` (nothing where the MLP up applied it).
-    fn gelu(&mut self, s: &Arc<CudaStream>) -> Result<()>;
-    /// `x += proj` (nothing where the projection added it).
-    fn residual(&mut self, s: &Arc<CudaStream>) -> Result<()>;
+    /// `gelu = GELU(ln · Wᵀ + b)`, the MLP up: one kernel where the linear applies GELU in its tail,
+    /// else the linear and the GELU.
+    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()>;
     /// `logits = ln · wteᵀ`.
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()>;
 }
@@ -190,15 +194,12 @@ fn forward(s: &Arc<CudaStream>, p: &mut impl Pass, w: &Params<CudaSlice<f32>>) -
 /// One transformer block (layer `layer`, parameters `l`), op by op.
 fn block(s: &Arc<CudaStream>, p: &mut impl Pass, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
     p.layernorm(s, &l.ln1_w, &l.ln1_b)?;
-    p.linear(s, BlockLinear::Qkv, l, layer)?;
+    p.qkv(s, l, layer)?;
     p.attention(s, layer)?;
-    p.linear(s, BlockLinear::Proj, l, layer)?;
-    p.residual(s)?;
+    p.linear_residual(s, BlockLinear::Proj, l, layer)?;
     p.layernorm(s, &l.ln2_w, &l.ln2_b)?;
-    p.linear(s, BlockLinear::Fc, l, layer)?;
-    p.gelu(s)?;
-    p.linear(s, BlockLinear::FcProj, l, layer)?;
-    p.residual(s)
+    p.linear_gelu(s, l, layer)?;
+    p.linear_residual(s, BlockLinear::FcProj, l, layer)
 }
 
 /// Whether a `decode-step` stage is a megakernel (stages 0, 6 and 7 are the composed step).

@@ -593,6 +593,15 @@ struct Sequence<'a, 'f, S> {
     ctx: Whole<'a, 'f>,
 }
 
+impl Sequence<'_, '_, Stages32> {
+    /// Linear `which` of block `l` with its bias, into its own output (no tail).
+    fn linear(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: &Block<CudaSlice<f32>>) -> Result<()> {
+        let (weight, bias) = which.params(l);
+        let (out, inp) = self.op.acts.linear_io(which, false);
+        self.op.linears[which as usize].enqueue(s, LinearArgs { out, inp, weight, bias: Some(bias) })
+    }
+}
+
 impl Pass for Sequence<'_, '_, Stages32> {
     fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         self.ctx.embed(s, &self.op.encoder, &mut self.op.acts.x)
@@ -604,10 +613,8 @@ impl Pass for Sequence<'_, '_, Stages32> {
         enqueue_layernorm(s, &self.op.layernorm, ActMut::F32(&mut a.ln), stats, &a.x, (w, b))
     }
 
-    fn linear(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
-        let (weight, bias) = which.params(l);
-        let (out, inp) = self.op.acts.linear_io(which, false);
-        self.op.linears[which as usize].enqueue(s, LinearArgs { out, inp, weight, bias: Some(bias) })
+    fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
+        self.linear(s, BlockLinear::Qkv, l)
     }
 
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
@@ -618,14 +625,24 @@ impl Pass for Sequence<'_, '_, Stages32> {
         self.op.attention.enqueue(s, PrefillArgs { out: &mut a.att, lse: Some(&mut a.att_lse), qkv: &a.qkv })
     }
 
-    fn gelu(&mut self, s: &Arc<CudaStream>) -> Result<()> {
-        let a = &mut self.op.acts;
-        self.op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)
-    }
-
-    fn residual(&mut self, s: &Arc<CudaStream>) -> Result<()> {
+    /// The projection, then the residual add.
+    fn linear_residual(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        l: &Block<CudaSlice<f32>>,
+        _: usize,
+    ) -> Result<()> {
+        self.linear(s, which, l)?;
         let a = &mut self.op.acts;
         self.op.residual.enqueue_in_place(s, &mut a.x, &a.proj)
+    }
+
+    /// The MLP up, then GELU.
+    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
+        self.linear(s, BlockLinear::Fc, l)?;
+        let a = &mut self.op.acts;
+        self.op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)
     }
 
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
@@ -659,7 +676,12 @@ impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
         enqueue_layernorm(s, &self.op.layernorm, ActMut::Bf16(&mut a.ln), stats, &a.x, (w, b))
     }
 
-    fn linear(
+    fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
+        self.op.linears[BlockLinear::Qkv as usize].block(s, BlockLinear::Qkv, &mut self.op.acts, self.ctx.w, (l, layer))
+    }
+
+    /// One kernel: the linear adds into the residual stream in its tail.
+    fn linear_residual(
         &mut self,
         s: &Arc<CudaStream>,
         which: BlockLinear,
@@ -669,22 +691,17 @@ impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
         self.op.linears[which as usize].block(s, which, &mut self.op.acts, self.ctx.w, (l, layer))
     }
 
+    /// One kernel: the MLP up applies GELU in its tail.
+    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
+        self.op.linears[BlockLinear::Fc as usize].block(s, BlockLinear::Fc, &mut self.op.acts, self.ctx.w, (l, layer))
+    }
+
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
         let a = &mut self.op.acts;
         if let Some(f) = self.ctx.fill.as_mut() {
             f.append(s, layer, Act::Bf16(&a.qkv))?;
         }
         self.op.attention.enqueue(s, PrefillBf16Args { out: &mut a.att, lse: &mut a.att_lse, qkv: &a.qkv })
-    }
-
-    /// Applied in the MLP up's tail.
-    fn gelu(&mut self, _: &Arc<CudaStream>) -> Result<()> {
-        Ok(())
-    }
-
-    /// Added in the projections' tails.
-    fn residual(&mut self, _: &Arc<CudaStream>) -> Result<()> {
-        Ok(())
     }
 
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()> {
