@@ -661,6 +661,18 @@ impl Pass for Sequence<'_, '_, Stages32> {
     }
 }
 
+impl<L: PassLinear> Sequence<'_, '_, Stages16<L>> {
+    /// Block linear `which` with its tail, on the pass's activations ([`PassLinear::block`]).
+    fn block_linear(
+        &mut self,
+        s: &Arc<CudaStream>,
+        which: BlockLinear,
+        params: (&Block<CudaSlice<f32>>, usize),
+    ) -> Result<()> {
+        self.op.linears[which as usize].block(s, which, &mut self.op.acts, self.ctx.w, params)
+    }
+}
+
 impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
     fn embed(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         self.ctx.embed(s, &self.op.encoder, &mut self.op.acts.x)
@@ -677,7 +689,7 @@ impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
     }
 
     fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
-        self.op.linears[BlockLinear::Qkv as usize].block(s, BlockLinear::Qkv, &mut self.op.acts, self.ctx.w, (l, layer))
+        self.block_linear(s, BlockLinear::Qkv, (l, layer))
     }
 
     /// One kernel: the linear adds into the residual stream in its tail.
@@ -688,12 +700,12 @@ impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
         l: &Block<CudaSlice<f32>>,
         layer: usize,
     ) -> Result<()> {
-        self.op.linears[which as usize].block(s, which, &mut self.op.acts, self.ctx.w, (l, layer))
+        self.block_linear(s, which, (l, layer))
     }
 
     /// One kernel: the MLP up applies GELU in its tail.
     fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
-        self.op.linears[BlockLinear::Fc as usize].block(s, BlockLinear::Fc, &mut self.op.acts, self.ctx.w, (l, layer))
+        self.block_linear(s, BlockLinear::Fc, (l, layer))
     }
 
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
