@@ -28,12 +28,17 @@
 // Bit position of value k (0..7) inside its 32-bit word.
 __device__ __forceinline__ int qi4_nibble_shift(int k) { return (k & 1) ? 16 + 4 * (k >> 1) : 4 * (k >> 1); }
 
+// Pair k (values 2k, 2k + 1) of code word `w` as the bf16 pair (128 + q0, 128 + q1): exact, one
+// shift and one AND-OR (the nibble order above).
+__device__ __forceinline__ unsigned qi4_code_pair(unsigned w, int k) {
+    return ((w >> (4 * k)) & 0x000F000Fu) | 0x43004300u;
+}
+
 // The 8 values of word `w` with (scale s, shift z) as four bf16x2 registers, values in order.
 __device__ __forceinline__ void qi4_dequant_word(unsigned w, float s, float z, unsigned* dst) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        const unsigned u = ((w >> (4 * k)) & 0x000F000Fu) | 0x43004300u;
-        const float2 f = unpack_bf16x2(u);  // (128 + q0, 128 + q1), exact
+        const float2 f = unpack_bf16x2(qi4_code_pair(w, k));  // (128 + q0, 128 + q1), exact
         dst[k] = pack_bf16x2(fmaf(f.x - 128.0f, s, z), fmaf(f.y - 128.0f, s, z));
     }
 }

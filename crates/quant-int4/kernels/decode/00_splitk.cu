@@ -245,7 +245,7 @@ __device__ __forceinline__ void kv_store(const KvRaw<D>& r, unsigned* dst, float
         unsigned w[4];
 #if OPT12
 #pragma unroll
-        for (int k = 0; k < 4; ++k) w[k] = ((r.u[i] >> (4 * k)) & 0x000F000Fu) | 0x43004300u;
+        for (int k = 0; k < 4; ++k) w[k] = qi4_code_pair(r.u[i], k);
 #else
         const float2 sz = (i < D / 32) ? sz0 : sz1;  // a group is D/32 words
         qi4_dequant_word(r.u[i], sz.x, sz.y, w);
@@ -295,8 +295,8 @@ __device__ __forceinline__ void kv_load_store_chunked(const unsigned char* __res
 #if OPT12
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            dst[8 * c + k] = ((w0 >> (4 * k)) & 0x000F000Fu) | 0x43004300u;
-            dst[8 * c + 4 + k] = ((w1 >> (4 * k)) & 0x000F000Fu) | 0x43004300u;
+            dst[8 * c + k] = qi4_code_pair(w0, k);
+            dst[8 * c + 4 + k] = qi4_code_pair(w1, k);
         }
         (void)sz;
 #else

@@ -62,6 +62,7 @@
 #include "ladder_convert.cuh"
 #include "ladder_mma.cuh"
 #include "ladder_reduce.cuh"
+#include "qi4_format.cuh"
 #include "attention_decode.cuh"
 
 #ifndef QI4F_GROUPS
@@ -141,10 +142,6 @@ __device__ __forceinline__ void load_chunk(Chunk<D>& c, const unsigned char* kch
     for (int h = 0; h < F::VWORDS / 4; ++h) ld_words<4>(c.vw + 4 * h, vch + F::CODES + 512 * h + 16 * lane);
 }
 
-// Pair p of a code word as the bf16 pair (128 + q0, 128 + q1): exact, one shift and one AND-OR.
-__device__ __forceinline__ unsigned code_pair(unsigned w, int p) {
-    return ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
-}
 
 // The same pair as (q0, q1): one bf16x2 subtract of 128, exact. V's codes take it so that P.V
 // accumulates values of the size of the result: with 128 + q the accumulator holds ~136x the
@@ -152,7 +149,7 @@ __device__ __forceinline__ unsigned code_pair(unsigned w, int p) {
 // which grows with the tokens a warp sums, grows with it (measured: 4e-3 at 2,700 tokens a split,
 // 8e-3 at 8,192).
 __device__ __forceinline__ unsigned code_pair_q(unsigned w, int p) {
-    unsigned c = code_pair(w, p);
+    unsigned c = qi4_code_pair(w, p);
     const __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&c), __float2bfloat162_rn(128.0f));
     return *reinterpret_cast<const unsigned*>(&q);
 }
@@ -189,9 +186,9 @@ __device__ __forceinline__ void decode_step(WarpState<D>& st, const Chunk<D> (&c
 #pragma unroll
         for (int ks = 0; ks < F::KSTEPS; ++ks) {
             const int w = ks >> 1, p = 2 * (ks & 1);
-            mma_16816<__nv_bfloat16>(r[ks / F::KS_PER_GROUP], code_pair(cur[n].kw[0][w], p),
-                                     code_pair(cur[n].kw[1][w], p), code_pair(cur[n].kw[0][w], p + 1),
-                                     code_pair(cur[n].kw[1][w], p + 1), qb[ks][0], qb[ks][1]);
+            mma_16816<__nv_bfloat16>(r[ks / F::KS_PER_GROUP], qi4_code_pair(cur[n].kw[0][w], p),
+                                     qi4_code_pair(cur[n].kw[1][w], p), qi4_code_pair(cur[n].kw[0][w], p + 1),
+                                     qi4_code_pair(cur[n].kw[1][w], p + 1), qb[ks][0], qb[ks][1]);
         }
         const int tok0 = (ch0 + n) * QF_CHUNK + g;
 #pragma unroll
