@@ -1,4 +1,4 @@
-// matmul_fp8_quantize.cuh: writing matmul::fp8's format on the device (quantize-fp8 stages 1 and 2):
+// matmul_fp8_quantize.cuh: writing matmul::fp8's format on the device (quantize-fp8 stages 0-2):
 // a group's scale amax / 448 over its finite magnitudes (amax at least 1e-30), each code
 // e4m3(x * (448 / amax)) rounded to nearest even and saturated, a non-finite element the NaN code
 // 0x7F; and stage 1's two quantizers (16-byte loads, 8-byte code stores), which stage 2 keeps.

@@ -16,13 +16,7 @@
 // Constraints: M, K >= 1; M * K < 2^31; sm_89+ for the e4m3 conversion (built for sm_90).
 // Tolerance: exact (codes and scales bit for bit).
 // Limits: M * K < 2^31
-#include <cuda_bf16.h>
-#include "ladder_reduce.cuh"
-
-#define QF8_GROUP 128
-#define QF8_MAX 448.0f
-#define QF8_AMAX_FLOOR 1e-30f
-#define QF8_NAN 0x7F
+#include "matmul_fp8_quantize.cuh"
 
 __device__ __forceinline__ unsigned char qf8_code(float x, float mul) {
     if (!isfinite(x)) return QF8_NAN;
@@ -31,9 +25,6 @@ __device__ __forceinline__ unsigned char qf8_code(float x, float mul) {
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(__fmul_rn(x, mul)));
     return (unsigned char)(pair & 0xFF);
 }
-
-// A finite magnitude for the group's max (non-finite: left out).
-__device__ __forceinline__ float qf8_mag(float x) { return isfinite(x) ? fabsf(x) : 0.0f; }
 
 extern "C" __global__ void __launch_bounds__(256) quantize_rows_fp8(unsigned char* __restrict__ codes,
                                                                    float* __restrict__ scales,
