@@ -407,16 +407,7 @@ impl Problem for PrefillBf16Problem {
             bound: Bound::Compute(Precision::Bf16),
         }
     }
-    fn copies(&self) -> usize {
-        self.copies
-    }
-    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-        self.out.poison(gpu)?;
-        self.lse.poison(gpu)
-    }
-    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
-    }
+    common::problem_plumbing!(out, lse);
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
         let args =

@@ -129,6 +129,26 @@ pub trait Problem {
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification>;
 }
 
+/// Inside `impl Problem for …`, the three methods most ops write the same way: `copies` from a
+/// `copies` field, `poison` of the listed output fields (each a [`crate::data::Rotated`] or anything
+/// with a `poison(&Gpu)`), in order, and `prepare` through the op's own `prepare(gpu, variant,
+/// self.d)` into a `prepared` field ([`Prepared`]).
+#[macro_export]
+macro_rules! problem_plumbing {
+    ($($output:ident),+) => {
+        fn copies(&self) -> usize {
+            self.copies
+        }
+        fn poison(&mut self, gpu: &$crate::Gpu) -> $crate::Result<()> {
+            $(self.$output.poison(gpu)?;)+
+            Ok(())
+        }
+        fn prepare(&mut self, gpu: &$crate::Gpu, v: &$crate::Variant) -> $crate::Result<Vec<$crate::ResourceUse>> {
+            Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
+        }
+    };
+}
+
 /// An op's prepared stage: it reports the resources of its kernels at their launch configurations.
 pub trait PreparedStage {
     fn resources(&self) -> Vec<ResourceUse>;

@@ -314,15 +314,7 @@ impl Problem for ArgmaxProblem {
         let (b, v) = (self.d.b as u64, self.d.v as u64);
         Workload { bytes: 4 * b * v + 4 * b, flops: b * v, bound: Bound::Memory }
     }
-    fn copies(&self) -> usize {
-        self.copies
-    }
-    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-        self.ids.poison(gpu)
-    }
-    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
-    }
+    common::problem_plumbing!(ids);
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
         p.enqueue(stream, self.ids.get_mut(copy), self.logits.get(copy))

@@ -312,15 +312,7 @@ impl Problem for EncoderProblem {
         // One wte row and one wpe row read and one out row written per token, plus the token ids.
         Workload { bytes: 12 * n + 4 * (self.d.b * self.d.t) as u64, flops: n, bound: Bound::Memory }
     }
-    fn copies(&self) -> usize {
-        self.copies
-    }
-    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-        self.out.poison(gpu)
-    }
-    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
-    }
+    common::problem_plumbing!(out);
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
         let tokens = &self.tokens[copy % self.tokens.len()];

@@ -385,15 +385,7 @@ impl Problem for EpilogueProblem {
             bound: Bound::Compute(Precision::Fp16),
         }
     }
-    fn copies(&self) -> usize {
-        self.copies
-    }
-    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-        self.out.poison(gpu)
-    }
-    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
-    }
+    common::problem_plumbing!(out);
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
         let args = EpilogueArgs {

@@ -587,15 +587,7 @@ impl Problem for GemvProblem {
         let bytes = 2 * n * k + inp + 4 * m * n + if bias { 4 * n } else { 0 } + residual;
         Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Memory }
     }
-    fn copies(&self) -> usize {
-        self.copies
-    }
-    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-        self.out.poison(gpu)
-    }
-    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
-    }
+    common::problem_plumbing!(out);
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
         let bias = self.d.bias.then_some(&self.bias);

@@ -391,17 +391,8 @@ impl Problem for QuantizeProblem {
         let (read, flops) = if self.d.ln { (4 * n + 8 * self.d.k as u64, 10 * n) } else { (2 * n, 2 * n) };
         Workload { bytes: read + n + 4 * self.d.scales() as u64, flops, bound: Bound::Memory }
     }
-    fn copies(&self) -> usize {
-        self.copies
-    }
-    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-        // 0xFF: the negative NaN code, never the CPU's (a NaN element is 0x7F); scales NaN.
-        self.codes.poison(gpu)?;
-        self.scales.poison(gpu)
-    }
-    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
-    }
+    // Poisoned codes are 0xFF: the negative NaN code, never the CPU's (a NaN element is 0x7F); scales NaN.
+    common::problem_plumbing!(codes, scales);
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
         let (codes, scales) = (self.codes.get_mut(copy), self.scales.get_mut(copy));

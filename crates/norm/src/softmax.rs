@@ -284,15 +284,7 @@ impl Problem for SoftmaxProblem {
         // ~5 flops per element read (scale, subtract, exp, add, multiply).
         Workload { bytes: 4 * (read + n), flops: 5 * read, bound: Bound::Memory }
     }
-    fn copies(&self) -> usize {
-        self.copies
-    }
-    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-        self.out.poison(gpu)
-    }
-    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        Ok(self.prepared.set(v, prepare(gpu, v, self.d)?))
-    }
+    common::problem_plumbing!(out);
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
         p.enqueue(
