@@ -42,3 +42,79 @@ __device__ __forceinline__ void qi4_dequant_word(unsigned w, float s, float z, u
         dst[k] = pack_bf16x2(fmaf(f.x - 128.0f, s, z), fmaf(f.y - 128.0f, s, z));
     }
 }
+
+// One group quantized by the LPG lanes that hold it, E values a lane (x): the group's fp16 scale and
+// shift by the directed rounding above (min and max reduced over the group's lanes; +0.0f turns a
+// -0 extreme into +0, since min/max may pick either zero, so the bytes stay canonical) and each of
+// the lane's values as its code q in 0..15.
+struct Qi4Scales {
+    __half scale, shift;
+    // The 4-byte (scale, shift) pair of the row format: scale in the low half.
+    __device__ unsigned pair() const {
+        return (unsigned)__half_as_ushort(scale) | ((unsigned)__half_as_ushort(shift) << 16);
+    }
+};
+
+template <int E, int LPG>
+__device__ __forceinline__ Qi4Scales qi4_quantize_group(const float (&x)[E], int (&q)[E]) {
+    float mn = x[0], mx = x[0];
+#pragma unroll
+    for (int i = 1; i < E; ++i) {
+        mn = fminf(mn, x[i]);
+        mx = fmaxf(mx, x[i]);
+    }
+#pragma unroll
+    for (int off = LPG / 2; off >= 1; off >>= 1) {
+        mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    }
+    mn = __fadd_rn(mn, 0.0f);
+    mx = __fadd_rn(mx, 0.0f);
+    const __half shift_h = __float2half_rd(mn);
+    const float shift = __half2float(shift_h);
+    const __half scale_h = __float2half_ru(__fdiv_rn(__fsub_rn(mx, shift), 15.0f));
+    const float scale = __half2float(scale_h);
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        int c = 0;
+        if (scale > 0.0f) c = (int)rintf(__fdiv_rn(__fsub_rn(x[i], shift), scale));
+        q[i] = min(max(c, 0), 15);
+    }
+    return Qi4Scales{scale_h, shift_h};
+}
+
+// ---- Split-K decode (the decode kernels of decode/) ----
+
+// One block's share of a sequence of `len` tokens in split-K decode: split `split` of `splits`,
+// each a multiple of TILE tokens, covers tokens [begin, end) (empty when begin >= end); its heads'
+// partial results are rows of o_part / m_part / l_part, head h's at (b*HQ + kvh*nh + h)*splits + split,
+// so a split's heads are `splits` rows apart.
+struct Qi4Split {
+    int begin, end;
+    float *o, *m, *l;
+};
+
+template <int D, int TILE>
+__device__ __forceinline__ Qi4Split qi4_split(int len, int splits, int split, int b, int kvh, int hkv, int nh,
+                                              float* o_part, float* m_part, float* l_part) {
+    int per = (len + splits - 1) / splits;
+    per = (per + TILE - 1) / TILE * TILE;
+    Qi4Split s;
+    s.begin = split * per;
+    s.end = min(len, s.begin + per);
+    s.o = o_part + ((size_t)(b * hkv + kvh) * nh * splits + split) * D;
+    s.m = m_part + (size_t)(b * hkv + kvh) * nh * splits + split;
+    s.l = l_part + (size_t)(b * hkv + kvh) * nh * splits + split;
+    return s;
+}
+
+// An empty split's partials, written by thread `tid` of a block of THREADS threads: O zero, max -inf, sum 0 for each
+// of its nh heads, so the merge gives it no weight.
+template <int D, int THREADS>
+__device__ __forceinline__ void qi4_empty_split(const Qi4Split& s, int tid, int nh, int splits) {
+    for (int i = tid; i < nh * D; i += THREADS) s.o[(i / D) * splits * D + i % D] = 0.0f;
+    if (tid < nh) {
+        s.m[tid * splits] = -INFINITY;
+        s.l[tid * splits] = 0.0f;
+    }
+}

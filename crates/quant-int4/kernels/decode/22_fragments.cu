@@ -310,20 +310,11 @@ __device__ __forceinline__ void decode_fragments(float* __restrict__ o_part, flo
     const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
 
     const int len = seq_lens[b];
-    int per = (len + splits - 1) / splits;
-    per = (per + QF_CHUNK - 1) / QF_CHUNK * QF_CHUNK;
-    const int t_begin = split * per;
-    const int t_end = min(len, t_begin + per);
-    // Head h's partial is row (b*HQ + kvh*nh + h)*splits + split: heads are `splits` rows apart.
-    float* o_split = o_part + ((size_t)(b * hkv + kvh) * nh * splits + split) * D;
-    float* m_split = m_part + (size_t)(b * hkv + kvh) * nh * splits + split;
-    float* l_split = l_part + (size_t)(b * hkv + kvh) * nh * splits + split;
+    const Qi4Split sp = qi4_split<D, QF_CHUNK>(len, splits, split, b, kvh, hkv, nh, o_part, m_part, l_part);
+    const int t_begin = sp.begin, t_end = sp.end;
+    float *const o_split = sp.o, *const m_split = sp.m, *const l_split = sp.l;
     if (t_begin >= t_end) {  // an empty split (uniform for the block)
-        for (int i = tid; i < nh * D; i += QF_THREADS) o_split[(i / D) * splits * D + i % D] = 0.0f;
-        if (tid < nh) {
-            m_split[tid * splits] = -INFINITY;
-            l_split[tid * splits] = 0.0f;
-        }
+        qi4_empty_split<D, QF_THREADS>(sp, tid, nh, splits);
         return;
     }
 

@@ -23,41 +23,18 @@ __device__ __forceinline__ void quantize_row(unsigned char* __restrict__ out_row
     float x[E];
 #pragma unroll
     for (int i = 0; i < E; ++i) x[i] = __bfloat162float(in_row[lane * E + i]);
-    float mn = x[0], mx = x[0];
-#pragma unroll
-    for (int i = 1; i < E; ++i) {
-        mn = fminf(mn, x[i]);
-        mx = fmaxf(mx, x[i]);
-    }
-#pragma unroll
-    for (int off = LPG / 2; off >= 1; off >>= 1) {
-        mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    }
-    // +0.0f turns a -0 extreme into +0 (min/max may pick either zero): the bytes stay canonical.
-    mn = __fadd_rn(mn, 0.0f);
-    mx = __fadd_rn(mx, 0.0f);
-    const __half shift_h = __float2half_rd(mn);
-    const float shift = __half2float(shift_h);
-    const float scale_f = __fdiv_rn(__fsub_rn(mx, shift), 15.0f);
-    const __half scale_h = __float2half_ru(scale_f);
-    const float scale = __half2float(scale_h);
+    int q[E];
+    const Qi4Scales sc = qi4_quantize_group<E, LPG>(x, q);
     unsigned part = 0;
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-        int q = 0;
-        if (scale > 0.0f) q = (int)rintf(__fdiv_rn(__fsub_rn(x[i], shift), scale));
-        q = min(max(q, 0), 15);
-        part |= (unsigned)q << qi4_nibble_shift((lane * E + i) & 7);
-    }
+    for (int i = 0; i < E; ++i) part |= (unsigned)q[i] << qi4_nibble_shift((lane * E + i) & 7);
 #pragma unroll
     for (int off = 1; off < LPW; off <<= 1) part |= __shfl_xor_sync(0xffffffffu, part, off);
     if (lane % LPW == 0) {
         reinterpret_cast<unsigned*>(out_row + 4 * G)[lane / LPW] = part;
     }
     if (lane % LPG == 0) {
-        const unsigned pair = (unsigned)__half_as_ushort(scale_h) | ((unsigned)__half_as_ushort(shift_h) << 16);
-        reinterpret_cast<unsigned*>(out_row)[lane / LPG] = pair;
+        reinterpret_cast<unsigned*>(out_row)[lane / LPG] = sc.pair();
     }
 }
 

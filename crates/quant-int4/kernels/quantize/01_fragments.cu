@@ -36,31 +36,12 @@ __device__ __forceinline__ void quantize_codes(const __nv_bfloat16* __restrict__
     float x[E];
 #pragma unroll
     for (int i = 0; i < E; ++i) x[i] = __bfloat162float(x_row[lane * E + i]);
-    float mn = x[0], mx = x[0];
+    int q[E];
+    const Qi4Scales sc = qi4_quantize_group<E, LPG>(x, q);
 #pragma unroll
-    for (int i = 1; i < E; ++i) {
-        mn = fminf(mn, x[i]);
-        mx = fmaxf(mx, x[i]);
-    }
-#pragma unroll
-    for (int off = LPG / 2; off >= 1; off >>= 1) {
-        mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    }
-    mn = __fadd_rn(mn, 0.0f);  // -0 -> +0: canonical bytes (stage 0 does the same)
-    mx = __fadd_rn(mx, 0.0f);
-    const __half shift_h = __float2half_rd(mn);
-    const float shift = __half2float(shift_h);
-    const __half scale_h = __float2half_ru(__fdiv_rn(__fsub_rn(mx, shift), 15.0f));
-    const float scale = __half2float(scale_h);
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-        int q = 0;
-        if (scale > 0.0f) q = (int)rintf(__fdiv_rn(__fsub_rn(x[i], shift), scale));
-        codes[lane * E + i] = (unsigned char)min(max(q, 0), 15);
-    }
+    for (int i = 0; i < E; ++i) codes[lane * E + i] = (unsigned char)q[i];
     // The pair of group j comes from its first lane, j * LPG.
-    const unsigned mine = (unsigned)__half_as_ushort(scale_h) | ((unsigned)__half_as_ushort(shift_h) << 16);
+    const unsigned mine = sc.pair();
     pair = __shfl_sync(0xffffffffu, mine, (lane % G) * LPG);
 }
 
