@@ -211,9 +211,17 @@ enum Command {
         /// `ladder resources --config`).
         #[arg(long)]
         config: Option<String>,
+        /// NAME=value,... stage-list defines replaced (what the host sets per shape where a define
+        /// carries it, as in `ladder resources --define`).
+        #[arg(long = "define")]
+        defines: Option<String>,
         /// NAME,... switches turned on (what the host sets per call, as in `ladder resources --switch`).
         #[arg(long = "switch", value_delimiter = ',')]
         switches: Vec<String>,
+        /// A leave-one-out row of the stage (`all-SWITCH`, as `ladder list` and the ablation table
+        /// name it) instead of the stage itself.
+        #[arg(long)]
+        row: Option<String>,
         /// sm_90a (default), sm_90 or sm_80.
         #[arg(long, default_value = "sm_90a")]
         arch: String,
@@ -864,10 +872,11 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             common::require(any, "at least one kernel stage selected", configured)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sass { family, op, stage, diff, entry, main_loop, summary, config, switches, arch } => {
+        Command::Sass { family, op, stage, diff, entry, main_loop, summary, config, defines, switches, row, arch } => {
             use kernel_ladder::sass::{self, Function, Summary};
             let arch = common::Arch::parse(&arch)?;
             let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
+            let defines = defines.as_deref().map(|d| parse_settings("--define", d)).transpose()?.unwrap_or_default();
             let tc = common::nvrtc::toolchain()?;
             let op = select_ops(&family, Some(&op))?[0];
             let mut warnings: Vec<String> = Vec::new();
@@ -878,7 +887,22 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                     name: n.to_string(),
                     known: known.join(", "),
                 })?;
+                let v = match row.as_deref() {
+                    None => v,
+                    Some(name) => {
+                        let rows: Vec<common::Variant> =
+                            op.leave_one_out().into_iter().filter(|r| r.stage == n).collect();
+                        let known: Vec<&str> = rows.iter().map(|r| r.name.as_ref()).collect();
+                        let known = known.join(", ");
+                        rows.iter().find(|r| r.name == name).cloned().ok_or_else(|| Error::Unknown {
+                            what: "leave-one-out row",
+                            name: name.to_string(),
+                            known,
+                        })?
+                    }
+                };
                 let mut v = v.with_config(&config)?;
+                defines.iter().try_for_each(|(name, value)| v.set_define(name, *value))?;
                 switches.iter().for_each(|s| v.switch_on(s));
                 let d = sass::disassemble(&tc, op.sources(), &v, arch)?;
                 warnings.extend(d.ptxas_warnings.iter().map(|w| format!("stage {n}: {w}")));
