@@ -2,9 +2,11 @@
 //! W[N,K]ᵀ (+ bias[N])` with bf16 operands in llm.c's layout (both K-major, the weights prepared
 //! once by the caller), fp32 accumulation and fp32 or bf16 output. Stages continue `linear`'s
 //! numbering (its stage 4, WMMA M3, is where the report stopped): 5-8 are one kernel each (mma.sync,
-//! swizzle, wgmma + TMA, warp specialization); 9-16 are rungs of one persistent kernel
-//! (`matmul_wgmma_persistent.cuh`), each adding switches from [`SWITCHES`] to the one before, and the
-//! last rung's switches are its leave-one-out toggles. The library row is cuBLASLt on the same bf16
+//! swizzle, wgmma + TMA, warp specialization); 9-16 are recipes of one persistent kernel's typed
+//! parts (`matmul_wgmma_persistent.cuh`: tile order, launch, consumers, epilogue), each rung swapping
+//! a part for its successor. The stage list also sets each part's switch from [`SWITCHES`] (the
+//! kernel checks its recipe against them), and the last rung picks its parts by them, so its switches
+//! are its leave-one-out toggles. The library row is cuBLASLt on the same bf16
 //! operands, with its BIAS epilogue when the shape has a bias and the bare GEMM when it does not.
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (the layer's element-wise tail: 0 none, 1 GELU
@@ -45,7 +47,7 @@ const WG_BK: u32 = common::tma::BOX_COLS;
 const EPI_STAGING_BYTES: u32 = 16 * 32 * 4;
 /// The bias copies (`EPI_BIAS_SMEM`) are cp.async copies of 16 bytes from 16-byte aligned addresses.
 const BIAS_ALIGNED: &str = "the bias 16-byte aligned";
-/// A ping-pong consumer holds two 64-row accumulator sets (the header's `#error`).
+/// A ping-pong consumer holds two 64-row accumulator sets (the kernel's `static_assert`).
 const TWO_SETS_BN: &str = "WS_BN <= 192 with two accumulator sets a consumer (WS_PINGPONG)";
 /// The widths [`wave_fit_width`] picks from for the cooperative consumers.
 const ONE_SET_WIDTHS: [u32; 3] = [256, 192, 128];
@@ -70,7 +72,9 @@ pub const SWITCHES: [&str; 9] = [
     "WS_PINGPONG",
     "WS_GROUP_FIT",
 ];
-/// Which switch builds on which (the header's `#error`s): leaving out a base leaves out its builders.
+/// Which switch builds on which (each names a part that builds on its base's; the last rung picks
+/// its parts by them, and the kernel refuses a builder without its base): leaving out a base leaves
+/// out its builders.
 const SWITCH_BASES: [(&str, &str); 5] = [
     ("EPI_LEAN", "EPI_PREFETCH"),
     ("EPI_BIAS_SMEM", "EPI_LEAN"),
@@ -88,9 +92,10 @@ enum Plan {
     Wgmma,
     /// `08_warp_specialized.cu`: a producer warpgroup and two consumers, 128 x 256 tiles.
     WarpSpecialized,
-    /// Stages 9-16, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. What each
-    /// stage compiles in is its stage-list switches ([`Switches::of`]); the plan says what the host
-    /// decides: the entry, how the tail is passed and how the tile width is chosen.
+    /// Stages 9-16, `matmul_wgmma_persistent.cuh`: one block per SM walking the tiles. Each rung's
+    /// file states its recipe of parts, and its stage-list switches ([`Switches::of`]) name the same
+    /// parts for the host; the plan says what the host decides: the entry, how the tail is passed
+    /// and how the tile width is chosen.
     Persistent { entry: &'static str, tail: TailArgs, width: Width },
     /// cuBLASLt on the bf16 operands.
     Lt,
@@ -519,7 +524,7 @@ impl LinearBf16Dims {
 
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
 const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stage 10 and every later one do)";
-/// `OUT_BF16` is written for the lean store paths only (the header's `#error`).
+/// `OUT_BF16` is written for the lean store paths only (the kernel's `static_assert`).
 const OUT_STORES: &str = "out = 32 (this stage stores fp32; stage 12 on and the library row store bf16 too)";
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
@@ -1095,8 +1100,8 @@ mod tests {
         assert!(persistent_shared_bytes(sw(14), 256, 4) <= 227 * 1024);
     }
 
-    /// A bf16 output is stored by the lean stores (`EPI_LEAN`, stage 12 on; the header's `#error`
-    /// refuses it elsewhere) and the library row: the others, and the last rung's rows without the
+    /// A bf16 output is stored by the lean stores (`EPI_LEAN`, stage 12 on; the kernel's
+    /// `static_assert` refuses it elsewhere) and the library row: the others, and the last rung's rows without the
     /// lean store, refuse `out = 16` with the typed error; `out` takes 32 or 16 only.
     #[test]
     fn bf16_output_is_the_lean_stores_and_the_library() {

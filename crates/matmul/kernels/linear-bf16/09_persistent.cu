@@ -18,8 +18,10 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0
 #include "matmul_wgmma_persistent.cuh"
 
+using Recipe = PersistentRecipe<GroupedOrder, StreamOrdered, Cooperative, EpiChecked>;
+
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_bf16_persistent(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                            const float* bias, int M, int N, int K) {
-    persistent_gemm<false>(map_a, map_b, out, bias, nullptr, M, N, K, 0);
+    persistent_gemm<Recipe, false>(map_a, map_b, out, bias, nullptr, M, N, K, 0);
 }

@@ -18,8 +18,10 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0
 #include "matmul_wgmma_persistent.cuh"
 
+using Recipe = PersistentRecipe<GroupedOrder, StreamOrdered, Cooperative, EpiChecked>;
+
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_bf16_wave_fit(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                          const float* bias, const float* residual, int M, int N, int K, int epilogue) {
-    persistent_gemm<true>(map_a, map_b, out, bias, residual, M, N, K, epilogue);
+    persistent_gemm<Recipe, true>(map_a, map_b, out, bias, residual, M, N, K, epilogue);
 }

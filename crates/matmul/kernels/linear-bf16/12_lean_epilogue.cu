@@ -1,5 +1,5 @@
 // linear-bf16, stage 12: lean-epilogue (stage 11 with a store of few instructions).
-// Changed from stage 11 (switches EPI_PREFETCH, EPI_LEAN): (1) the bias and residual pairs of a
+// Changed from stage 11 (epilogue part EpiLean, built on EpiPrefetch; switches EPI_PREFETCH, EPI_LEAN): (1) the bias and residual pairs of a
 //   chunk of 8 column groups are loaded before the chunk's first store, so their latencies overlap
 //   instead of following each store; (2) one entry per tail (linear_bf16_lean, _gelu, _residual)
 //   passes the tail as a constant, so each compiles only its own tail; (3) a tile wholly inside the
@@ -25,6 +25,8 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0
 #include "matmul_wgmma_persistent.cuh"
 
-LEAN_ENTRY(linear_bf16_lean, 0)
-LEAN_ENTRY(linear_bf16_lean_gelu, EPI_GELU)
-LEAN_ENTRY(linear_bf16_lean_residual, EPI_RESIDUAL)
+using Recipe = PersistentRecipe<GroupedOrder, StreamOrdered, Cooperative, EpiLean>;
+
+LEAN_ENTRY(linear_bf16_lean, Recipe, 0)
+LEAN_ENTRY(linear_bf16_lean_gelu, Recipe, EPI_GELU)
+LEAN_ENTRY(linear_bf16_lean_residual, Recipe, EPI_RESIDUAL)

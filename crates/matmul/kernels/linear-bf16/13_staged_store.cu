@@ -1,5 +1,5 @@
 // linear-bf16, stage 13: staged-store (stage 12 storing whole 128-byte lines through shared memory).
-// Changed from stage 12 (switches EPI_BIAS_SMEM, EPI_STAGED): (1) each consumer copies its tile's
+// Changed from stage 12 (epilogue part EpiStaged, built on EpiBiasSmem; switches EPI_BIAS_SMEM, EPI_STAGED): (1) each consumer copies its tile's
 //   bias into shared memory with 16-byte cp.async while its MMAs run, and its store reads it there;
 //   (2) in a tile wholly inside the output, each consumer warp writes 32 columns of its 16 rows of
 //   accumulators into its own 2 KiB staging buffer (XOR-swizzled by row), reads them back as
@@ -23,6 +23,8 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0
 #include "matmul_wgmma_persistent.cuh"
 
-LEAN_ENTRY(linear_bf16_staged_store, 0)
-LEAN_ENTRY(linear_bf16_staged_store_gelu, EPI_GELU)
-LEAN_ENTRY(linear_bf16_staged_store_residual, EPI_RESIDUAL)
+using Recipe = PersistentRecipe<GroupedOrder, StreamOrdered, Cooperative, EpiStaged>;
+
+LEAN_ENTRY(linear_bf16_staged_store, Recipe, 0)
+LEAN_ENTRY(linear_bf16_staged_store_gelu, Recipe, EPI_GELU)
+LEAN_ENTRY(linear_bf16_staged_store_residual, Recipe, EPI_RESIDUAL)

@@ -1,6 +1,6 @@
 // linear-bf16, stage 14: dependent-launch (stage 13 launched under the previous kernel's tail).
-// Changed from stage 13 (switches WS_PDL, WS_WEIGHTS_EARLY, WS_PDL_LAST_TILE): the kernel is a
-//   programmatic dependent launch. Its blocks wait for the previous grid (`griddepcontrol.wait`)
+// Changed from stage 13 (launch part DependentLaunch<true, true>; switches WS_PDL, WS_WEIGHTS_EARLY,
+//   WS_PDL_LAST_TILE): the kernel is a programmatic dependent launch. Its blocks wait for the previous grid (`griddepcontrol.wait`)
 //   only after the prologue (barrier set-up, tensor-map reads); the producer first issues the W
 //   tiles of its first ring stages, since weights are no kernel's output (the caller's contract,
 //   `Prepared::reads_weight_early`); and a block lets the next grid launch only when its producer
@@ -25,6 +25,8 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0
 #include "matmul_wgmma_persistent.cuh"
 
-LEAN_ENTRY(linear_bf16_dependent_launch, 0)
-LEAN_ENTRY(linear_bf16_dependent_launch_gelu, EPI_GELU)
-LEAN_ENTRY(linear_bf16_dependent_launch_residual, EPI_RESIDUAL)
+using Recipe = PersistentRecipe<GroupedOrder, DependentLaunch</*weights early*/ true, /*last-tile trigger*/ true>, Cooperative, EpiStaged>;
+
+LEAN_ENTRY(linear_bf16_dependent_launch, Recipe, 0)
+LEAN_ENTRY(linear_bf16_dependent_launch_gelu, Recipe, EPI_GELU)
+LEAN_ENTRY(linear_bf16_dependent_launch_residual, Recipe, EPI_RESIDUAL)

@@ -1,5 +1,5 @@
 // linear-bf16, stage 15: ping-pong (stage 14 with the consumers taking turns on whole tiles).
-// Changed from stage 14 (switch WS_PINGPONG): each consumer warpgroup takes every other tile of the
+// Changed from stage 14 (consumer part PingPong; switch WS_PINGPONG): each consumer warpgroup takes every other tile of the
 //   block's walk whole (two 64 x WS_BN accumulator sets) instead of half of every tile; an mbarrier
 //   pair passes the turn on the tensor cores from one to the other once it has issued a tile's
 //   MMAs, so one consumer's store runs while the other's MMAs do. Each ring stage has one reader.
@@ -23,6 +23,8 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0
 #include "matmul_wgmma_persistent.cuh"
 
-LEAN_ENTRY(linear_bf16_ping_pong, 0)
-LEAN_ENTRY(linear_bf16_ping_pong_gelu, EPI_GELU)
-LEAN_ENTRY(linear_bf16_ping_pong_residual, EPI_RESIDUAL)
+using Recipe = PersistentRecipe<GroupedOrder, DependentLaunch</*weights early*/ true, /*last-tile trigger*/ true>, PingPong, EpiStaged>;
+
+LEAN_ENTRY(linear_bf16_ping_pong, Recipe, 0)
+LEAN_ENTRY(linear_bf16_ping_pong_gelu, Recipe, EPI_GELU)
+LEAN_ENTRY(linear_bf16_ping_pong_residual, Recipe, EPI_RESIDUAL)

@@ -21,6 +21,16 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 8 == 0
 #include "matmul_wgmma_persistent.cuh"
 
-LEAN_ENTRY(linear_bf16_group_fit, 0)
-LEAN_ENTRY(linear_bf16_group_fit_gelu, EPI_GELU)
-LEAN_ENTRY(linear_bf16_group_fit_residual, EPI_RESIDUAL)
+// Stage 15's parts, each picked by its switch, so that a leave-one-out row (one switch off, and with
+// it the switches built on it) compiles that axis's previous part.
+using Recipe = PersistentRecipe<
+    GroupedOrder,
+    Pick<WS_SWITCH(WS_PDL), DependentLaunch<WS_SWITCH(WS_WEIGHTS_EARLY), WS_SWITCH(WS_PDL_LAST_TILE)>, StreamOrdered>,
+    Pick<WS_SWITCH(WS_PINGPONG), PingPong, Cooperative>,
+    Pick<WS_SWITCH(EPI_STAGED), EpiStaged,
+         Pick<WS_SWITCH(EPI_BIAS_SMEM), EpiBiasSmem,
+              Pick<WS_SWITCH(EPI_LEAN), EpiLean, Pick<WS_SWITCH(EPI_PREFETCH), EpiPrefetch, EpiChecked>>>>>;
+
+LEAN_ENTRY(linear_bf16_group_fit, Recipe, 0)
+LEAN_ENTRY(linear_bf16_group_fit_gelu, Recipe, EPI_GELU)
+LEAN_ENTRY(linear_bf16_group_fit_residual, Recipe, EPI_RESIDUAL)
