@@ -9,6 +9,7 @@
 #include "ladder.cuh"
 #include "ladder_convert.cuh"
 #include "ladder_reduce.cuh"
+#include "ladder_split_merge.cuh"
 
 // The ALiBi bias of key t for a query at position len - 1.
 __device__ __forceinline__ float decode_alibi(const float* slopes, int hq, int t, int len) {
@@ -24,27 +25,15 @@ __device__ __forceinline__ void load8(const T* p, float* out) {
     for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
 }
 
-// Merges the S partial results of one (sequence, query head) row for output column d: each partial
-// is its split's running max m_s, sum l_s = sum exp(s - m_s) and o_s = sum exp(s - m_s) v
-// (unnormalized), or o_s / l_s when `normalized`; an empty split has m_s = -inf. o holds the row's
-// S partials of D floats, m and l its S maxima and sums; writes out[d], and *lse when d == 0. The
-// partials are read through L2 (__ldcg): in the fused stage they were written by other blocks of
-// the same launch, and a line this SM's L1 kept from an earlier call would be stale.
+// Output column d of one (sequence, query head) row merged over its S split partials
+// (ladder_split_merge.cuh; o holds the row's S partials of D floats, m and l its S maxima and sums;
+// `normalized`: each o_s is already divided by its l_s); writes out[d], and *lse when d == 0.
 template <typename T>
 __device__ __forceinline__ void decode_merge_row(T* out, float* lse, const float* o, const float* m, const float* l,
                                                  int splits, int D, int d, bool normalized) {
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(m + s));
-    float sum = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-        const float ms = __ldcg(m + s);
-        if (ms == -INFINITY) continue;
-        const float w = __expf(ms - mx), ls = __ldcg(l + s);
-        sum += w * ls;
-        acc += (normalized ? w * ls : w) * __ldcg(o + (size_t)s * D + d);
-    }
-    out[d] = from_float<T>(acc / sum);
-    if (d == 0) *lse = mx + __logf(sum);
+    const SplitMerged r = merge_column(SplitArrays</*same launch*/ true>{o, m, l, D}, splits, d, normalized);
+    out[d] = from_float<T>(r.value);
+    if (d == 0) *lse = r.mx + __logf(r.sum);
 }
 
 // Merges the partials of every (sequence, query head): grid (HQ, B), block D threads.

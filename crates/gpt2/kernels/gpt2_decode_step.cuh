@@ -9,6 +9,7 @@
 #pragma once
 #include "ladder_mma.cuh"
 #include "ladder_reduce.cuh"
+#include "ladder_split_merge.cuh"
 #include "gpt2_pointwise.cuh"
 #include "ladder_timeline.cuh"
 
@@ -394,22 +395,6 @@ __device__ void mk_argmax_merge(const MkArgs& a, MkHeadEpi& epi, const MkSmem& s
     if (threadIdx.x == 0) a.sync[2] = 0;
 }
 
-// Output dim d of (sequence, head) bh merged over its S split partials (o unnormalized, the max in
-// log2 units, the sum), read from L2: they were written in this launch.
-__device__ __forceinline__ float mk_merge(const float* part, int bh, int S, int d) {
-    const float* p0 = part + (size_t)bh * S * (MK_HEAD + 2);
-    float mx = -INFINITY;
-    for (int k = 0; k < S; ++k) mx = fmaxf(mx, __ldcg(p0 + k * (MK_HEAD + 2) + MK_HEAD));
-    float sum = 0.0f, acc = 0.0f;
-    for (int k = 0; k < S; ++k) {
-        const float* pk = p0 + k * (MK_HEAD + 2);
-        const float w = exp2f(__ldcg(pk + MK_HEAD) - mx);
-        sum += w * __ldcg(pk + MK_HEAD + 1);
-        acc += w * __ldcg(pk + d);
-    }
-    return acc / sum;
-}
-
 // Where attention unit u reads: sequence b, head h, the split's tokens [t0, t1), and this lane's
 // column offset in the cache (8 lanes a token, 8 dims a lane).
 struct MkAttUnit {
@@ -533,7 +518,8 @@ __device__ bool mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
     mk_sync();
     if (!last) return false;
     __threadfence();
-    if (threadIdx.x < MK_HEAD) a.att[(size_t)b * C + h * MK_HEAD + threadIdx.x] = __float2bfloat16_rn(mk_merge(a.part, bh, S, threadIdx.x));
+    if (threadIdx.x < MK_HEAD) a.att[(size_t)b * C + h * MK_HEAD + threadIdx.x] = __float2bfloat16_rn(
+            merge_column(SplitRecords{a.part + (size_t)bh * S * (MK_HEAD + 2), MK_HEAD}, S, threadIdx.x, false).value);
     if (threadIdx.x == 0) a.tickets[bh] = 0;
     mk_sync();
     return true;

@@ -19,6 +19,7 @@
 // Limits: D in {64, 128}; HQ % HKV == 0; B <= 65535; B * HQ * Tmax < 2^31; HQ / HKV <= 16; 1 <= chunks <= 16; chunks <= seq
 #include "ladder.cuh"
 #include "ladder_convert.cuh"
+#include "ladder_split_merge.cuh"
 
 #define OFFLOAD_MAX_CHUNKS 16
 
@@ -29,22 +30,28 @@ struct OffloadChunks {
     int end[OFFLOAD_MAX_CHUNKS];
 };
 
+// The chunks as split partials of the split merge (ladder_split_merge.cuh): chunk c's output is
+// normalized, its max its lse (shifted to its end with ALiBi), its sum 1. Chunk c's results were
+// written by an earlier launch: plain loads.
+template <typename T>
+struct OffloadLayout {
+    const OffloadChunks<T>& parts;
+    int row, D, seq;
+    float slope;
+    __device__ __forceinline__ float m(int c) const { return parts.lse[c][row] + slope * (float)(parts.end[c] - seq); }
+    __device__ __forceinline__ float l(int) const { return 1.0f; }
+    __device__ __forceinline__ float o_at(int c, int d) const { return to_float(parts.out[c][(size_t)row * D + d]); }
+    __device__ __forceinline__ static float weight(float ms, float mx) { return __expf(ms - mx); }
+};
+
 template <typename T>
 __device__ __forceinline__ void offload_merge(T* out, float* lse, const OffloadChunks<T>& parts, int chunks,
                                               const float* slopes, int HQ, int seq) {
     const int row = blockIdx.x, D = blockDim.x, d = threadIdx.x;
     const float slope = slopes != nullptr ? slopes[row % HQ] : 0.0f;
-    auto chunk_lse = [&](int c) { return parts.lse[c][row] + slope * (float)(parts.end[c] - seq); };
-    float mx = -INFINITY;
-    for (int c = 0; c < chunks; ++c) mx = fmaxf(mx, chunk_lse(c));
-    float sum = 0.0f, acc = 0.0f;
-    for (int c = 0; c < chunks; ++c) {
-        const float w = __expf(chunk_lse(c) - mx);
-        sum += w;
-        acc += w * to_float(parts.out[c][(size_t)row * D + d]);
-    }
-    out[(size_t)row * D + d] = from_float<T>(acc / sum);
-    if (d == 0) lse[row] = mx + __logf(sum);
+    const SplitMerged r = merge_column(OffloadLayout<T>{parts, row, D, seq, slope}, chunks, d, true);
+    out[(size_t)row * D + d] = from_float<T>(r.value);
+    if (d == 0) lse[row] = r.mx + __logf(r.sum);
 }
 
 extern "C" __global__ void offload_merge_bf16(__nv_bfloat16* out, float* lse, OffloadChunks<__nv_bfloat16> parts,

@@ -439,12 +439,12 @@ QI4F_DECODE_ENTRY(qi4_frag_decode_d128, 128)
 // by qi4_frag_merge below.
 DECODE_COMBINE_ENTRIES
 
-// QI4F_WARP_MERGE: the merge one warp a (sequence, query head) row. attention's combine gives a row a
-// block of D threads that each walk the splits in two passes, a load and its use at a time: ~2
-// splits dependent L2 round trips a row, 10.3 us at B = 32 (12 splits) against 22.5 us for the split
-// kernel (Nsight Compute). Here the lanes load the splits' maxima and sums at once (a lane a split),
-// reduce them with shuffles, and each lane sums its D/32 columns over the splits with four splits'
-// loads in flight. Launch: qi4_frag_merge_d{64,128}: grid ceil(rows / QF_MERGE_WARPS), block
+// QI4F_WARP_MERGE: the split merge (ladder_split_merge.cuh) one warp a (sequence, query head) row,
+// merge_row_warp. attention's combine (merge_column) gives a row a block of D threads that each walk
+// the splits in two passes, a load and its use at a time: ~2 splits dependent L2 round trips a row,
+// 10.3 us at B = 32 (12 splits) against 22.5 us for the split kernel (Nsight Compute). Here the
+// lanes load the splits' maxima and sums at once (a lane a split), reduce them with shuffles, and
+// each lane sums its D/32 columns over the splits with four splits' loads in flight. Launch: qi4_frag_merge_d{64,128}: grid ceil(rows / QF_MERGE_WARPS), block
 // 32 * QF_MERGE_WARPS; rows = B * HQ, the partials in attention's split layout.
 #if QI4F_WARP_MERGE
 #ifndef QI4F_MERGE_WARPS
@@ -458,29 +458,12 @@ __device__ __forceinline__ void frag_merge(__nv_bfloat16* __restrict__ out, floa
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * QF_MERGE_WARPS + (threadIdx.x >> 5);
     if (row >= rows) return;  // whole warps leave together: the shuffles stay full-warp
-    const float* m = m_part + (size_t)row * splits;
-    const float* l = l_part + (size_t)row * splits;
-    const float* o = o_part + (size_t)row * splits * D + lane;
-    float mx = -INFINITY;
-    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, m[s]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-        const float ms = m[s];
-        sum += (ms == -INFINITY ? 0.0f : __expf(ms - mx)) * l[s];  // an empty split weighs 0
-    }
-    sum = warp_sum(sum);
-    float acc[D / 32] = {};
-#pragma unroll 4
-    for (int s = 0; s < splits; ++s) {
-        const float ms = m[s];
-        const float w = ms == -INFINITY ? 0.0f : __expf(ms - mx);
+    const SplitArrays</*same launch*/ false> p{o_part + (size_t)row * splits * D, m_part + (size_t)row * splits, l_part + (size_t)row * splits, D};
+    float v[D / 32];
+    const SplitMerged r = merge_row_warp<D>(p, splits, lane, v);
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) acc[k] = fmaf(w, o[(size_t)s * D + 32 * k], acc[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < D / 32; ++k) out[(size_t)row * D + lane + 32 * k] = __float2bfloat16_rn(acc[k] / sum);
-    if (lane == 0) lse[row] = mx + __logf(sum);
+    for (int k = 0; k < D / 32; ++k) out[(size_t)row * D + lane + 32 * k] = __float2bfloat16_rn(v[k]);
+    if (lane == 0) lse[row] = r.mx + __logf(r.sum);
 }
 
 #define QI4F_MERGE_ENTRY(NAME, DIM)                                                                           \
