@@ -116,6 +116,38 @@ __device__ __forceinline__ void produce(const TileRing<D, STAGES>& r, const TmaM
     }
 }
 
+// The block of a warp-specialized stage (03-05): thread tid (warp and lane of its warpgroup), head
+// h of sequence b, its 128-row query tile from row q0 (the heaviest tiles first), the C = NH * D
+// columns of each of Q, K and V in a row of qkv, the global row of the sequence's token 0, and the
+// key tiles the tile walks.
+struct WsBlock {
+    int tid, warp, lane, h, b, q0, C, row0, tiles;
+};
+template <int D>
+__device__ __forceinline__ WsBlock ws_block(int T, int NH, int causal) {
+    const int tid = threadIdx.x;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * WG_BR;
+    const int tiles = ((causal ? min(q0 + WG_BR, T) : T) + WG_BC - 1) / WG_BC;
+    return WsBlock{tid, (tid >> 5) & 3, tid & 31, (int)blockIdx.y, (int)blockIdx.z, q0, NH * D, (int)blockIdx.z * T,
+                   tiles};
+}
+
+// Sets up the ring (a slot is released by one arrival per consumer warp) and splits the roles: the
+// producer warpgroup (threads 0-127) gives its registers to the consumers and one thread of it
+// issues every load; it gets false and leaves. A consumer thread takes 240 registers and gets true.
+template <int D, int STAGES>
+__device__ __forceinline__ bool ws_consumer(const TileRing<D, STAGES>& r, const TmaMap* map, const WsBlock& k) {
+    init_ring<8>(r);
+    if (k.tid < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (k.tid == 0)
+            produce(r, map, k.tiles, k.h * D, k.C + k.h * D, 2 * k.C + k.h * D, k.row0 + k.q0, k.row0);
+        return false;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    return true;
+}
+
 // S = Q.K^T of one key tile for the warpgroup whose 64 rows of Q start at qa: D/16 wgmma, 16 dims
 // (32 bytes along a swizzled 128-byte row) each, the next 64 dims a column block further.
 template <int D>

@@ -35,22 +35,9 @@ __device__ __forceinline__ void flash_ping_pong(const TmaMap* map, __nv_bfloat16
     constexpr int NT = WG_BC / 8, DT = D / 8;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const TileRing<D, STAGES> r = tile_ring<D, STAGES>(smem_raw);
-    const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int h = blockIdx.y, b = blockIdx.z;
-    const int tile = gridDim.x - 1 - blockIdx.x;  // heaviest query tiles first
-    const int q0 = tile * WG_BR;
-    const int C = NH * D;
-    const int row0 = b * T;  // global row of this sequence's token 0
-    const int tiles = ((causal ? min(q0 + WG_BR, T) : T) + WG_BC - 1) / WG_BC;
-
-    init_ring<8>(r);  // a slot is released by one arrival per consumer warp
-    if (tid < 128) {
-        // Producer: one thread; the warpgroup gives its registers to the consumers.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        if (tid == 0) produce(r, map, tiles, h * D, C + h * D, 2 * C + h * D, row0 + q0, row0);
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const WsBlock k = ws_block<D>(T, NH, causal);
+    if (!ws_consumer(r, map, k)) return;
+    const int tid = k.tid, warp = k.warp, lane = k.lane, h = k.h, b = k.b, q0 = k.q0, tiles = k.tiles;
     const int wg = (tid >> 7) - 1;  // consumer warpgroup
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
