@@ -63,8 +63,9 @@ struct Qi4Cfg {
 // The tile holds the values themselves (dequantized, or the bf16 cache's): the products need nothing
 // more, and there are no per-token parameters.
 struct Dequantized {
-    static constexpr int NACC = 1;  // score accumulators an n-tile, and the per-group state's length
+    static constexpr int NACC = 1;  // score accumulators an n-tile
     static constexpr int NP = 1;    // P's A fragments (a register pair) a tile
+    struct Groups {};               // no per-group state
     // A code word with (scale, shift) sz as four bf16x2 registers.
     static __device__ __forceinline__ void word(unsigned w, float2 sz, unsigned (&out)[4]) {
         qi4_dequant_word(w, sz.x, sz.y, out);
@@ -79,7 +80,7 @@ struct Dequantized {
     static __device__ __forceinline__ void zero_params(float2*, int) {}
     static __device__ __forceinline__ float2* par_slot(float2*) { return nullptr; }
     template <int D>
-    static __device__ __forceinline__ void init(const unsigned (&)[D / 16][2], float (&)[NACC], float (&)[NACC]) {}
+    static __device__ __forceinline__ void init(const unsigned (&)[D / 16][2], Groups&, Groups&) {}
     // The accumulator of k-step ks.
     template <int KS_PER_GROUP>
     static __device__ __forceinline__ constexpr int acc_of(int) {
@@ -87,15 +88,15 @@ struct Dequantized {
     }
     // The scores of tokens 2t, 2t + 1 of n-tile nt from its accumulator.
     template <class Par>
-    static __device__ __forceinline__ void scores(const float (&acc)[NACC][4], const float (&)[NACC], const Par&, int,
+    static __device__ __forceinline__ void scores(const float (&acc)[NACC][4], const Groups&, const Par&, int,
                                                   int, int, float& sc0, float& sc1) {
         sc0 = acc[0][0];
         sc1 = acc[0][1];
     }
-    static __device__ __forceinline__ void rescale(float (&)[NACC], float) {}
+    static __device__ __forceinline__ void rescale(Groups&, float) {}
     // P's A fragments from head g's P values (pa0, pa2 as bf16x2; f0, f1 in fp32).
     template <class Par>
-    static __device__ __forceinline__ void p_fragments(float (&)[NACC], const Par&, int, int, const float2&,
+    static __device__ __forceinline__ void p_fragments(Groups&, const Par&, int, int, const float2&,
                                                        const float2&, unsigned pa0,
                                                        unsigned pa2, unsigned (&a0)[NP], unsigned (&a2)[NP]) {
         a0[0] = pa0;
@@ -107,7 +108,7 @@ struct Dequantized {
         return 0;
     }
     template <int D>
-    static __device__ __forceinline__ void finish(float (&)[NACC], float (&)[D / 8][4]) {}
+    static __device__ __forceinline__ void finish(Groups&, float (&)[D / 8][4]) {}
 };
 
 // ---- Tile: the warp's shared tile [16 tokens][D + PAD] ----
@@ -349,8 +350,8 @@ struct VPrefetch {
 // The scores' hooks (lane_max) are unused by the two shared-memory passes. `Scratch` is a pass's
 // per-thread storage, declared by the kernel where the pass begins (so its lifetime is the kernel's).
 struct MaxPass {
-    static __device__ __forceinline__ void init(float&) {}
-    static __device__ __forceinline__ void score(float&, float, float) {}
+    static __device__ __forceinline__ float init() { return 0.0f; }
+    static __device__ __forceinline__ float score(float lane_max, float, float) { return lane_max; }
     static __device__ __forceinline__ void scores_done(float, Qi4Red&, int, int, int, int) {}
 };
 
@@ -393,9 +394,9 @@ struct MaxRegister : MaxPass {
 // OPT7: the max read from the accumulator fragment (c0, c1 = head g, tokens 2t, 2t+1) while the
 // scores are written; the shared-memory pass disappears.
 struct MaxFromFragment {
-    static __device__ __forceinline__ void init(float& lane_max) { lane_max = -INFINITY; }
-    static __device__ __forceinline__ void score(float& lane_max, float s0, float s1) {
-        lane_max = fmaxf(lane_max, fmaxf(s0, s1));
+    static __device__ __forceinline__ float init() { return -INFINITY; }
+    static __device__ __forceinline__ float score(float lane_max, float s0, float s1) {
+        return fmaxf(lane_max, fmaxf(s0, s1));
     }
     static __device__ __forceinline__ void scores_done(float lane_max, Qi4Red& s_red, int warp, int g, int t, int nh) {
         lane_max = fmaxf(lane_max, __shfl_xor_sync(0xffffffffu, lane_max, 1));

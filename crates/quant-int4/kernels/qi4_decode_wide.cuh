@@ -73,6 +73,7 @@ struct BiasedCodes {
     static constexpr int G = G_;
     static constexpr int NACC = G;  // one score accumulator a group (each takes its own scale)
     static constexpr int NP = G;    // one P fragment a group (P scale)
+    using Groups = float[G];        // a value per group: sum(Q), the P.V correction
     static __device__ __forceinline__ void word(unsigned w, float2, unsigned (&out)[4]) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) out[k] = qi4_code_pair(w, k);

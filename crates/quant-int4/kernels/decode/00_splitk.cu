@@ -197,8 +197,8 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
     float o[D / 8][4];
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    // BiasedCodes' (OPT12) sum(Q) and P.V correction a group (unused, dropped, otherwise).
-    float qsum[Values::NACC], corr[Values::NACC];
+    // BiasedCodes' (OPT12) sum(Q) and P.V correction a group (Dequantized: empty).
+    typename Values::Groups qsum, corr;
     Values::template init<D>(qa, qsum, corr);
     float2* my_par = Values::par_slot(s_par[warp][r]);
     if (tid < QI4_MAXH) {
@@ -214,8 +214,7 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
 
     for (int pass0 = t_begin; pass0 < t_end; pass0 += QI4_PASS) {
         // ---- 1. S = Q.K^T for this warp's tiles
-        float lane_max;  // MaxFromFragment's running max (unused by the others)
-        Max::init(lane_max);
+        float lane_max = Max::init();  // MaxFromFragment's running max (unused by the others)
 #pragma unroll 1
         for (int j = 0; j < QI4_TPW; ++j) {
             const int li0 = (j * QI4_WARPS + warp) * QI4_TILE;
@@ -247,7 +246,7 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
                 const float s0 = (pass0 + li < t_end) ? sc0 * qk_scale : -INFINITY;
                 const float s1 = (pass0 + li + 1 < t_end) ? sc1 * qk_scale : -INFINITY;
                 if (g < nh) *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + PLayout::col(g, li)]) = make_float2(s0, s1);
-                Max::score(lane_max, s0, s1);
+                lane_max = Max::score(lane_max, s0, s1);
             }
             __syncwarp();
         }
