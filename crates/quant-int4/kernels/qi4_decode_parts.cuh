@@ -14,6 +14,10 @@
 //   Values  what the tile holds: Dequantized (the write-up); ours: BiasedCodes<G> (OPT12,
 //           qi4_decode_wide.cuh), which also takes the hooks that apply the affine map to the products
 // What each switch buys is in 00_splitk.cu's header.
+// The per-thread arrays a part works on (a tile's raw words, the local-array passes' scratch, the
+// per-group state) are declared by the kernel, where the code before the parts declared them, and a
+// part hands values back by value (PConv::fragment, Max::score): with its own locals, or writing the
+// kernel's through references, a part compiled to the same instructions in another register order.
 #pragma once
 #include "ladder.cuh"
 #include "ladder_reduce.cuh"
@@ -96,9 +100,9 @@ struct Dequantized {
     static __device__ __forceinline__ void rescale(Groups&, float) {}
     // P's A fragments from head g's P values (pa0, pa2 as bf16x2; f0, f1 in fp32).
     template <class Par>
-    static __device__ __forceinline__ void p_fragments(Groups&, const Par&, int, int, const float2&,
-                                                       const float2&, unsigned pa0,
-                                                       unsigned pa2, unsigned (&a0)[NP], unsigned (&a2)[NP]) {
+    static __device__ __forceinline__ void p_fragments(Groups&, const Par&, int, int, const float2&, const float2&,
+                                                       unsigned pa0, unsigned pa2, unsigned (&a0)[NP],
+                                                       unsigned (&a2)[NP]) {
         a0[0] = pa0;
         a2[0] = pa2;
     }
