@@ -8,6 +8,12 @@
 //   OPT11..OPT13    ours, past the reference: added to each format's all-on stage (row-wise stages
 //                   16-18, group-wise 19-21).
 // Changed from previous: every stage adds one switch; the table is in src/decode.rs.
+// Structure: the kernel is decode_splitk<R, D> below, one body for every stage; each switch picks a
+// typed part for one role (qi4_decode_parts.cuh: the write-up's parts; qi4_decode_wide.cuh: ours),
+// the recipe `Qi4Recipe` after the switches' defaults names them, and the kernel calls their hooks in
+// order. The write-up's parts: OPT1 KUnrolled, OPT2 PInPlaceBf16, OPT3 MaxRegister, OPT4 SumRegister,
+// OPT5 VPrefetch, OPT6 Int4Rows<4>, OPT7 MaxFromFragment, OPT8 PFromFp32, OPT9 PSwizzled, OPT10
+// ScalarTile<2>; ours: OPT11 WideTile, OPT12 BiasedCodes.
 //
 // Work split (the CU design): one block of 4 warps per (sequence b, KV head, split). The split's
 // tokens [t_begin, t_end) are processed in passes of PASS = 256 tokens; within a pass the 16
@@ -48,28 +54,9 @@
 //         load/store hit different banks (stride PASS alone maps them all to the same 8 banks).
 //   OPT10 shared-memory rows of the dequantized K/V tile padded by 2 bf16 (D + 2), spreading the
 //         dequantize stores and the fragment loads over more banks.
-//   Past the reference (stage 10's counters at B = 512: DRAM 25%, SM 58%, stalls on fixed-latency
-//   dependencies and the shared-memory queue, i.e. the tile's instruction traffic, not HBM):
-//   OPT11 the tile's traffic in 16-byte instructions: K fragments by ldmatrix.x4 (4 a tile's n-tile
-//         instead of 16 32-bit loads), V fragments by ldmatrix.x4.trans (8 a tile instead of 64
-//         16-bit loads and 32 shifts/ORs), the dequantized tile written in 16-byte stores; rows
-//         padded by 8 bf16 so each row starts on a 16-byte boundary (OPT10's pad of 2 is replaced).
-//         Predicted 1.2-1.3x (the MIO share of the stalls). Measured (H100, B = 32 / 128 / 512,
-//         row-wise): 1.05 / 1.15 / 1.12x stage 10; group-wise 1.01 / 1.17 / 1.07x stage 15.
-//   OPT12 the codes go into the tile as the exact bf16 values 128 + q (a shift and an AND-OR a pair,
-//         no float conversion, subtract or FMA); the affine map moves to where it is cheap: a score
-//         is scale (S' - 128 sum(Q)) + shift sum(Q) per group (S' = Q.(128 + q) exact in fp32), and
-//         P.V is (P scale).(128 + q) + corr, corr = sum over tokens of P shift - 128 bf16(P scale)
-//         (the same rounded values as the mma's, so the 128 cancels exactly), a scalar per head and
-//         group rescaled with O. The cache values are no longer rounded to bf16 (error 4.6e-3 ->
-//         3.7e-3). Predicted 1.1-1.2x (dequantization was ~10 instructions a pair). Measured
-//         row-wise 1.12 / 1.17 / 1.17x stage 16; group-wise 0.94 / 0.83 / 0.89x stage 19 (147 ->
-//         183 registers: one accumulator a group for the scores and four P fragments, 2 blocks an SM).
-//   OPT13 __launch_bounds__(128, 4): at most 128 registers, 4 blocks an SM, a few spills (row-wise
-//         143 -> 128 with 92 bytes, group-wise 183 -> 128 with 80). Predicted ~1.1x where the block
-//         count rises. Measured row-wise 1.01 / 0.84 / 1.05x stage 17; group-wise 1.11 / 1.03 / 1.21x
-//         stage 20 (row-wise counters at B = 512: occupancy 17% -> 25%, L2 hit rate 7% -> 43%, the
-//         spills).
+//   OPT11..OPT13  ours, past the reference: OPT11 (WideTile) and OPT12 (BiasedCodes) are parts of
+//         their own in qi4_decode_wide.cuh, documented and measured there; OPT13 is the launch
+//         bounds below.
 // Why faster: each switch removes stalls the reference profiled (global latency: 1, 5, 6; shared
 //   memory conflicts/indirection: 2, 8, 9, 10; local memory: 3, 4; shared round trip: 7); none
 //   changes the bytes read from HBM: K, V (+ scales) once, Q and the partials.
@@ -81,11 +68,8 @@
 // Tolerance: rel L2 <= 1e-2 against the f64 reference on the same (dequantized) cache: bf16
 //   products and P, fp32 accumulation and softmax.
 // Limits: D in {64, 128}; B <= 65535; HKV <= 65535; HQ / HKV <= 8; B * Tmax * HKV < 2^31; splits <= 256
-#include "ladder.cuh"
-#include "ladder_reduce.cuh"
-#include "ladder_convert.cuh"
-#include "qi4_format.cuh"
-#include "ladder_mma.cuh"
+#include "qi4_decode_parts.cuh"
+#include "qi4_decode_wide.cuh"
 #include "attention_decode.cuh"
 
 #ifndef QI4_KV_BF16
@@ -130,14 +114,6 @@
 #ifndef OPT13
 #define OPT13 0
 #endif
-// OPT13 asks ptxas for 4 blocks an SM (at most 128 registers a thread at 128 threads). Without it
-// the bounds name no block count: a minimum of 1 is not the same request (ptxas then took up to 225
-// registers where it takes 128).
-#if OPT13
-#define QI4_BOUNDS __launch_bounds__(QI4_THREADS, 4)
-#else
-#define QI4_BOUNDS __launch_bounds__(QI4_THREADS)
-#endif
 #if QI4_KV_BF16 && OPT12
 #error "OPT12 folds the INT4 affine map into the products; the bf16 cache has none"
 #endif
@@ -145,209 +121,51 @@
 #error "OPT6 is the group-wise INT4 format; it does not apply to the bf16 cache"
 #endif
 
-#ifndef QI4_WARPS
-#error "QI4_WARPS (warps per block) is a tunable: the stage list sets it"
-#endif
-constexpr int QI4_THREADS = 32 * QI4_WARPS;
-constexpr int QI4_TILE = 16;                               // tokens per warp tile (one mma k-step of P.V)
-constexpr int QI4_PASS = 256;                              // tokens per pass (scores kept in shared memory)
-constexpr int QI4_TPW = QI4_PASS / (QI4_TILE * QI4_WARPS);  // tiles per warp per pass
-constexpr int QI4_MAXH = 8;                                // query heads per KV head
-// OPT11 reads the tile with ldmatrix and writes it with 16-byte stores: rows 16-byte aligned (pad 8,
-// 272 bytes at D = 128: eight rows start in eight different 16-byte bank groups).
-constexpr int QI4_PAD = OPT11 ? 8 : (OPT10 ? 2 : 0);
-constexpr int QI4_G = OPT6 ? 4 : 1;
-// k-steps (16 dims) per scale group at head size D.
-#define KS_PER_GROUP_ANY(D) ((D) / 16 / QI4_G)
-static_assert(QI4_PASS == 2 * QI4_THREADS, "OPT2 converts one fp32 pair per thread per head");
-static_assert(QI4_PASS % 64 == 0, "the OPT9 swizzle permutes 8-column chunks within 64");
-
-template <int D>
-struct Qi4Cfg {
-    static constexpr int KSTRIDE = D + QI4_PAD;  // bf16 elements per shared tile row
-    static constexpr int ROW_BYTES = QI4_KV_BF16 ? 2 * D : 4 * QI4_G + D / 2;
-    static constexpr int UNITS = D / 16;         // 8-value units per lane (half a row)
+// The recipe: one part a role, picked by the stage's switches (the reference's numbering).
+struct Qi4Recipe {
+    using Cache = Qi4Pick<QI4_KV_BF16, Bf16Rows, Int4Rows<OPT6 ? 4 : 1>>;                   // stage 0; OPT6
+    using KLoad = Qi4Pick<OPT1, KUnrolled, KChunked>;                                        // OPT1
+    using PConv = Qi4Pick<OPT8, PFromFp32, Qi4Pick<OPT2, PInPlaceBf16, PCopyBf16>>;         // OPT2, OPT8
+    using Max = Qi4Pick<OPT7, MaxFromFragment, Qi4Pick<OPT3, MaxRegister, MaxLocalArray>>;  // OPT3, OPT7
+    using Sum = Qi4Pick<OPT4, SumRegister, SumLocalArray>;                                   // OPT4
+    using VLoad = Qi4Pick<OPT5, VPrefetch, VChunked>;                                        // OPT5
+    using PLayout = Qi4Pick<OPT9, PSwizzled, PRowMajor>;                                     // OPT9
+    using Tile = Qi4Pick<OPT11, WideTile, ScalarTile<OPT10 ? 2 : 0>>;                        // OPT10; ours: OPT11
+    using Values = Qi4Pick<OPT12, BiasedCodes<Cache::G>, Dequantized>;                       // ours: OPT12
 };
 
-// A lane's half row, raw: 8-value units (a 32-bit word of codes, or a 16-byte bf16 vector).
-template <int D>
-struct KvRaw {
-#if QI4_KV_BF16
-    uint4 u[D / 16];
+// OPT13 (ours) __launch_bounds__(128, 4): at most 128 registers, 4 blocks an SM, a few spills
+// (row-wise 143 -> 128 with 92 bytes, group-wise 183 -> 128 with 80). Predicted ~1.1x where the block
+// count rises. Measured row-wise 1.01 / 0.84 / 1.05x stage 17; group-wise 1.11 / 1.03 / 1.21x stage 20
+// (row-wise counters at B = 512: occupancy 17% -> 25%, L2 hit rate 7% -> 43%, the spills). Without it
+// the bounds name no block count: a minimum of 1 is not the same request (ptxas then took up to 225
+// registers where it takes 128).
+#if OPT13
+#define QI4_BOUNDS __launch_bounds__(QI4_THREADS, 4)
 #else
-    unsigned u[D / 16];
-    unsigned s0, s1;  // (scale, shift) pairs of the lane's first and second half (equal row-wise)
+#define QI4_BOUNDS __launch_bounds__(QI4_THREADS)
 #endif
-};
 
-__device__ __forceinline__ int qi4_swz(int h, int i) {
-#if OPT9
-    return i ^ ((h & 7) << 3);
-#else
-    return i;
-#endif
-}
-
-// Loads a lane's half row (hf = 0: values 0..D/2-1, hf = 1: D/2..D-1) into registers.
-template <int D>
-__device__ __forceinline__ void kv_load(KvRaw<D>& r, const unsigned char* __restrict__ row, int hf) {
-#if QI4_KV_BF16
-    const uint4* p = reinterpret_cast<const uint4*>(row + hf * D);
-#pragma unroll
-    for (int i = 0; i < D / 16; ++i) r.u[i] = p[i];
-#elif OPT6
-    const uint2 sc = reinterpret_cast<const uint2*>(row)[hf];  // groups 2hf, 2hf+1
-    r.s0 = sc.x;
-    r.s1 = sc.y;
-    const uint2* p = reinterpret_cast<const uint2*>(row + 4 * QI4_G + hf * (D / 4));
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) {
-        const uint2 v = p[j];
-        r.u[2 * j] = v.x;
-        r.u[2 * j + 1] = v.y;
-    }
-#else
-    r.s0 = *reinterpret_cast<const unsigned*>(row);
-    r.s1 = r.s0;
-    const unsigned* p = reinterpret_cast<const unsigned*>(row + 4 + hf * (D / 4));
-#pragma unroll
-    for (int i = 0; i < D / 16; ++i) r.u[i] = p[i];
-#endif
-}
-
-// Dequantizes (or copies) a loaded half row into shared memory: D/4 32-bit stores (OPT11: D/16
-// 16-byte stores). With OPT12 the tile gets the codes as the exact bf16 values 128 + q (one shift and
-// one AND-OR a pair) and `par` the token's (scale, shift) for the groups of this half: the products
-// take the affine map afterwards (see decode_splitk).
-template <int D>
-__device__ __forceinline__ void kv_store(const KvRaw<D>& r, unsigned* dst, float2* par, int hf) {
-#if QI4_KV_BF16
-#pragma unroll
-    for (int i = 0; i < D / 16; ++i) {
-        dst[4 * i + 0] = r.u[i].x;
-        dst[4 * i + 1] = r.u[i].y;
-        dst[4 * i + 2] = r.u[i].z;
-        dst[4 * i + 3] = r.u[i].w;
-    }
-#else
-    const float2 sz0 = unpack_half2(r.s0);
-    const float2 sz1 = unpack_half2(r.s1);
-#if OPT12
-    if (QI4_G == 1) {
-        if (hf == 0) par[0] = sz0;
-    } else {
-        par[2 * hf] = sz0;
-        par[2 * hf + 1] = sz1;
-    }
-#endif
-#pragma unroll
-    for (int i = 0; i < D / 16; ++i) {
-        unsigned w[4];
-#if OPT12
-#pragma unroll
-        for (int k = 0; k < 4; ++k) w[k] = qi4_code_pair(r.u[i], k);
-#else
-        const float2 sz = (i < D / 32) ? sz0 : sz1;  // a group is D/32 words
-        qi4_dequant_word(r.u[i], sz.x, sz.y, w);
-#endif
-#if OPT11
-        *reinterpret_cast<uint4*>(dst + 4 * i) = make_uint4(w[0], w[1], w[2], w[3]);
-#else
-#pragma unroll
-        for (int k = 0; k < 4; ++k) dst[4 * i + k] = w[k];
-#endif
-    }
-#endif
-}
-
-// The baseline path: 16 values (2 units) loaded, converted and stored per iteration, not unrolled.
-template <int D>
-__device__ __forceinline__ void kv_load_store_chunked(const unsigned char* __restrict__ row, int hf, unsigned* dst,
-                                                      float2* par) {
-#if QI4_KV_BF16
-    const uint4* p = reinterpret_cast<const uint4*>(row + hf * D);
-#pragma unroll 1
-    for (int c = 0; c < D / 32; ++c) {
-        const uint4 a = p[2 * c];
-        const uint4 b = p[2 * c + 1];
-        unsigned* o = dst + 8 * c;
-        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
-        o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
-    }
-#else
-#if OPT6
-    const uint2 sc = reinterpret_cast<const uint2*>(row)[hf];
-    const unsigned s0 = sc.x, s1 = sc.y;
-    const uint2* p2 = reinterpret_cast<const uint2*>(row + 4 * QI4_G + hf * (D / 4));
-#else
-    const unsigned s0 = *reinterpret_cast<const unsigned*>(row), s1 = s0;
-    const unsigned* p = reinterpret_cast<const unsigned*>(row + 4 + hf * (D / 4));
-#endif
-#pragma unroll 1
-    for (int c = 0; c < D / 32; ++c) {
-#if OPT6
-        const uint2 v = p2[c];
-        const unsigned w0 = v.x, w1 = v.y;
-#else
-        const unsigned w0 = p[2 * c], w1 = p[2 * c + 1];
-#endif
-        const float2 sz = unpack_half2((2 * c < D / 32) ? s0 : s1);
-#if OPT12
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            dst[8 * c + k] = qi4_code_pair(w0, k);
-            dst[8 * c + 4 + k] = qi4_code_pair(w1, k);
-        }
-        (void)sz;
-#else
-        qi4_dequant_word(w0, sz.x, sz.y, dst + 8 * c);
-        qi4_dequant_word(w1, sz.x, sz.y, dst + 8 * c + 4);
-#endif
-    }
-#if OPT12
-    if (QI4_G == 1) {
-        if (hf == 0) par[0] = unpack_half2(s0);
-    } else {
-        par[2 * hf] = unpack_half2(s0);
-        par[2 * hf + 1] = unpack_half2(s1);
-    }
-#else
-    (void)par;
-#endif
-#endif
-}
-
-// A token past the split's end: zeros (OPT12: and zero (scale, shift), so that P = 0 times its
-// stale parameters cannot make a NaN).
-template <int D>
-__device__ __forceinline__ void kv_zero(unsigned* dst, float2* par, int hf) {
-#pragma unroll
-    for (int i = 0; i < D / 4; ++i) dst[i] = 0u;
-#if OPT12
-    if (hf == 0)
-#pragma unroll
-        for (int j = 0; j < QI4_G; ++j) par[j] = make_float2(0.0f, 0.0f);
-#endif
-}
-
-template <int D>
+template <class R, int D>
 __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float* __restrict__ m_part,
                                               float* __restrict__ l_part, const __nv_bfloat16* __restrict__ q,
                                               const unsigned char* __restrict__ kc,
                                               const unsigned char* __restrict__ vc,
                                               const int* __restrict__ seq_lens, int tmax, int hkv, int nh,
                                               int splits, float qk_scale) {
-    using C = Qi4Cfg<D>;
+    using C = Qi4Cfg<R, D>;
+    using Values = typename R::Values;
+    using Tile = typename R::Tile;
+    using Max = typename R::Max;
+    using PConv = typename R::PConv;
+    using PLayout = typename R::PLayout;
     __shared__ __align__(16) float s_p[QI4_MAXH * QI4_PASS];
-#if !OPT2 && !OPT8
-    __shared__ __align__(16) __nv_bfloat16 s_pb[QI4_MAXH * QI4_PASS];
-#endif
+    __shared__ __align__(16) __nv_bfloat16 s_pb[QI4_MAXH * QI4_PASS];  // PCopyBf16's only (else unused, dropped)
     __shared__ __align__(16) unsigned char s_kv[QI4_WARPS * QI4_TILE * C::KSTRIDE * 2];
     __shared__ float s_red[QI4_WARPS * QI4_MAXH];
     __shared__ float s_m[QI4_MAXH], s_l[QI4_MAXH], s_alpha[QI4_MAXH];
-#if OPT12
-    __shared__ float2 s_par[QI4_WARPS][QI4_TILE][QI4_G];  // the warp tile's tokens' (scale, shift)
-#endif
+    // The warp tile's tokens' (scale, shift): BiasedCodes' only (else unused, dropped).
+    __shared__ float2 s_par[QI4_WARPS][QI4_TILE][C::G];
     static_assert(QI4_WARPS * QI4_TILE * C::KSTRIDE * 2 >= QI4_MAXH * D * 4, "s_kv holds the O reduction");
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -379,29 +197,10 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
     float o[D / 8][4];
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-#if OPT12
-    // With the tile holding 128 + q, a group's slice of Q.K^T is scale (S' - 128 sum(Q)) + shift
-    // sum(Q) (S' = Q.(128 + q), exact products in fp32): sum(Q) of head g over each group's dims,
-    // from the bf16 values the mma multiplies. P.V becomes (P scale).(128 + q) + corr with corr =
-    // sum over tokens of P shift - 128 bf16(P scale), one per group and head, rescaled with O.
-    constexpr int KS_PER_GROUP = D / 16 / QI4_G;
-    float qsum[QI4_G], corr[QI4_G];
-#pragma unroll
-    for (int j = 0; j < QI4_G; ++j) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int ks = j * KS_PER_GROUP; ks < (j + 1) * KS_PER_GROUP; ++ks) {
-            const float2 a = unpack_bf16x2(qa[ks][0]), c = unpack_bf16x2(qa[ks][1]);
-            sum += (a.x + a.y) + (c.x + c.y);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        qsum[j] = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
-        corr[j] = 0.0f;
-    }
-    float2* my_par = s_par[warp][r];
-#else
-    float2* my_par = nullptr;
-#endif
+    // BiasedCodes' (OPT12) sum(Q) and P.V correction a group (Dequantized: empty).
+    typename Values::Groups qsum, corr;
+    Values::template init<D>(qa, qsum, corr);
+    float2* my_par = Values::par_slot(s_par[warp][r]);
     if (tid < QI4_MAXH) {
         s_m[tid] = -INFINITY;
         s_l[tid] = 0.0f;
@@ -415,122 +214,50 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
 
     for (int pass0 = t_begin; pass0 < t_end; pass0 += QI4_PASS) {
         // ---- 1. S = Q.K^T for this warp's tiles
-#if OPT7
-        float lane_max = -INFINITY;
-#endif
+        float lane_max = Max::init();  // MaxFromFragment's running max (unused by the others)
 #pragma unroll 1
         for (int j = 0; j < QI4_TPW; ++j) {
             const int li0 = (j * QI4_WARPS + warp) * QI4_TILE;
             if (pass0 + li0 >= t_end) {
                 if (g < nh) {
                     const float2 ninf = make_float2(-INFINITY, -INFINITY);
-                    *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + qi4_swz(g, li0 + 2 * t)]) = ninf;
-                    *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + qi4_swz(g, li0 + 8 + 2 * t)]) = ninf;
+                    *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + PLayout::col(g, li0 + 2 * t)]) = ninf;
+                    *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + PLayout::col(g, li0 + 8 + 2 * t)]) = ninf;
                 }
                 continue;
             }
             const int tok = pass0 + li0 + r;
             if (tok < t_end) {
-                const unsigned char* row = kbase + (size_t)tok * tok_stride;
-#if OPT1
-                KvRaw<D> raw;
-                kv_load<D>(raw, row, hf);
-                kv_store<D>(raw, my_dst, my_par, hf);
-#else
-                kv_load_store_chunked<D>(row, hf, my_dst, my_par);
-#endif
+                typename R::Cache::template Raw<D> kraw;  // KUnrolled's registers
+                R::KLoad::template tile<R, D>(kraw, kbase + (size_t)tok * tok_stride, hf, my_dst, my_par);
             } else {
-                kv_zero<D>(my_dst, my_par, hf);
+                qi4_tile_zero<R, D>(my_dst, my_par, hf);
             }
             __syncwarp();
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
-                // One accumulator per group under OPT12 (each takes its own scale), else one.
-                constexpr int NACC = OPT12 ? QI4_G : 1;
-                float acc[NACC][4];
+                float acc[Values::NACC][4];
 #pragma unroll
-                for (int j = 0; j < NACC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#if OPT11
-                // B = K^T straight from the token-major tile: ldmatrix's matrix j is dims 32p + 8j of
-                // the n-tile's 8 tokens, i.e. (b0b1, b2b3) of k-steps 2p and 2p + 1.
-#pragma unroll
-                for (int p = 0; p < D / 32; ++p) {
-                    unsigned kb[4];
-                    ldmatrix_x4(kb, smem_u32(kv_w + (nt * 8 + (lane & 7)) * C::KSTRIDE + 32 * p + 8 * (lane >> 3)));
-                    float (&a0)[4] = acc[OPT12 ? (2 * p) / KS_PER_GROUP_ANY(D) : 0];
-                    float (&a1)[4] = acc[OPT12 ? (2 * p + 1) / KS_PER_GROUP_ANY(D) : 0];
-                    mma_16816<__nv_bfloat16>(a0, qa[2 * p][0], 0u, qa[2 * p][1], 0u, kb[0], kb[1]);
-                    mma_16816<__nv_bfloat16>(a1, qa[2 * p + 1][0], 0u, qa[2 * p + 1][1], 0u, kb[2], kb[3]);
-                }
-#else
-                const unsigned* krow = reinterpret_cast<const unsigned*>(kv_w + (nt * 8 + g) * C::KSTRIDE);
-#pragma unroll
-                for (int ks = 0; ks < D / 16; ++ks) {
-                    mma_16816<__nv_bfloat16>(acc[OPT12 ? ks / KS_PER_GROUP_ANY(D) : 0], qa[ks][0], 0u, qa[ks][1], 0u,
-                                             krow[ks * 8 + t], krow[ks * 8 + 4 + t]);
-                }
-#endif
+                for (int j = 0; j < Values::NACC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+                Tile::template scores<D, C::KSTRIDE, Values, C::KS_PER_GROUP>(acc, qa, kv_w, nt, lane, g, t);
                 const int li = li0 + nt * 8 + 2 * t;
-#if OPT12
-                float sc0 = 0.0f, sc1 = 0.0f;
-#pragma unroll
-                for (int j = 0; j < QI4_G; ++j) {
-                    const float2 p0 = s_par[warp][nt * 8 + 2 * t][j], p1 = s_par[warp][nt * 8 + 2 * t + 1][j];
-                    sc0 += p0.x * (acc[j][0] - 128.0f * qsum[j]) + p0.y * qsum[j];
-                    sc1 += p1.x * (acc[j][1] - 128.0f * qsum[j]) + p1.y * qsum[j];
-                }
-#else
-                const float sc0 = acc[0][0], sc1 = acc[0][1];
-#endif
+                float sc0, sc1;
+                Values::scores(acc, qsum, s_par, warp, nt, t, sc0, sc1);
                 const float s0 = (pass0 + li < t_end) ? sc0 * qk_scale : -INFINITY;
                 const float s1 = (pass0 + li + 1 < t_end) ? sc1 * qk_scale : -INFINITY;
-                if (g < nh) *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + qi4_swz(g, li)]) = make_float2(s0, s1);
-#if OPT7
-                lane_max = fmaxf(lane_max, fmaxf(s0, s1));
-#endif
+                if (g < nh) *reinterpret_cast<float2*>(&s_p[g * QI4_PASS + PLayout::col(g, li)]) = make_float2(s0, s1);
+                lane_max = Max::score(lane_max, s0, s1);
             }
             __syncwarp();
         }
-#if OPT7
-        lane_max = fmaxf(lane_max, __shfl_xor_sync(0xffffffffu, lane_max, 1));
-        lane_max = fmaxf(lane_max, __shfl_xor_sync(0xffffffffu, lane_max, 2));
-        if (t == 0 && g < nh) s_red[warp * QI4_MAXH + g] = lane_max;
-#endif
-#if OPT5
-        KvRaw<D> vraw;  // the first V tile of this warp, in flight during the softmax
-        {
-            const int tok = pass0 + warp * QI4_TILE + r;
-            if (tok < t_end) kv_load<D>(vraw, vbase + (size_t)tok * tok_stride, hf);
-        }
-#endif
+        Max::scores_done(lane_max, s_red, warp, g, t, nh);
+        typename R::Cache::template Raw<D> vraw;  // VPrefetch's registers: the warp's first V tile
+        R::VLoad::template first<R, D>(vraw, vbase, pass0 + warp * QI4_TILE + r, t_end, tok_stride, hf);
         __syncthreads();
 
-        // ---- 2. per-head max of the pass
-#if !OPT7
-#if OPT3
-#pragma unroll 1
-        for (int h = 0; h < nh; ++h) {
-            float m = -INFINITY;
-            for (int i = tid; i < QI4_PASS; i += QI4_THREADS) m = fmaxf(m, s_p[h * QI4_PASS + i]);
-            m = warp_max(m);
-            if (lane == 0) s_red[warp * QI4_MAXH + h] = m;
-        }
-#else
-        float tmax_h[QI4_MAXH];
-#pragma unroll 1
-        for (int h = 0; h < nh; ++h) tmax_h[h] = -INFINITY;
-        for (int i = tid; i < QI4_PASS; i += QI4_THREADS) {
-#pragma unroll 1
-            for (int h = 0; h < nh; ++h) tmax_h[h] = fmaxf(tmax_h[h], s_p[h * QI4_PASS + i]);
-        }
-#pragma unroll 1
-        for (int h = 0; h < nh; ++h) {
-            const float m = warp_max(tmax_h[h]);
-            if (lane == 0) s_red[warp * QI4_MAXH + h] = m;
-        }
-#endif
-        __syncthreads();
-#endif
+        // ---- 2. per-head max of the pass (MaxFromFragment has it already)
+        typename Max::Scratch max_scratch;
+        Max::pass(max_scratch, s_p, s_red, nh, tid, lane, warp);
         if (tid < nh) {
             float mp = s_red[tid];
 #pragma unroll
@@ -543,37 +270,8 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
         __syncthreads();
 
         // ---- 3. p = 2^(s - m) in place, per-head sums
-#if OPT4
-#pragma unroll 1
-        for (int h = 0; h < nh; ++h) {
-            const float m = s_m[h];
-            float sum = 0.0f;
-            for (int i = tid; i < QI4_PASS; i += QI4_THREADS) {
-                const float p = exp2f(s_p[h * QI4_PASS + i] - m);
-                s_p[h * QI4_PASS + i] = p;
-                sum += p;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) s_red[warp * QI4_MAXH + h] = sum;
-        }
-#else
-        float tsum_h[QI4_MAXH];
-#pragma unroll 1
-        for (int h = 0; h < nh; ++h) tsum_h[h] = 0.0f;
-        for (int i = tid; i < QI4_PASS; i += QI4_THREADS) {
-#pragma unroll 1
-            for (int h = 0; h < nh; ++h) {
-                const float p = exp2f(s_p[h * QI4_PASS + i] - s_m[h]);
-                s_p[h * QI4_PASS + i] = p;
-                tsum_h[h] += p;
-            }
-        }
-#pragma unroll 1
-        for (int h = 0; h < nh; ++h) {
-            const float s = warp_sum(tsum_h[h]);
-            if (lane == 0) s_red[warp * QI4_MAXH + h] = s;
-        }
-#endif
+        typename R::Sum::Scratch sum_scratch;
+        R::Sum::pass(sum_scratch, s_p, s_m, s_red, nh, tid, lane, warp);
         __syncthreads();
         if (tid < nh) {
             float s = 0.0f;
@@ -582,25 +280,11 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
             s_l[tid] = s_l[tid] * s_alpha[tid] + s;
         }
 
-        // ---- 4. P to bf16 (OPT8 converts while building the fragment instead)
-#if !OPT8
-#if OPT2
+        // ---- 4. P to bf16 (PFromFp32 converts while building the fragment instead)
         {
-            float2 v[QI4_MAXH];
-#pragma unroll
-            for (int h = 0; h < QI4_MAXH; ++h)
-                if (h < nh) v[h] = reinterpret_cast<const float2*>(s_p + h * QI4_PASS)[tid];
-            __syncthreads();
-#pragma unroll
-            for (int h = 0; h < QI4_MAXH; ++h)
-                if (h < nh)
-                    reinterpret_cast<__nv_bfloat162*>(s_p + h * QI4_PASS)[tid] = __floats2bfloat162_rn(v[h].x, v[h].y);
+            typename PConv::Scratch p_scratch;  // PInPlaceBf16's registers
+            PConv::convert(p_scratch, s_p, s_pb, nh, tid);
         }
-#else
-        for (int i = tid; i < nh * QI4_PASS; i += QI4_THREADS) s_pb[i] = __float2bfloat16_rn(s_p[i]);
-#endif
-        __syncthreads();
-#endif
 
         // ---- 5. O = O * alpha + P.V
         {
@@ -610,112 +294,37 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
                 o[nt][0] *= a;
                 o[nt][1] *= a;
             }
-#if OPT12
-#pragma unroll
-            for (int j = 0; j < QI4_G; ++j) corr[j] *= a;
-#endif
+            Values::rescale(corr, a);
         }
 #pragma unroll 1
         for (int j = 0; j < QI4_TPW; ++j) {
             const int li0 = (j * QI4_WARPS + warp) * QI4_TILE;
             if (pass0 + li0 >= t_end) break;
             const int tok = pass0 + li0 + r;
-#if OPT5
-            if (tok < t_end) kv_store<D>(vraw, my_dst, my_par, hf); else kv_zero<D>(my_dst, my_par, hf);
-            {
-                const int ntok = tok + QI4_WARPS * QI4_TILE;
-                if (j + 1 < QI4_TPW && ntok < t_end) kv_load<D>(vraw, vbase + (size_t)ntok * tok_stride, hf);
-            }
-#else
-            if (tok < t_end) kv_load_store_chunked<D>(vbase + (size_t)tok * tok_stride, hf, my_dst, my_par);
-            else kv_zero<D>(my_dst, my_par, hf);
-#endif
+            if (tok < t_end) R::VLoad::template tile<R, D>(vraw, vbase + (size_t)tok * tok_stride, hf, my_dst, my_par);
+            else qi4_tile_zero<R, D>(my_dst, my_par, hf);
+            R::VLoad::template next<R, D>(vraw, vbase, tok + QI4_WARPS * QI4_TILE, j + 1 < QI4_TPW, t_end, tok_stride,
+                                          hf);
             __syncwarp();
             unsigned pa0 = 0u, pa2 = 0u;  // A = P: a0 = P[g][2t..], a2 = P[g][2t+8..]; rows g+8 zero
             float2 f0 = make_float2(0.0f, 0.0f), f1 = f0;  // the same four P values in fp32
             if (g < nh) {
-                const int i0 = qi4_swz(g, li0 + 2 * t), i1 = qi4_swz(g, li0 + 8 + 2 * t);
-#if OPT8
-                f0 = *reinterpret_cast<const float2*>(s_p + g * QI4_PASS + i0);
-                f1 = *reinterpret_cast<const float2*>(s_p + g * QI4_PASS + i1);
-                pa0 = pack_bf16x2(f0.x, f0.y);
-                pa2 = pack_bf16x2(f1.x, f1.y);
-#elif OPT2
-                const __nv_bfloat16* prow = reinterpret_cast<const __nv_bfloat16*>(s_p + g * QI4_PASS);
-                pa0 = *reinterpret_cast<const unsigned*>(prow + i0);
-                pa2 = *reinterpret_cast<const unsigned*>(prow + i1);
-                f0 = unpack_bf16x2(pa0);
-                f1 = unpack_bf16x2(pa2);
-#else
-                pa0 = *reinterpret_cast<const unsigned*>(s_pb + g * QI4_PASS + i0);
-                pa2 = *reinterpret_cast<const unsigned*>(s_pb + g * QI4_PASS + i1);
-                f0 = unpack_bf16x2(pa0);
-                f1 = unpack_bf16x2(pa2);
-#endif
+                const int i0 = PLayout::col(g, li0 + 2 * t), i1 = PLayout::col(g, li0 + 8 + 2 * t);
+                const Qi4PFragment pf = PConv::fragment(s_p, s_pb, g, i0, i1);
+                f0 = pf.f0;
+                f1 = pf.f1;
+                pa0 = pf.pa0;
+                pa2 = pf.pa2;
             }
-#if OPT12
-            // A = P scale per group (scale is per token: the A operand's k), and the group's
-            // correction from the same rounded values.
-            unsigned pg0[QI4_G], pg2[QI4_G];
-#pragma unroll
-            for (int j = 0; j < QI4_G; ++j) {
-                const float2 v0 = s_par[warp][2 * t][j], v1 = s_par[warp][2 * t + 1][j];
-                const float2 v8 = s_par[warp][2 * t + 8][j], v9 = s_par[warp][2 * t + 9][j];
-                pg0[j] = pack_bf16x2(f0.x * v0.x, f0.y * v1.x);
-                pg2[j] = pack_bf16x2(f1.x * v8.x, f1.y * v9.x);
-                const float2 r0 = unpack_bf16x2(pg0[j]), r2 = unpack_bf16x2(pg2[j]);
-                corr[j] += (f0.x * v0.y + f0.y * v1.y + f1.x * v8.y + f1.y * v9.y) -
-                           128.0f * ((r0.x + r0.y) + (r2.x + r2.y));
-            }
-#define QI4_PA0(nt) pg0[(nt) * 8 * QI4_G / D]
-#define QI4_PA2(nt) pg2[(nt) * 8 * QI4_G / D]
-#else
-#define QI4_PA0(nt) pa0
-#define QI4_PA2(nt) pa2
-#endif
-#if OPT11
-            // B = V from the token-major tile, transposed by ldmatrix: matrix j is tokens 8 (j & 1)..
-            // and dims 8 (nt + j / 2)..: (b0b1, b2b3) of n-tiles nt and nt + 1.
-#pragma unroll
-            for (int nt = 0; nt < D / 8; nt += 2) {
-                unsigned vb[4];
-                const int j = lane >> 3;
-                ldmatrix_x4_trans(vb, smem_u32(kv_w + ((j & 1) * 8 + (lane & 7)) * C::KSTRIDE + (nt + (j >> 1)) * 8));
-                mma_16816<__nv_bfloat16>(o[nt], QI4_PA0(nt), 0u, QI4_PA2(nt), 0u, vb[0], vb[1]);
-                mma_16816<__nv_bfloat16>(o[nt + 1], QI4_PA0(nt + 1), 0u, QI4_PA2(nt + 1), 0u, vb[2], vb[3]);
-            }
-#else
-            const unsigned short* vs = reinterpret_cast<const unsigned short*>(kv_w);
-#pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                const int d = nt * 8 + g;
-                const unsigned b0 = (unsigned)vs[(2 * t) * C::KSTRIDE + d] |
-                                    ((unsigned)vs[(2 * t + 1) * C::KSTRIDE + d] << 16);
-                const unsigned b1 = (unsigned)vs[(2 * t + 8) * C::KSTRIDE + d] |
-                                    ((unsigned)vs[(2 * t + 9) * C::KSTRIDE + d] << 16);
-                mma_16816<__nv_bfloat16>(o[nt], QI4_PA0(nt), 0u, QI4_PA2(nt), 0u, b0, b1);
-            }
-#endif
-#undef QI4_PA0
-#undef QI4_PA2
+            unsigned a0[Values::NP], a2[Values::NP];  // P's A fragments (OPT12: one a group, P scale)
+            Values::p_fragments(corr, s_par, warp, t, f0, f1, pa0, pa2, a0, a2);
+            Tile::template pv<D, C::KSTRIDE, Values>(o, a0, a2, kv_w, lane, g, t);
             __syncwarp();
         }
         __syncthreads();  // s_p, s_red, s_alpha and the tiles are rewritten by the next pass
     }
 
-#if OPT12
-    // The correction of head g's group: the sum over the lane's tokens, then over the 4 lanes t.
-#pragma unroll
-    for (int j = 0; j < QI4_G; ++j) {
-        corr[j] += __shfl_xor_sync(0xffffffffu, corr[j], 1);
-        corr[j] += __shfl_xor_sync(0xffffffffu, corr[j], 2);
-    }
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-        o[nt][0] += corr[nt * 8 * QI4_G / D];
-        o[nt][1] += corr[nt * 8 * QI4_G / D];
-    }
-#endif
+    Values::template finish<D>(corr, o);
     // ---- the 4 warps' partial O summed in shared memory (the tile buffer is free now)
     float* s_o = reinterpret_cast<float*>(s_kv);
 #pragma unroll 1
@@ -748,7 +357,8 @@ __device__ __forceinline__ void decode_splitk(float* __restrict__ o_part, float*
              const __nv_bfloat16* __restrict__ q, const unsigned char* __restrict__ kc,                      \
              const unsigned char* __restrict__ vc, const int* __restrict__ seq_lens, int tmax, int hkv, int nh, \
              int splits, float qk_scale) {                                                                  \
-        decode_splitk<DIM>(o_part, m_part, l_part, q, kc, vc, seq_lens, tmax, hkv, nh, splits, qk_scale);    \
+        decode_splitk<Qi4Recipe, DIM>(o_part, m_part, l_part, q, kc, vc, seq_lens, tmax, hkv, nh, splits,      \
+                                      qk_scale);                                                             \
     }
 QI4_DECODE_ENTRY(qi4_decode_d64, 64)
 QI4_DECODE_ENTRY(qi4_decode_d128, 128)
