@@ -5,8 +5,10 @@
 // m_s = -inf and weighs nothing. The row: mx = max m_s, sum = sum w_s l_s, out = sum w_s o_s / sum
 // (w_s l_s for normalized partials), w_s = exp(m_s - mx), and its log-sum-exp mx + log(sum).
 //
-// Where the partials lie is a layout, with one signature: m(s), l(s), o_at(s, d) and weight(m_s, mx)
-// in the base the maxima are kept in. Partials written by other blocks of the same launch are read
+// Where the partials lie is a layout, with one signature: m(s), l(s), o_at(s, d), weight(m_s, mx)
+// in the base the maxima are kept in, and `zeros_when_empty`: whether an empty split's l and o are
+// written as zeros (then it is weighed exp(-inf) = 0 with no branch, and a split's three loads
+// issue together; else its l and o are not read). Partials written by other blocks of the same launch are read
 // through L2 (__ldcg: a line this SM's L1 kept from an earlier call would be stale); those of an
 // earlier launch through the read-only path (__ldg). Two thread mappings share them:
 //   merge_column    a thread a column d, two passes over the splits (block-wide and fused merges);
@@ -29,6 +31,7 @@ struct SplitArrays {
     __device__ __forceinline__ float l(int s) const { return load(l_ + s); }
     __device__ __forceinline__ float o_at(int s, int d) const { return load(o + (size_t)s * D + d); }
     __device__ __forceinline__ static float weight(float ms, float mx) { return __expf(ms - mx); }
+    static constexpr bool zeros_when_empty = false;
 };
 
 // The GPT-2 megakernel's records: per split D outputs, then the max in log2 units, then the sum;
@@ -40,6 +43,7 @@ struct SplitRecords {
     __device__ __forceinline__ float l(int s) const { return __ldcg(p + s * (D + 2) + D + 1); }
     __device__ __forceinline__ float o_at(int s, int d) const { return __ldcg(p + s * (D + 2) + d); }
     __device__ __forceinline__ static float weight(float ms, float mx) { return exp2f(ms - mx); }
+    static constexpr bool zeros_when_empty = true;  // m = -inf, l = 0, o = 0 (mk_attention)
 };
 
 // A merged row: `value` (one column's, or unused by the warp mapping), the max and the sum.
@@ -55,7 +59,9 @@ __device__ __forceinline__ SplitMerged merge_column(const Layout& p, int splits,
     float sum = 0.0f, acc = 0.0f;
     for (int s = 0; s < splits; ++s) {
         const float ms = p.m(s);
-        if (ms == -INFINITY) continue;
+        if constexpr (!Layout::zeros_when_empty) {
+            if (ms == -INFINITY) continue;
+        }
         const float w = Layout::weight(ms, mx), ls = p.l(s);
         sum += w * ls;
         acc += (normalized ? w * ls : w) * p.o_at(s, d);

@@ -42,6 +42,7 @@ struct OffloadLayout {
     __device__ __forceinline__ float l(int) const { return 1.0f; }
     __device__ __forceinline__ float o_at(int c, int d) const { return to_float(parts.out[c][(size_t)row * D + d]); }
     __device__ __forceinline__ static float weight(float ms, float mx) { return __expf(ms - mx); }
+    static constexpr bool zeros_when_empty = true;  // chunks <= seq: none is empty
 };
 
 template <typename T>
