@@ -74,13 +74,13 @@ impl Plan {
     }
 }
 
-/// Stage 2's kernel file, which stages 6-10 compile with its switches on.
+/// Stage 2's kernel file, which stages 6-11 compile with its switches on.
 const WGMMA_FILE: &str = "prefill-bf16/02_wgmma_tma.cu";
 /// Its grid-order switch: the query tiles on the grid's slowest axis.
 const TILES_LAST: &str = "PB_TILES_LAST";
-/// Stage 2's switches in the order stages 6 to 10 turn them on: the define, the stage's name
+/// Stage 2's switches in the order stages 6 to 11 turn them on: the define, the stage's name
 /// and what it adds.
-const SWITCHES: [(&str, &str, &str); 5] = [
+const SWITCHES: [(&str, &str, &str); 6] = [
     (
         "PB_TWO_BLOCKS",
         "two-blocks",
@@ -106,7 +106,14 @@ const SWITCHES: [(&str, &str, &str); 5] = [
         "mufu-exp2",
         "each probability's exp2 as one ex2.approx.ftz (MUFU.EX2) instead of exp2f's compare and two predicated multiplies around it",
     ),
+    (
+        TMA_STORE,
+        "tma-store-o",
+        "a query tile inside its sequence writes O through Q's shared tile and the TMA (64 x 64 boxes, whole lines) instead of 4-byte stores from registers",
+    ),
 ];
+/// The switch whose kernel takes out's tensor map as its last parameter.
+const TMA_STORE: &str = "PB_TMA_STORE";
 /// The 1-D grid-order switch (it takes precedence over [`TILES_LAST`]).
 const L2_ORDER: &str = "PB_L2_ORDER";
 
@@ -179,13 +186,13 @@ fn stages() -> Vec<Variant> {
         )
         .with_requirements(Requirements::SM90A),
     ];
-    // Stages 6-10: stage 2's kernel with its switches turned on one after another.
+    // Stages 6-11: stage 2's kernel with its switches turned on one after another.
     for (i, &(_, name, summary)) in SWITCHES.iter().enumerate() {
         let mut v = k(6 + i as u32, name, WGMMA_FILE, Plan::wgmma(), summary).with_requirements(Requirements::SM90A);
         v.defines = Cow::Owned(SWITCHES[..=i].iter().map(|s| Define::on(s.0)).collect());
         stages.push(v);
     }
-    let last = stages.last_mut().expect("stages 6-10");
+    let last = stages.last_mut().expect("stages 6-11");
     last.toggles = Cow::Owned(SWITCHES.iter().map(|s| s.0).collect());
     stages
 }
@@ -238,6 +245,8 @@ pub struct Prepared {
     launch: Launch,
     d: PrefillBf16Dims,
     tma: bool,
+    /// The kernel stores O with the TMA: out's tensor map is its last parameter.
+    tma_store: bool,
 }
 
 /// The buffers of one call; `out` and `qkv` hold bf16 bit patterns (as the bf16 GEMMs' do).
@@ -265,7 +274,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: PrefillBf16Dims) -> Result<Prepared> {
     };
     let shape = LaunchShape::new(grid, (plan.threads, 1, 1)).with_shared(plan.shared_bytes(hs));
     let launch = gpu.prepare_launch(&SOURCES, v, &format!("{}_hs{hs}", plan.entry), shape)?;
-    Ok(Prepared { launch, d, tma: plan.tma })
+    Ok(Prepared { launch, d, tma: plan.tma, tma_store: has_define(v, TMA_STORE) })
 }
 
 impl Prepared {
@@ -280,7 +289,13 @@ impl Prepared {
         // SAFETY (both): the arguments follow the entry's signature; the buffer lengths were checked
         // above and the indices stay below 2^31 (check_shape at prepare). The tensor map covers
         // qkv's B*T rows of 3C (a multiple of 16 bytes a row, as HS is 64 or 128).
-        if self.tma {
+        if self.tma_store {
+            // out's map covers its B*T rows of C (a multiple of 16 bytes a row).
+            let map = common::tma::bf16_map(common::device_ptr(a.qkv), b * t, 3 * c, TMA_BOX_ROWS)?;
+            let map_o = common::tma::bf16_map(common::device_ptr(a.out), b * t, c, TMA_BOX_ROWS)?;
+            let args = [Arg::value(&map), out, lse, Arg::int(t), Arg::int(nh), scale, causal, Arg::value(&map_o)];
+            unsafe { self.launch.enqueue(stream, &args) }
+        } else if self.tma {
             let map = common::tma::bf16_map(common::device_ptr(a.qkv), b * t, 3 * c, TMA_BOX_ROWS)?;
             let args = [Arg::value(&map), out, lse, Arg::int(t), Arg::int(nh), scale, causal];
             unsafe { self.launch.enqueue(stream, &args) }
@@ -472,6 +487,7 @@ mod tests {
             (82_984, 164_904),
             (115_768, 230_456),
             (115_768, 230_456),
+            (82_968, 164_888),
             (82_968, 164_888),
             (82_968, 164_888),
             (82_968, 164_888),

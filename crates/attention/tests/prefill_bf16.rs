@@ -69,6 +69,7 @@ fn stage_list() {
         "folded-softmax",
         "l2-fitted-order",
         "mufu-exp2",
+        "tma-store-o",
     ];
     common::testing::assert_stage_names(&PrefillBf16.variants(), &names);
 }

@@ -49,10 +49,20 @@
 //     of about eight instructions a score. The softmax is bound by MUFU's 16 results a clock an SM
 //     and the issue slots together, so predicted 1.05-1.10x; measured 1.01-1.12x (30.2 us at GPT-2's
 //     shape, 213 TFLOP/s; 592 us, 464 TFLOP/s at B=8, T=2048, HS=128 full; 2.02 ms at T=16384).
+//   PB_TMA_STORE (stage 11): a query tile wholly inside its sequence writes O through shared memory
+//     and the TMA, as FlashAttention-3 does outside varlen: each thread puts its normalized bf16
+//     pairs into Q's tile (read for the last time by the last Q.K^T, before the loop's last block
+//     barrier) in the loads' 128-byte swizzle (a warp's 8 rows hit 8 different 16-byte chunks: no
+//     bank conflict), and one thread a warpgroup stores its 64 rows as HS/64 boxes of 64 x 64: whole
+//     128-byte lines, where the register store writes 4 bytes of a row per thread (32 STG.E a thread
+//     at HS = 128, each warp instruction 8 rows x 16 bytes). Edge tiles store as before. The store
+//     is a few percent of a tile's instructions and its bytes are 1/(2 T / 128) of the K/V bytes a
+//     tile reads from L2, so predicted 1.00-1.03x, more at short T.
 // Launch: grid (ceil(T/128), NH, B), (NH, B, ceil(T/128)) with PB_TILES_LAST, or
 //   (ceil(T/128) * NH * B) with PB_L2_ORDER; block 256 (2 warpgroups); entries
 //   attention_bf16_wgmma_hs{64,128};
-//   a CUtensorMap of qkv as [B*T, 3C] bf16 in 64 x 64 boxes (128-byte swizzle) by value; dynamic
+//   a CUtensorMap of qkv as [B*T, 3C] bf16 in 64 x 64 boxes (128-byte swizzle) by value (with
+//   PB_TMA_STORE a second one of out as [B*T, C], last); dynamic
 //   shared memory (128 + 2 * 2 * 128) * HS * 2 bytes + 1 KB alignment + barriers (81 KB at HS = 64,
 //   161 KB at HS = 128).
 // Constraints: sm_90a; HS in {64, 128}; NH, B <= 65535; ceil(T/128) <= 65535 (the z axis under
@@ -90,9 +100,41 @@ __device__ __forceinline__ void l2_fitted_tile(int T, int NH, int D, int& h, int
 }
 #endif
 
+#ifdef PB_TMA_STORE
+// PB_TMA_STORE: the block's 128 rows of O / l through Q's tile (at qs) and the TMA (map_o: out as
+// [B*T, C]); lse as store_rows. Every warp has finished its last Q.K^T (the loop ends on a block
+// barrier), so the tile is free.
+template <int D>
+__device__ __forceinline__ void store_tile_tma(const TmaMap* map_o, unsigned qs, float* lse, const float (&o)[D / 8][4],
+                                               const float (&m)[2], const float (&l)[2], int wg, int warp, int lane,
+                                               int b, int h, int q0, int T, int NH) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int rr = 64 * wg + 16 * warp + g + 8 * r;  // the row in the tile
+        const float inv = 1.f / l[r];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            // Column block n / 8 (64 columns), 16-byte chunk n % 8 of the row, swizzled by the row.
+            const unsigned at = qs + (n / 8) * WG_BR * 128 + rr * 128 + (((n % 8) ^ (rr % 8)) * 16) + 4 * t;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv))
+                         : "memory");
+        }
+        if (t == 0) lse[((size_t)b * NH + h) * T + q0 + rr] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+    }
+    fence_proxy_async();
+    named_barrier(1 + wg, 128);  // the warpgroup's rows are in the tile
+    const bool elected = (threadIdx.x & 127) == 0;
+#pragma unroll
+    for (int cb = 0; cb < D / 64; ++cb)
+        tma_store_if(map_o, qs + cb * WG_BR * 128 + wg * 64 * 128, h * D + cb * 64, b * T + q0 + 64 * wg, elected);
+    if (elected) tma_store_wait_read();  // the tile is read before the block's shared memory goes
+}
+#endif
+
 template <int D>
 __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* out, float* lse, int T, int NH,
-                                            float scale, int causal) {
+                                            float scale, int causal, const TmaMap* map_o) {
     constexpr int NT = WG_BC / 8, DT = D / 8;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const TileRing<D, STAGES> r = tile_ring<D, STAGES>(smem_raw);
@@ -167,6 +209,12 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
         __syncthreads();  // both warpgroups are done with slot s: it can be refilled
         if (tid == 0 && j + STAGES < tiles) issue(j + STAGES);
     }
+#ifdef PB_TMA_STORE
+    if (q0 + WG_BR <= T) {
+        store_tile_tma<D>(map_o, r.q(), lse, o, m, l, wg, warp, lane, b, h, q0, T, NH);
+        return;
+    }
+#endif
     store_rows(out, lse, o, m, l, row, b, h, T, NH);
 }
 
@@ -176,10 +224,19 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
 #else
 #define HS64_BLOCKS 1
 #endif
+// PB_TMA_STORE: out's tensor map is the last parameter.
+#ifdef PB_TMA_STORE
+#define OUT_MAP_PARAM , const __grid_constant__ TmaMap map_o
+#define OUT_MAP &map_o
+#else
+#define OUT_MAP_PARAM
+#define OUT_MAP nullptr
+#endif
 #define BF16_WGMMA_ENTRY(D, MIN_BLOCKS)                                                                  \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) attention_bf16_wgmma_hs##D(            \
-        const __grid_constant__ TmaMap map, __nv_bfloat16* out, float* lse, int T, int NH, float scale, int causal) { \
-        flash_wgmma<D>(&map, out, lse, T, NH, scale, causal);                                             \
+        const __grid_constant__ TmaMap map, __nv_bfloat16* out, float* lse, int T, int NH, float scale, int causal \
+        OUT_MAP_PARAM) {                                                                                     \
+        flash_wgmma<D>(&map, out, lse, T, NH, scale, causal, OUT_MAP);                                       \
     }
 BF16_WGMMA_ENTRY(64, HS64_BLOCKS)
 BF16_WGMMA_ENTRY(128, 1)
