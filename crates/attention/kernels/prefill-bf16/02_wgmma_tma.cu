@@ -18,8 +18,8 @@
 // Measured (H100, 2026-11-26): 40 us (161 TFLOP/s) at B=4, T=1024, HS=64, causal; 363 us (379
 //   TFLOP/s) at B=8, T=2048, HS=128, causal; 600 us (458) not causal; 2.15 ms (511) at T=16384:
 //   1.6-2.1x stage 1, above the prediction; 0.74-0.92x cuDNN's SDPA in the same call.
-// Switches, cumulative (stages 6 to 10 turn them on one after another; --leave-one-out takes
-//   each away from stage 10):
+// Switches, cumulative (stages 6 to 11 turn them on one after another; --leave-one-out takes
+//   each away from stage 11):
 //   PB_TWO_BLOCKS (stage 6): at HS = 64 the kernel is held to 128 registers (launch bounds of two
 //     blocks an SM), so two 81 KB blocks share an SM (16 warps instead of 8) and one block's softmax
 //     and barriers run under the other's GEMMs: the overlap stages 4-5 arranged by hand, left to
@@ -57,7 +57,11 @@
 //     128-byte lines, where the register store writes 4 bytes of a row per thread (32 STG.E a thread
 //     at HS = 128, each warp instruction 8 rows x 16 bytes). Edge tiles store as before. The store
 //     is a few percent of a tile's instructions and its bytes are 1/(2 T / 128) of the K/V bytes a
-//     tile reads from L2, so predicted 1.00-1.03x, more at short T.
+//     tile reads from L2, so predicted 1.00-1.03x, more at short T. Measured (H100, 2026-11-27,
+//     three interleaved rounds): 1.04x at GPT-2's shape (29.8 us, 216 TFLOP/s), 1.06x / 1.04x at
+//     B=8, T=2048, HS=128 causal / full (315 / 549 us), 1.04-1.10x at B=16, T=1024, HS=128; 0.97-0.98x
+//     at T = 16384, where a block's store is 1/128 of its work and the elected thread's wait for the
+//     store to read the tile holds the block's shared memory a little longer. Kept.
 // Launch: grid (ceil(T/128), NH, B), (NH, B, ceil(T/128)) with PB_TILES_LAST, or
 //   (ceil(T/128) * NH * B) with PB_L2_ORDER; block 256 (2 warpgroups); entries
 //   attention_bf16_wgmma_hs{64,128};
