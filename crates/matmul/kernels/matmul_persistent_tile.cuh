@@ -1,8 +1,10 @@
 // matmul_persistent_tile.cuh: what every part of the persistent GEMM (matmul_wgmma_persistent.cuh,
 // linear-bf16 stages 9-16) shares: its tunables, the 128 x WS_BN output tile and the shared-memory
-// ring the producer fills and the consumers drain, and how a rung reads its stage-list switches.
+// ring the producer fills and the consumers drain; and ladder_recipe.cuh, how a rung reads its
+// stage-list switches.
 #pragma once
 #include "matmul_wgmma.cuh"
+#include "ladder_recipe.cuh"
 
 #ifndef WG_STAGES
 #error "WG_STAGES is a tunable: the stage list sets it"
@@ -46,25 +48,3 @@ struct Ring {
     __device__ __forceinline__ unsigned epilogue() const { return base + WG_STAGES * WS_STAGE_BYTES; }
 };
 
-// A rung states its recipe as parts; the stage list also sets each part's switch as a -D define,
-// which the host reads to size and launch the kernel. WS_SWITCH(X) is whether switch X is on
-// (defined as 1), as a constant: the kernel checks its recipe against the switches with it, and the
-// last rung picks its parts with it, so a leave-one-out row (one switch off) compiles that axis's
-// previous part.
-#define WS_STRINGIFY_(x) #x
-#define WS_STRINGIFY(x) WS_STRINGIFY_(x)
-#define WS_SWITCH(x) ws_switch_on(WS_STRINGIFY(x))
-__host__ __device__ constexpr bool ws_switch_on(const char* expansion) {
-    return expansion[0] == '1' && expansion[1] == '\0';
-}
-// `T` where `on`, else `F`.
-template <bool on, class T, class F>
-struct PickPart {
-    using type = T;
-};
-template <class T, class F>
-struct PickPart<false, T, F> {
-    using type = F;
-};
-template <bool on, class T, class F>
-using Pick = typename PickPart<on, T, F>::type;

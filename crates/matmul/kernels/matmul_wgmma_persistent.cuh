@@ -44,10 +44,10 @@ struct PersistentRecipe {
 template <class Recipe>
 __device__ __forceinline__ constexpr bool recipe_matches_switches() {
     using L = typename Recipe::Launch;
-    return Recipe::Epilogue::switches == WS_SWITCH(EPI_PREFETCH) + WS_SWITCH(EPI_LEAN) + WS_SWITCH(EPI_BIAS_SMEM) +
-                                             WS_SWITCH(EPI_STAGED) &&
-           L::dependent == WS_SWITCH(WS_PDL) && L::weights_early == WS_SWITCH(WS_WEIGHTS_EARLY) &&
-           L::last_tile == WS_SWITCH(WS_PDL_LAST_TILE) && Recipe::Consumers::ping_pong == WS_SWITCH(WS_PINGPONG);
+    return Recipe::Epilogue::switches == LADDER_SWITCH(EPI_PREFETCH) + LADDER_SWITCH(EPI_LEAN) + LADDER_SWITCH(EPI_BIAS_SMEM) +
+                                             LADDER_SWITCH(EPI_STAGED) &&
+           L::dependent == LADDER_SWITCH(WS_PDL) && L::weights_early == LADDER_SWITCH(WS_WEIGHTS_EARLY) &&
+           L::last_tile == LADDER_SWITCH(WS_PDL_LAST_TILE) && Recipe::Consumers::ping_pong == LADDER_SWITCH(WS_PINGPONG);
 }
 
 template <class Recipe, bool TAIL>

@@ -19,6 +19,7 @@
 // part hands values back by value (PConv::fragment, Max::score): with its own locals, or writing the
 // kernel's through references, a part compiled to the same instructions in another register order.
 #pragma once
+#include "ladder_recipe.cuh"
 #include "ladder.cuh"
 #include "ladder_reduce.cuh"
 #include "ladder_convert.cuh"
@@ -40,18 +41,6 @@ using Qi4Red = float[QI4_WARPS * QI4_MAXH];                // s_red: per-warp pe
 using Qi4Heads = float[QI4_MAXH];                          // s_m: per-head running max
 static_assert(QI4_PASS == 2 * QI4_THREADS, "OPT2 converts one fp32 pair per thread per head");
 static_assert(QI4_PASS % 64 == 0, "the OPT9 swizzle permutes 8-column chunks within 64");
-
-// Qi4Pick<ON, A, B>: A where the switch is on, else B (a recipe's line per role).
-template <int ON, class A, class B>
-struct Qi4PickT {
-    using type = A;
-};
-template <class A, class B>
-struct Qi4PickT<0, A, B> {
-    using type = B;
-};
-template <int ON, class A, class B>
-using Qi4Pick = typename Qi4PickT<ON, A, B>::type;
 
 // The kernel's sizes at head size D under recipe R.
 template <class R, int D>

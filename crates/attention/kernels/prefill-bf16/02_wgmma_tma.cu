@@ -76,65 +76,123 @@
 // Limits: HS in {64, 128}; NH <= 65535 and B <= 65535; T <= 65535 * 128; B * T * 3C < 2^31
 #include "attention_flash_bf16.cuh"
 #include "attention_wgmma.cuh"
+#include "ladder_recipe.cuh"
 
 constexpr int STAGES = 2;  // K/V tiles in flight
 
-#ifdef PB_MUFU_EXP2
-constexpr bool MUFU_EXP2 = true;  // each probability's exp2 as one ex2.approx.ftz
-#else
-constexpr bool MUFU_EXP2 = false;
-#endif
+// The kernel is a recipe of three parts (tile order, softmax, store of O), picked by the switches
+// below; each part has one signature.
 
-#ifdef PB_L2_ORDER
-// The K and V bytes a group of (head, sequence) pairs may hold in L2 (a third of the H100's 50 MB).
-constexpr long long L2_GROUP_BYTES = 16ll << 20;
-
-// A 1-D grid's block as (head, sequence, query tile): pairs in groups whose K and V fit
-// L2_GROUP_BYTES, each group's blocks heaviest tile first and pairs fastest, so blocks in flight
-// share few pairs' K/V and the last wave holds short causal rows.
-__device__ __forceinline__ void l2_fitted_tile(int T, int NH, int D, int& h, int& b, int& tile) {
-    const int tq = (T + WG_BR - 1) / WG_BR, pairs = gridDim.x / tq;
-    const int group = (int)max(1ll, min((long long)pairs, L2_GROUP_BYTES / (4ll * T * D)));
-    const int g = blockIdx.x / (group * tq), in = blockIdx.x % (group * tq);
-    const int in_group = min(group, pairs - g * group);
-    const int pair = g * group + in % in_group;
-    tile = tq - 1 - in / in_group;
-    h = pair % NH;
-    b = pair / NH;
-}
-#endif
-
-#ifdef PB_TMA_STORE
-// PB_TMA_STORE: the block's 128 rows of O / l through Q's tile (at qs) and the TMA (map_o: out as
-// [B*T, C]); lse as store_rows. Every warp has finished its last Q.K^T (the loop ends on a block
-// barrier), so the tile is free.
-template <int D>
-__device__ __forceinline__ void store_tile_tma(const TmaMap* map_o, unsigned qs, float* lse, const float (&o)[D / 8][4],
-                                               const float (&m)[2], const float (&l)[2], int wg, int warp, int lane,
-                                               int b, int h, int q0, int T, int NH) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int rr = 64 * wg + 16 * warp + g + 8 * r;  // the row in the tile
-        const float inv = 1.f / l[r];
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            // Column block n / 8 (64 columns), 16-byte chunk n % 8 of the row, swizzled by the row.
-            const unsigned at = qs + (n / 8) * WG_BR * 128 + rr * 128 + (((n % 8) ^ (rr % 8)) * 16) + 4 * t;
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv))
-                         : "memory");
-        }
-        if (t == 0) lse[((size_t)b * NH + h) * T + q0 + rr] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+// ---- Tile order: which (head h, sequence b, query tile) block blockIdx takes ----
+// Stage 2: grid (tiles, NH, B), the heaviest query tiles of each head first.
+struct HeadMajorOrder {
+    __device__ __forceinline__ static void block(int, int, int, int& h, int& b, int& tile) {
+        h = blockIdx.y;
+        b = blockIdx.z;
+        tile = gridDim.x - 1 - blockIdx.x;
     }
-    fence_proxy_async();
-    named_barrier(1 + wg, 128);  // the warpgroup's rows are in the tile
-    const bool elected = (threadIdx.x & 127) == 0;
+};
+// PB_TILES_LAST: grid (NH, B, tiles), the tiles on the slowest axis: every head's heaviest tile first.
+struct TilesLastOrder {
+    __device__ __forceinline__ static void block(int, int, int, int& h, int& b, int& tile) {
+        h = blockIdx.x;
+        b = blockIdx.y;
+        tile = gridDim.z - 1 - blockIdx.z;
+    }
+};
+// PB_L2_ORDER: a 1-D grid read as (head, sequence, query tile): pairs in groups whose K and V fit
+// L2_GROUP_BYTES (a third of the H100's 50 MB), each group's blocks heaviest tile first and pairs
+// fastest, so blocks in flight share few pairs' K/V and the last wave holds short causal rows.
+struct L2FittedOrder {
+    static constexpr long long L2_GROUP_BYTES = 16ll << 20;
+    __device__ __forceinline__ static void block(int T, int NH, int D, int& h, int& b, int& tile) {
+        const int tq = (T + WG_BR - 1) / WG_BR, pairs = gridDim.x / tq;
+        const int group = (int)max(1ll, min((long long)pairs, L2_GROUP_BYTES / (4ll * T * D)));
+        const int g = blockIdx.x / (group * tq), in = blockIdx.x % (group * tq);
+        const int in_group = min(group, pairs - g * group);
+        const int pair = g * group + in % in_group;
+        tile = tq - 1 - in / in_group;
+        h = pair % NH;
+        b = pair / NH;
+    }
+};
+
+// ---- Softmax: one key tile's scores into P, the running max and sum, O rescaled ----
+// Stage 2: the scores scaled, then the max, then exp2 of each difference (online_softmax_step).
+struct ScaledSoftmax {
+    template <int NT, int DT>
+    __device__ __forceinline__ static void step(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
+                                                float scale_log2, int row, int k0, int T, bool causal, bool check) {
+        online_softmax_step(sc, m, l, o, scale_log2, row, k0, T, causal, check);
+    }
+};
+// PB_FOLDED_SOFTMAX: the scale folded into one FFMA a score (softmax_scores_folded); with MUFU_EXP2
+// (PB_MUFU_EXP2) each exp2 as one ex2.approx.ftz.
+template <bool MUFU_EXP2>
+struct FoldedSoftmax {
+    template <int NT, int DT>
+    __device__ __forceinline__ static void step(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
+                                                float scale_log2, int row, int k0, int T, bool causal, bool check) {
+        float alpha[2];
+        softmax_scores_folded<MUFU_EXP2>(sc, m, l, alpha, scale_log2, row, k0, T, causal, check);
+        rescale(o, alpha);
+    }
+};
+
+// ---- Store of O / l and lse ----
+// Stage 2: from registers (store_rows).
+struct RegisterStore {
+    template <int D>
+    __device__ __forceinline__ static void store(const TmaMap*, unsigned, __nv_bfloat16* out, float* lse,
+                                                 const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
+                                                 int wg, int warp, int lane, int b, int h, int q0, int T, int NH) {
+        store_rows(out, lse, o, m, l, q0 + 64 * wg + 16 * warp + (lane >> 2), b, h, T, NH);
+    }
+};
+// PB_TMA_STORE: a query tile inside its sequence through Q's tile (at qs) and the TMA (map_o: out
+// as [B*T, C]); lse as store_rows; edge tiles from registers. Every warp has finished its last
+// Q.K^T (the loop ends on a block barrier), so the tile is free.
+struct TmaStore {
+    template <int D>
+    __device__ __forceinline__ static void store(const TmaMap* map_o, unsigned qs, __nv_bfloat16* out, float* lse,
+                                                 const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
+                                                 int wg, int warp, int lane, int b, int h, int q0, int T, int NH) {
+        if (q0 + WG_BR > T) {
+            RegisterStore::store<D>(map_o, qs, out, lse, o, m, l, wg, warp, lane, b, h, q0, T, NH);
+            return;
+        }
+        const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int cb = 0; cb < D / 64; ++cb)
-        tma_store_if(map_o, qs + cb * WG_BR * 128 + wg * 64 * 128, h * D + cb * 64, b * T + q0 + 64 * wg, elected);
-    if (elected) tma_store_wait_read();  // the tile is read before the block's shared memory goes
-}
-#endif
+        for (int r = 0; r < 2; ++r) {
+            const int rr = 64 * wg + 16 * warp + g + 8 * r;  // the row in the tile
+            const float inv = 1.f / l[r];
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                // Column block n / 8 (64 columns), 16-byte chunk n % 8 of the row, swizzled by the row.
+                const unsigned at = qs + (n / 8) * WG_BR * 128 + rr * 128 + (((n % 8) ^ (rr % 8)) * 16) + 4 * t;
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
+                             "r"(pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv))
+                             : "memory");
+            }
+            if (t == 0) lse[((size_t)b * NH + h) * T + q0 + rr] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+        }
+        fence_proxy_async();
+        named_barrier(1 + wg, 128);  // the warpgroup's rows are in the tile
+        const bool elected = (threadIdx.x & 127) == 0;
+#pragma unroll
+        for (int cb = 0; cb < D / 64; ++cb)
+            tma_store_if(map_o, qs + cb * WG_BR * 128 + wg * 64 * 128, h * D + cb * 64, b * T + q0 + 64 * wg, elected);
+        if (elected) tma_store_wait_read();  // the tile is read before the block's shared memory goes
+    }
+};
+
+// The recipe: stage 2 with the switches stages 6-11 turn on one after another (a leave-one-out row
+// of stage 11 turns one off, and gets that role's stage-2 part). PB_TWO_BLOCKS is the HS = 64
+// entry's launch bounds, below.
+using Order = Pick<LADDER_SWITCH(PB_L2_ORDER), L2FittedOrder,
+                   Pick<LADDER_SWITCH(PB_TILES_LAST), TilesLastOrder, HeadMajorOrder>>;
+using Softmax = Pick<LADDER_SWITCH(PB_FOLDED_SOFTMAX), FoldedSoftmax<LADDER_SWITCH(PB_MUFU_EXP2)>, ScaledSoftmax>;
+using OStore = Pick<LADDER_SWITCH(PB_TMA_STORE), TmaStore, RegisterStore>;
 
 template <int D>
 __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* out, float* lse, int T, int NH,
@@ -143,16 +201,8 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const TileRing<D, STAGES> r = tile_ring<D, STAGES>(smem_raw);
     const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
-#if defined(PB_L2_ORDER)
     int h, b, tile;
-    l2_fitted_tile(T, NH, D, h, b, tile);
-#elif defined(PB_TILES_LAST)
-    const int h = blockIdx.x, b = blockIdx.y;
-    const int tile = gridDim.z - 1 - blockIdx.z;  // the slowest axis: every head's heaviest tile first
-#else
-    const int h = blockIdx.y, b = blockIdx.z;
-    const int tile = gridDim.x - 1 - blockIdx.x;  // heaviest query tiles of each head first
-#endif
+    Order::block(T, NH, D, h, b, tile);
     const int q0 = tile * WG_BR;
     const int C = NH * D;
     const int row0 = b * T;  // global row of this sequence's token 0
@@ -192,13 +242,7 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
         fence_operands(sc);
 
         const bool check = k0 + WG_BC > T || (causal && k0 + WG_BC > q0);
-#ifdef PB_FOLDED_SOFTMAX
-        float alpha[2];
-        softmax_scores_folded<MUFU_EXP2>(sc, m, l, alpha, scale * LOG2E, row, k0, T, causal, check);
-        rescale(o, alpha);
-#else
-        online_softmax_step(sc, m, l, o, scale * LOG2E, row, k0, T, causal, check);
-#endif
+        Softmax::step(sc, m, l, o, scale * LOG2E, row, k0, T, causal, check);
 
         wgmma_fence();
 #pragma unroll
@@ -213,22 +257,13 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
         __syncthreads();  // both warpgroups are done with slot s: it can be refilled
         if (tid == 0 && j + STAGES < tiles) issue(j + STAGES);
     }
-#ifdef PB_TMA_STORE
-    if (q0 + WG_BR <= T) {
-        store_tile_tma<D>(map_o, r.q(), lse, o, m, l, wg, warp, lane, b, h, q0, T, NH);
-        return;
-    }
-#endif
-    store_rows(out, lse, o, m, l, row, b, h, T, NH);
+    OStore::store<D>(map_o, r.q(), out, lse, o, m, l, wg, warp, lane, b, h, q0, T, NH);
 }
 
 // Two blocks an SM at HS = 64 with PB_TWO_BLOCKS (128 registers a thread at most), else one.
-#ifdef PB_TWO_BLOCKS
-#define HS64_BLOCKS 2
-#else
-#define HS64_BLOCKS 1
-#endif
-// PB_TMA_STORE: out's tensor map is the last parameter.
+constexpr int HS64_BLOCKS = LADDER_SWITCH(PB_TWO_BLOCKS) ? 2 : 1;
+// PB_TMA_STORE: out's tensor map is the last parameter (a per-switch signature, so the host's
+// arguments for the other stages are unchanged).
 #ifdef PB_TMA_STORE
 #define OUT_MAP_PARAM , const __grid_constant__ TmaMap map_o
 #define OUT_MAP &map_o

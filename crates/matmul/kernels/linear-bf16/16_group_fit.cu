@@ -25,11 +25,11 @@
 // it the switches built on it) compiles that axis's previous part.
 using Recipe = PersistentRecipe<
     GroupedOrder,
-    Pick<WS_SWITCH(WS_PDL), DependentLaunch<WS_SWITCH(WS_WEIGHTS_EARLY), WS_SWITCH(WS_PDL_LAST_TILE)>, StreamOrdered>,
-    Pick<WS_SWITCH(WS_PINGPONG), PingPong, Cooperative>,
-    Pick<WS_SWITCH(EPI_STAGED), EpiStaged,
-         Pick<WS_SWITCH(EPI_BIAS_SMEM), EpiBiasSmem,
-              Pick<WS_SWITCH(EPI_LEAN), EpiLean, Pick<WS_SWITCH(EPI_PREFETCH), EpiPrefetch, EpiChecked>>>>>;
+    Pick<LADDER_SWITCH(WS_PDL), DependentLaunch<LADDER_SWITCH(WS_WEIGHTS_EARLY), LADDER_SWITCH(WS_PDL_LAST_TILE)>, StreamOrdered>,
+    Pick<LADDER_SWITCH(WS_PINGPONG), PingPong, Cooperative>,
+    Pick<LADDER_SWITCH(EPI_STAGED), EpiStaged,
+         Pick<LADDER_SWITCH(EPI_BIAS_SMEM), EpiBiasSmem,
+              Pick<LADDER_SWITCH(EPI_LEAN), EpiLean, Pick<LADDER_SWITCH(EPI_PREFETCH), EpiPrefetch, EpiChecked>>>>>;
 
 LEAN_ENTRY(linear_bf16_group_fit, Recipe, 0)
 LEAN_ENTRY(linear_bf16_group_fit_gelu, Recipe, EPI_GELU)
