@@ -123,15 +123,15 @@
 
 // The recipe: one part a role, picked by the stage's switches (the reference's numbering).
 struct Qi4Recipe {
-    using Cache = Pick<QI4_KV_BF16, Bf16Rows, Int4Rows<OPT6 ? 4 : 1>>;                   // stage 0; OPT6
-    using KLoad = Pick<OPT1, KUnrolled, KChunked>;                                        // OPT1
+    using Cache = Pick<QI4_KV_BF16, Bf16Rows, Int4Rows<OPT6 ? 4 : 1>>;                // stage 0; OPT6
+    using KLoad = Pick<OPT1, KUnrolled, KChunked>;                                    // OPT1
     using PConv = Pick<OPT8, PFromFp32, Pick<OPT2, PInPlaceBf16, PCopyBf16>>;         // OPT2, OPT8
     using Max = Pick<OPT7, MaxFromFragment, Pick<OPT3, MaxRegister, MaxLocalArray>>;  // OPT3, OPT7
-    using Sum = Pick<OPT4, SumRegister, SumLocalArray>;                                   // OPT4
-    using VLoad = Pick<OPT5, VPrefetch, VChunked>;                                        // OPT5
-    using PLayout = Pick<OPT9, PSwizzled, PRowMajor>;                                     // OPT9
-    using Tile = Pick<OPT11, WideTile, ScalarTile<OPT10 ? 2 : 0>>;                        // OPT10; ours: OPT11
-    using Values = Pick<OPT12, BiasedCodes<Cache::G>, Dequantized>;                       // ours: OPT12
+    using Sum = Pick<OPT4, SumRegister, SumLocalArray>;                               // OPT4
+    using VLoad = Pick<OPT5, VPrefetch, VChunked>;                                    // OPT5
+    using PLayout = Pick<OPT9, PSwizzled, PRowMajor>;                                 // OPT9
+    using Tile = Pick<OPT11, WideTile, ScalarTile<OPT10 ? 2 : 0>>;                    // OPT10; ours: OPT11
+    using Values = Pick<OPT12, BiasedCodes<Cache::G>, Dequantized>;                   // ours: OPT12
 };
 
 // OPT13 (ours) __launch_bounds__(128, 4): at most 128 registers, 4 blocks an SM, a few spills
