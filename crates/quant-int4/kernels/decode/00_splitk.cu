@@ -72,66 +72,27 @@
 #include "qi4_decode_wide.cuh"
 #include "attention_decode.cuh"
 
-#ifndef QI4_KV_BF16
-#define QI4_KV_BF16 0
-#endif
-#ifndef OPT1
-#define OPT1 0
-#endif
-#ifndef OPT2
-#define OPT2 0
-#endif
-#ifndef OPT3
-#define OPT3 0
-#endif
-#ifndef OPT4
-#define OPT4 0
-#endif
-#ifndef OPT5
-#define OPT5 0
-#endif
-#ifndef OPT6
-#define OPT6 0
-#endif
-#ifndef OPT7
-#define OPT7 0
-#endif
-#ifndef OPT8
-#define OPT8 0
-#endif
-#ifndef OPT9
-#define OPT9 0
-#endif
-#ifndef OPT10
-#define OPT10 0
-#endif
-#ifndef OPT11
-#define OPT11 0
-#endif
-#ifndef OPT12
-#define OPT12 0
-#endif
-#ifndef OPT13
-#define OPT13 0
-#endif
-#if QI4_KV_BF16 && OPT12
-#error "OPT12 folds the INT4 affine map into the products; the bf16 cache has none"
-#endif
-#if QI4_KV_BF16 && OPT6
-#error "OPT6 is the group-wise INT4 format; it does not apply to the bf16 cache"
-#endif
+// The stage's switches (ladder_recipe.cuh: on where the stage list defines them); OPT[i] is OPTi
+// (OPT13 is the launch bounds, below).
+constexpr bool KV_BF16 = LADDER_SWITCH(QI4_KV_BF16);
+constexpr bool OPT[13] = {false,
+                          LADDER_SWITCH(OPT1),  LADDER_SWITCH(OPT2),  LADDER_SWITCH(OPT3),  LADDER_SWITCH(OPT4),
+                          LADDER_SWITCH(OPT5),  LADDER_SWITCH(OPT6),  LADDER_SWITCH(OPT7),  LADDER_SWITCH(OPT8),
+                          LADDER_SWITCH(OPT9),  LADDER_SWITCH(OPT10), LADDER_SWITCH(OPT11), LADDER_SWITCH(OPT12)};
+static_assert(!(KV_BF16 && OPT[12]), "OPT12 folds the INT4 affine map into the products; the bf16 cache has none");
+static_assert(!(KV_BF16 && OPT[6]), "OPT6 is the group-wise INT4 format; it does not apply to the bf16 cache");
 
 // The recipe: one part a role, picked by the stage's switches (the reference's numbering).
 struct Qi4Recipe {
-    using Cache = Pick<QI4_KV_BF16, Bf16Rows, Int4Rows<OPT6 ? 4 : 1>>;                // stage 0; OPT6
-    using KLoad = Pick<OPT1, KUnrolled, KChunked>;                                    // OPT1
-    using PConv = Pick<OPT8, PFromFp32, Pick<OPT2, PInPlaceBf16, PCopyBf16>>;         // OPT2, OPT8
-    using Max = Pick<OPT7, MaxFromFragment, Pick<OPT3, MaxRegister, MaxLocalArray>>;  // OPT3, OPT7
-    using Sum = Pick<OPT4, SumRegister, SumLocalArray>;                               // OPT4
-    using VLoad = Pick<OPT5, VPrefetch, VChunked>;                                    // OPT5
-    using PLayout = Pick<OPT9, PSwizzled, PRowMajor>;                                 // OPT9
-    using Tile = Pick<OPT11, WideTile, ScalarTile<OPT10 ? 2 : 0>>;                    // OPT10; ours: OPT11
-    using Values = Pick<OPT12, BiasedCodes<Cache::G>, Dequantized>;                   // ours: OPT12
+    using Cache = Pick<KV_BF16, Bf16Rows, Int4Rows<OPT[6] ? 4 : 1>>;                      // stage 0; OPT6
+    using KLoad = Pick<OPT[1], KUnrolled, KChunked>;                                      // OPT1
+    using PConv = Pick<OPT[8], PFromFp32, Pick<OPT[2], PInPlaceBf16, PCopyBf16>>;         // OPT2, OPT8
+    using Max = Pick<OPT[7], MaxFromFragment, Pick<OPT[3], MaxRegister, MaxLocalArray>>;  // OPT3, OPT7
+    using Sum = Pick<OPT[4], SumRegister, SumLocalArray>;                                 // OPT4
+    using VLoad = Pick<OPT[5], VPrefetch, VChunked>;                                      // OPT5
+    using PLayout = Pick<OPT[9], PSwizzled, PRowMajor>;                                   // OPT9
+    using Tile = Pick<OPT[11], WideTile, ScalarTile<OPT[10] ? 2 : 0>>;                    // OPT10; ours: OPT11
+    using Values = Pick<OPT[12], BiasedCodes<Cache::G>, Dequantized>;                     // ours: OPT12
 };
 
 // OPT13 (ours) __launch_bounds__(128, 4): at most 128 registers, 4 blocks an SM, a few spills
@@ -140,7 +101,7 @@ struct Qi4Recipe {
 // (row-wise counters at B = 512: occupancy 17% -> 25%, L2 hit rate 7% -> 43%, the spills). Without it
 // the bounds name no block count: a minimum of 1 is not the same request (ptxas then took up to 225
 // registers where it takes 128).
-#if OPT13
+#ifdef OPT13
 #define QI4_BOUNDS __launch_bounds__(QI4_THREADS, 4)
 #else
 #define QI4_BOUNDS __launch_bounds__(QI4_THREADS)
