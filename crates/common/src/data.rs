@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::gpu::Gpu;
@@ -25,10 +27,39 @@ pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
 }
 
-/// `n` values uniform in `[lo, hi)`.
+/// `n` values uniform in `[lo, hi)`: those [`rng`]`(seed)` draws one after another.
 pub fn uniform(n: usize, lo: f32, hi: f32, seed: u64) -> Vec<f32> {
-    let mut r = rng(seed);
-    (0..n).map(|_| r.random_range(lo..hi)).collect()
+    let mut out = vec![0f32; n];
+    fill_uniform(&mut out, lo, hi, seed, |_, x| x);
+    out
+}
+
+/// Draws [`fill_uniform`] takes on one core at a time.
+const DRAW_CHUNK: usize = 1 << 16;
+
+/// `out[i] = f(i, x[i])` for `x` = [`uniform`]`(out.len(), lo, hi, seed)`, drawn on every core: the
+/// inputs of the large tables are hundreds of millions of values (a second or more drawn in turn).
+///
+/// The values are bit for bit those of one generator: [`rng`] is rand's `StdRng`, ChaCha12, and a
+/// draw in `[lo, hi)` takes exactly one 32-bit word of its stream, so draw `i` is word `i`; each
+/// stretch of [`DRAW_CHUNK`] draws seeds its own ChaCha12 alike and enters the stream at its first
+/// word. The test `parallel_draws_are_one_stream` holds this against `StdRng` itself.
+pub fn fill_uniform<T: Send>(out: &mut [T], lo: f32, hi: f32, seed: u64, f: impl Fn(usize, f32) -> T + Sync) {
+    let draw = |c: usize, chunk: &mut [T]| {
+        let first = c * DRAW_CHUNK;
+        let mut r = ChaCha12Rng::seed_from_u64(seed);
+        r.set_word_pos(first as u128);
+        for (i, o) in chunk.iter_mut().enumerate() {
+            *o = f(first + i, r.random_range(lo..hi));
+        }
+        debug_assert_eq!(r.get_word_pos(), (first + chunk.len()) as u128, "one word a draw");
+    };
+    // One stretch stays on the calling thread (the many small draws: biases, gains, test cases).
+    if out.len() <= DRAW_CHUNK {
+        draw(0, out);
+    } else {
+        out.par_chunks_mut(DRAW_CHUNK).enumerate().for_each(|(c, chunk)| draw(c, chunk));
+    }
 }
 
 /// How many copies of a problem whose inputs and outputs take `bytes_per_copy` bytes make the
@@ -82,5 +113,31 @@ impl<T: DeviceRepr + ValidAsZeroBits> Rotated<T> {
 
     pub fn is_empty(&self) -> bool {
         self.copies.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_draws_are_one_stream() {
+        // Across stretch boundaries, at the ranges the problems draw from.
+        for (n, lo, hi, seed) in [
+            (3 * DRAW_CHUNK + 17, -1.0, 1.0, 5),
+            (DRAW_CHUNK + 1, -2.0, 2.0, 1 << 40),
+            (70_000, 0.8, 1.2, 7),
+            (5, 0.0, 1.0, 9),
+        ] {
+            let mut r = rng(seed);
+            let serial: Vec<f32> = (0..n).map(|_| r.random_range(lo..hi)).collect();
+            let parallel = uniform(n, lo, hi, seed);
+            assert!(serial.iter().zip(&parallel).all(|(a, b)| a.to_bits() == b.to_bits()), "n = {n}, [{lo}, {hi})");
+            assert_eq!(serial.len(), parallel.len());
+        }
+        let mut mapped = vec![(0usize, 0f32); 2 * DRAW_CHUNK + 3];
+        fill_uniform(&mut mapped, -1.0, 1.0, 3, |i, x| (i, x));
+        let plain = uniform(mapped.len(), -1.0, 1.0, 3);
+        assert!(mapped.iter().enumerate().all(|(i, &(j, x))| i == j && x == plain[i]));
     }
 }
