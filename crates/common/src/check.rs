@@ -8,6 +8,7 @@
 
 use cudarc::driver::{CudaView, DeviceRepr};
 use rand::seq::index;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -15,7 +16,7 @@ use crate::gpu::Gpu;
 use crate::launch::{Arg, LaunchShape};
 
 /// An element type a kernel may write, read back as f64 for comparison.
-pub trait Element: Copy + DeviceRepr + Default {
+pub trait Element: Copy + DeviceRepr + Default + Send + Sync {
     /// The exponent bits: all set is NaN or ±Inf (the device-side check, [`device_non_finite`]).
     const EXPONENT_BITS: u64;
     fn to_f64(self) -> f64;
@@ -175,26 +176,101 @@ pub fn rel_l2<T: Element>(out: &[T], reference: &[f64]) -> f64 {
     }
 }
 
-/// Compares `out` with `reference` element by element. A length mismatch counts every missing
-/// element as non-finite.
-pub fn compare<T: Element>(output: &str, out: &[T], reference: &[f64]) -> ErrorStats {
-    let (mut diff2, mut ref2, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
-    let mut non_finite = out.len().abs_diff(reference.len());
-    let mut first_non_finite = (out.len() != reference.len()).then_some(out.len().min(reference.len()));
-    for (i, (o, r)) in out.iter().zip(reference).enumerate() {
-        let o = o.to_f64();
-        if !o.is_finite() {
-            non_finite += 1;
-            first_non_finite.get_or_insert(i);
-            continue;
+/// Elements a comparison sums on one core at a time. Each stretch is summed in order and then the
+/// stretches' sums in order, so the result does not depend on the threads; an output of at most
+/// this many elements is summed exactly as one loop over it would.
+pub const COMPARE_CHUNK: usize = 1 << 16;
+
+/// What a comparison sums over one stretch of elements.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sums {
+    diff2: f64,
+    ref2: f64,
+    max_abs: f64,
+    non_finite: usize,
+    /// Inside the stretch.
+    first_non_finite: Option<usize>,
+}
+
+impl Sums {
+    fn of<T: Element>(out: &[T], reference: &[f64]) -> Sums {
+        let mut s = Sums::default();
+        for (i, (o, r)) in out.iter().zip(reference).enumerate() {
+            let o = o.to_f64();
+            if !o.is_finite() {
+                s.non_finite += 1;
+                s.first_non_finite.get_or_insert(i);
+                continue;
+            }
+            let d = o - r;
+            s.diff2 += d * d;
+            s.ref2 += r * r;
+            s.max_abs = s.max_abs.max(d.abs());
         }
-        let d = o - r;
-        diff2 += d * d;
-        ref2 += r * r;
-        max_abs = max_abs.max(d.abs());
+        s
     }
-    let rel_l2 = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
-    ErrorStats { output: output.to_string(), rel_l2, max_abs, non_finite, first_non_finite, count: reference.len() }
+
+    /// The stretches of [`COMPARE_CHUNK`] elements of an `out` and a `reference` of these lengths,
+    /// summed in order. A length mismatch counts every missing element as non-finite (and the
+    /// first of them as the first non-finite element).
+    fn stats(output: &str, stretches: Vec<Sums>, (out_len, ref_len): (usize, usize)) -> ErrorStats {
+        let mut all = Sums::default();
+        for (c, s) in stretches.into_iter().enumerate() {
+            all.diff2 += s.diff2;
+            all.ref2 += s.ref2;
+            all.max_abs = all.max_abs.max(s.max_abs);
+            all.non_finite += s.non_finite;
+            all.first_non_finite = all.first_non_finite.or(s.first_non_finite.map(|i| c * COMPARE_CHUNK + i));
+        }
+        let short = (out_len != ref_len).then_some(out_len.min(ref_len));
+        let rel_l2 = if all.ref2 > 0.0 { (all.diff2 / all.ref2).sqrt() } else { all.diff2.sqrt() };
+        ErrorStats {
+            output: output.to_string(),
+            rel_l2,
+            max_abs: all.max_abs,
+            non_finite: all.non_finite + out_len.abs_diff(ref_len),
+            first_non_finite: short.or(all.first_non_finite),
+            count: ref_len,
+        }
+    }
+}
+
+/// Compares `out` with `reference` element by element, [`COMPARE_CHUNK`] elements a core at a time
+/// (a quantizer's output is 2^27 values). A length mismatch counts every missing element as
+/// non-finite.
+pub fn compare<T: Element>(output: &str, out: &[T], reference: &[f64]) -> ErrorStats {
+    let (out_len, ref_len) = (out.len(), reference.len());
+    let n = out_len.min(ref_len);
+    let (out, reference) = (&out[..n], &reference[..n]);
+    // One stretch stays on the calling thread (no round trip through the pool for small outputs).
+    let stretches = if n <= COMPARE_CHUNK {
+        vec![Sums::of(out, reference)]
+    } else {
+        out.par_chunks(COMPARE_CHUNK).zip(reference.par_chunks(COMPARE_CHUNK)).map(|(o, r)| Sums::of(o, r)).collect()
+    };
+    Sums::stats(output, stretches, (out_len, ref_len))
+}
+
+/// [`compare`] of an output and a reference of `len` elements each that are made a stretch at a
+/// time and never whole: `fill(first, out, reference)` writes the elements from `first` on into
+/// both (buffers of [`COMPARE_CHUNK`] elements, the last one shorter). The same statistics as
+/// `compare` over the whole arrays, bit for bit, without holding them: an INT4 cache of 2^27 values
+/// dequantized is a gigabyte of f64 on each side.
+pub fn compare_by<T: Element>(
+    output: &str,
+    len: usize,
+    fill: impl Fn(usize, &mut [T], &mut [f64]) + Sync,
+) -> ErrorStats {
+    let stretches = (0..len.div_ceil(COMPARE_CHUNK)).into_par_iter().map_init(
+        || (vec![T::default(); COMPARE_CHUNK], vec![0f64; COMPARE_CHUNK]),
+        |(out, reference), c| {
+            let first = c * COMPARE_CHUNK;
+            let n = COMPARE_CHUNK.min(len - first);
+            fill(first, &mut out[..n], &mut reference[..n]);
+            Sums::of(&out[..n], &reference[..n])
+        },
+    );
+    Sums::stats(output, stretches.collect(), (len, len))
 }
 
 /// Like [`compare`], but the L2 error is taken relative to `magnitude` (one value per element, the
@@ -231,6 +307,12 @@ impl Verification {
 
     pub fn add<T: Element>(mut self, output: &str, out: &[T], reference: &[f64]) -> Verification {
         self.outputs.push(compare(output, out, reference));
+        self
+    }
+
+    /// An output's statistics computed elsewhere ([`compare_by`], or a count of its own).
+    pub fn add_stats(mut self, stats: ErrorStats) -> Verification {
+        self.outputs.push(stats);
         self
     }
 
@@ -369,6 +451,33 @@ mod tests {
         assert!(!s.passes(f64::INFINITY));
         let s = compare("x", &[1.0f32, f32::INFINITY, 3.0], &r);
         assert!(!s.passes(1.0));
+    }
+
+    #[test]
+    fn stretched_comparisons_agree() {
+        // Three and a half stretches, a NaN in the third: `compare` and `compare_by` see the same
+        // elements, the first NaN at its index in the whole, and the L2 error of the serial sum.
+        let n = 3 * COMPARE_CHUNK + COMPARE_CHUNK / 2;
+        let reference: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 100.0 - 5.0).collect();
+        let mut out: Vec<f32> = reference.iter().enumerate().map(|(i, r)| (r + (i % 3) as f64 * 1e-3) as f32).collect();
+        let nan = 2 * COMPARE_CHUNK + 5;
+        out[nan] = f32::NAN;
+        let whole = compare("x", &out, &reference);
+        let by = compare_by("x", n, |first, o: &mut [f32], r| {
+            o.copy_from_slice(&out[first..first + o.len()]);
+            r.copy_from_slice(&reference[first..first + r.len()]);
+        });
+        assert_eq!(whole, by);
+        assert_eq!((whole.non_finite, whole.first_non_finite, whole.count), (1, Some(nan), n));
+        let (mut diff2, mut ref2) = (0.0, 0.0);
+        for (o, r) in out.iter().zip(&reference).filter(|(o, _)| o.is_finite()) {
+            diff2 += (*o as f64 - r) * (*o as f64 - r);
+            ref2 += r * r;
+        }
+        approx::assert_relative_eq!(whole.rel_l2, (diff2 / ref2).sqrt(), max_relative = 1e-12);
+        // A short output: every missing element non-finite, the first of them first.
+        let short = compare("x", &out[..n - 10], &reference);
+        assert_eq!((short.non_finite, short.first_non_finite), (11, Some(n - 10)));
     }
 
     #[test]
