@@ -13,7 +13,7 @@ use std::borrow::Cow;
 
 use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
-use common::data::{rotation_copies, uniform, Rotated};
+use common::data::{fill_uniform, rotation_copies, uniform, zeroed_bf16, Rotated};
 use common::{
     require, require_len, Arg, Bound, Define, Error, Generator, Gpu, Launch, LaunchShape, LeaveOneOut, Limit, Op,
     OpInfo, Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
@@ -26,7 +26,7 @@ pub use attention::decode::{check_seq_lens, checked_seqs, SeqLens, MAX_CHECKED_S
 use attention::decode::{lengths, Heads};
 
 use crate::format::{check_int4, dequantize_row, fragment_cache_bytes, quantize, to_fragments, KvFormat, Layout, Role};
-use crate::quantize::cache_values;
+use crate::quantize::fill_cache_values;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode";
@@ -697,20 +697,23 @@ impl Op for Decode {
 }
 
 /// A `[B, Tmax, HKV, D]` cache for `lens`: uniform values (with the outlier channel of
-/// [`cache_values`] for K) below each sequence's length, NaN past it, so a kernel that reads past
-/// `seq_lens[b]` fails verification.
+/// [`crate::quantize::cache_values`] for K) below each sequence's length, NaN past it, so a kernel
+/// that reads past `seq_lens[b]` fails verification.
 pub fn cache(dims: &Dims, lens: &[usize], seed: u64, outlier: bool) -> Vec<bf16> {
     let per = dims.tmax * dims.hkv * dims.d;
-    let mut c = vec![bf16::NAN; dims.b * per];
+    // Every value written once, on every core, straight into the cache (no NaN fill on one core
+    // first, no per-sequence vectors): a cache at B = 512 is 537M values.
+    let mut c = zeroed_bf16(dims.b * per);
     c.par_chunks_mut(per).enumerate().for_each(|(b, chunk)| {
         let n = lens[b] * dims.hkv * dims.d;
         let s = seed ^ (b as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let vals = if outlier {
-            cache_values(n, dims.d, s)
+        let (vals, past) = chunk.split_at_mut(n);
+        if outlier {
+            fill_cache_values(vals, dims.d, s);
         } else {
-            uniform(n, -1.0, 1.0, s).into_iter().map(bf16::from_f32).collect()
-        };
-        chunk[..n].copy_from_slice(&vals);
+            fill_uniform(vals, -1.0, 1.0, s, |_, x| bf16::from_f32(x));
+        }
+        past.fill(bf16::NAN);
     });
     c
 }

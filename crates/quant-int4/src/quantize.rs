@@ -4,7 +4,7 @@
 
 use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
-use common::data::{rotation_copies, uniform, Rotated};
+use common::data::{fill_uniform, rotation_copies, zeroed_bf16, Rotated};
 use common::{
     require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
@@ -156,11 +156,14 @@ impl PreparedStage for Prepared {
 /// Test data for a cache: uniform in [-1, 1) with one outlier channel (d = 3, x6) in the first
 /// group, the shape of real K caches that makes group-wise scales pay off.
 pub fn cache_values(n: usize, d: usize, seed: u64) -> Vec<bf16> {
-    uniform(n, -1.0, 1.0, seed)
-        .into_iter()
-        .enumerate()
-        .map(|(i, x)| bf16::from_f32(if i % d == 3 { 6.0 * x } else { x }))
-        .collect()
+    let mut x = zeroed_bf16(n);
+    fill_cache_values(&mut x, d, seed);
+    x
+}
+
+/// [`cache_values`]`(out.len(), d, seed)` drawn into `out` on every core.
+pub fn fill_cache_values(out: &mut [bf16], d: usize, seed: u64) {
+    fill_uniform(out, -1.0, 1.0, seed, |i, x| bf16::from_f32(if i % d == 3 { 6.0 * x } else { x }));
 }
 
 pub struct Quantize;
