@@ -2,7 +2,7 @@
 //! `[Tmax, HKV, D]` cache (`rows = Tmax * HKV`) to the fragment layout of K or V, verified byte for
 //! byte against the CPU quantizer and layout in [`crate::format`].
 
-use common::check::{compare, Verification};
+use common::check::{compare_by, ErrorStats, Verification, COMPARE_CHUNK};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{fill_uniform, rotation_copies, zeroed_bf16, Rotated};
 use common::{
@@ -10,10 +10,11 @@ use common::{
     Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
+use rayon::prelude::*;
 use std::borrow::Cow;
 
 use crate::format::{
-    check_int4, dequantize, fragment_cache_bytes, from_fragments, int4_row_bytes, quantize, to_fragments, Role,
+    check_int4, dequantize_row, fragment_cache_bytes, from_fragments, int4_row_bytes, quantize, to_fragments, Role,
 };
 use crate::{FAMILY, SOURCES};
 
@@ -220,10 +221,12 @@ impl Op for Quantize {
         check_int4(q.d, q.groups)?;
         let x = cache_values(q.rows * q.d, q.d, seed);
         let reference = quantize(&x, q.d, q.groups);
-        // Dequantized once per shape: every stage's output is compared with these values.
-        let reference_values = dequantize(&reference, q.d, q.groups);
-        let xf: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
-        let cost = compare("quantization", &reference_values, &xf).rel_l2;
+        // The reference's rows dequantized against the bf16 input, a stretch of rows at a time.
+        let cost = compare_by("quantization", x.len(), |first, deq: &mut [f64], xf| {
+            dequantize_stretch(&reference, q.d, q.groups, first, deq);
+            xf.iter_mut().zip(&x[first..]).for_each(|(o, v)| *o = v.to_f64());
+        })
+        .rel_l2;
         let rb = int4_row_bytes(q.d, q.groups);
         let copies = rotation_copies(gpu, (q.rows * (2 * q.d + rb)) as u64);
         Ok(Box::new(QuantizeProblem {
@@ -231,7 +234,6 @@ impl Op for Quantize {
             inp: Rotated::upload(gpu, &x, copies)?,
             out: Rotated::outputs(gpu, q.rows * rb, copies)?,
             reference,
-            reference_values,
             cost,
             reference_fragments: None,
             copies,
@@ -245,9 +247,8 @@ struct QuantizeProblem {
     inp: Rotated<bf16>,
     /// Sized for the prepared stage's layout.
     out: Rotated<u8>,
-    /// The CPU quantizer's rows, dequantized, and their error against the bf16 input (rel L2).
+    /// The CPU quantizer's rows, and their dequantized values' error against the bf16 input (rel L2).
     reference: Vec<u8>,
-    reference_values: Vec<f64>,
     cost: f64,
     /// The same bytes in the prepared fragment stage's layout.
     reference_fragments: Option<(Role, Vec<u8>)>,
@@ -255,12 +256,42 @@ struct QuantizeProblem {
     prepared: Current<Prepared>,
 }
 
-/// `NaN` where the bytes differ, 0 where they agree: compared with zeros, every mismatch counts as
-/// a non-finite element and fails the check, whatever the tolerance.
-pub fn byte_mismatches(out: &[u8], reference: &[u8]) -> Vec<f32> {
-    let mut m: Vec<f32> = out.iter().zip(reference).map(|(a, b)| if a == b { 0.0 } else { f32::NAN }).collect();
-    m.resize(reference.len(), f32::NAN);
-    m
+/// Every byte of `out` against `reference`: each one that differs (or is missing) counts as a
+/// non-finite element, so any mismatch fails the check whatever the tolerance. Counted a stretch
+/// at a time on every core; what comparing a vector of NaN at the mismatches (0 elsewhere) with
+/// zeros gave, without making either (a quantizer's output is 80 MB at 2^20 rows).
+pub fn byte_mismatches(output: &str, out: &[u8], reference: &[u8]) -> ErrorStats {
+    let n = out.len().min(reference.len());
+    let stretches: Vec<(usize, Option<usize>)> = out[..n]
+        .par_chunks(COMPARE_CHUNK)
+        .zip(reference[..n].par_chunks(COMPARE_CHUNK))
+        .map(|(o, r)| match o == r {
+            true => (0, None),
+            false => (o.iter().zip(r).filter(|(a, b)| a != b).count(), o.iter().zip(r).position(|(a, b)| a != b)),
+        })
+        .collect();
+    let mismatched: usize = stretches.iter().map(|s| s.0).sum();
+    let first = stretches.iter().enumerate().find_map(|(c, s)| s.1.map(|i| c * COMPARE_CHUNK + i));
+    let missing = reference.len().saturating_sub(n);
+    ErrorStats {
+        output: output.to_string(),
+        rel_l2: 0.0,
+        max_abs: 0.0,
+        non_finite: mismatched + missing,
+        first_non_finite: first.or((missing > 0).then_some(n)),
+        count: reference.len(),
+    }
+}
+
+/// Elements `first..first + out.len()` of the INT4 rows `rows` (of `d` values in `groups`
+/// groups) dequantized into `out`: one stretch of [`compare_by`] (whole rows: `d` divides the
+/// stretch), so that no side of a comparison is dequantized whole (2^27 f64 at 2^20 rows of 128).
+fn dequantize_stretch(rows: &[u8], d: usize, groups: usize, first: usize, out: &mut [f64]) {
+    debug_assert_eq!((first % d, out.len() % d), (0, 0));
+    let rb = int4_row_bytes(d, groups);
+    for (o, row) in out.chunks_mut(d).zip(rows[first / d * rb..].chunks(rb)) {
+        dequantize_row(row, d, groups, o);
+    }
 }
 
 impl Problem for QuantizeProblem {
@@ -307,11 +338,15 @@ impl Problem for QuantizeProblem {
             (QuantizePlan::Fragments(_), _) => return Err(common::Error::NotPrepared),
             (QuantizePlan::Rows, _) => (&self.reference[..], Cow::Borrowed(&out)),
         };
-        let zeros = vec![0.0f64; want_bytes.len()];
-        let got = dequantize(&rows_out, d, groups);
+        // The rows written dequantized against the reference's, a stretch of rows at a time.
+        require_len("output rows", rows_out.len(), self.reference.len())?;
+        let dequantized = compare_by("dequantized", self.q.rows * d, |first, got: &mut [f64], want| {
+            dequantize_stretch(&rows_out, d, groups, first, got);
+            dequantize_stretch(&self.reference, d, groups, first, want);
+        });
         Ok(Verification::new(v.tolerance())
-            .add("bytes", &byte_mismatches(&out, want_bytes), &zeros)
-            .add("dequantized", &got, &self.reference_values)
+            .add_stats(byte_mismatches("bytes", &out, want_bytes))
+            .add_stats(dequantized)
             .with_note(format!("quantization error vs the bf16 input: rel L2 {:.2e}", self.cost)))
     }
 }

@@ -173,6 +173,23 @@ fn nan_rows_become_poison() {
     assert!(q[..80].iter().any(|&b| b != 0xFF));
 }
 
+#[test]
+fn byte_mismatches_count_every_wrong_or_missing_byte() {
+    // Past one stretch of the comparison, so the first mismatch is found in a later one.
+    let want: Vec<u8> = (0..200_000).map(|i| (i % 251) as u8).collect();
+    let same = quantize::byte_mismatches("bytes", &want, &want);
+    assert_eq!((same.non_finite, same.first_non_finite, same.count), (0, None, want.len()));
+    assert!(same.passes(0.0));
+    let mut got = want.clone();
+    got[150_001] ^= 1;
+    got[199_999] ^= 0x80;
+    let wrong = quantize::byte_mismatches("bytes", &got, &want);
+    assert_eq!((wrong.non_finite, wrong.first_non_finite), (2, Some(150_001)));
+    assert!(!wrong.passes(f64::INFINITY));
+    let short = quantize::byte_mismatches("bytes", &got[..190_000], &want);
+    assert_eq!((short.non_finite, short.first_non_finite), (10_001, Some(150_001)));
+}
+
 fn max_err_and_sse(x: &[f32], d: usize, groups: usize) -> (Vec<f64>, Vec<(f32, f32)>, f64) {
     let mut row = vec![0u8; format::int4_row_bytes(d, groups)];
     format::quantize_row(x, groups, &mut row);
