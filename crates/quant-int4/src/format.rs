@@ -151,8 +151,12 @@ pub fn group_params(x: &[f32]) -> (f16, f16) {
 
 /// The 4-bit code of `x` under (scale, shift).
 pub fn code(x: f32, scale: f16, shift: f16) -> u32 {
-    let s = scale.to_f32();
-    let q = if s > 0.0 { ((x - shift.to_f32()) / s).round_ties_even() } else { 0.0 };
+    code_f32(x, scale.to_f32(), shift.to_f32())
+}
+
+/// [`code`] with the scale and shift already widened to f32 (once a group, not once a value).
+fn code_f32(x: f32, s: f32, z: f32) -> u32 {
+    let q = if s > 0.0 { ((x - z) / s).round_ties_even() } else { 0.0 };
     q.clamp(0.0, 15.0) as u32
 }
 
@@ -167,9 +171,10 @@ pub fn quantize_row(x: &[f32], groups: usize, out: &mut [u8]) {
         let (scale, shift) = group_params(xs);
         out[4 * g..4 * g + 2].copy_from_slice(&scale.to_bits().to_le_bytes());
         out[4 * g + 2..4 * g + 4].copy_from_slice(&shift.to_bits().to_le_bytes());
+        let (s, z) = (scale.to_f32(), shift.to_f32());
         for (j, &v) in xs.iter().enumerate() {
             let i = g * gs + j;
-            put_code(out, row_code_word(i, groups), nibble_shift(i), code(v, scale, shift));
+            put_code(out, row_code_word(i, groups), nibble_shift(i), code_f32(v, s, z));
         }
     }
 }
