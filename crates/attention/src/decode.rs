@@ -19,7 +19,7 @@
 
 use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
-use common::data::{rng, rotation_copies, uniform, Rotated};
+use common::data::{fill_uniform, rng, rotation_copies, uniform, Rotated};
 use common::{
     require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
@@ -1024,13 +1024,15 @@ impl Op for Decode {
 pub fn contiguous_cache(d: &DecodeDims, lens: &[usize], seed: u64) -> Vec<u16> {
     let Heads { hkv, d: dim, .. } = d.heads;
     let per = d.tmax * hkv * dim;
-    let mut c = vec![d.dtype.nan(); d.b * per];
+    // Every value written once, on every core, straight into the cache (no NaN fill on one core
+    // first, no per-sequence vector of draws): a cache at B = 128, HKV = 4 is 537M values.
+    let mut c = vec![0u16; d.b * per];
     c.par_chunks_mut(per).enumerate().for_each(|(b, chunk)| {
         let n = lens[b] * hkv * dim;
         let s = seed ^ (b as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        for (o, x) in chunk[..n].iter_mut().zip(uniform(n, -1.0, 1.0, s)) {
-            *o = d.dtype.bits(x);
-        }
+        let (vals, past) = chunk.split_at_mut(n);
+        fill_uniform(vals, -1.0, 1.0, s, |_, x| d.dtype.bits(x));
+        past.fill(d.dtype.nan());
     });
     c
 }
@@ -1065,23 +1067,34 @@ pub fn paged_from_contiguous(
             };
         }
     }
+    // The (sequence, block of it) each pool block holds: the table's entries below the lengths,
+    // each a distinct pool block (the entries past a length name blocks they never read).
+    let mut owner = vec![None; num_blocks];
+    for b in 0..d.b {
+        for i in 0..lens[b].div_ceil(bs) {
+            owner[tables[b * max_blocks + i] as usize] = Some((b, i));
+        }
+    }
     let block = hkv * dim * bs;
     let nan = d.dtype.nan();
-    let (mut kp, mut vp) = (vec![nan; num_blocks * block], vec![nan; num_blocks * block]);
-    for b in 0..d.b {
-        for t in 0..lens[b] {
-            let phys = tables[b * max_blocks + t / bs] as usize;
-            let slot = t % bs;
+    let (mut kp, mut vp) = (vec![0u16; num_blocks * block], vec![0u16; num_blocks * block]);
+    // Pool block by pool block on every core (two caches of 537M values at the long-context
+    // shapes): NaN, then its sequence's tokens.
+    kp.par_chunks_mut(block).zip(vp.par_chunks_mut(block)).enumerate().for_each(|(phys, (kb, vb))| {
+        kb.fill(nan);
+        vb.fill(nan);
+        let Some((b, i)) = owner[phys] else { return };
+        for (slot, t) in (i * bs..lens[b].min((i + 1) * bs)).enumerate() {
             for h in 0..hkv {
                 let src = ((b * d.tmax + t) * hkv + h) * dim;
                 for e in 0..dim {
                     let (ki, vi) = paged_offsets(d.heads, bs, phys, slot, h, e);
-                    kp[ki] = k[src + e];
-                    vp[vi] = v[src + e];
+                    kb[ki - phys * block] = k[src + e];
+                    vb[vi - phys * block] = v[src + e];
                 }
             }
         }
-    }
+    });
     (kp, vp, tables)
 }
 
