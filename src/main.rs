@@ -1335,8 +1335,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
 }
 
 /// Compiles and loads, all at once, the modules of every selected stage of `family`'s ops in `plan`
-/// at each of the op's shapes it takes, as it is compiled there (per-shape defines included);
-/// returns how many were loaded.
+/// at each of the op's shapes it takes, as it is compiled there (per-shape defines and a composed
+/// stage's builds of other ladders' stages included: `common::builds_for`); returns how many were
+/// loaded.
 fn load_family_modules(
     gpu: &Gpu,
     plan: &[(&'static dyn Op, Vec<Shape>)],
@@ -1345,17 +1346,16 @@ fn load_family_modules(
     bar: &ProgressBar,
 ) -> usize {
     let ops: Vec<&(&'static dyn Op, Vec<Shape>)> = plan.iter().filter(|(op, _)| op.family() == family).collect();
-    let Some((first, _)) = ops.first() else { return 0 };
     let mut compiled = Vec::new();
     for (op, shapes) in ops.iter().copied() {
         let selected = common::runner::select_variants(*op, opts).unwrap_or_default();
-        compiled.extend(common::compiled_for(gpu, *op, shapes, &selected));
+        compiled.extend(common::builds_for(gpu, *op, shapes, &selected));
     }
     bar.set_message(format!(
         "{family}: compiling the modules of {} stage-shape pairs (NVRTC, every core)",
         compiled.len()
     ));
-    gpu.load_modules(first.sources(), &compiled)
+    gpu.load_builds(&compiled)
 }
 
 /// The time left at the run's average pace so far (stages differ too much for a recent rate).

@@ -106,6 +106,14 @@ pub trait Op: Sync {
         let _ = (gpu, shape);
         vec![variant.clone()]
     }
+    /// Modules `variant` compiles at `shape` beyond [`Op::compiled_variants`], each with the sources
+    /// it is in: a composed stage that runs other ladders' stages with switches the host turns on
+    /// (`gpt2/decode-step`'s dependent chain). [`preload`] compiles them with the rest, all at once,
+    /// instead of the stage compiling them one after another when it is prepared.
+    fn extra_builds(&self, variant: &Variant, shape: &Shape) -> Vec<(&'static Sources, Variant)> {
+        let _ = (variant, shape);
+        Vec::new()
+    }
     /// Every limit `variant`'s header documents, with shapes just past and just inside it.
     fn limits(&self, variant: &Variant) -> Vec<Limit>;
     /// Draws inputs from `seed`, computes the f64 reference and allocates outputs. Shapes that no
@@ -192,9 +200,19 @@ pub fn compiled_for(gpu: &Gpu, op: &dyn Op, shapes: &[Shape], variants: &[Varian
         .collect()
 }
 
+/// Every module a run of the `variants` of `op` at `shapes` compiles, with its sources: each
+/// stage's [`compiled_for`] in the op's sources and its [`Op::extra_builds`].
+pub fn builds_for(gpu: &Gpu, op: &dyn Op, shapes: &[Shape], variants: &[Variant]) -> Vec<(&'static Sources, Variant)> {
+    let own = compiled_for(gpu, op, shapes, variants).into_iter().map(|v| (op.sources(), v));
+    let extra = shapes
+        .iter()
+        .flat_map(|s| variants.iter().filter(|v| op.validate(v, s).is_ok()).flat_map(move |v| op.extra_builds(v, s)));
+    own.chain(extra).collect()
+}
+
 /// Compiles and loads, all at once on every core, the modules of the `variants` of `op` that take
-/// `shapes` ([`compiled_for`]): what a run or a test does before its first stage, so that no stage
+/// `shapes` ([`builds_for`]): what a run or a test does before its first stage, so that no stage
 /// waits for its own compilation. A no-op for modules loaded already. Returns how many were loaded.
 pub fn preload(gpu: &Gpu, op: &dyn Op, shapes: &[Shape], variants: &[Variant]) -> usize {
-    gpu.load_modules(op.sources(), &compiled_for(gpu, op, shapes, variants))
+    gpu.load_builds(&builds_for(gpu, op, shapes, variants))
 }

@@ -529,11 +529,18 @@ impl Gpu {
     /// row or a stage this device does not support (no module), a compile error, no NVRTC. Returns
     /// how many modules were loaded.
     pub fn load_modules(&self, sources: &Sources, variants: &[Variant]) -> usize {
+        let builds: Vec<(&Sources, Variant)> = variants.iter().map(|v| (sources, v.clone())).collect();
+        self.load_builds(&builds)
+    }
+
+    /// [`Gpu::load_modules`] for variants of several families' sources at once (a composed stage's
+    /// builds of other ladders' stages, [`crate::Op::extra_builds`]), all compiled together.
+    pub fn load_builds(&self, builds: &[(&Sources, Variant)]) -> usize {
         let Ok(tc) = self.toolchain() else { return 0 };
         let mut jobs: Vec<ModuleJob> = Vec::new();
         {
             let loaded = self.module_cache().lock().unwrap();
-            for job in variants.iter().filter_map(|v| self.module_job(sources, v).ok()) {
+            for job in builds.iter().filter_map(|(sources, v)| self.module_job(sources, v).ok()) {
                 if !loaded.contains_key(&job.key) && !jobs.iter().any(|j| j.key == job.key) {
                     jobs.push(job);
                 }

@@ -40,7 +40,9 @@ pub mod variant;
 pub use activation::{Act, ActBuf, ActMut, ActType, RotatedAct};
 pub use cudarc;
 pub use error::{require, require_len, DriverContext, Error, Result};
-pub use family::{compiled_for, preload, Bound, Family, Limit, Op, OpInfo, Prepared, PreparedStage, Problem, Workload};
+pub use family::{
+    builds_for, compiled_for, preload, Bound, Family, Limit, Op, OpInfo, Prepared, PreparedStage, Problem, Workload,
+};
 pub use gpu::{copy_htod_2d, DeviceInfo, Gpu};
 pub use launch::{device_ptr, Arg, Launch, LaunchLimits, LaunchShape, ResourceUse, DEPENDENT_LAUNCH};
 pub use module::{KernelSource, Sources};

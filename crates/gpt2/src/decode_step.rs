@@ -30,7 +30,8 @@ use crate::{pointwise, FAMILY, SOURCES};
 
 /// The builds the composed steps make beyond the stage lists' own (the `pdl` plan's stages with the
 /// host switches the model turns on: the dependent chain, kv-append in the QKV epilogue, the argmax
-/// that advances the inputs), for `kernels_compile` to compile them too.
+/// that advances the inputs), for `kernels_compile` to compile them too, and for a run to compile
+/// them with the family's modules ([`Op::extra_builds`]).
 pub fn host_switched_builds() -> Result<Vec<(&'static common::Sources, Variant)>> {
     let plan = ModelPlan::named("pdl")?;
     let with = |v: &Variant, switches: &[&str]| {
@@ -121,6 +122,14 @@ impl Op for DecodeStep {
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check(v, &StepDims::of(s)?)
+    }
+    fn extra_builds(&self, v: &Variant, _: &Shape) -> Vec<(&'static common::Sources, Variant)> {
+        // A composed step prepares other ladders' stages with host switches on: compiled with the
+        // family's modules, not one after another at the first table's composed stages.
+        match v.plan::<Plan>().map(Plan::model_plan) {
+            Ok(Some(_)) => host_switched_builds().unwrap_or_default(),
+            _ => Vec::new(),
+        }
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
         if v.plan::<Plan>().is_ok_and(|p| p.model_plan().is_some()) {

@@ -31,6 +31,24 @@ fn documented_limits_are_enforced() {
 }
 
 #[test]
+fn composed_steps_preload_their_host_switched_builds() {
+    // The composed decode steps (a model plan) name the builds they prepare beyond the stage lists,
+    // so that a run compiles them with the family's modules; a megakernel stage compiles only itself.
+    use common::Op;
+    let op = gpt2::decode_step::DecodeStep;
+    let shape = &op.default_shapes()[0];
+    let builds = gpt2::decode_step::host_switched_builds().unwrap();
+    for v in op.variants() {
+        let composed = v.plan::<gpt2::megakernel::Plan>().unwrap().model_plan().is_some();
+        let extra = op.extra_builds(&v, shape);
+        let ids = |b: &[(&common::Sources, common::Variant)]| {
+            b.iter().map(|(s, v)| (s.family, v.compile_defines())).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&extra), if composed { ids(&builds) } else { Vec::new() }, "stage {}", v.id());
+    }
+}
+
+#[test]
 fn gelu_reference_matches_known_values() {
     // GELU(0) = 0, GELU(x) -> x for large x, -> 0 for very negative x; GELU(1) = 0.841192 (tanh form).
     use gpt2::pointwise::gelu;
