@@ -1,6 +1,7 @@
 //! The forward pass in f64 on the CPU: the reference the model's tests compare against.
 
 use matmul::fp8;
+use rayon::prelude::*;
 
 use crate::config::{Config, LN_EPS};
 use crate::pointwise;
@@ -107,10 +108,12 @@ pub(crate) fn layernorm_row(x: &[f64], g: &[f32], bias: &[f32]) -> Vec<f64> {
     x.iter().enumerate().map(|(i, v)| (v - mean) * rstd * g[i] as f64 + bias[i] as f64).collect()
 }
 
-/// `out[n] = x . W[n, :] + bias[n]` for one row `x` of K = x.len(), W `[N, K]`.
+/// `out[n] = x . W[n, :] + bias[n]` for one row `x` of K = x.len(), W `[N, K]`; the outputs on
+/// every core (a decode step's reference at batch 1 is one row through 124M weights).
 pub(crate) fn linear_row(x: &[f64], wt: &[f32], bias: Option<&[f32]>, n: usize) -> Vec<f64> {
     let k = x.len();
     (0..n)
+        .into_par_iter()
         .map(|o| {
             x.iter().zip(&wt[o * k..(o + 1) * k]).map(|(a, b)| a * *b as f64).sum::<f64>()
                 + bias.map_or(0.0, |bb| bb[o] as f64)
