@@ -179,25 +179,30 @@ pub fn quantize_row(x: &[f32], groups: usize, out: &mut [u8]) {
     }
 }
 
-/// The (scale, shift) pairs of a quantized row, as f32.
-pub fn row_params(row: &[u8], groups: usize) -> Vec<(f32, f32)> {
-    (0..groups)
-        .map(|g| {
-            let s = f16::from_bits(u16::from_le_bytes([row[4 * g], row[4 * g + 1]]));
-            let z = f16::from_bits(u16::from_le_bytes([row[4 * g + 2], row[4 * g + 3]]));
-            (s.to_f32(), z.to_f32())
-        })
-        .collect()
+/// The (scale, shift) pair of group `g` of a quantized row, as f32.
+fn group_pair(row: &[u8], g: usize) -> (f32, f32) {
+    let s = f16::from_bits(u16::from_le_bytes([row[4 * g], row[4 * g + 1]]));
+    let z = f16::from_bits(u16::from_le_bytes([row[4 * g + 2], row[4 * g + 3]]));
+    (s.to_f32(), z.to_f32())
 }
 
-/// Dequantizes one row of `d` values (exactly, in f64) into `out`.
+/// The (scale, shift) pairs of a quantized row, as f32.
+pub fn row_params(row: &[u8], groups: usize) -> Vec<(f32, f32)> {
+    (0..groups).map(|g| group_pair(row, g)).collect()
+}
+
+/// Dequantizes one row of `d` values (exactly, in f64) into `out`. A group at a time, its pair read
+/// once (no vector of pairs a row: a check dequantizes 2^21 rows).
 pub fn dequantize_row(row: &[u8], d: usize, groups: usize, out: &mut [f64]) {
-    let params = row_params(row, groups);
     let gs = d / groups;
-    for (i, o) in out.iter_mut().enumerate().take(d) {
-        let q = code_at(row, row_code_word(i, groups), nibble_shift(i));
-        let (s, z) = params[i / gs];
-        *o = q as f64 * s as f64 + z as f64;
+    let n = out.len().min(d);
+    for (g, values) in out[..n].chunks_mut(gs).enumerate() {
+        let (s, z) = group_pair(row, g);
+        let (s, z) = (s as f64, z as f64);
+        for (j, o) in values.iter_mut().enumerate() {
+            let i = g * gs + j;
+            *o = code_at(row, row_code_word(i, groups), nibble_shift(i)) as f64 * s + z;
+        }
     }
 }
 
