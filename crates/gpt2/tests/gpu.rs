@@ -92,13 +92,10 @@ fn main() -> std::process::ExitCode {
             let cfg = Config { layers: 2, heads: 2, c: 64, vocab: 101, max_t: 40 };
             for seed in [1u64, 2] {
                 let w = Weights::random(&cfg, seed);
-                let tokens: Vec<Vec<i32>> = (0..2)
-                    .map(|b| (0..17).map(|t| ((b * 31 + t * 7 + seed as usize) % 101) as i32).collect())
-                    .collect();
+                let tokens = token_rows(seed, 17);
                 let want = reference::forward(&cfg, &w, &tokens);
                 // The reference's last position of each row: what forward_last computes alone.
-                let v = cfg.vocab;
-                let want_last: Vec<f64> = want.chunks(17 * v).flat_map(|r| r[16 * v..].to_vec()).collect();
+                let want_last = last_rows(&want, 17, cfg.vocab);
                 for plan in ["naive", "fp32", "cublas"] {
                     let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
                     let got = m.forward(gpu, &tokens).unwrap();
