@@ -26,8 +26,8 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "gemv";
 pub const MAX_M: usize = 64;
-const ROWS_M: &str = "M <= 64";
-const ELEMS: &str = "N * K < 2^31";
+pub(crate) const ROWS_M: &str = "M <= 64";
+pub(crate) const ELEMS: &str = "N * K < 2^31";
 const K_ALIGN: &str = "K % 8 == 0";
 
 /// How a stage maps rows of W to threads.
@@ -109,7 +109,7 @@ const EARLY_WEIGHTS: &str = "GEMV_EARLY_WEIGHTS";
 /// Stage 5's switch of stage 4's file: the `gemv_mma_ln_m*` entries.
 const LN_FOLD: &str = "GEMV_LN_FOLD";
 const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (5, 6)";
-const LN_ARGS: &str = "ln = 1 with fp32 inp (the residual stream) and bias = 1 (the folded shift)";
+pub(crate) const LN_ARGS: &str = "ln = 1 with fp32 inp (the residual stream) and bias = 1 (the folded shift)";
 
 /// Whether stage `v` can fold the LayerNorm before it (`ln` = 1).
 pub fn folds_layernorm(v: &Variant) -> bool {
@@ -159,16 +159,70 @@ pub struct GemvDims {
     pub ln: bool,
 }
 
+impl GemvDims {
+    /// The shape checks of every GEMV format (`gemv`, `gemv-fp8`): with `ln` = 1 a stage that folds
+    /// the LayerNorm (`folds`, else the constraint `ln_stage`), fp32 inp and a bias; then M, N, K >= 1,
+    /// M <= 64 and N·K < 2^31.
+    pub(crate) fn check_common(self, v: &Variant, folds: bool, ln_stage: &str) -> Result<()> {
+        let d = self;
+        if d.ln {
+            require(folds, ln_stage, || format!("stage {}", v.stage))?;
+            require(d.input == ActType::F32 && d.bias, LN_ARGS, || format!("{:?} inp, bias {}", d.input, d.bias))?;
+        }
+        for (key, x) in [("M", d.m), ("N", d.n), ("K", d.k)] {
+            require(x >= 1, &format!("{key} >= 1"), || format!("{key} = {x}"))?;
+        }
+        require(d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
+        require(d.n.checked_mul(d.k).is_some_and(|x| x < 1 << 31), ELEMS, || format!("N = {}, K = {}", d.n, d.k))
+    }
+
+    /// A call's `residual`, given exactly with the residual tail and M·N long: its device address (0
+    /// without one).
+    pub(crate) fn residual_ptr(self, residual: Option<&CudaSlice<f32>>) -> Result<u64> {
+        require(residual.is_some() == (self.tail == Tail::Residual), "residual given exactly with epi = 2", || {
+            format!("residual given: {}, tail {:?}", residual.is_some(), self.tail)
+        })?;
+        if let Some(r) = residual {
+            require_len("residual", r.len(), self.m * self.n)?;
+        }
+        Ok(residual.map_or(0, common::device_ptr))
+    }
+
+    /// What a call with `out` as its own residual needs: a stage prepared with the residual tail.
+    pub(crate) fn require_residual_tail(self) -> Result<()> {
+        require(self.tail == Tail::Residual, "a stage prepared with epi = 2", || format!("{:?}", self.tail))
+    }
+
+    /// A call's `inp` of the type the stage was prepared for.
+    pub(crate) fn check_input(self, inp: &Act) -> Result<()> {
+        require(inp.ty() == self.input, "inp of the type the stage was prepared for", || {
+            format!("{:?} for a stage prepared for {:?}", inp.ty(), self.input)
+        })
+    }
+
+    /// A call's `bias`, given exactly when the stage was prepared with one and N long: its device
+    /// address (0 without one).
+    pub(crate) fn bias_ptr(self, bias: Option<&CudaSlice<f32>>) -> Result<u64> {
+        require(bias.is_some() == self.bias, "bias given exactly when prepared with one", || {
+            format!("bias given: {}", bias.is_some())
+        })?;
+        if let Some(b) = bias {
+            require_len("bias", b.len(), self.n)?;
+        }
+        Ok(bias.map_or(0, common::device_ptr))
+    }
+}
+
+/// The limits of every GEMV format: M <= 64 and N·K < 2^31.
+pub(crate) fn common_limits() -> Vec<Limit> {
+    vec![
+        Limit { constraint: ROWS_M, past: shape(65, 64, 64, 1), inside: Some(shape(64, 64, 64, 1)) },
+        Limit { constraint: ELEMS, past: shape(1, 1 << 16, 1 << 15, 1), inside: None },
+    ]
+}
+
 pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
-    if d.ln {
-        require(folds_layernorm(v), LN_STAGE, || format!("stage {}", v.stage))?;
-        require(d.input == ActType::F32 && d.bias, LN_ARGS, || format!("{:?} inp, bias {}", d.input, d.bias))?;
-    }
-    for (key, x) in [("M", d.m), ("N", d.n), ("K", d.k)] {
-        require(x >= 1, &format!("{key} >= 1"), || format!("{key} = {x}"))?;
-    }
-    require(d.m <= MAX_M, ROWS_M, || format!("M = {}", d.m))?;
-    require(d.n.checked_mul(d.k).is_some_and(|x| x < 1 << 31), ELEMS, || format!("N = {}, K = {}", d.n, d.k))?;
+    d.check_common(v, folds_layernorm(v), LN_STAGE)?;
     if matches!(v.plan::<Plan>()?, Plan::Warp { .. } | Plan::SplitK | Plan::Mma) {
         require(d.k.is_multiple_of(8), K_ALIGN, || format!("K = {}", d.k))?;
     }
@@ -321,14 +375,7 @@ impl Prepared {
     }
 
     pub fn enqueue(&self, stream: &CudaStream, a: GemvArgs) -> Result<()> {
-        let d = self.d;
-        require(a.residual.is_some() == (d.tail == Tail::Residual), "residual given exactly with epi = 2", || {
-            format!("residual given: {}, tail {:?}", a.residual.is_some(), d.tail)
-        })?;
-        if let Some(r) = a.residual {
-            require_len("residual", r.len(), d.m * d.n)?;
-        }
-        let residual = a.residual.map_or(0, common::device_ptr);
+        let residual = self.d.residual_ptr(a.residual)?;
         self.launch(stream, a.out, a.inp, a.weight, a.bias, residual)
     }
 
@@ -342,7 +389,7 @@ impl Prepared {
         weight: &CudaSlice<u16>,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
-        require(self.d.tail == Tail::Residual, "a stage prepared with epi = 2", || format!("{:?}", self.d.tail))?;
+        self.d.require_residual_tail()?;
         let residual = common::device_ptr(out);
         self.launch(stream, out, inp, weight, bias, residual)
     }
@@ -357,24 +404,16 @@ impl Prepared {
         residual: u64,
     ) -> Result<()> {
         let d = self.d;
-        require(inp.ty() == d.input, "inp of the type the stage was prepared for", || {
-            format!("{:?} for a stage prepared for {:?}", inp.ty(), d.input)
-        })?;
+        d.check_input(&inp)?;
         require_len("out", out.len(), d.m * d.n)?;
         require_len("inp", inp.len(), d.m * d.k)?;
         require_len("weight", weight.len(), d.n * d.k)?;
-        require(bias.is_some() == d.bias, "bias given exactly when prepared with one", || {
-            format!("bias given: {}", bias.is_some())
-        })?;
-        if let Some(b) = bias {
-            require_len("bias", b.len(), d.n)?;
-        }
-        let bias = Arg::Ptr(bias.map_or(0, common::device_ptr));
+        let bias = d.bias_ptr(bias)?;
         let args = [
             Arg::buf(out),
             Arg::Ptr(inp.ptr()),
             Arg::buf(weight),
-            bias,
+            Arg::Ptr(bias),
             Arg::Ptr(residual),
             Arg::I32(d.tail.code()),
             Arg::int(d.m),
@@ -526,10 +565,7 @@ impl Op for Gemv {
         check_shape(v, dims(s)?)
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
-        let mut l = vec![
-            Limit { constraint: ROWS_M, past: shape(65, 64, 64, 1), inside: Some(shape(64, 64, 64, 1)) },
-            Limit { constraint: ELEMS, past: shape(1, 1 << 16, 1 << 15, 1), inside: None },
-        ];
+        let mut l = common_limits();
         if matches!(v.plan::<Plan>(), Ok(Plan::Warp { .. } | Plan::SplitK | Plan::Mma)) {
             l.push(Limit { constraint: K_ALIGN, past: shape(3, 40, 36, 1), inside: Some(shape(3, 40, 40, 1)) });
         }

@@ -22,13 +22,10 @@ use crate::linear_bf16::Tail;
 use crate::{fp8, FAMILY, SOURCES};
 
 const OP: &str = "gemv-fp8";
-const ROWS_M: &str = "M <= 64";
-const ELEMS: &str = "N * K < 2^31";
 const K_ALIGN: &str = "K % 16 == 0";
 const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (1)";
 const ONE_PASS_K: &str = "K <= 2048";
 const SPLIT_PASS_K: &str = "K <= 8192";
-const LN_ARGS: &str = "ln = 1 with fp32 inp (the residual stream) and bias = 1 (the folded shift)";
 
 /// How a stage maps rows of W to threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,15 +111,7 @@ pub fn folds_layernorm(v: &Variant) -> bool {
 }
 
 pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
-    if d.ln {
-        require(folds_layernorm(v), LN_STAGE, || format!("stage {}", v.stage))?;
-        require(d.input == ActType::F32 && d.bias, LN_ARGS, || format!("{:?} inp, bias {}", d.input, d.bias))?;
-    }
-    for (key, x) in [("M", d.m), ("N", d.n), ("K", d.k)] {
-        require(x >= 1, &format!("{key} >= 1"), || format!("{key} = {x}"))?;
-    }
-    require(d.m <= gemv::MAX_M, ROWS_M, || format!("M = {}", d.m))?;
-    require(d.n.checked_mul(d.k).is_some_and(|x| x < 1 << 31), ELEMS, || format!("N = {}, K = {}", d.n, d.k))?;
+    d.check_common(v, folds_layernorm(v), LN_STAGE)?;
     require(d.k.is_multiple_of(16), K_ALIGN, || format!("K = {}", d.k))?;
     if let Plan::WarpStreamed { split_long_rows } = v.plan::<Plan>()? {
         let (limit, constraint) = if split_long_rows { (8192, SPLIT_PASS_K) } else { (2048, ONE_PASS_K) };
@@ -190,15 +179,7 @@ impl Prepared {
     }
 
     pub fn enqueue(&self, stream: &CudaStream, a: GemvFp8Args) -> Result<()> {
-        require(
-            a.residual.is_some() == (self.d.tail == Tail::Residual),
-            "residual given exactly with epi = 2",
-            || format!("residual given: {}, tail {:?}", a.residual.is_some(), self.d.tail),
-        )?;
-        if let Some(r) = a.residual {
-            require_len("residual", r.len(), self.d.m * self.d.n)?;
-        }
-        let residual = a.residual.map_or(0, common::device_ptr);
+        let residual = self.d.residual_ptr(a.residual)?;
         self.launch(stream, a.out, a.inp, (a.codes, a.scales), a.bias, residual)
     }
 
@@ -213,7 +194,7 @@ impl Prepared {
         (codes, scales): (&CudaSlice<u8>, &CudaSlice<f32>),
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
-        require(self.d.tail == Tail::Residual, "a stage prepared with epi = 2", || format!("{:?}", self.d.tail))?;
+        self.d.require_residual_tail()?;
         let residual = common::device_ptr(out);
         self.launch(stream, out, inp, (codes, scales), bias, residual)
     }
@@ -228,25 +209,18 @@ impl Prepared {
         residual: u64,
     ) -> Result<()> {
         let d = self.d;
-        require(inp.ty() == d.input, "inp of the type the stage was prepared for", || {
-            format!("{:?} for a stage prepared for {:?}", inp.ty(), d.input)
-        })?;
-        require(bias.is_some() == d.bias, "bias given exactly when prepared with one", || {
-            format!("bias given: {}", bias.is_some())
-        })?;
+        d.check_input(&inp)?;
         require_len("out", out.len(), d.m * d.n)?;
         require_len("inp", inp.len(), d.m * d.k)?;
         require_len("codes", codes.len(), d.n * d.k)?;
         require_len("scales", scales.len(), fp8::groups(d.n) * fp8::groups(d.k))?;
-        if let Some(b) = bias {
-            require_len("bias", b.len(), d.n)?;
-        }
+        let bias = d.bias_ptr(bias)?;
         let args = [
             Arg::buf(out),
             Arg::Ptr(inp.ptr()),
             Arg::buf(codes),
             Arg::buf(scales),
-            Arg::Ptr(bias.map_or(0, common::device_ptr)),
+            Arg::Ptr(bias),
             Arg::Ptr(residual),
             Arg::I32(d.tail.code()),
             Arg::int(d.m),
@@ -303,11 +277,8 @@ impl Op for GemvFp8 {
         check_shape(v, gemv::dims(s)?)
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
-        let mut l = vec![
-            Limit { constraint: ROWS_M, past: gemv::shape(65, 64, 64, 1), inside: Some(gemv::shape(64, 64, 64, 1)) },
-            Limit { constraint: ELEMS, past: gemv::shape(1, 1 << 16, 1 << 15, 1), inside: None },
-            Limit { constraint: K_ALIGN, past: gemv::shape(3, 40, 40, 1), inside: Some(gemv::shape(3, 40, 48, 1)) },
-        ];
+        let mut l = gemv::common_limits();
+        l.push(Limit { constraint: K_ALIGN, past: gemv::shape(3, 40, 40, 1), inside: Some(gemv::shape(3, 40, 48, 1)) });
         match v.plan::<Plan>() {
             Ok(Plan::WarpStreamed { split_long_rows: false }) => l.push(Limit {
                 constraint: ONE_PASS_K,
