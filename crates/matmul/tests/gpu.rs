@@ -16,6 +16,17 @@ fn pass(gpu: &Gpu, op: &dyn Op, shape: &Shape) {
     assert_stages_pass(gpu, op, shape, &all_variants(op));
 }
 
+/// A GEMV shape of the proptests' input kind: 0 fp32 inp, 1 bf16 inp, else the LayerNorm folded in
+/// (its bias the folded shift, so `bias` is unused).
+fn gemv_shape(input: i64, m: i64, n: i64, k: i64, bias: i64, epi: i64) -> Shape {
+    use matmul::gemv;
+    match input {
+        0 => gemv::shape_with_tail(m, n, k, bias, epi),
+        1 => gemv::shape_bf16_in(m, n, k, bias, epi),
+        _ => gemv::shape_ln(m, n, k, epi),
+    }
+}
+
 /// `ladder timeline` on the persistent stages: at a ragged shape of two or more tiles a block (and,
 /// for the cooperative stage, at one of a tile a block), every block stamps each phase of its
 /// producer and its two consumers, in the order the kernel runs them, inside the run's own event
@@ -308,7 +319,7 @@ fn main() -> std::process::ExitCode {
             })
         })
         .gpu("gemv_gpt2_shapes_and_ragged", |gpu| {
-            use matmul::gemv::{self, Gemv};
+            use matmul::gemv::Gemv;
             for s in Gemv.default_shapes() {
                 assert_stages_pass(gpu, &Gemv, &s, &Gemv.variants());
             }
@@ -318,11 +329,7 @@ fn main() -> std::process::ExitCode {
             let strategy = (1i64..=64, 1i64..=300, 1i64..=130, 0i64..=1, 0i64..=1, 0i64..=2, 0i64..=2);
             proptest(24, strategy, |(m, n, k8, ragged, bias, epi, input)| {
                 let k = 8 * k8 - ragged * 3;
-                let s = match input {
-                    0 => gemv::shape_with_tail(m, n, k, bias, epi),
-                    1 => gemv::shape_bf16_in(m, n, k, bias, epi),
-                    _ => gemv::shape_ln(m, n, k, epi),
-                };
+                let s = gemv_shape(input, m, n, k, bias, epi);
                 assert_stages_pass(gpu, &Gemv, &s, &Gemv.variants());
             })
         })
@@ -370,11 +377,7 @@ fn main() -> std::process::ExitCode {
             let strategy = (1i64..=64, 1i64..=300, 1i64..=40, 0i64..=1, 0i64..=1, 0i64..=2, 0i64..=2);
             proptest(24, strategy, |(m, n, k16, ragged, bias, epi, input)| {
                 let k = 16 * k16 - ragged * 8;
-                let s = match input {
-                    0 => gemv::shape_with_tail(m, n, k, bias, epi),
-                    1 => gemv::shape_bf16_in(m, n, k, bias, epi),
-                    _ => gemv::shape_ln(m, n, k, epi),
-                };
+                let s = gemv_shape(input, m, n, k, bias, epi);
                 assert_stages_pass(gpu, &GemvFp8, &s, &stages);
             })
         })
