@@ -219,6 +219,13 @@ fn stages() -> Vec<Variant> {
             .with_tunables(&[("MMA_STAGES", 4)])
             .with_requirements(Requirements::SM80)
     };
+    // Stages 7 and 8: wgmma (hence sm_90a) fed by a TMA ring WG_STAGES deep.
+    let wgmma = |stage, name, file, plan: Plan, summary| {
+        Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary)
+            .with_plan(plan)
+            .with_tunables(&[("WG_STAGES", 4)])
+            .with_requirements(Requirements::SM90A)
+    };
     let lean = |base: &'static str| (base, TailArgs::Residual);
     vec![
         k(
@@ -233,30 +240,20 @@ fn stages() -> Vec<Variant> {
             "linear-bf16/06_swizzle.cu",
             "stage 5 with XOR-swizzled shared-memory tiles: ldmatrix and cp.async free of bank conflicts",
         ),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        wgmma(
             7,
             "wgmma-tma",
             "linear-bf16/07_wgmma_tma.cu",
-            Precision::Bf16,
+            Plan::Wgmma,
             "wgmma.m64n128k16 from 128-byte swizzled tiles the TMA loads (mbarrier ring), 2 warpgroups a 128x128 tile",
-        )
-        .with_plan(Plan::Wgmma)
-        .with_tunables(&[("WG_STAGES", 4)])
-        .with_requirements(Requirements::SM90A),
-        Variant::kernel(
-            FAMILY,
-            OP,
+        ),
+        wgmma(
             8,
             "warp-specialized",
             "linear-bf16/08_warp_specialized.cu",
-            Precision::Bf16,
+            Plan::WarpSpecialized,
             "a TMA producer warpgroup and two wgmma.m64n256k16 consumers, full/empty mbarriers, setmaxnreg, 128x256 tile",
-        )
-        .with_plan(Plan::WarpSpecialized)
-        .with_tunables(&[("WG_STAGES", 4)])
-        .with_requirements(Requirements::SM90A),
+        ),
         persistent(
             9,
             "persistent",
