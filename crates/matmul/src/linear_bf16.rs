@@ -502,6 +502,29 @@ impl OutElement for u16 {
     }
 }
 
+/// Checks `out` (on the device, read as [`OutElement::Checked`]) against `reference` on `rows` as
+/// [`verify_rows`] does, or with a tail's `magnitude` as [`verify_rows_scaled`]: a linear's
+/// problem's check, for `linear-bf16` and `linear-fp8` alike.
+pub(crate) fn verify_out<T: OutElement>(
+    gpu: &Gpu,
+    v: &Variant,
+    out: &CudaSlice<T>,
+    reference: &[f64],
+    magnitude: Option<&[f64]>,
+    rows: &[usize],
+    d: Dims,
+) -> Result<Verification> {
+    // SAFETY: `Checked` has `T`'s size and layout (f32 as f32, bf16 bits as bf16).
+    let checked = unsafe { out.transmute::<T::Checked>(out.len()) }.ok_or_else(|| Error::Constraint {
+        constraint: "out's checked element type has its size".into(),
+        got: std::any::type_name::<T::Checked>().into(),
+    })?;
+    match magnitude {
+        Some(m) => verify_rows_scaled(gpu, v, &checked, reference, m, rows, d),
+        None => verify_rows(gpu, v, &checked, reference, rows, d),
+    }
+}
+
 /// The sizes of one call, whether it adds a bias, its tail, and its output's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearBf16Dims {
@@ -982,15 +1005,7 @@ impl<T: OutElement> Problem for LinearBf16Problem<T> {
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
         let out = self.out.get(copy);
-        // SAFETY: `Checked` has `T`'s size and layout (f32 as f32, bf16 bits as bf16).
-        let checked = unsafe { out.transmute::<T::Checked>(out.len()) }.ok_or_else(|| Error::Constraint {
-            constraint: "out's checked element type has its size".into(),
-            got: std::any::type_name::<T::Checked>().into(),
-        })?;
-        match &self.magnitude {
-            Some(m) => verify_rows_scaled(gpu, v, &checked, &self.reference, m, &self.rows, self.d.gemm()),
-            None => verify_rows(gpu, v, &checked, &self.reference, &self.rows, self.d.gemm()),
-        }
+        verify_out(gpu, v, out, &self.reference, self.magnitude.as_deref(), &self.rows, self.d.gemm())
     }
 }
 

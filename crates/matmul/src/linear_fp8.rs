@@ -27,8 +27,8 @@ use common::{
 };
 
 use crate::gemm::Dims;
-use crate::linear::{inputs, verify_rows, verify_rows_scaled};
-use crate::linear_bf16::{output_of, shape_with_tail, tail_of, OutElement, Tail};
+use crate::linear::inputs;
+use crate::linear_bf16::{output_of, shape_with_tail, tail_of, verify_out, OutElement, Tail};
 use crate::reference::{linear_rows, sampled_rows};
 use crate::{fp8, FAMILY, SOURCES};
 use common::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
@@ -688,14 +688,7 @@ impl<T: OutElement> Problem for LinearFp8Problem<T> {
         let (v, _) = self.prepared.get()?;
         let d = Dims { m: self.d.m, n: self.d.n, k: self.d.k };
         let out = self.out.get(copy);
-        // SAFETY: `Checked` has `T`'s size and layout (f32 as f32, bf16 bits as bf16).
-        let checked = unsafe { out.transmute::<T::Checked>(out.len()) }.ok_or_else(|| {
-            common::Error::constraint("out's checked element type has its size", std::any::type_name::<T::Checked>())
-        })?;
-        let verification = match &self.magnitude {
-            Some(m) => verify_rows_scaled(gpu, v, &checked, &self.reference, m, &self.rows, d)?,
-            None => verify_rows(gpu, v, &checked, &self.reference, &self.rows, d)?,
-        };
+        let verification = verify_out(gpu, v, out, &self.reference, self.magnitude.as_deref(), &self.rows, d)?;
         Ok(verification
             .with_note(format!("format: e4m3 A and W against the unquantized layer, rel L2 {:.2e}", self.format_error)))
     }
