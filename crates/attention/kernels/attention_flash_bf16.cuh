@@ -162,6 +162,10 @@ __device__ __forceinline__ void p_fragment(unsigned (&a)[4], const float (&s)[NT
     a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
+// A row's log-sum-exp in natural log from its running max and sum in base 2 (the scores are
+// scaled by log2(e)): what every stage writes to lse.
+__device__ __forceinline__ float row_lse(float m, float l) { return (m + log2f(l)) * 0.6931471805599453f; }
+
 // O / l as bf16 pairs into out[b, row, h*D ..] for the thread's rows row and row + 8 (rows at or
 // past T skipped), and lse = (m + log2 l) * ln 2 from the quad's first thread.
 template <int DT>
@@ -180,6 +184,6 @@ __device__ __forceinline__ void store_rows(__nv_bfloat16* out, float* lse, const
 #pragma unroll
         for (int n = 0; n < DT; ++n)
             *reinterpret_cast<unsigned*>(orow + n * 8 + 2 * t) = pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-        if (t == 0) lse[((size_t)b * NH + h) * T + q] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+        if (t == 0) lse[((size_t)b * NH + h) * T + q] = row_lse(m[r], l[r]);
     }
 }

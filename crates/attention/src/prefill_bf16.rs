@@ -289,15 +289,16 @@ impl Prepared {
         // SAFETY (both): the arguments follow the entry's signature; the buffer lengths were checked
         // above and the indices stay below 2^31 (check_shape at prepare). The tensor map covers
         // qkv's B*T rows of 3C (a multiple of 16 bytes a row, as HS is 64 or 128).
-        if self.tma_store {
-            // out's map covers its B*T rows of C (a multiple of 16 bytes a row).
+        if self.tma || self.tma_store {
             let map = common::tma::bf16_map(common::device_ptr(a.qkv), b * t, 3 * c, TMA_BOX_ROWS)?;
-            let map_o = common::tma::bf16_map(common::device_ptr(a.out), b * t, c, TMA_BOX_ROWS)?;
-            let args = [Arg::value(&map), out, lse, Arg::int(t), Arg::int(nh), scale, causal, Arg::value(&map_o)];
-            unsafe { self.launch.enqueue(stream, &args) }
-        } else if self.tma {
-            let map = common::tma::bf16_map(common::device_ptr(a.qkv), b * t, 3 * c, TMA_BOX_ROWS)?;
-            let args = [Arg::value(&map), out, lse, Arg::int(t), Arg::int(nh), scale, causal];
+            // The TMA store's stage (11) takes out's map last: its B*T rows of C (a multiple of 16
+            // bytes a row).
+            let map_o = match self.tma_store {
+                true => Some(common::tma::bf16_map(common::device_ptr(a.out), b * t, c, TMA_BOX_ROWS)?),
+                false => None,
+            };
+            let mut args = vec![Arg::value(&map), out, lse, Arg::int(t), Arg::int(nh), scale, causal];
+            args.extend(map_o.as_ref().map(Arg::value));
             unsafe { self.launch.enqueue(stream, &args) }
         } else {
             let args = [out, lse, Arg::buf(a.qkv), Arg::int(t), Arg::int(nh), scale, causal];

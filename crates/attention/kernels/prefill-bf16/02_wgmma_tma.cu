@@ -174,7 +174,7 @@ struct TmaStore {
                              "r"(pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv))
                              : "memory");
             }
-            if (t == 0) lse[((size_t)b * NH + h) * T + q0 + rr] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+            if (t == 0) lse[((size_t)b * NH + h) * T + q0 + rr] = row_lse(m[r], l[r]);
         }
         fence_proxy_async();
         named_barrier(1 + wg, 128);  // the warpgroup's rows are in the tile
