@@ -36,6 +36,22 @@ __device__ __forceinline__ void wgmma_pv_n128(float (&d)[16][4], const unsigned 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+// S (+)= Q.K^T over 16 dims for 64 keys: wgmma.m64n64k16, both operands K-major in shared memory
+// (the 64-key tiles of the HS = 128 entry's two-block switch); `accumulate` 0 overwrites d.
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], unsigned long long a, unsigned long long b,
+                                                int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
 // Pins accumulator registers at this point of the program: the wgmma asm statements name them as
 // outputs when issued, but the hardware writes them until wgmma.wait_group returns, so ordinary
 // code that reads or scales them must not be scheduled above the wait.
@@ -49,7 +65,7 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
 
 // ---- The tiles of the wgmma stages (02 on) ----
 constexpr int WG_BR = 128;  // query rows per block: two consumer warpgroups of 64
-constexpr int WG_BC = 128;  // keys per tile
+constexpr int WG_BC = 128;  // keys per tile (64 for the HS = 128 entry's two-block switch)
 constexpr int TMA_BOX = 64; // a TMA box: 64 rows x 64 columns (128 bytes) of bf16
 
 // The boxes of a [ROWS][D] tile at (global row y0, column x0) into `dst`, laid out as D/64 column
@@ -64,11 +80,11 @@ __device__ __forceinline__ void load_tile(unsigned dst, const TmaMap* map, unsig
 }
 
 // Shared memory of the wgmma stages from a 1024-byte aligned base (the swizzle's atoms): Q's
-// WG_BR rows, then STAGES slots of K and V (WG_BC rows each), then 8-byte mbarriers: Q's, a full
-// one per slot, an empty one per slot (used by the stages with a producer).
-template <int D, int STAGES>
+// WG_BR rows, then STAGES slots of K and V (BC rows each), then 8-byte mbarriers: Q's, a full one
+// per slot, an empty one per slot (used by the stages with a producer).
+template <int D, int STAGES, int BC = WG_BC>
 struct TileRing {
-    static constexpr unsigned Q_BYTES = WG_BR * D * 2, KV_BYTES = WG_BC * D * 2;
+    static constexpr unsigned Q_BYTES = WG_BR * D * 2, KV_BYTES = BC * D * 2;
     unsigned base;
     __device__ unsigned q() const { return base; }
     __device__ unsigned k(int s) const { return base + Q_BYTES + (unsigned)s * 2 * KV_BYTES; }
@@ -78,16 +94,16 @@ struct TileRing {
     __device__ unsigned empty(int s) const { return q_full() + 8u * (1 + STAGES + s); }
 };
 
-template <int D, int STAGES>
-__device__ __forceinline__ TileRing<D, STAGES> tile_ring(unsigned char* smem_raw) {
-    return TileRing<D, STAGES>{(smem_u32(smem_raw) + 1023) & ~1023u};
+template <int D, int STAGES, int BC = WG_BC>
+__device__ __forceinline__ TileRing<D, STAGES, BC> tile_ring(unsigned char* smem_raw) {
+    return TileRing<D, STAGES, BC>{(smem_u32(smem_raw) + 1023) & ~1023u};
 }
 
 // Thread 0 initialises the ring's barriers, the empty ones only for a ring with a producer
 // (EMPTY_ARRIVALS > 0 arrivals release a slot); the whole block then waits, so no thread touches a
 // barrier before it exists.
-template <unsigned EMPTY_ARRIVALS, int D, int STAGES>
-__device__ __forceinline__ void init_ring(const TileRing<D, STAGES>& r) {
+template <unsigned EMPTY_ARRIVALS, int D, int STAGES, int BC>
+__device__ __forceinline__ void init_ring(const TileRing<D, STAGES, BC>& r) {
     if (threadIdx.x == 0) {
         mbar_init(r.q_full(), 1);
         for (int s = 0; s < STAGES; ++s) {
@@ -148,26 +164,31 @@ __device__ __forceinline__ bool ws_consumer(const TileRing<D, STAGES>& r, const 
     return true;
 }
 
-// S = Q.K^T of one key tile for the warpgroup whose 64 rows of Q start at qa: D/16 wgmma, 16 dims
-// (32 bytes along a swizzled 128-byte row) each, the next 64 dims a column block further.
-template <int D>
-__device__ __forceinline__ void issue_qk(float (&sc)[WG_BC / 8][4], unsigned qa, unsigned k) {
+// S = Q.K^T of one key tile of BC keys for the warpgroup whose 64 rows of Q start at qa: D/16
+// wgmma, 16 dims (32 bytes along a swizzled 128-byte row) each, the next 64 dims a column block
+// further.
+template <int D, int BC = WG_BC>
+__device__ __forceinline__ void issue_qk(float (&sc)[BC / 8][4], unsigned qa, unsigned k) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         const unsigned a = qa + (kk / 4) * WG_BR * 128 + (kk % 4) * 32;
-        const unsigned b = k + (kk / 4) * WG_BC * 128 + (kk % 4) * 32;
-        // S (+)= Q.K^T over 16 dims: sc's [n-tile][4] is the m64n128 accumulator's 64 registers in order.
-        wgmma_m64n128k16(reinterpret_cast<float(&)[64]>(sc), wgmma_desc(a), wgmma_desc(b), kk > 0);
+        const unsigned b = k + (kk / 4) * BC * 128 + (kk % 4) * 32;
+        // S (+)= Q.K^T over 16 dims: sc's [n-tile][4] is the m64nBC accumulator's registers in order.
+        if constexpr (BC == 128) {
+            wgmma_m64n128k16(reinterpret_cast<float(&)[64]>(sc), wgmma_desc(a), wgmma_desc(b), kk > 0);
+        } else {
+            wgmma_m64n64k16(reinterpret_cast<float(&)[32]>(sc), wgmma_desc(a), wgmma_desc(b), kk > 0);
+        }
     }
 }
 
-// O += P.V over keys 16 kk.. of a tile: two 8-row atoms (2048 bytes) into the V tile, MN-major, the
-// next 64 dims a column block (WG_BC rows x 128 bytes) further.
-template <int D>
+// O += P.V over keys 16 kk.. of a tile of BC keys: two 8-row atoms (2048 bytes) into the V tile,
+// MN-major, the next 64 dims a column block (BC rows x 128 bytes) further.
+template <int D, int BC = WG_BC>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const unsigned (&p)[4], unsigned v, int kk) {
     if constexpr (D == 64) {
-        wgmma_pv_n64(o, p, wgmma_desc_mn(v + kk * 2048, WG_BC * 128));
+        wgmma_pv_n64(o, p, wgmma_desc_mn(v + kk * 2048, BC * 128));
     } else {
-        wgmma_pv_n128(o, p, wgmma_desc_mn(v + kk * 2048, WG_BC * 128));
+        wgmma_pv_n128(o, p, wgmma_desc_mn(v + kk * 2048, BC * 128));
     }
 }

@@ -72,15 +72,27 @@ impl Plan {
     fn wgmma() -> Plan {
         Plan { switches: true, ..Plan::tma_ring("attention_bf16_wgmma", false, 2) }
     }
+
+    /// The geometry stage `v` launches with at head size `hs`: its plan, except that stage 2's file
+    /// at HS = 128 with [`TWO_BLOCKS_HS128`] on has key tiles of 64, so its two slots of K and V
+    /// hold half the rows (its define, not its plan, says: `--leave-one-out` rows take switches
+    /// away).
+    fn at(self, v: &Variant, hs: u32) -> Plan {
+        if self.switches && hs == 128 && has_define(v, TWO_BLOCKS_HS128) {
+            Plan { smem_rows: 128 + 2 * 2 * 64, ..self }
+        } else {
+            self
+        }
+    }
 }
 
-/// Stage 2's kernel file, which stages 6-11 compile with its switches on.
+/// Stage 2's kernel file, which stages 6-13 compile with its switches on.
 const WGMMA_FILE: &str = "prefill-bf16/02_wgmma_tma.cu";
 /// Its grid-order switch: the query tiles on the grid's slowest axis.
 const TILES_LAST: &str = "PB_TILES_LAST";
-/// Stage 2's switches in the order stages 6 to 11 turn them on: the define, the stage's name
+/// Stage 2's switches in the order stages 6 to 13 turn them on: the define, the stage's name
 /// and what it adds.
-const SWITCHES: [(&str, &str, &str); 6] = [
+const SWITCHES: [(&str, &str, &str); 8] = [
     (
         "PB_TWO_BLOCKS",
         "two-blocks",
@@ -111,7 +123,19 @@ const SWITCHES: [(&str, &str, &str); 6] = [
         "tma-store-o",
         "a query tile inside its sequence writes O through Q's shared tile and the TMA (64 x 64 boxes, whole lines) instead of 4-byte stores from registers",
     ),
+    (
+        "PB_PACKED_PV",
+        "packed-pv",
+        "all of P packed before P.V's first wgmma (a basic-block boundary between): S dead when P.V issues, no wgmma serialized at HS = 64's 128 registers",
+    ),
+    (
+        TWO_BLOCKS_HS128,
+        "two-blocks-hs128",
+        "key tiles of 64 at HS = 128: 128 registers a thread and 97 KB a block, so two blocks share an SM",
+    ),
 ];
+/// The switch that gives the HS = 128 entry key tiles of 64 ([`Plan::at`]).
+const TWO_BLOCKS_HS128: &str = "PB_TWO_BLOCKS_HS128";
 /// The switch whose kernel takes out's tensor map as its last parameter.
 const TMA_STORE: &str = "PB_TMA_STORE";
 /// The 1-D grid-order switch (it takes precedence over [`TILES_LAST`]).
@@ -186,13 +210,13 @@ fn stages() -> Vec<Variant> {
         )
         .with_requirements(Requirements::SM90A),
     ];
-    // Stages 6-11: stage 2's kernel with its switches turned on one after another.
+    // Stages 6-13: stage 2's kernel with its switches turned on one after another.
     for (i, &(_, name, summary)) in SWITCHES.iter().enumerate() {
         let mut v = k(6 + i as u32, name, WGMMA_FILE, Plan::wgmma(), summary).with_requirements(Requirements::SM90A);
         v.defines = Cow::Owned(SWITCHES[..=i].iter().map(|s| Define::on(s.0)).collect());
         stages.push(v);
     }
-    let last = stages.last_mut().expect("stages 6-11");
+    let last = stages.last_mut().expect("stages 6-13");
     last.toggles = Cow::Owned(SWITCHES.iter().map(|s| s.0).collect());
     stages
 }
@@ -264,6 +288,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: PrefillBf16Dims) -> Result<Prepared> {
     let hs = d.dims.hs() as u32;
     let plan = v.plan::<Plan>()?;
     check_tile_axis(plan, t)?;
+    let plan = plan.at(v, hs);
     let tiles = (t as u32).div_ceil(plan.rows);
     let grid = if has_define(v, L2_ORDER) {
         (tiles * (nh * b) as u32, 1, 1)
@@ -478,7 +503,7 @@ mod tests {
             .iter()
             .map(|v| {
                 let plan = v.plan::<Plan>().unwrap();
-                (plan.shared_bytes(64), plan.shared_bytes(128))
+                (plan.at(v, 64).shared_bytes(64), plan.at(v, 128).shared_bytes(128))
             })
             .collect();
         let expected = [
@@ -494,6 +519,8 @@ mod tests {
             (82_968, 164_888),
             (82_968, 164_888),
             (82_968, 164_888),
+            (82_968, 164_888),
+            (82_968, 99_352),
         ];
         assert_eq!(bytes, expected);
         assert!(bytes.iter().all(|&(_, b)| b <= 227 * 1024), "{bytes:?}");

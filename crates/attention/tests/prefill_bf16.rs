@@ -70,6 +70,8 @@ fn stage_list() {
         "l2-fitted-order",
         "mufu-exp2",
         "tma-store-o",
+        "packed-pv",
+        "two-blocks-hs128",
     ];
     common::testing::assert_stage_names(&PrefillBf16.variants(), &names);
 }
