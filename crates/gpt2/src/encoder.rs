@@ -4,7 +4,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    declare_op, require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use rand::Rng;
@@ -12,6 +12,16 @@ use rand::Rng;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "encoder";
+
+declare_op! {
+    pub struct Encoder {
+        name: OP,
+        description: "token + position embedding (fp32): out[b,t,:] = wte[tok,:] + wpe[t,:]",
+        shape_keys: ["B", "T", "C", "V"],
+        stages: stages,
+    }
+}
+
 const ELEMS: &str = "B * T * C < 2^31";
 
 fn stages() -> Vec<Variant> {
@@ -248,21 +258,7 @@ fn dims(shape: &Shape) -> Result<EncoderDims> {
     })
 }
 
-pub struct Encoder;
-
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "token + position embedding (fp32): out[b,t,:] = wte[tok,:] + wpe[t,:]",
-    sources: &SOURCES,
-    shape_keys: &["B", "T", "C", "V"],
-    stages,
-};
-
 impl Op for Encoder {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         vec![shape(4, 1024, 768, 50257)]
     }

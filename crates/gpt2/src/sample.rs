@@ -10,7 +10,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
     PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 
@@ -19,6 +19,16 @@ use crate::sampling::{draw, kept_intervals, Sampling};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "sample";
+
+declare_op! {
+    pub struct Sample {
+        name: OP,
+        description: "sampling: ids[b] drawn from softmax(logits[b, :V] / T) within top-k and top-p, one uniform per row",
+        shape_keys: ["B", "V", "ld", "k", "p", "t"],
+        stages: stages,
+    }
+}
+
 const THREADS: u32 = 1024;
 /// The row lives in shared memory (227 KiB on Hopper): V fp32 weights.
 pub const MAX_V: usize = 56 * 1024;
@@ -123,21 +133,7 @@ fn dims(s: &Shape) -> Result<(SampleDims, Sampling)> {
     Ok((rows, sampling))
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "sampling: ids[b] drawn from softmax(logits[b, :V] / T) within top-k and top-p, one uniform per row",
-    sources: &SOURCES,
-    shape_keys: &["B", "V", "ld", "k", "p", "t"],
-    stages,
-};
-
-pub struct Sample;
-
 impl Op for Sample {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2's vocabulary in the model's padded rows: temperature alone, top-k 50, top-p 0.9, both;
         // at the model table's batch sizes; and a ragged vocabulary.

@@ -13,7 +13,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo,
+    declare_op, require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op,
     Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
     Workload, DEPENDENT_LAUNCH,
 };
@@ -25,6 +25,16 @@ use crate::reference::gelu_tanh;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "gemv";
+
+declare_op! {
+    pub struct Gemv {
+        name: OP,
+        description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias, then GELU or + residual (fp32 activations, bf16 weights, M <= 64)",
+        shape_keys: ["M", "N", "K", "bias", "epi", "in", "ln"],
+        stages: stages,
+    }
+}
+
 pub const MAX_M: usize = 64;
 pub(crate) const ROWS_M: &str = "M <= 64";
 pub(crate) const ELEMS: &str = "N * K < 2^31";
@@ -522,21 +532,7 @@ pub(crate) fn reference(
     out
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias, then GELU or + residual (fp32 activations, bf16 weights, M <= 64)",
-    sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi", "in", "ln"],
-    stages,
-};
-
-pub struct Gemv;
-
 impl Op for Gemv {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M's linears at one sequence: QKV, attention projection, MLP up, MLP down, LM head
         // (no bias); the MLP up at batches of 8 and 32; and the three with the tails the decode step

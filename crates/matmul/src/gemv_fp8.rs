@@ -13,7 +13,7 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
-    require, require_len, Act, ActBuf, ActType, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    declare_op, require, require_len, Act, ActBuf, ActType, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
@@ -22,6 +22,16 @@ use crate::linear_bf16::Tail;
 use crate::{fp8, FAMILY, SOURCES};
 
 const OP: &str = "gemv-fp8";
+
+declare_op! {
+    pub struct GemvFp8 {
+        name: OP,
+        description: "decode GEMV on e4m3 weights with 128 x 128 block scales: out[M,N] = inp[M,K] . dequant(W)[N,K]^T + bias, then GELU or + residual (M <= 64)",
+        shape_keys: ["M", "N", "K", "bias", "epi", "in", "ln"],
+        stages: stages,
+    }
+}
+
 const K_ALIGN: &str = "K % 16 == 0";
 const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (1)";
 const ONE_PASS_K: &str = "K <= 2048";
@@ -240,21 +250,7 @@ impl PreparedStage for Prepared {
     }
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "decode GEMV on e4m3 weights with 128 x 128 block scales: out[M,N] = inp[M,K] . dequant(W)[N,K]^T + bias, then GELU or + residual (M <= 64)",
-    sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi", "in", "ln"],
-    stages,
-};
-
-pub struct GemvFp8;
-
 impl Op for GemvFp8 {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M's five linears at one sequence (QKV, attention projection, MLP up, MLP down, LM
         // head), the MLP up at 8 and 32 sequences, and the folded LayerNorm where the decode step

@@ -5,7 +5,7 @@ use common::check::{checked_rows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
     PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
@@ -13,6 +13,16 @@ use rayon::prelude::*;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "softmax";
+
+declare_op! {
+    pub struct Softmax {
+        name: OP,
+        description: "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1); inputs in \
+             [-magnitude, magnitude) (default 8)",
+        shape_keys: ["rows", "T", "causal", "magnitude"],
+        stages: stages,
+    }
+}
 
 /// The attention scale 1/sqrt(64) of GPT-2's head size, used by the problems.
 pub const INV_TEMPERATURE: f32 = 0.125;
@@ -208,22 +218,7 @@ fn dims(shape: &Shape) -> Result<(SoftmaxDims, f32)> {
     Ok((d, magnitude as f32))
 }
 
-pub struct Softmax;
-
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1); inputs in \
-         [-magnitude, magnitude) (default 8)",
-    sources: &SOURCES,
-    shape_keys: &["rows", "T", "causal", "magnitude"],
-    stages,
-};
-
 impl Op for Softmax {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // The attention shape (B=4, NH=12, T=1024, causal), and a bandwidth shape.
         vec![shape(4 * 12 * 1024, 1024, 1), shape(32768, 4096, 0)]
