@@ -22,7 +22,7 @@ use rayon::prelude::*;
 
 use crate::linear_bf16::{tail_of, Tail};
 use crate::reference::gelu_tanh;
-use crate::{FAMILY, SOURCES};
+use crate::{fp8, FAMILY, SOURCES};
 
 const OP: &str = "gemv";
 
@@ -239,10 +239,13 @@ pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
     Ok(())
 }
 
-/// A GEMV stage prepared for one size.
+/// A GEMV stage prepared for one size: a `gemv` stage, or a `gemv-fp8` one
+/// ([`crate::gemv_fp8::prepare`]), taking weights of that format.
 pub struct Prepared {
-    launch: Launch,
-    d: GemvDims,
+    pub(crate) launch: Launch,
+    pub(crate) d: GemvDims,
+    /// The weights' format: bf16 (`gemv`) or fp8 (`gemv-fp8`).
+    pub(crate) weights: Precision,
 }
 
 pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
@@ -267,7 +270,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
         Plan::SplitK => LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?),
         Plan::Mma => mma_shape(v, d)?.0,
     };
-    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?, d })
+    let launch = gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?;
+    Ok(Prepared { launch, d, weights: Precision::Bf16 })
 }
 
 /// The tensor-core stages' launch and tile width MT (M rounded up to a power of two, at least 8):
@@ -367,13 +371,47 @@ impl PreparedStage for QkvAppend {
     }
 }
 
-/// The buffers of one call: `out` M·N, `inp` M·K, `weight` N·K bf16 bit patterns, `bias` N,
-/// and with the residual tail `residual` M·N (not `out`: see [`Prepared::enqueue_residual_in_place`]).
-/// With `ln` = 1, `weight` and `bias` are the folded ones ([`fold_layernorm`]).
+/// A GEMV's weights as its kernels take them, in the format its stage was prepared for.
+#[derive(Clone, Copy)]
+pub enum GemvWeight<'a> {
+    /// `gemv`: N·K bf16 bit patterns.
+    Bf16(&'a CudaSlice<u16>),
+    /// `gemv-fp8`: N·K e4m3 codes and their fp32 scales, `[ceil(N / 128), ceil(K / 128)]`
+    /// ([`crate::fp8::Fp8Blocks`]).
+    Fp8 { codes: &'a CudaSlice<u8>, scales: &'a CudaSlice<f32> },
+}
+
+impl GemvWeight<'_> {
+    fn precision(self) -> Precision {
+        match self {
+            GemvWeight::Bf16(_) => Precision::Bf16,
+            GemvWeight::Fp8 { .. } => Precision::Fp8,
+        }
+    }
+
+    /// The kernels' weight arguments (between `inp` and `bias`), their lengths checked against `d`.
+    fn args(self, d: GemvDims) -> Result<Vec<Arg<'static>>> {
+        match self {
+            GemvWeight::Bf16(w) => {
+                require_len("weight", w.len(), d.n * d.k)?;
+                Ok(vec![Arg::buf(w)])
+            }
+            GemvWeight::Fp8 { codes, scales } => {
+                require_len("codes", codes.len(), d.n * d.k)?;
+                require_len("scales", scales.len(), fp8::groups(d.n) * fp8::groups(d.k))?;
+                Ok(vec![Arg::buf(codes), Arg::buf(scales)])
+            }
+        }
+    }
+}
+
+/// The buffers of one call: `out` M·N, `inp` M·K, the weights, `bias` N, and with the residual tail
+/// `residual` M·N (not `out`: see [`Prepared::enqueue_residual_in_place`]). With `ln` = 1, the
+/// weights and `bias` are the folded ones ([`fold_layernorm`]).
 pub struct GemvArgs<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub inp: Act<'a>,
-    pub weight: &'a CudaSlice<u16>,
+    pub weight: GemvWeight<'a>,
     pub bias: Option<&'a CudaSlice<f32>>,
     pub residual: Option<&'a CudaSlice<f32>>,
 }
@@ -396,7 +434,7 @@ impl Prepared {
         stream: &CudaStream,
         out: &mut CudaSlice<f32>,
         inp: Act,
-        weight: &CudaSlice<u16>,
+        weight: GemvWeight,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
         self.d.require_residual_tail()?;
@@ -409,30 +447,33 @@ impl Prepared {
         stream: &CudaStream,
         out: &mut CudaSlice<f32>,
         inp: Act,
-        weight: &CudaSlice<u16>,
+        weight: GemvWeight,
         bias: Option<&CudaSlice<f32>>,
         residual: u64,
     ) -> Result<()> {
         let d = self.d;
         d.check_input(&inp)?;
+        require(weight.precision() == self.weights, "weights of the format the stage was prepared for", || {
+            format!("{:?} weights for a stage prepared for {:?}", weight.precision(), self.weights)
+        })?;
         require_len("out", out.len(), d.m * d.n)?;
         require_len("inp", inp.len(), d.m * d.k)?;
-        require_len("weight", weight.len(), d.n * d.k)?;
+        let mut args = vec![Arg::buf(out), Arg::Ptr(inp.ptr())];
+        args.extend(weight.args(d)?);
         let bias = d.bias_ptr(bias)?;
-        let args = [
-            Arg::buf(out),
-            Arg::Ptr(inp.ptr()),
-            Arg::buf(weight),
+        args.extend([
             Arg::Ptr(bias),
             Arg::Ptr(residual),
             Arg::I32(d.tail.code()),
             Arg::int(d.m),
             Arg::int(d.n),
             Arg::int(d.k),
-        ];
-        // SAFETY: the arguments follow gemv_m*'s signature; lengths checked above (the residual's by
-        // the callers: M·N, or out itself); K % 8 == 0 for the 16-byte stages (prepare), so every
-        // row of W and inp starts 16-byte aligned.
+        ]);
+        // SAFETY: the arguments follow every entry's signature (out, inp, the weights: W, or codes
+        // and scales, then bias, residual, tail, M, N, K) of the format the stage was prepared for;
+        // lengths checked above (the residual's by the callers: M·N, or out itself); K is a multiple
+        // of 8 (bf16, the 16-byte stages) or of 16 (fp8) (each op's check_shape in prepare), so
+        // every row of W and inp starts 16-byte aligned.
         unsafe { self.launch.enqueue(stream, &args) }
     }
 }
@@ -624,7 +665,7 @@ impl Problem for GemvProblem {
         let (_, p) = self.prepared.get()?;
         let bias = self.d.bias.then_some(&self.bias);
         let (out, weight, residual) = (self.out.get_mut(copy), self.w.get(copy), self.residual.as_ref());
-        p.enqueue(stream, GemvArgs { out, inp: self.inp.act(), weight, bias, residual })
+        p.enqueue(stream, GemvArgs { out, inp: self.inp.act(), weight: GemvWeight::Bf16(weight), bias, residual })
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
