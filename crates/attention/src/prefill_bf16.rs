@@ -11,7 +11,7 @@ use std::borrow::Cow;
 
 use common::{
     declare_op, require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
-    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    Prepared as Current, Problem, Requirements, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -317,11 +317,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 /// The op's sizes from shape keys B, T, NH, HS and causal (default 1).
 pub fn shape_dims(shape: &Shape) -> Result<PrefillBf16Dims> {

@@ -242,6 +242,18 @@ pub trait PreparedStage {
     fn resources(&self) -> Vec<ResourceUse>;
 }
 
+/// [`PreparedStage`] for a prepared stage that is one kernel launch, its `launch` field.
+#[macro_export]
+macro_rules! single_launch_stage {
+    ($prepared:ty) => {
+        impl $crate::PreparedStage for $prepared {
+            fn resources(&self) -> Vec<$crate::ResourceUse> {
+                vec![self.launch.resources().clone()]
+            }
+        }
+    };
+}
+
 /// The stage a problem has prepared: the variant and the op's prepared form of it.
 pub struct Prepared<P> {
     current: Option<(Variant, P)>,

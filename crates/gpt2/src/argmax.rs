@@ -9,7 +9,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Problem, Result, Shape, Variant, Workload,
 };
 
 use crate::{FAMILY, SOURCES};
@@ -237,11 +237,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 fn shape(b: i64, v: i64, ld: i64) -> Shape {
     Shape::new(&[("B", b), ("V", v), ("ld", ld)])

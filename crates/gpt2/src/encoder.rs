@@ -5,7 +5,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
     declare_op, require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
-    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Prepared as Current, Problem, Result, Shape, Variant, Workload,
 };
 use rand::Rng;
 
@@ -225,11 +225,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 pub fn reference(tokens: &[i32], wte: &[f32], wpe: &[f32], t: usize, c: usize) -> Vec<f64> {
     let mut out = Vec::with_capacity(tokens.len() * c);

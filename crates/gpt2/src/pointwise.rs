@@ -9,7 +9,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::{FAMILY, SOURCES};
@@ -172,11 +172,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 fn shape(n: i64) -> Shape {
     Shape::new(&[("N", n)])

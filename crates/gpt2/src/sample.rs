@@ -11,7 +11,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Problem, Result, Shape, Variant, Workload,
 };
 
 use crate::argmax::{check_dims, dims as logit_rows, ArgmaxDims, ELEMS, STRIDE};
@@ -107,11 +107,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 fn shape(b: i64, v: i64, ld: i64, k: i64, p: i64, t: i64) -> Shape {
     Shape::new(&[("B", b), ("V", v), ("ld", ld), ("k", k), ("p", p), ("t", t)])

@@ -14,8 +14,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     declare_op, require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op,
-    Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
-    Workload, DEPENDENT_LAUNCH,
+    Precision, Prepared as Current, Problem, Requirements, Result, Shape, Variant, Workload, DEPENDENT_LAUNCH,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -365,11 +364,7 @@ impl QkvAppend {
     }
 }
 
-impl PreparedStage for QkvAppend {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(QkvAppend);
 
 /// A GEMV's weights as its kernels take them, in the format its stage was prepared for.
 #[derive(Clone, Copy)]
@@ -478,11 +473,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 pub fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])

@@ -13,7 +13,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    Problem, Requirements, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -235,11 +235,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 pub fn shape(m: i64, k: i64, blocks: i64) -> Shape {
     Shape::new(&[("M", m), ("K", k), ("blocks", blocks)])

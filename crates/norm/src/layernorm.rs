@@ -7,7 +7,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     declare_op, require, require_len, ActMut, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op,
-    Precision, Prepared as Current, PreparedStage, Problem, ResourceUse, Result, RotatedAct, Shape, Variant, Workload,
+    Precision, Prepared as Current, Problem, ResourceUse, Result, RotatedAct, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
@@ -242,11 +242,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 /// f64 reference: (out, mean, rstd).
 pub fn reference(x: &[f32], w: &[f32], b: &[f32], rows: usize, c: usize, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {

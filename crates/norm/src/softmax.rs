@@ -6,7 +6,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
     declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Problem, Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
@@ -172,11 +172,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 /// f64 reference of every row.
 pub fn reference(x: &[f32], rows: usize, t: usize, inv_temperature: f64, causal: bool) -> Vec<f64> {

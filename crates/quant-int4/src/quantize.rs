@@ -7,7 +7,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{fill_uniform, rotation_copies, zeroed_bf16, Rotated};
 use common::{
     declare_op, require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision,
-    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Prepared as Current, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -157,11 +157,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 /// Test data for a cache: uniform in [-1, 1) with one outlier channel (d = 3, x6) in the first
 /// group, the shape of real K caches that makes group-wise scales pay off.
