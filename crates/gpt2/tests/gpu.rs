@@ -4,7 +4,7 @@
 
 use common::check::rel_l2;
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
-use common::{Op, Shape};
+use common::{Gpu, Op, Shape};
 use gpt2::config::Config;
 use gpt2::encoder::{Encoder, TokenIds};
 use gpt2::model::{Logits, Model};
@@ -23,6 +23,16 @@ fn token_rows(seed: u64, t: usize) -> Vec<Vec<i32>> {
 /// Each row's last position of `all` (`[B, T, V]`): what `forward_last` computes.
 fn last_rows<T: Copy>(all: &[T], t: usize, v: usize) -> Vec<T> {
     all.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect()
+}
+
+/// The rel L2 errors of `plan`'s logits on `tokens` against the reference's, `want` (`[B, T, V]`):
+/// of the whole-sequence pass, and of the last-position pass (`forward_last`) against each row's last
+/// position.
+fn forward_errors(gpu: &Gpu, cfg: Config, w: &Weights, plan: Plan, tokens: &[Vec<i32>], want: &[f64]) -> (f64, f64) {
+    let mut m = Model::new(gpu, cfg, w, plan).unwrap();
+    let all = rel_l2(&m.forward(gpu, tokens).unwrap(), want);
+    let last = rel_l2(&m.forward_last(gpu, tokens).unwrap(), &last_rows(want, tokens[0].len(), cfg.vocab));
+    (all, last)
 }
 
 /// The plan `NAME[:op=stage,...]`.
@@ -94,16 +104,10 @@ fn main() -> std::process::ExitCode {
                 let w = Weights::random(&cfg, seed);
                 let tokens = token_rows(seed, 17);
                 let want = reference::forward(&cfg, &w, &tokens);
-                // The reference's last position of each row: what forward_last computes alone.
-                let want_last = last_rows(&want, 17, cfg.vocab);
                 for plan in ["naive", "fp32", "cublas"] {
-                    let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
-                    let got = m.forward(gpu, &tokens).unwrap();
-                    let err = rel_l2(&got, &want);
+                    let (err, err_last) = forward_errors(gpu, cfg, &w, Plan::named(plan).unwrap(), &tokens, &want);
                     assert!(err <= 1e-5, "plan {plan}, seed {seed}: logits rel L2 {err:e}");
-                    let last = m.forward_last(gpu, &tokens).unwrap();
-                    let err = rel_l2(&last, &want_last);
-                    assert!(err <= 1e-5, "plan {plan}, seed {seed}: last-position logits rel L2 {err:e}");
+                    assert!(err_last <= 1e-5, "plan {plan}, seed {seed}: last-position logits rel L2 {err_last:e}");
                 }
             }
         })
@@ -117,18 +121,15 @@ fn main() -> std::process::ExitCode {
                 let w = Weights::random(&cfg, seed);
                 let tokens = token_rows(seed, t);
                 let want = reference::forward(&cfg, &w, &tokens);
-                let want_last = last_rows(&want, t, cfg.vocab);
                 for spec in [
                     "bf16",
                     "bf16:linear-bf16=12,linear-bf16-residual=14",
                     "bf16:linear-bf16=90,linear-bf16-residual=90,attention-bf16=0",
                 ] {
-                    let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
-                    let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
+                    let (err, err_last) = forward_errors(gpu, cfg, &w, plan_of(spec), &tokens, &want);
                     eprintln!("plan {spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e}");
                     assert!(err <= 1e-2, "plan {spec}, seed {seed}: logits rel L2 {err:e}");
-                    let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &want_last);
-                    assert!(err <= 1e-2, "plan {spec}, seed {seed}: last-position logits rel L2 {err:e}");
+                    assert!(err_last <= 1e-2, "plan {spec}, seed {seed}: last-position logits rel L2 {err_last:e}");
                 }
             }
         })
@@ -152,17 +153,15 @@ fn main() -> std::process::ExitCode {
                 let format_last = rel_l2(&last_rows(&quantized, t, cfg.vocab), &want_last);
                 // The LayerNorms taken into the quantizer (quantize-fp8 2), or run apart (1).
                 for spec in ["fp8", "fp8:quantize-fp8=1"] {
-                    let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
-                    let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
+                    let (err, err_last) = forward_errors(gpu, cfg, &w, plan_of(spec), &tokens, &want);
                     eprintln!("{spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e} (the format's own {format:.2e})");
                     assert!(
                         err <= 1.5 * format + 1e-2,
                         "{spec}, seed {seed}: logits rel L2 {err:e}, format {format:e}"
                     );
-                    let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &want_last);
                     assert!(
-                        err <= 1.5 * format_last + 1e-2,
-                        "{spec}, seed {seed}: last-position logits rel L2 {err:e}, format {format_last:e}"
+                        err_last <= 1.5 * format_last + 1e-2,
+                        "{spec}, seed {seed}: last-position logits rel L2 {err_last:e}, format {format_last:e}"
                     );
                 }
             }
