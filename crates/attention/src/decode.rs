@@ -21,7 +21,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 use common::data::{fill_uniform, rng, rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::{bf16, f16};
@@ -32,7 +32,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode";
 
-declare_op! {
+common::declare_op! {
     pub struct Decode {
         name: OP,
         description: "decode attention (one query token) over a bf16/fp16 KV cache, contiguous [B,Tmax,HKV,D] and \

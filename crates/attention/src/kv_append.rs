@@ -11,8 +11,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, uniform};
 use common::{
-    declare_op, require, require_len, Act, ActBuf, ActType, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape,
-    Limit, Op, Precision, Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Act, ActBuf, ActType, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op,
+    Precision, Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 use rand::seq::SliceRandom;
@@ -22,7 +22,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "kv-append";
 
-declare_op! {
+common::declare_op! {
     pub struct KvAppend {
         name: OP,
         description:

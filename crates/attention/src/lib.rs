@@ -8,8 +8,6 @@
 //! chunked over streams, read in place). The decode machinery (sequence lengths, ALiBi, the f64
 //! reference) is what `quant-int4` builds on.
 
-use common::declare_family;
-
 pub mod decode;
 pub mod kv_append;
 pub mod offload;
@@ -17,7 +15,7 @@ pub mod prefill;
 pub mod prefill_bf16;
 pub mod reference;
 
-declare_family! {
+common::declare_family! {
     pub struct Attention {
         name: "attention",
         description: "causal prefill (fp32, five kernels -> FlashAttention-2; bf16, mma.sync -> cp.async -> wgmma/TMA -> Hopper scheduling) and decode over contiguous and paged \

@@ -24,9 +24,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::timing::{self, TimingConfig};
 use common::{
-    copy_htod_2d, declare_op, require, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op,
-    Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
-    Workload,
+    copy_htod_2d, require, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::decode::{
@@ -36,7 +35,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode-offload";
 
-declare_op! {
+common::declare_op! {
     pub struct DecodeOffload {
         name: OP,
         description: "one decode step over a bf16 KV cache [B,seq,HKV,D] held in host memory: pageable, pinned, \

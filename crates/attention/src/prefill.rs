@@ -8,8 +8,8 @@ use common::check::{compare, compare_scaled, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
-    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
+    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::reference::{causal_attention, score_magnitude, Dims, ELEMS};
@@ -17,7 +17,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "prefill";
 
-declare_op! {
+common::declare_op! {
     pub struct Prefill {
         name: OP,
         description: "causal self-attention forward (fp32): qkv[B,T,3C] -> out[B,T,C], NH heads of HS, scale 1/sqrt(HS); \

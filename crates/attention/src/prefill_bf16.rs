@@ -10,7 +10,7 @@ use common::data::{rotation_copies, uniform, Rotated};
 use std::borrow::Cow;
 
 use common::{
-    declare_op, require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, Problem, Requirements, Result, Shape, Variant, Workload,
 };
 use half::bf16;
@@ -20,7 +20,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "prefill-bf16";
 
-declare_op! {
+common::declare_op! {
     pub struct PrefillBf16 {
         name: OP,
         description: "self-attention forward in bf16: qkv[B,T,3C] bf16 -> out[B,T,C] bf16 and lse[B,NH,T] fp32, NH heads \

@@ -8,15 +8,15 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    Problem, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Result, Shape, Variant, Workload,
 };
 
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "argmax";
 
-declare_op! {
+common::declare_op! {
     pub struct Argmax {
         name: OP,
         description: "greedy sampling: ids[b] = argmax over V of logits[b, :] (lowest index among equals)",

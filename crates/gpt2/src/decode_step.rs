@@ -17,9 +17,7 @@ use std::sync::Arc;
 
 use common::check::{compare, Verification};
 use common::cudarc::driver::CudaStream;
-use common::{
-    declare_op, require, Bound, Error, Gpu, Limit, Op, Problem, ResourceUse, Result, Shape, Variant, Workload,
-};
+use common::{require, Bound, Error, Gpu, Limit, Op, Problem, ResourceUse, Result, Shape, Variant, Workload};
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -30,7 +28,7 @@ use crate::plan::Plan as ModelPlan;
 use crate::weights::Weights;
 use crate::{pointwise, SOURCES};
 
-declare_op! {
+common::declare_op! {
     pub struct DecodeStep {
         name: OP,
         description: "one greedy decode step of the whole model over the bf16 KV cache (ids in, logits and next ids out)",

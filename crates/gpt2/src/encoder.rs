@@ -4,7 +4,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, Problem, Result, Shape, Variant, Workload,
 };
 use rand::Rng;
@@ -13,7 +13,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "encoder";
 
-declare_op! {
+common::declare_op! {
     pub struct Encoder {
         name: OP,
         description: "token + position embedding (fp32): out[b,t,:] = wte[tok,:] + wpe[t,:]",

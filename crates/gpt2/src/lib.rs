@@ -2,8 +2,6 @@
 //! it, the full model composed from the fastest stage of every family, with a KV cache and
 //! generation.
 
-use common::declare_family;
-
 pub mod argmax;
 pub mod cache;
 pub mod check;
@@ -23,7 +21,7 @@ pub mod sampling;
 pub mod table;
 pub mod weights;
 
-declare_family! {
+common::declare_family! {
     pub struct Gpt2 {
         name: "gpt2",
         description: "GPT-2's own kernels (encoder, GELU, residual add, greedy and top-k/top-p sampling) and the composed model",

@@ -8,13 +8,13 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::{FAMILY, SOURCES};
 
-declare_op! {
+common::declare_op! {
     pub struct Gelu {
         name: "gelu",
         description: "GELU, tanh form (fp32): out[i] = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))",
@@ -23,7 +23,7 @@ declare_op! {
     }
 }
 
-declare_op! {
+common::declare_op! {
     pub struct Residual {
         name: "residual",
         description: "residual add (fp32): out[i] = a[i] + b[i]",

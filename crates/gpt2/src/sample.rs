@@ -10,8 +10,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    Problem, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Result, Shape, Variant, Workload,
 };
 
 use crate::argmax::{check_dims, dims as logit_rows, ArgmaxDims, ELEMS, STRIDE};
@@ -20,7 +20,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "sample";
 
-declare_op! {
+common::declare_op! {
     pub struct Sample {
         name: OP,
         description: "sampling: ids[b] drawn from softmax(logits[b, :V] / T) within top-k and top-p, one uniform per row",

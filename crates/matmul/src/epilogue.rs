@@ -8,8 +8,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Error, Gpu, Launch, Limit, Op, Precision, Prepared as Current,
-    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, Limit, Op, Precision, Prepared as Current, PreparedStage,
+    Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::gemm::{check_dims, check_gemm, elementwise, gemm_limits, CublasLt, Dims, Gemm, Ptrs, Wmma, M3_TUNABLES};
@@ -20,7 +20,7 @@ use common::lt::{LtEpilogue, LtOperands};
 
 const OP: &str = "linear-epilogue";
 
-declare_op! {
+common::declare_op! {
     pub struct LinearEpilogue {
         name: OP,
         description: "linear layer + epilogue: epi=1 GELU(x W^T + b) (tanh), epi=2 x W^T + b + residual; fp32 in/out",

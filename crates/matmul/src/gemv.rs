@@ -13,8 +13,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op,
-    Precision, Prepared as Current, Problem, Requirements, Result, Shape, Variant, Workload, DEPENDENT_LAUNCH,
+    require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    Prepared as Current, Problem, Requirements, Result, Shape, Variant, Workload, DEPENDENT_LAUNCH,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -25,7 +25,7 @@ use crate::{fp8, FAMILY, SOURCES};
 
 const OP: &str = "gemv";
 
-declare_op! {
+common::declare_op! {
     pub struct Gemv {
         name: OP,
         description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias, then GELU or + residual (fp32 activations, bf16 weights, M <= 64)",

@@ -13,7 +13,7 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
-    declare_op, require, ActBuf, ActType, Bound, Gpu, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    require, ActBuf, ActType, Bound, Gpu, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
     Requirements, Result, Shape, Variant, Workload,
 };
 
@@ -24,7 +24,7 @@ use crate::{fp8, FAMILY, SOURCES};
 
 const OP: &str = "gemv-fp8";
 
-declare_op! {
+common::declare_op! {
     pub struct GemvFp8 {
         name: OP,
         description: "decode GEMV on e4m3 weights with 128 x 128 block scales: out[M,N] = inp[M,K] . dequant(W)[N,K]^T + bias, then GELU or + residual (M <= 64)",

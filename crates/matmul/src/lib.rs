@@ -7,8 +7,6 @@
 //! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16); and FP8: the quantizer (`quantize-fp8`), the
 //! decode GEMV on e4m3 weights (`gemv-fp8`) and the linear layer on e4m3 tensor cores (`linear-fp8`).
 
-use common::declare_family;
-
 pub mod epilogue;
 pub mod fp8;
 pub mod gemm;
@@ -20,7 +18,7 @@ pub mod linear_fp8;
 pub mod quantize_fp8;
 pub mod reference;
 
-declare_family! {
+common::declare_family! {
     pub struct Matmul {
         name: "matmul",
         description: "linear layer GEMM: naive -> tiled -> WMMA fp16 (report M2, M3) beside cuBLAS, bf16 mma.sync beside cuBLASLt, fused epilogues, decode GEMV",

@@ -6,7 +6,7 @@ use common::check::{Element, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
@@ -16,7 +16,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "linear";
 
-declare_op! {
+common::declare_op! {
     pub struct Linear {
         name: OP,
         description: "out[M,N] = inp[M,K] . W[N,K]^T + bias[N] (llm.c layout, fp32 in/out); bias=0 drops the bias",

@@ -20,7 +20,7 @@ use common::check::{Element, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
@@ -34,7 +34,7 @@ use common::lt::{Lt, LtEpilogue, LtOperands};
 
 const OP: &str = "linear-bf16";
 
-declare_op! {
+common::declare_op! {
     pub struct LinearBf16 {
         name: OP,
         description:

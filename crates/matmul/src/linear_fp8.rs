@@ -22,7 +22,7 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
     PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
@@ -35,7 +35,7 @@ use common::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
 
 const OP: &str = "linear-fp8";
 
-declare_op! {
+common::declare_op! {
     pub struct LinearFp8 {
         name: OP,
         description: "linear layer on e4m3 tensor cores: out = dequant(A) . dequant(W)^T + bias, A with 1 x 128 row scales, W with 128 x 128 block scales",

@@ -12,8 +12,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    Problem, Requirements, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Requirements, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -22,7 +22,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "quantize-fp8";
 
-declare_op! {
+common::declare_op! {
     pub struct QuantizeFp8 {
         name: OP,
         description: "bf16 [M, K] to e4m3 codes and fp32 scales: one per row per 128 channels (activations) or per 128 x 128 block (weights)",

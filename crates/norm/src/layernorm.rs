@@ -6,8 +6,8 @@ use common::check::{checked_rows, gather_rows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, ActMut, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op,
-    Precision, Prepared as Current, Problem, ResourceUse, Result, RotatedAct, Shape, Variant, Workload,
+    require, require_len, ActMut, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    Prepared as Current, Problem, ResourceUse, Result, RotatedAct, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
@@ -15,7 +15,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "layernorm";
 
-declare_op! {
+common::declare_op! {
     pub struct LayerNorm {
         name: OP,
         description: "LayerNorm forward over C (fp32 math and stats; fp32 or bf16 out), rows = B*T; writes out, mean, rstd",

@@ -5,8 +5,8 @@ use common::check::{checked_rows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
-    Problem, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
@@ -14,7 +14,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "softmax";
 
-declare_op! {
+common::declare_op! {
     pub struct Softmax {
         name: OP,
         description: "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1); inputs in \

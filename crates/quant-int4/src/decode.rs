@@ -15,9 +15,9 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{fill_uniform, rotation_copies, uniform, zeroed_bf16, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Define, Error, Generator, Gpu, Launch, LaunchShape, LeaveOneOut,
-    Limit, Op, Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape,
-    Variant, Workload,
+    require, require_len, Arg, Bound, Define, Error, Generator, Gpu, Launch, LaunchShape, LeaveOneOut, Limit, Op,
+    Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
+    Workload,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -31,7 +31,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode";
 
-declare_op! {
+common::declare_op! {
     pub struct Decode {
         name: OP,
         description: "GQA decode attention over a bf16 / INT4 (row-wise, group-wise) KV cache, split-K + merge",

@@ -3,13 +3,11 @@
 //! cache": the formats and their quantizer, the BF16 and INT4 split-K baselines and the report's
 //! ten optimizations as switches of one kernel.
 
-use common::declare_family;
-
 pub mod decode;
 pub mod format;
 pub mod quantize;
 
-declare_family! {
+common::declare_family! {
     pub struct QuantInt4 {
         name: "quant-int4",
         description: "INT4 KV-cache decode GQA: quantizer, BF16/INT4 split-K baselines, the ten-optimization ladder",

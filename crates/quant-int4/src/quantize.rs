@@ -6,8 +6,8 @@ use common::check::{compare_by, ErrorStats, Verification, COMPARE_CHUNK};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{fill_uniform, rotation_copies, zeroed_bf16, Rotated};
 use common::{
-    declare_op, require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision,
-    Prepared as Current, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
+    Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -20,7 +20,7 @@ use crate::{FAMILY, SOURCES};
 
 const OP: &str = "quantize";
 
-declare_op! {
+common::declare_op! {
     pub struct Quantize {
         name: OP,
         description: "bf16 KV-cache rows -> INT4 (G = 1 row-wise or 4 group-wise fp16 scale/shift pairs + packed codes)",
