@@ -35,6 +35,22 @@ fn forward_errors(gpu: &Gpu, cfg: Config, w: &Weights, plan: Plan, tokens: &[Vec
     (all, last)
 }
 
+/// Each plan of `specs` against the f64 forward on `cfg`'s random weights, at each (seed, T) of
+/// `cases`: the logits of the whole-sequence pass and of the last-position pass within `tol`.
+fn assert_plans_match_reference(gpu: &Gpu, cfg: Config, cases: &[(u64, usize)], specs: &[&str], tol: f64) {
+    for &(seed, t) in cases {
+        let w = Weights::random(&cfg, seed);
+        let tokens = token_rows(seed, t);
+        let want = reference::forward(&cfg, &w, &tokens);
+        for spec in specs {
+            let (err, err_last) = forward_errors(gpu, cfg, &w, plan_of(spec), &tokens, &want);
+            eprintln!("plan {spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e}");
+            assert!(err <= tol, "plan {spec}, seed {seed}: logits rel L2 {err:e}");
+            assert!(err_last <= tol, "plan {spec}, seed {seed}: last-position logits rel L2 {err_last:e}");
+        }
+    }
+}
+
 /// The plan `NAME[:op=stage,...]`.
 fn plan_of(spec: &str) -> Plan {
     let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
@@ -100,16 +116,7 @@ fn main() -> std::process::ExitCode {
         .gpu("model_matches_the_f64_reference", |gpu| {
             // Two layers, head size 32, a vocabulary and lengths that are not multiples of anything.
             let cfg = Config { layers: 2, heads: 2, c: 64, vocab: 101, max_t: 40 };
-            for seed in [1u64, 2] {
-                let w = Weights::random(&cfg, seed);
-                let tokens = token_rows(seed, 17);
-                let want = reference::forward(&cfg, &w, &tokens);
-                for plan in ["naive", "fp32", "cublas"] {
-                    let (err, err_last) = forward_errors(gpu, cfg, &w, Plan::named(plan).unwrap(), &tokens, &want);
-                    assert!(err <= 1e-5, "plan {plan}, seed {seed}: logits rel L2 {err:e}");
-                    assert!(err_last <= 1e-5, "plan {plan}, seed {seed}: last-position logits rel L2 {err_last:e}");
-                }
-            }
+            assert_plans_match_reference(gpu, cfg, &[(1, 17), (2, 17)], &["naive", "fp32", "cublas"], 1e-5);
         })
         .gpu("bf16_model_matches_the_f64_reference", |gpu| {
             // The bf16 pass (attention needs heads of 64 or 128): bf16 weights, and LayerNorm's,
@@ -117,21 +124,12 @@ fn main() -> std::process::ExitCode {
             // apiece), the residual stream and logits fp32: bf16's 1e-2. Ragged T, every linear-bf16
             // rung that fuses the tails and stores bf16, and cuBLASLt.
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
-            for (seed, t) in [(1u64, 17usize), (2, 33)] {
-                let w = Weights::random(&cfg, seed);
-                let tokens = token_rows(seed, t);
-                let want = reference::forward(&cfg, &w, &tokens);
-                for spec in [
-                    "bf16",
-                    "bf16:linear-bf16=12,linear-bf16-residual=14",
-                    "bf16:linear-bf16=90,linear-bf16-residual=90,attention-bf16=0",
-                ] {
-                    let (err, err_last) = forward_errors(gpu, cfg, &w, plan_of(spec), &tokens, &want);
-                    eprintln!("plan {spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e}");
-                    assert!(err <= 1e-2, "plan {spec}, seed {seed}: logits rel L2 {err:e}");
-                    assert!(err_last <= 1e-2, "plan {spec}, seed {seed}: last-position logits rel L2 {err_last:e}");
-                }
-            }
+            let specs = [
+                "bf16",
+                "bf16:linear-bf16=12,linear-bf16-residual=14",
+                "bf16:linear-bf16=90,linear-bf16-residual=90,attention-bf16=0",
+            ];
+            assert_plans_match_reference(gpu, cfg, &[(1, 17), (2, 33)], &specs, 1e-2);
         })
         .gpu("fp8_model_within_the_format_error", |gpu| {
             // The fp8 plan's whole-sequence pass against the exact f64 forward, within 1.5 times the
