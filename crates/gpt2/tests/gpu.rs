@@ -5,6 +5,7 @@
 use common::check::rel_l2;
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
 use common::{Gpu, Op, Shape};
+use gpt2::cache::KvCache;
 use gpt2::config::Config;
 use gpt2::encoder::{Encoder, TokenIds};
 use gpt2::model::{Logits, Model};
@@ -49,6 +50,40 @@ fn assert_plans_match_reference(gpu: &Gpu, cfg: Config, cases: &[(u64, usize)], 
             assert!(err_last <= tol, "plan {spec}, seed {seed}: last-position logits rel L2 {err_last:e}");
         }
     }
+}
+
+/// The decode tests' prompts: ragged sequences of 5, 11 and 17 tokens below 101.
+fn decode_prompts() -> Vec<Vec<i32>> {
+    [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect()
+}
+
+/// Prefills `prompts` into a new cache of `m` (step 0), then feeds every sequence one token a step
+/// and decodes (steps 1 to 6); after each step, `check` gets the step, the sequences so far and the
+/// step's last-position logits of each. Returns the cache.
+fn run_decode(
+    gpu: &Gpu,
+    m: &mut Model,
+    prompts: &[Vec<i32>],
+    mut check: impl FnMut(usize, &[Vec<i32>], &[f32]),
+) -> KvCache {
+    let mut cache = m.new_cache(gpu, prompts.len()).unwrap();
+    let mut s = prompts.to_vec();
+    for step in 0..7 {
+        let last: Vec<f32> = if step == 0 {
+            (0..s.len()).flat_map(|i| m.prefill_into(gpu, &mut cache, i, &s[i]).unwrap()).collect()
+        } else {
+            let fed: Vec<i32> = (0..s.len()).map(|i| ((step * 17 + i * 5) % 101) as i32).collect();
+            s.iter_mut().zip(&fed).for_each(|(q, &t)| q.push(t));
+            m.decode_step(gpu, &mut cache, &fed).unwrap()
+        };
+        check(step, &s, &last);
+    }
+    cache
+}
+
+/// Each sequence's last-position logits of the f64 forward `forward`, run on that sequence alone.
+fn reference_last(cfg: &Config, seqs: &[Vec<i32>], forward: impl Fn(&[Vec<i32>]) -> Vec<f64>) -> Vec<f64> {
+    seqs.iter().flat_map(|q| forward(std::slice::from_ref(q))[(q.len() - 1) * cfg.vocab..].to_vec()).collect()
 }
 
 /// The plan `NAME[:op=stage,...]`.
@@ -171,40 +206,24 @@ fn main() -> std::process::ExitCode {
             // own error on this model (the quantized reference against the exact one) plus bf16's 1e-2.
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 7);
-            let seqs: Vec<Vec<i32>> =
-                [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
             for (spec, graph) in [("fp8", false), ("fp8", true), ("fp8:gemv-fp8=4", true), ("fp8:quantize-fp8=1", true)]
             {
                 let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
                 m.set_graph(graph);
-                let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
-                let mut s = seqs.clone();
-                for step in 0..7 {
-                    let last: Vec<f32> = if step == 0 {
-                        (0..s.len()).flat_map(|i| m.prefill_into(gpu, &mut cache, i, &s[i]).unwrap()).collect()
-                    } else {
-                        let fed: Vec<i32> = (0..s.len()).map(|i| ((step * 17 + i * 5) % 101) as i32).collect();
-                        s.iter_mut().zip(&fed).for_each(|(q, &t)| q.push(t));
-                        m.decode_step(gpu, &mut cache, &fed).unwrap()
-                    };
-                    let last_rows = |all: Vec<f64>, q: &Vec<i32>| all[(q.len() - 1) * cfg.vocab..].to_vec();
-                    let want: Vec<f64> = s
+                let cache = run_decode(gpu, &mut m, &decode_prompts(), |step, s, last| {
+                    let want = reference_last(&cfg, s, |q| reference::forward(&cfg, &w, q));
+                    let quantized: Vec<f32> = reference_last(&cfg, s, |q| reference::forward_fp8(&cfg, &w, q))
                         .iter()
-                        .flat_map(|q| last_rows(reference::forward(&cfg, &w, std::slice::from_ref(q)), q))
-                        .collect();
-                    let quantized: Vec<f32> = s
-                        .iter()
-                        .flat_map(|q| last_rows(reference::forward_fp8(&cfg, &w, std::slice::from_ref(q)), q))
-                        .map(|x| x as f32)
+                        .map(|&x| x as f32)
                         .collect();
                     let format = rel_l2(&quantized, &want);
-                    let err = rel_l2(&last, &want);
+                    let err = rel_l2(last, &want);
                     eprintln!("{spec}, graph {graph}, step {step}: logits rel L2 {err:.2e} (format {format:.2e})");
                     assert!(
                         err <= 1.5 * format + 1e-2,
                         "{spec}, graph {graph}, step {step}: {err:e}, format {format:e}"
                     );
-                }
+                });
                 assert_eq!(cache.lens(), &[11, 17, 23]);
             }
         })
@@ -212,8 +231,6 @@ fn main() -> std::process::ExitCode {
             // Head size 64 (the decode op's), ragged prompts, six steps through the bf16 cache.
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 7);
-            let seqs: Vec<Vec<i32>> =
-                [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
             // cublas-gemv: the decode step's linears on bf16 weights (gemv=4: on the tensor cores).
             // The graph rows replay a captured decode step, with the step's inputs in device memory.
             // decode=3 and decode=4 read a paged cache, which kv-append fills through its table.
@@ -235,26 +252,10 @@ fn main() -> std::process::ExitCode {
             for (spec, graph) in plans {
                 let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
                 m.set_graph(graph);
-                let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
-                let mut s = seqs.clone();
-                for step in 0..7 {
-                    let last: Vec<f32> = if step == 0 {
-                        (0..s.len()).flat_map(|i| m.prefill_into(gpu, &mut cache, i, &s[i]).unwrap()).collect()
-                    } else {
-                        let fed: Vec<i32> = (0..s.len()).map(|i| ((step * 17 + i * 5) % 101) as i32).collect();
-                        s.iter_mut().zip(&fed).for_each(|(q, &t)| q.push(t));
-                        m.decode_step(gpu, &mut cache, &fed).unwrap()
-                    };
-                    let want: Vec<f64> = s
-                        .iter()
-                        .flat_map(|q| {
-                            let all = reference::forward(&cfg, &w, std::slice::from_ref(q));
-                            all[(q.len() - 1) * cfg.vocab..].to_vec()
-                        })
-                        .collect();
-                    let err = rel_l2(&last, &want);
+                let mut cache = run_decode(gpu, &mut m, &decode_prompts(), |step, s, last| {
+                    let err = rel_l2(last, &reference_last(&cfg, s, |q| reference::forward(&cfg, &w, q)));
                     assert!(err <= 2e-2, "plan {spec}, graph {graph}, step {step}: logits rel L2 {err:e}");
-                }
+                });
                 assert_eq!(cache.is_paged(), spec.contains("decode=4") || spec.contains("decode=3"), "{spec}");
                 assert_eq!(cache.lens(), &[11, 17, 23]);
                 assert!(m.decode_step(gpu, &mut cache, &[1, 2]).is_err(), "one token per sequence");
