@@ -101,32 +101,16 @@ fn decode_bad_input(gpu: &Gpu) {
     let stream = gpu.stream();
     for v_ in Decode.variants() {
         let p = decode::prepare(gpu, &v_, dims).unwrap();
+        // One call on the contiguous cache of keys `k` (values `vd`) with lengths `seq_lens`.
+        let mut enqueue = |k, seq_lens| {
+            let cache = KvCache::Contiguous { k, v: &vd };
+            p.enqueue(stream, DecodeArgs { out: &mut out, lse: &mut lse, q: &q, cache, seq_lens, alibi: None })
+        };
         let short = gpu.upload(&k[1..]).unwrap();
-        let r = p.enqueue(
-            stream,
-            DecodeArgs {
-                out: &mut out,
-                lse: &mut lse,
-                q: &q,
-                cache: KvCache::Contiguous { k: &short, v: &vd },
-                seq_lens: &seq_lens,
-                alibi: None,
-            },
-        );
+        let r = enqueue(&short, &seq_lens);
         assert!(matches!(r, Err(Error::Constraint { .. })), "{}: {r:?}", v_.id());
         let long_lens = decode::SeqLens::new(gpu, &[41, 3], 41).unwrap();
-        let r = p.enqueue(
-            stream,
-            DecodeArgs {
-                out: &mut out,
-                lse: &mut lse,
-                q: &q,
-                cache: KvCache::Contiguous { k: &kd, v: &vd },
-                seq_lens: &long_lens,
-                alibi: None,
-            },
-        );
-        assert_constraint(r, "seq_lens");
+        assert_constraint(enqueue(&kd, &long_lens), "seq_lens");
     }
     gpu.synchronize().unwrap();
     assert!(gpu.download(&out).unwrap().iter().all(|&x| Dtype::Bf16.value(x).is_nan()), "a refused call wrote out");
