@@ -384,19 +384,21 @@ impl GemvWeight<'_> {
         }
     }
 
-    /// The kernels' weight arguments (between `inp` and `bias`), their lengths checked against `d`.
-    fn args(self, d: GemvDims) -> Result<Vec<Arg<'static>>> {
+    /// Appends the kernels' weight arguments (between `inp` and `bias`) to `args`, their lengths
+    /// checked against `d`.
+    fn push_args(self, d: GemvDims, args: &mut Vec<Arg<'static>>) -> Result<()> {
         match self {
             GemvWeight::Bf16(w) => {
                 require_len("weight", w.len(), d.n * d.k)?;
-                Ok(vec![Arg::buf(w)])
+                args.push(Arg::buf(w));
             }
             GemvWeight::Fp8 { codes, scales } => {
                 require_len("codes", codes.len(), d.n * d.k)?;
                 require_len("scales", scales.len(), fp8::groups(d.n) * fp8::groups(d.k))?;
-                Ok(vec![Arg::buf(codes), Arg::buf(scales)])
+                args.extend([Arg::buf(codes), Arg::buf(scales)]);
             }
         }
+        Ok(())
     }
 }
 
@@ -454,7 +456,7 @@ impl Prepared {
         require_len("out", out.len(), d.m * d.n)?;
         require_len("inp", inp.len(), d.m * d.k)?;
         let mut args = vec![Arg::buf(out), Arg::Ptr(inp.ptr())];
-        args.extend(weight.args(d)?);
+        weight.push_args(d, &mut args)?;
         let bias = d.bias_ptr(bias)?;
         args.extend([
             Arg::Ptr(bias),
