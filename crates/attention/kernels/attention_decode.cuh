@@ -25,6 +25,19 @@ __device__ __forceinline__ void load8(const T* p, float* out) {
     for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
 }
 
+// A thread group's rows of one step of decode_block (rows base + r * GROUPS + gw for r < R, those
+// before t_end) of a K or V cache with rows `stride` elements apart: the group's lane gl loads
+// columns gl * 8 .. gl * 8 + 7 of each.
+template <int GROUPS, int R, typename T>
+__device__ __forceinline__ void load_step_rows(float (&x)[R][8], const T* __restrict__ rows, size_t stride, int base,
+                                               int gw, int gl, int t_end) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int t = base + r * GROUPS + gw;
+        if (t < t_end) load8(rows + (size_t)t * stride + gl * 8, x[r]);
+    }
+}
+
 // Output column d of one (sequence, query head) row merged over its S split partials
 // (ladder_split_merge.cuh; o holds the row's S partials of D floats, m and l its S maxima and sums;
 // `normalized`: each o_s is already divided by its l_s); writes out[d], and *lse when d == 0.
@@ -81,11 +94,7 @@ __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float
     for (int h = 0; h < G; ++h) lmax[h] = -INFINITY;
     for (int base = t_begin + warp * GPW; base < t_end; base += STEP) {
         float k[R][8];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int t = base + r * GROUPS + gw;
-            if (t < t_end) load8(kbase + (size_t)t * stride + gl * 8, k[r]);
-        }
+        load_step_rows<GROUPS>(k, kbase, stride, base, gw, gl, t_end);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int t = base + r * GROUPS + gw;
@@ -131,11 +140,7 @@ __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float
     }
     for (int base = t_begin + warp * GPW; base < t_end; base += STEP) {
         float v[R][8];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int t = base + r * GROUPS + gw;
-            if (t < t_end) load8(vbase + (size_t)t * stride + gl * 8, v[r]);
-        }
+        load_step_rows<GROUPS>(v, vbase, stride, base, gw, gl, t_end);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int t = base + r * GROUPS + gw;

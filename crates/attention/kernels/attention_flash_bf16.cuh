@@ -14,6 +14,36 @@
 
 constexpr float LOG2E = 1.4426950408889634f;
 
+// The end of a key tile's online-softmax step for a thread's two rows, once their new running max
+// mx is known: the reference point of the exponentials (mx, or 0 while the row has seen no key),
+// alpha = exp2(m - that point) (the factor the old sum and output accumulators are rescaled by),
+// each score replaced by its probability prob(s, reference point), each row's sum of them met across
+// its quad, then the running sum l = l * alpha + sum and the running max m = mx.
+template <int NT, typename Prob>
+__device__ __forceinline__ void softmax_finish(float (&s)[NT][4], const float (&mx)[2], float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2], Prob prob) {
+    const float base[2] = {mx[0] == -INFINITY ? 0.f : mx[0], mx[1] == -INFINITY ? 0.f : mx[1]};
+    alpha[0] = exp2f(m[0] - base[0]);
+    alpha[1] = exp2f(m[1] - base[1]);
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = prob(s[n][e], base[e >> 1]);
+            s[n][e] = p;
+            sum[e >> 1] += p;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        l[r] = l[r] * alpha[r] + sum[r];
+        m[r] = mx[r];
+    }
+}
+
 // One key tile's online-softmax step for a thread's two rows (row and row + 8), without touching
 // the output accumulators: scores scaled into log2 units, keys past the causal diagonal (when
 // `causal`) or at or past T masked with -inf, the running max m and sum l updated, s replaced by
@@ -46,27 +76,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2],
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     }
-    // The reference point of the exponentials: the new max, or 0 while the row has seen no key.
-    const float base[2] = {mx[0] == -INFINITY ? 0.f : mx[0], mx[1] == -INFINITY ? 0.f : mx[1]};
-    alpha[0] = exp2f(m[0] - base[0]);
-    alpha[1] = exp2f(m[1] - base[1]);
-    float sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float p = exp2f(s[n][e] - base[e >> 1]);
-            s[n][e] = p;
-            sum[e >> 1] += p;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-        l[r] = l[r] * alpha[r] + sum[r];
-        m[r] = mx[r];
-    }
+    softmax_finish(s, mx, m, l, alpha, [](float x, float base) { return exp2f(x - base); });
 }
 
 // 2^x as the one MUFU.EX2 instruction, subnormal results flushed to zero (exp2f without fast math
@@ -106,27 +116,10 @@ __device__ __forceinline__ void softmax_scores_folded(float (&s)[NT][4], float (
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         mx[r] = fmaxf(m[r], mx[r] * scale_log2);  // the new running max, in log2 units
     }
-    const float base[2] = {mx[0] == -INFINITY ? 0.f : mx[0], mx[1] == -INFINITY ? 0.f : mx[1]};
-    alpha[0] = exp2f(m[0] - base[0]);
-    alpha[1] = exp2f(m[1] - base[1]);
-    float sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float x = fmaf(s[n][e], scale_log2, -base[e >> 1]);
-            const float p = MUFU_EXP2 ? exp2_ftz(x) : exp2f(x);
-            s[n][e] = p;
-            sum[e >> 1] += p;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-        l[r] = l[r] * alpha[r] + sum[r];
-        m[r] = mx[r];
-    }
+    softmax_finish(s, mx, m, l, alpha, [scale_log2](float x, float base) {
+        const float y = fmaf(x, scale_log2, -base);
+        return MUFU_EXP2 ? exp2_ftz(y) : exp2f(y);
+    });
 }
 
 // The output accumulators of a thread's two rows scaled by their alpha.

@@ -6,17 +6,28 @@
 // coalesced in runs of HS floats. Constraint: B*T*3C < 2^31 (checked on the host).
 #pragma once
 
+// The element of [B, NH, T, HS] that thread idx owns, as its b, nh, t and hs.
+struct HeadElement {
+    int b, nh, t, hs;
+};
+
+__device__ __forceinline__ HeadElement head_element(int idx, int T, int NH, int HS) {
+    HeadElement e;
+    e.hs = idx % HS;
+    e.t = (idx / HS) % T;
+    e.nh = (idx / (HS * T)) % NH;
+    e.b = idx / (HS * T * NH);
+    return e;
+}
+
 extern "C" __global__ void attention_permute(float* q, float* k, float* v, const float* qkv, int B, int T,
                                              int NH, int HS) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int total = B * NH * T * HS;
     if (idx >= total) return;
-    int hs = idx % HS;
-    int t = (idx / HS) % T;
-    int nh = (idx / (HS * T)) % NH;
-    int b = idx / (HS * T * NH);
+    const HeadElement e = head_element(idx, T, NH, HS);
     int C = NH * HS;
-    size_t src = ((size_t)b * T + t) * 3 * C + (size_t)nh * HS + hs;
+    size_t src = ((size_t)e.b * T + e.t) * 3 * C + (size_t)e.nh * HS + e.hs;
     q[idx] = qkv[src];
     k[idx] = qkv[src + C];
     v[idx] = qkv[src + 2 * C];
@@ -26,9 +37,6 @@ extern "C" __global__ void attention_unpermute(float* out, const float* y, int B
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int total = B * NH * T * HS;
     if (idx >= total) return;
-    int hs = idx % HS;
-    int t = (idx / HS) % T;
-    int nh = (idx / (HS * T)) % NH;
-    int b = idx / (HS * T * NH);
-    out[((size_t)b * T + t) * (NH * HS) + (size_t)nh * HS + hs] = y[idx];
+    const HeadElement e = head_element(idx, T, NH, HS);
+    out[((size_t)e.b * T + e.t) * (NH * HS) + (size_t)e.nh * HS + e.hs] = y[idx];
 }

@@ -21,7 +21,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 use common::data::{fill_uniform, rng, rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::{bf16, f16};
@@ -31,6 +31,17 @@ use rayon::prelude::*;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode";
+
+common::declare_op! {
+    pub struct Decode {
+        name: OP,
+        description: "decode attention (one query token) over a bf16/fp16 KV cache, contiguous [B,Tmax,HKV,D] and \
+                      paged (vLLM layout); MHA/GQA/MQA, ALiBi (alibi=1), lse; seq = Tmax, ragged=1 draws lengths in \
+                      [seq/2, seq]",
+        shape_keys: ["B", "HQ", "HKV", "D", "seq", "ragged", "bs", "dtype", "alibi", "splits"],
+        stages: stages,
+    }
+}
 
 /// Sequences verified at most per problem; larger batches check an evenly spaced subset (and that
 /// every other output is finite).
@@ -928,23 +939,7 @@ impl DecodeShape {
     }
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "decode attention (one query token) over a bf16/fp16 KV cache, contiguous [B,Tmax,HKV,D] and \
-                  paged (vLLM layout); MHA/GQA/MQA, ALiBi (alibi=1), lse; seq = Tmax, ragged=1 draws lengths in \
-                  [seq/2, seq]",
-    sources: &SOURCES,
-    shape_keys: &["B", "HQ", "HKV", "D", "seq", "ragged", "bs", "dtype", "alibi", "splits"],
-    stages,
-};
-
-pub struct Decode;
-
 impl Op for Decode {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         vec![
             // GPT-2 124M decode with a 1024-token cache.

@@ -12,7 +12,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, uniform};
 use common::{
     require, require_len, Act, ActBuf, ActType, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op,
-    OpInfo, Precision, Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    Precision, Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 use rand::seq::SliceRandom;
@@ -21,6 +21,17 @@ use crate::decode::{paged_offsets, Heads, PagedCache};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "kv-append";
+
+common::declare_op! {
+    pub struct KvAppend {
+        name: OP,
+        description:
+            "QKV rows (fp32 or bf16) to bf16 q and to their (seq, pos) cells of bf16 K/V caches (contiguous or paged)",
+        shape_keys: ["R", "B", "Tmax", "C", "D", "bs", "in"],
+        stages: stages,
+    }
+}
+
 const THREADS: u32 = 256;
 const CACHE: &str = "B * Tmax * C < 2^31";
 const ROWS: &str = "R * 3C < 2^31";
@@ -262,22 +273,7 @@ fn dims(s: &Shape) -> Result<KvAppendDims> {
     })
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description:
-        "QKV rows (fp32 or bf16) to bf16 q and to their (seq, pos) cells of bf16 K/V caches (contiguous or paged)",
-    sources: &SOURCES,
-    shape_keys: &["R", "B", "Tmax", "C", "D", "bs", "in"],
-    stages,
-};
-
-pub struct KvAppend;
-
 impl Op for KvAppend {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 decode at batch 8 (one row per sequence), and a 1024-token prefill of one sequence,
         // into contiguous and into paged caches (a ragged context: not a multiple of the block); the

@@ -8,8 +8,6 @@
 //! chunked over streams, read in place). The decode machinery (sequence lengths, ALiBi, the f64
 //! reference) is what `quant-int4` builds on.
 
-use common::{Family, Op, Sources};
-
 pub mod decode;
 pub mod kv_append;
 pub mod offload;
@@ -17,36 +15,19 @@ pub mod prefill;
 pub mod prefill_bf16;
 pub mod reference;
 
-mod embedded {
-    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
-}
-
-pub const FAMILY: &str = "attention";
-
-/// Every `.cu`/`.cuh` file of this crate, embedded at build time.
-pub static SOURCES: Sources = Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[] };
-
-pub struct Attention;
-
-impl Family for Attention {
-    fn name(&self) -> &'static str {
-        FAMILY
-    }
-    fn description(&self) -> &'static str {
-        "causal prefill (fp32, five kernels -> FlashAttention-2; bf16, mma.sync -> cp.async -> wgmma/TMA -> Hopper scheduling) and decode over contiguous and paged \
-         bf16/fp16 KV caches (naive -> decoding attention -> Flash-Decoding -> vLLM paged v1/v2 -> GQA packing -> tensor cores), and decode over a host-resident cache (pageable -> \
-         pinned -> streams -> mapped)"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![
+common::declare_family! {
+    pub struct Attention {
+        name: "attention",
+        description: "causal prefill (fp32, five kernels -> FlashAttention-2; bf16, mma.sync -> cp.async -> wgmma/TMA -> Hopper scheduling) and decode over contiguous and paged \
+             bf16/fp16 KV caches (naive -> decoding attention -> Flash-Decoding -> vLLM paged v1/v2 -> GQA packing -> tensor cores), and decode over a host-resident cache (pageable -> \
+             pinned -> streams -> mapped)",
+        imports: [],
+        ops: [
             &prefill::Prefill,
             &prefill_bf16::PrefillBf16,
             &decode::Decode,
             &offload::DecodeOffload,
             &kv_append::KvAppend,
-        ]
+        ],
     }
 }

@@ -24,7 +24,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::timing::{self, TimingConfig};
 use common::{
-    copy_htod_2d, require, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    copy_htod_2d, require, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
@@ -34,6 +34,17 @@ use crate::decode::{
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode-offload";
+
+common::declare_op! {
+    pub struct DecodeOffload {
+        name: OP,
+        description: "one decode step over a bf16 KV cache [B,seq,HKV,D] held in host memory: pageable, pinned, \
+                      chunked over streams, or read in place (mapped); every stage computes with decode stage 07",
+        shape_keys: ["B", "HQ", "HKV", "D", "seq", "alibi", "chunks"],
+        stages: stages,
+    }
+}
+
 /// The decode stage every offload stage computes with.
 pub const COMPUTE_STAGE: &str = "fused-combine";
 pub const MAX_CHUNKS: usize = 16;
@@ -426,22 +437,7 @@ impl OffloadShape {
     }
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "one decode step over a bf16 KV cache [B,seq,HKV,D] held in host memory: pageable, pinned, \
-                  chunked over streams, or read in place (mapped); every stage computes with decode stage 07",
-    sources: &SOURCES,
-    shape_keys: &["B", "HQ", "HKV", "D", "seq", "alibi", "chunks"],
-    stages,
-};
-
-pub struct DecodeOffload;
-
 impl Op for DecodeOffload {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         vec![
             // GPT-2 124M, 8 sequences of its full context (25 MB of cache).

@@ -8,14 +8,24 @@ use common::check::{compare, compare_scaled, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
+    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::reference::{causal_attention, score_magnitude, Dims, ELEMS};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "prefill";
+
+common::declare_op! {
+    pub struct Prefill {
+        name: OP,
+        description: "causal self-attention forward (fp32): qkv[B,T,3C] -> out[B,T,C], NH heads of HS, scale 1/sqrt(HS); \
+             W = window of the local stage",
+        shape_keys: ["B", "T", "NH", "HS", "W"],
+        stages: stages,
+    }
+}
 
 /// The head sizes every stage supports (the flash stages size their tiles at compile time).
 pub const HEAD_SIZES: [usize; 3] = [32, 64, 128];
@@ -361,22 +371,7 @@ fn shape(b: i64, t: i64, nh: i64, hs: i64, w: i64) -> Shape {
     Shape::new(&[("B", b), ("T", t), ("NH", nh), ("HS", hs), ("W", w)])
 }
 
-pub struct Prefill;
-
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "causal self-attention forward (fp32): qkv[B,T,3C] -> out[B,T,C], NH heads of HS, scale 1/sqrt(HS); \
-         W = window of the local stage",
-    sources: &SOURCES,
-    shape_keys: &["B", "T", "NH", "HS", "W"],
-    stages,
-};
-
 impl Op for Prefill {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         [1024, 64, 256].iter().map(|&t| shape(4, t, 12, 64, DEFAULT_WINDOW as i64)).collect()
     }

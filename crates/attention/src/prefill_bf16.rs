@@ -10,8 +10,8 @@ use common::data::{rotation_copies, uniform, Rotated};
 use std::borrow::Cow;
 
 use common::{
-    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    Prepared as Current, Problem, Requirements, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -19,6 +19,16 @@ use crate::reference::{attention_rows, score_magnitude_rows, Dims, Mask, ELEMS};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "prefill-bf16";
+
+common::declare_op! {
+    pub struct PrefillBf16 {
+        name: OP,
+        description: "self-attention forward in bf16: qkv[B,T,3C] bf16 -> out[B,T,C] bf16 and lse[B,NH,T] fp32, NH heads \
+             of HS (64 or 128), scale 1/sqrt(HS), causal=1 (default) or 0",
+        shape_keys: ["B", "T", "NH", "HS", "causal"],
+        stages: stages,
+    }
+}
 
 /// The head sizes every stage supports (tiles are sized at compile time).
 pub const HEAD_SIZES: [usize; 2] = [64, 128];
@@ -332,11 +342,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 /// The op's sizes from shape keys B, T, NH, HS and causal (default 1).
 pub fn shape_dims(shape: &Shape) -> Result<PrefillBf16Dims> {
@@ -349,22 +355,7 @@ pub fn shape(b: i64, t: i64, nh: i64, hs: i64, causal: i64) -> Shape {
     Shape::new(&[("B", b), ("T", t), ("NH", nh), ("HS", hs), ("causal", causal)])
 }
 
-pub struct PrefillBf16;
-
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "self-attention forward in bf16: qkv[B,T,3C] bf16 -> out[B,T,C] bf16 and lse[B,NH,T] fp32, NH heads \
-         of HS (64 or 128), scale 1/sqrt(HS), causal=1 (default) or 0",
-    sources: &SOURCES,
-    shape_keys: &["B", "T", "NH", "HS", "causal"],
-    stages,
-};
-
 impl Op for PrefillBf16 {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2's prefill (and a ragged T); 16 heads of 128 at 16k tokens a batch, causal and not
         // (FlashAttention-3's benchmark sizes); one 16k-token sequence.

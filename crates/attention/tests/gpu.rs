@@ -64,6 +64,16 @@ fn decode_shape(b: i64, hq: i64, hkv: i64, d: i64, seq: i64, ragged: i64, bs: i6
     s
 }
 
+/// The ragged decode tests' heads: query heads per KV head (1 to 8), KV heads (1 to 4) and the head size (64
+/// or 128).
+fn decode_heads() -> impl Strategy<Value = (i64, i64, i64)> {
+    (
+        prop::sample::select(vec![1i64, 2, 4, 8]),
+        prop::sample::select(vec![1i64, 2, 4]),
+        prop::sample::select(vec![64i64, 128]),
+    )
+}
+
 fn decode_bad_input(gpu: &Gpu) {
     let heads = Heads { hq: 4, hkv: 2, d: 64 };
     let dims = DecodeDims { b: 2, heads, tmax: 40, dtype: Dtype::Bf16, block_size: 16, splits: 0 };
@@ -91,32 +101,16 @@ fn decode_bad_input(gpu: &Gpu) {
     let stream = gpu.stream();
     for v_ in Decode.variants() {
         let p = decode::prepare(gpu, &v_, dims).unwrap();
+        // One call on the contiguous cache of keys `k` (values `vd`) with lengths `seq_lens`.
+        let mut enqueue = |k, seq_lens| {
+            let cache = KvCache::Contiguous { k, v: &vd };
+            p.enqueue(stream, DecodeArgs { out: &mut out, lse: &mut lse, q: &q, cache, seq_lens, alibi: None })
+        };
         let short = gpu.upload(&k[1..]).unwrap();
-        let r = p.enqueue(
-            stream,
-            DecodeArgs {
-                out: &mut out,
-                lse: &mut lse,
-                q: &q,
-                cache: KvCache::Contiguous { k: &short, v: &vd },
-                seq_lens: &seq_lens,
-                alibi: None,
-            },
-        );
+        let r = enqueue(&short, &seq_lens);
         assert!(matches!(r, Err(Error::Constraint { .. })), "{}: {r:?}", v_.id());
         let long_lens = decode::SeqLens::new(gpu, &[41, 3], 41).unwrap();
-        let r = p.enqueue(
-            stream,
-            DecodeArgs {
-                out: &mut out,
-                lse: &mut lse,
-                q: &q,
-                cache: KvCache::Contiguous { k: &kd, v: &vd },
-                seq_lens: &long_lens,
-                alibi: None,
-            },
-        );
-        assert_constraint(r, "seq_lens");
+        assert_constraint(enqueue(&kd, &long_lens), "seq_lens");
     }
     gpu.synchronize().unwrap();
     assert!(gpu.download(&out).unwrap().iter().all(|&x| Dtype::Bf16.value(x).is_nan()), "a refused call wrote out");
@@ -244,13 +238,11 @@ fn main() -> std::process::ExitCode {
             let strategy = (
                 1i64..=8,
                 1i64..=4096,
-                prop::sample::select(vec![1i64, 2, 4, 8]),
-                prop::sample::select(vec![1i64, 2, 4]),
-                prop::sample::select(vec![64i64, 128]),
+                decode_heads(),
                 prop::sample::select(vec![16i64, 32]),
                 (0i64..=1, 0i64..=1, 0i64..=40),
             );
-            proptest(16, strategy, |(b, seq, ratio, hkv, d, bs, (dtype, alibi, splits))| {
+            proptest(16, strategy, |(b, seq, (ratio, hkv, d), bs, (dtype, alibi, splits))| {
                 let mut s = decode_shape(b, ratio * hkv, hkv, d, seq, 1, bs, dtype, alibi);
                 s.set("splits", splits);
                 assert_stages_pass(gpu, &Decode, &s, &Decode.variants());
@@ -272,15 +264,8 @@ fn main() -> std::process::ExitCode {
             }
         })
         .gpu("offload_stages_pass_ragged", |gpu| {
-            let strategy = (
-                1i64..=4,
-                1i64..=2048,
-                prop::sample::select(vec![1i64, 2, 4, 8]),
-                prop::sample::select(vec![1i64, 2, 4]),
-                prop::sample::select(vec![64i64, 128]),
-                1i64..=16,
-            );
-            proptest(8, strategy, |(b, seq, ratio, hkv, d, chunks)| {
+            let strategy = (1i64..=4, 1i64..=2048, decode_heads(), 1i64..=16);
+            proptest(8, strategy, |(b, seq, (ratio, hkv, d), chunks)| {
                 let s = offload::shape(b, ratio * hkv, hkv, d, seq, chunks.min(seq));
                 assert_stages_pass(gpu, &DecodeOffload, &s, &DecodeOffload.variants());
             })

@@ -53,8 +53,51 @@ pub trait Family: Sync {
     fn ops(&self) -> Vec<&'static dyn Op>;
 }
 
+/// Declares a family at the root of its crate: `FAMILY` (its name), `SOURCES` (every `.cu`/`.cuh`
+/// file of the crate, embedded by its build script, importing the sources listed in `imports`: other
+/// families' headers its kernels include) and the unit struct implementing [`Family`], its ops in
+/// `ladder list`'s order. [`declare_op!`] reads `FAMILY` and `SOURCES` from there.
+#[macro_export]
+macro_rules! declare_family {
+    (
+        pub struct $family:ident {
+            name: $name:expr,
+            description: $description:expr,
+            imports: [$($import:expr),* $(,)?],
+            ops: [$($op:expr),* $(,)?] $(,)?
+        }
+    ) => {
+        mod embedded {
+            include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+        }
+
+        pub const FAMILY: &str = $name;
+
+        /// Every `.cu`/`.cuh` file of this crate, embedded at build time.
+        pub static SOURCES: $crate::Sources =
+            $crate::Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[$($import),*] };
+
+        pub struct $family;
+
+        impl $crate::Family for $family {
+            fn name(&self) -> &'static str {
+                FAMILY
+            }
+            fn description(&self) -> &'static str {
+                $description
+            }
+            fn sources(&self) -> &'static $crate::Sources {
+                &SOURCES
+            }
+            fn ops(&self) -> Vec<&'static dyn $crate::Op> {
+                vec![$($op),*]
+            }
+        }
+    };
+}
+
 /// What an op is: its family and name, one line for `ladder list`, the family's sources, the keys
-/// of its shapes (in display order) and its stage list. Each op declares one as a `static`.
+/// of its shapes (in display order) and its stage list. Each op declares one with [`declare_op!`].
 #[derive(Debug)]
 pub struct OpInfo {
     pub family: &'static str,
@@ -66,8 +109,45 @@ pub struct OpInfo {
     pub stages: fn() -> Vec<Variant>,
 }
 
-pub trait Op: Sync {
+/// An op's [`OpInfo`]: what [`declare_op!`] implements, apart from the op's behaviour ([`Op`]).
+pub trait Declared {
     fn info(&self) -> &'static OpInfo;
+}
+
+/// Declares an op of the crate's family (the crate root's `FAMILY` and `SOURCES`, as
+/// [`declare_family!`] defines them): the unit struct and its [`OpInfo`]. The struct's `impl Op`
+/// gives the rest.
+#[macro_export]
+// `crate` is meant: the op's family is the crate that calls the macro.
+#[allow(clippy::crate_in_macro_def)]
+macro_rules! declare_op {
+    (
+        pub struct $op:ident {
+            name: $name:expr,
+            description: $description:expr,
+            shape_keys: [$($key:expr),* $(,)?],
+            stages: $stages:expr $(,)?
+        }
+    ) => {
+        pub struct $op;
+
+        impl $crate::Declared for $op {
+            fn info(&self) -> &'static $crate::OpInfo {
+                static INFO: $crate::OpInfo = $crate::OpInfo {
+                    family: crate::FAMILY,
+                    name: $name,
+                    description: $description,
+                    sources: &crate::SOURCES,
+                    shape_keys: &[$($key),*],
+                    stages: $stages,
+                };
+                &INFO
+            }
+        }
+    };
+}
+
+pub trait Op: Declared + Sync {
     fn family(&self) -> &'static str {
         self.info().family
     }
@@ -160,6 +240,18 @@ macro_rules! problem_plumbing {
 /// An op's prepared stage: it reports the resources of its kernels at their launch configurations.
 pub trait PreparedStage {
     fn resources(&self) -> Vec<ResourceUse>;
+}
+
+/// [`PreparedStage`] for a prepared stage that is one kernel launch, its `launch` field.
+#[macro_export]
+macro_rules! single_launch_stage {
+    ($prepared:ty) => {
+        impl $crate::PreparedStage for $prepared {
+            fn resources(&self) -> Vec<$crate::ResourceUse> {
+                vec![self.launch.resources().clone()]
+            }
+        }
+    };
 }
 
 /// The stage a problem has prepared: the variant and the op's prepared form of it.

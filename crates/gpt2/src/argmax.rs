@@ -8,13 +8,23 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Result, Shape, Variant, Workload,
 };
 
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "argmax";
+
+common::declare_op! {
+    pub struct Argmax {
+        name: OP,
+        description: "greedy sampling: ids[b] = argmax over V of logits[b, :] (lowest index among equals)",
+        shape_keys: ["B", "V", "ld"],
+        stages: stages,
+    }
+}
+
 const THREADS: u32 = 256;
 pub(crate) const ELEMS: &str = "B * ld < 2^31";
 pub(crate) const STRIDE: &str = "ld >= V";
@@ -227,11 +237,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 fn shape(b: i64, v: i64, ld: i64) -> Shape {
     Shape::new(&[("B", b), ("V", v), ("ld", ld)])
@@ -247,21 +253,7 @@ pub(crate) fn dims(s: &Shape) -> Result<ArgmaxDims> {
     Ok(ArgmaxDims { b, v, ld })
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "greedy sampling: ids[b] = argmax over V of logits[b, :] (lowest index among equals)",
-    sources: &SOURCES,
-    shape_keys: &["B", "V", "ld"],
-    stages,
-};
-
-pub struct Argmax;
-
 impl Op for Argmax {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2's vocabulary, in rows padded to 50304 as the model's logits are, at the decode batch
         // sizes of the model table.

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use common::check::{compare, Verification};
 use common::cudarc::driver::CudaStream;
-use common::{require, Bound, Error, Gpu, Limit, Op, OpInfo, Problem, ResourceUse, Result, Shape, Variant, Workload};
+use common::{require, Bound, Error, Gpu, Limit, Op, Problem, ResourceUse, Result, Shape, Variant, Workload};
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -26,7 +26,16 @@ use crate::megakernel::{check_megakernel, stages, Plan, B_LIMIT, C_LIMIT, C_MULT
 use crate::model::{splitmix, HostCache, Model};
 use crate::plan::Plan as ModelPlan;
 use crate::weights::Weights;
-use crate::{pointwise, FAMILY, SOURCES};
+use crate::{pointwise, SOURCES};
+
+common::declare_op! {
+    pub struct DecodeStep {
+        name: OP,
+        description: "one greedy decode step of the whole model over the bf16 KV cache (ids in, logits and next ids out)",
+        shape_keys: ["B", "len", "ragged", "L", "C", "H", "grid"],
+        stages: stages,
+    }
+}
 
 /// The builds the composed steps make beyond the stage lists' own (the `pdl` plan's stages with the
 /// host switches the model turns on: the dependent chain, kv-append in the QKV epilogue, the argmax
@@ -101,21 +110,7 @@ fn shape(b: i64, len: i64, l: i64, c: i64, h: i64) -> Shape {
     Shape::new(&[("B", b), ("len", len), ("ragged", 0), ("L", l), ("C", c), ("H", h), ("grid", 0)])
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "one greedy decode step of the whole model over the bf16 KV cache (ids in, logits and next ids out)",
-    sources: &SOURCES,
-    shape_keys: &["B", "len", "ragged", "L", "C", "H", "grid"],
-    stages,
-};
-
-pub struct DecodeStep;
-
 impl Op for DecodeStep {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M, a 1024-token context filled to 1000, at the model table's decode batches.
         vec![shape(1, 1000, 12, 768, 12), shape(8, 1000, 12, 768, 12), shape(32, 1000, 12, 768, 12)]

@@ -4,14 +4,24 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rng, rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    Prepared as Current, Problem, Result, Shape, Variant, Workload,
 };
 use rand::Rng;
 
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "encoder";
+
+common::declare_op! {
+    pub struct Encoder {
+        name: OP,
+        description: "token + position embedding (fp32): out[b,t,:] = wte[tok,:] + wpe[t,:]",
+        shape_keys: ["B", "T", "C", "V"],
+        stages: stages,
+    }
+}
+
 const ELEMS: &str = "B * T * C < 2^31";
 
 fn stages() -> Vec<Variant> {
@@ -215,11 +225,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 pub fn reference(tokens: &[i32], wte: &[f32], wpe: &[f32], t: usize, c: usize) -> Vec<f64> {
     let mut out = Vec::with_capacity(tokens.len() * c);
@@ -248,21 +254,7 @@ fn dims(shape: &Shape) -> Result<EncoderDims> {
     })
 }
 
-pub struct Encoder;
-
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "token + position embedding (fp32): out[b,t,:] = wte[tok,:] + wpe[t,:]",
-    sources: &SOURCES,
-    shape_keys: &["B", "T", "C", "V"],
-    stages,
-};
-
 impl Op for Encoder {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         vec![shape(4, 1024, 768, 50257)]
     }

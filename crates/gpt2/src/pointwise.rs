@@ -8,11 +8,29 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::{FAMILY, SOURCES};
+
+common::declare_op! {
+    pub struct Gelu {
+        name: "gelu",
+        description: "GELU, tanh form (fp32): out[i] = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))",
+        shape_keys: ["N"],
+        stages: gelu_stages,
+    }
+}
+
+common::declare_op! {
+    pub struct Residual {
+        name: "residual",
+        description: "residual add (fp32): out[i] = a[i] + b[i]",
+        shape_keys: ["N"],
+        stages: residual_stages,
+    }
+}
 
 /// The block sizes the report swept for its residual and GELU kernels (4 to 1024 threads).
 pub const REPORT_BLOCK_SIZES: [u32; 9] = [4, 8, 16, 32, 64, 128, 256, 512, 1024];
@@ -154,36 +172,11 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 fn shape(n: i64) -> Shape {
     Shape::new(&[("N", n)])
 }
-
-static GELU_INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: "gelu",
-    description: "GELU, tanh form (fp32): out[i] = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))",
-    sources: &SOURCES,
-    shape_keys: &["N"],
-    stages: gelu_stages,
-};
-
-static RESIDUAL_INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: "residual",
-    description: "residual add (fp32): out[i] = a[i] + b[i]",
-    sources: &SOURCES,
-    shape_keys: &["N"],
-    stages: residual_stages,
-};
-
-pub struct Gelu;
-pub struct Residual;
 
 /// The op behind each of the two unit structs.
 trait Pointwise {
@@ -219,11 +212,8 @@ fn problem(gpu: &Gpu, kind: Kind, s: &Shape, seed: u64) -> Result<Box<dyn Proble
 }
 
 macro_rules! pointwise_op {
-    ($ty:ty, $info:expr) => {
+    ($ty:ty) => {
         impl Op for $ty {
-            fn info(&self) -> &'static OpInfo {
-                &$info
-            }
             fn default_shapes(&self) -> Vec<Shape> {
                 // GPT-2 124M at B = 4, T = 1024: the MLP's 4C activations, and the C-wide stream.
                 match <$ty as Pointwise>::KIND {
@@ -243,8 +233,8 @@ macro_rules! pointwise_op {
         }
     };
 }
-pointwise_op!(Gelu, GELU_INFO);
-pointwise_op!(Residual, RESIDUAL_INFO);
+pointwise_op!(Gelu);
+pointwise_op!(Residual);
 
 struct PointwiseProblem {
     kind: Kind,

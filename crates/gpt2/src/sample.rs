@@ -10,8 +10,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Result, Shape, Variant, Workload,
 };
 
 use crate::argmax::{check_dims, dims as logit_rows, ArgmaxDims, ELEMS, STRIDE};
@@ -19,6 +19,16 @@ use crate::sampling::{draw, kept_intervals, Sampling};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "sample";
+
+common::declare_op! {
+    pub struct Sample {
+        name: OP,
+        description: "sampling: ids[b] drawn from softmax(logits[b, :V] / T) within top-k and top-p, one uniform per row",
+        shape_keys: ["B", "V", "ld", "k", "p", "t"],
+        stages: stages,
+    }
+}
+
 const THREADS: u32 = 1024;
 /// The row lives in shared memory (227 KiB on Hopper): V fp32 weights.
 pub const MAX_V: usize = 56 * 1024;
@@ -97,11 +107,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 fn shape(b: i64, v: i64, ld: i64, k: i64, p: i64, t: i64) -> Shape {
     Shape::new(&[("B", b), ("V", v), ("ld", ld), ("k", k), ("p", p), ("t", t)])
@@ -123,21 +129,7 @@ fn dims(s: &Shape) -> Result<(SampleDims, Sampling)> {
     Ok((rows, sampling))
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "sampling: ids[b] drawn from softmax(logits[b, :V] / T) within top-k and top-p, one uniform per row",
-    sources: &SOURCES,
-    shape_keys: &["B", "V", "ld", "k", "p", "t"],
-    stages,
-};
-
-pub struct Sample;
-
 impl Op for Sample {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2's vocabulary in the model's padded rows: temperature alone, top-k 50, top-p 0.9, both;
         // at the model table's batch sizes; and a ragged vocabulary.

@@ -4,7 +4,8 @@
 
 use common::check::rel_l2;
 use common::testing::{assert_graph_replay_passes, assert_limits_on_gpu, assert_stages_pass, proptest, Suite};
-use common::{Op, Shape};
+use common::{Gpu, Op, Shape};
+use gpt2::cache::KvCache;
 use gpt2::config::Config;
 use gpt2::encoder::{Encoder, TokenIds};
 use gpt2::model::{Logits, Model};
@@ -23,6 +24,66 @@ fn token_rows(seed: u64, t: usize) -> Vec<Vec<i32>> {
 /// Each row's last position of `all` (`[B, T, V]`): what `forward_last` computes.
 fn last_rows<T: Copy>(all: &[T], t: usize, v: usize) -> Vec<T> {
     all.chunks(t * v).flat_map(|r| r[(t - 1) * v..].to_vec()).collect()
+}
+
+/// The rel L2 errors of `plan`'s logits on `tokens` against the reference's, `want` (`[B, T, V]`):
+/// of the whole-sequence pass, and of the last-position pass (`forward_last`) against each row's last
+/// position.
+fn forward_errors(gpu: &Gpu, cfg: Config, w: &Weights, plan: Plan, tokens: &[Vec<i32>], want: &[f64]) -> (f64, f64) {
+    let mut m = Model::new(gpu, cfg, w, plan).unwrap();
+    let all = rel_l2(&m.forward(gpu, tokens).unwrap(), want);
+    let last = rel_l2(&m.forward_last(gpu, tokens).unwrap(), &last_rows(want, tokens[0].len(), cfg.vocab));
+    (all, last)
+}
+
+/// Each plan of `specs` against the f64 forward on `cfg`'s random weights, at each (seed, T) of
+/// `cases`: the logits of the whole-sequence pass and of the last-position pass within `tol`.
+fn assert_plans_match_reference(gpu: &Gpu, cfg: Config, cases: &[(u64, usize)], specs: &[&str], tol: f64) {
+    for &(seed, t) in cases {
+        let w = Weights::random(&cfg, seed);
+        let tokens = token_rows(seed, t);
+        let want = reference::forward(&cfg, &w, &tokens);
+        for spec in specs {
+            let (err, err_last) = forward_errors(gpu, cfg, &w, plan_of(spec), &tokens, &want);
+            eprintln!("plan {spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e}");
+            assert!(err <= tol, "plan {spec}, seed {seed}: logits rel L2 {err:e}");
+            assert!(err_last <= tol, "plan {spec}, seed {seed}: last-position logits rel L2 {err_last:e}");
+        }
+    }
+}
+
+/// The decode tests' prompts: ragged sequences of 5, 11 and 17 tokens below 101.
+fn decode_prompts() -> Vec<Vec<i32>> {
+    [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect()
+}
+
+/// Prefills `prompts` into a new cache of `m` (step 0), then feeds every sequence one token a step
+/// and decodes (steps 1 to 6); after each step, `check` gets the step, the sequences so far and the
+/// step's last-position logits of each. Returns the cache.
+fn run_decode(
+    gpu: &Gpu,
+    m: &mut Model,
+    prompts: &[Vec<i32>],
+    mut check: impl FnMut(usize, &[Vec<i32>], &[f32]),
+) -> KvCache {
+    let mut cache = m.new_cache(gpu, prompts.len()).unwrap();
+    let mut s = prompts.to_vec();
+    for step in 0..7 {
+        let last: Vec<f32> = if step == 0 {
+            (0..s.len()).flat_map(|i| m.prefill_into(gpu, &mut cache, i, &s[i]).unwrap()).collect()
+        } else {
+            let fed: Vec<i32> = (0..s.len()).map(|i| ((step * 17 + i * 5) % 101) as i32).collect();
+            s.iter_mut().zip(&fed).for_each(|(q, &t)| q.push(t));
+            m.decode_step(gpu, &mut cache, &fed).unwrap()
+        };
+        check(step, &s, &last);
+    }
+    cache
+}
+
+/// Each sequence's last-position logits of the f64 forward `forward`, run on that sequence alone.
+fn reference_last(cfg: &Config, seqs: &[Vec<i32>], forward: impl Fn(&[Vec<i32>]) -> Vec<f64>) -> Vec<f64> {
+    seqs.iter().flat_map(|q| forward(std::slice::from_ref(q))[(q.len() - 1) * cfg.vocab..].to_vec()).collect()
 }
 
 /// The plan `NAME[:op=stage,...]`.
@@ -90,22 +151,7 @@ fn main() -> std::process::ExitCode {
         .gpu("model_matches_the_f64_reference", |gpu| {
             // Two layers, head size 32, a vocabulary and lengths that are not multiples of anything.
             let cfg = Config { layers: 2, heads: 2, c: 64, vocab: 101, max_t: 40 };
-            for seed in [1u64, 2] {
-                let w = Weights::random(&cfg, seed);
-                let tokens = token_rows(seed, 17);
-                let want = reference::forward(&cfg, &w, &tokens);
-                // The reference's last position of each row: what forward_last computes alone.
-                let want_last = last_rows(&want, 17, cfg.vocab);
-                for plan in ["naive", "fp32", "cublas"] {
-                    let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
-                    let got = m.forward(gpu, &tokens).unwrap();
-                    let err = rel_l2(&got, &want);
-                    assert!(err <= 1e-5, "plan {plan}, seed {seed}: logits rel L2 {err:e}");
-                    let last = m.forward_last(gpu, &tokens).unwrap();
-                    let err = rel_l2(&last, &want_last);
-                    assert!(err <= 1e-5, "plan {plan}, seed {seed}: last-position logits rel L2 {err:e}");
-                }
-            }
+            assert_plans_match_reference(gpu, cfg, &[(1, 17), (2, 17)], &["naive", "fp32", "cublas"], 1e-5);
         })
         .gpu("bf16_model_matches_the_f64_reference", |gpu| {
             // The bf16 pass (attention needs heads of 64 or 128): bf16 weights, and LayerNorm's,
@@ -113,24 +159,12 @@ fn main() -> std::process::ExitCode {
             // apiece), the residual stream and logits fp32: bf16's 1e-2. Ragged T, every linear-bf16
             // rung that fuses the tails and stores bf16, and cuBLASLt.
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
-            for (seed, t) in [(1u64, 17usize), (2, 33)] {
-                let w = Weights::random(&cfg, seed);
-                let tokens = token_rows(seed, t);
-                let want = reference::forward(&cfg, &w, &tokens);
-                let want_last = last_rows(&want, t, cfg.vocab);
-                for spec in [
-                    "bf16",
-                    "bf16:linear-bf16=12,linear-bf16-residual=14",
-                    "bf16:linear-bf16=90,linear-bf16-residual=90,attention-bf16=0",
-                ] {
-                    let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
-                    let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
-                    eprintln!("plan {spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e}");
-                    assert!(err <= 1e-2, "plan {spec}, seed {seed}: logits rel L2 {err:e}");
-                    let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &want_last);
-                    assert!(err <= 1e-2, "plan {spec}, seed {seed}: last-position logits rel L2 {err:e}");
-                }
-            }
+            let specs = [
+                "bf16",
+                "bf16:linear-bf16=12,linear-bf16-residual=14",
+                "bf16:linear-bf16=90,linear-bf16-residual=90,attention-bf16=0",
+            ];
+            assert_plans_match_reference(gpu, cfg, &[(1, 17), (2, 33)], &specs, 1e-2);
         })
         .gpu("fp8_model_within_the_format_error", |gpu| {
             // The fp8 plan's whole-sequence pass against the exact f64 forward, within 1.5 times the
@@ -152,17 +186,15 @@ fn main() -> std::process::ExitCode {
                 let format_last = rel_l2(&last_rows(&quantized, t, cfg.vocab), &want_last);
                 // The LayerNorms taken into the quantizer (quantize-fp8 2), or run apart (1).
                 for spec in ["fp8", "fp8:quantize-fp8=1"] {
-                    let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
-                    let err = rel_l2(&m.forward(gpu, &tokens).unwrap(), &want);
+                    let (err, err_last) = forward_errors(gpu, cfg, &w, plan_of(spec), &tokens, &want);
                     eprintln!("{spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e} (the format's own {format:.2e})");
                     assert!(
                         err <= 1.5 * format + 1e-2,
                         "{spec}, seed {seed}: logits rel L2 {err:e}, format {format:e}"
                     );
-                    let err = rel_l2(&m.forward_last(gpu, &tokens).unwrap(), &want_last);
                     assert!(
-                        err <= 1.5 * format_last + 1e-2,
-                        "{spec}, seed {seed}: last-position logits rel L2 {err:e}, format {format_last:e}"
+                        err_last <= 1.5 * format_last + 1e-2,
+                        "{spec}, seed {seed}: last-position logits rel L2 {err_last:e}, format {format_last:e}"
                     );
                 }
             }
@@ -174,40 +206,24 @@ fn main() -> std::process::ExitCode {
             // own error on this model (the quantized reference against the exact one) plus bf16's 1e-2.
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 7);
-            let seqs: Vec<Vec<i32>> =
-                [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
             for (spec, graph) in [("fp8", false), ("fp8", true), ("fp8:gemv-fp8=4", true), ("fp8:quantize-fp8=1", true)]
             {
                 let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
                 m.set_graph(graph);
-                let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
-                let mut s = seqs.clone();
-                for step in 0..7 {
-                    let last: Vec<f32> = if step == 0 {
-                        (0..s.len()).flat_map(|i| m.prefill_into(gpu, &mut cache, i, &s[i]).unwrap()).collect()
-                    } else {
-                        let fed: Vec<i32> = (0..s.len()).map(|i| ((step * 17 + i * 5) % 101) as i32).collect();
-                        s.iter_mut().zip(&fed).for_each(|(q, &t)| q.push(t));
-                        m.decode_step(gpu, &mut cache, &fed).unwrap()
-                    };
-                    let last_rows = |all: Vec<f64>, q: &Vec<i32>| all[(q.len() - 1) * cfg.vocab..].to_vec();
-                    let want: Vec<f64> = s
+                let cache = run_decode(gpu, &mut m, &decode_prompts(), |step, s, last| {
+                    let want = reference_last(&cfg, s, |q| reference::forward(&cfg, &w, q));
+                    let quantized: Vec<f32> = reference_last(&cfg, s, |q| reference::forward_fp8(&cfg, &w, q))
                         .iter()
-                        .flat_map(|q| last_rows(reference::forward(&cfg, &w, std::slice::from_ref(q)), q))
-                        .collect();
-                    let quantized: Vec<f32> = s
-                        .iter()
-                        .flat_map(|q| last_rows(reference::forward_fp8(&cfg, &w, std::slice::from_ref(q)), q))
-                        .map(|x| x as f32)
+                        .map(|&x| x as f32)
                         .collect();
                     let format = rel_l2(&quantized, &want);
-                    let err = rel_l2(&last, &want);
+                    let err = rel_l2(last, &want);
                     eprintln!("{spec}, graph {graph}, step {step}: logits rel L2 {err:.2e} (format {format:.2e})");
                     assert!(
                         err <= 1.5 * format + 1e-2,
                         "{spec}, graph {graph}, step {step}: {err:e}, format {format:e}"
                     );
-                }
+                });
                 assert_eq!(cache.lens(), &[11, 17, 23]);
             }
         })
@@ -215,8 +231,6 @@ fn main() -> std::process::ExitCode {
             // Head size 64 (the decode op's), ragged prompts, six steps through the bf16 cache.
             let cfg = Config { layers: 2, heads: 2, c: 128, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 7);
-            let seqs: Vec<Vec<i32>> =
-                [5usize, 11, 17].iter().map(|&n| (0..n).map(|t| ((t * 13 + n) % 101) as i32).collect()).collect();
             // cublas-gemv: the decode step's linears on bf16 weights (gemv=4: on the tensor cores).
             // The graph rows replay a captured decode step, with the step's inputs in device memory.
             // decode=3 and decode=4 read a paged cache, which kv-append fills through its table.
@@ -238,26 +252,10 @@ fn main() -> std::process::ExitCode {
             for (spec, graph) in plans {
                 let mut m = Model::new(gpu, cfg, &w, plan_of(spec)).unwrap();
                 m.set_graph(graph);
-                let mut cache = m.new_cache(gpu, seqs.len()).unwrap();
-                let mut s = seqs.clone();
-                for step in 0..7 {
-                    let last: Vec<f32> = if step == 0 {
-                        (0..s.len()).flat_map(|i| m.prefill_into(gpu, &mut cache, i, &s[i]).unwrap()).collect()
-                    } else {
-                        let fed: Vec<i32> = (0..s.len()).map(|i| ((step * 17 + i * 5) % 101) as i32).collect();
-                        s.iter_mut().zip(&fed).for_each(|(q, &t)| q.push(t));
-                        m.decode_step(gpu, &mut cache, &fed).unwrap()
-                    };
-                    let want: Vec<f64> = s
-                        .iter()
-                        .flat_map(|q| {
-                            let all = reference::forward(&cfg, &w, std::slice::from_ref(q));
-                            all[(q.len() - 1) * cfg.vocab..].to_vec()
-                        })
-                        .collect();
-                    let err = rel_l2(&last, &want);
+                let mut cache = run_decode(gpu, &mut m, &decode_prompts(), |step, s, last| {
+                    let err = rel_l2(last, &reference_last(&cfg, s, |q| reference::forward(&cfg, &w, q)));
                     assert!(err <= 2e-2, "plan {spec}, graph {graph}, step {step}: logits rel L2 {err:e}");
-                }
+                });
                 assert_eq!(cache.is_paged(), spec.contains("decode=4") || spec.contains("decode=3"), "{spec}");
                 assert_eq!(cache.lens(), &[11, 17, 23]);
                 assert!(m.decode_step(gpu, &mut cache, &[1, 2]).is_err(), "one token per sequence");

@@ -12,10 +12,12 @@
 #include "matmul_tail.cuh"
 
 
-// wt[k, n] = w[n, k] for k < Kp, n < Np (zero outside N x K). w is N x K row-major, wt Kp x Np.
-// Block (32, 8) transposes a 32 x 32 tile through shared memory: both the read (along k) and the
-// write (along n) are coalesced. Grid (ceil(Np/32), ceil(Kp/32)).
-extern "C" __global__ void mm_transpose_f32(const float* w, float* wt, int N, int K, int Np, int Kp) {
+// wt[k, n] = convert(w[n, k]) for k < Kp, n < Np (zero outside N x K). w is N x K row-major, wt
+// Kp x Np. Block (32, 8) transposes a 32 x 32 tile through shared memory: both the read (along k)
+// and the write (along n) are coalesced. Grid (ceil(Np/32), ceil(Kp/32)).
+template <typename T, typename Convert>
+__device__ __forceinline__ void mm_transpose_tile(const float* w, T* wt, int N, int K, int Np, int Kp,
+                                                  Convert convert) {
     __shared__ float tile[32][33];
     const int n0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
     for (int j = threadIdx.y; j < 32; j += 8) {
@@ -25,8 +27,13 @@ extern "C" __global__ void mm_transpose_f32(const float* w, float* wt, int N, in
     __syncthreads();
     for (int j = threadIdx.y; j < 32; j += 8) {
         int k = k0 + j, n = n0 + threadIdx.x;
-        if (k < Kp && n < Np) wt[(size_t)k * Np + n] = tile[threadIdx.x][j];
+        if (k < Kp && n < Np) wt[(size_t)k * Np + n] = convert(tile[threadIdx.x][j]);
     }
+}
+
+// wt[k, n] = w[n, k]: mm_transpose_tile in fp32.
+extern "C" __global__ void mm_transpose_f32(const float* w, float* wt, int N, int K, int Np, int Kp) {
+    mm_transpose_tile(w, wt, N, K, Np, Kp, [](float x) { return x; });
 }
 
 // dst[r, c] = half(src[r, c]) for r < rows_p, c < cols_p, zero outside rows x cols. src is
@@ -40,21 +47,11 @@ extern "C" __global__ void mm_convert_f16(const float* src, __half* dst, int row
     dst[i] = __float2half_rn(v);
 }
 
-// The two preprocessing passes of the weights in one: wt[k, n] = half(w[n, k]), zero padded.
-// Same tiling as mm_transpose_f32; the fp32 intermediate (4 bytes written and read again per
-// weight) disappears.
+// The two preprocessing passes of the weights in one: wt[k, n] = half(w[n, k]), zero padded
+// (mm_transpose_tile converting to fp16); the fp32 intermediate (4 bytes written and read again
+// per weight) disappears.
 extern "C" __global__ void mm_transpose_convert_f16(const float* w, __half* wt, int N, int K, int Np, int Kp) {
-    __shared__ float tile[32][33];
-    const int n0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
-    for (int j = threadIdx.y; j < 32; j += 8) {
-        int n = n0 + j, k = k0 + threadIdx.x;
-        tile[j][threadIdx.x] = (n < N && k < K) ? w[(size_t)n * K + k] : 0.0f;
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < 32; j += 8) {
-        int k = k0 + j, n = n0 + threadIdx.x;
-        if (k < Kp && n < Np) wt[(size_t)k * Np + n] = __float2half_rn(tile[threadIdx.x][j]);
-    }
+    mm_transpose_tile(w, wt, N, K, Np, Kp, [](float x) { return __float2half_rn(x); });
 }
 
 // out[r, c] += bias[c] over rows x cols. Grid ceil(rows*cols/256), block 256.

@@ -108,37 +108,34 @@ static_assert(MM_BT_BK * MM_BT_BN / 8 == 2 * MM_BT_THREADS, "B tile: two 16-byte
 static_assert((MM_BT_STAGE_HALVES * 2) % 128 == 0, "stage bases stay 128-byte aligned");
 static_assert(MM_BT_WARPS_M * MM_BT_WARPS_N * 256 * 4 <= MM_BT_SMEM_BYTES, "epilogue stages fit");
 
-// Issues the copies of k-tile k0 into one pipeline stage (sa: A tile, sb: B tile). Each thread
-// moves two 16-byte chunks of each operand with cp.async; a chunk outside the padded operand
-// (rows >= Mp, k >= Kp, columns >= Np) is zero-filled by a plain shared store instead. Kp and Np
-// are multiples of 16, so a chunk is either wholly inside or wholly outside.
+// Copies one operand's part of a k-tile into a pipeline stage: a tile of COLS halves a row, LD a
+// shared row, whose corner is (row0, col0) of the padded row-major operand g (rows x cols). Each
+// thread moves two 16-byte chunks with cp.async; a chunk outside the operand is zero-filled by a
+// plain shared store instead. cols is a multiple of 16, so a chunk is either wholly inside or wholly
+// outside.
+template <int COLS, int LD>
+__device__ __forceinline__ void mm_bt_load_operand(__half* s, const __half* g, int row0, int col0, int rows,
+                                                   int cols) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int c = threadIdx.x + i * MM_BT_THREADS;
+        const int r = c / (COLS / 8), cc = (c % (COLS / 8)) * 8;
+        __half* dst = s + r * LD + cc;
+        const int gr = row0 + r, gc = col0 + cc;
+        if (gr < rows && gc < cols) {
+            __pipeline_memcpy_async(dst, g + (size_t)gr * cols + gc, 16);
+        } else {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+// Issues the copies of k-tile k0 into one pipeline stage (sa: A tile, sb: B tile), zero outside the
+// padded operands (rows >= Mp, k >= Kp, columns >= Np).
 __device__ __forceinline__ void mm_bt_load_tile(__half* sa, __half* sb, const __half* a, const __half* bt, int m0,
                                                 int n0, int k0, int Mp, int Kp, int Np) {
-    const int tid = threadIdx.x;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int c = tid + i * MM_BT_THREADS;
-        const int r = c / (MM_BT_BK / 8), kc = (c % (MM_BT_BK / 8)) * 8;
-        __half* dst = sa + r * MM_BT_LDA + kc;
-        const int gr = m0 + r, gk = k0 + kc;
-        if (gr < Mp && gk < Kp) {
-            __pipeline_memcpy_async(dst, a + (size_t)gr * Kp + gk, 16);
-        } else {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int c = tid + i * MM_BT_THREADS;
-        const int r = c / (MM_BT_BN / 8), nc = (c % (MM_BT_BN / 8)) * 8;
-        __half* dst = sb + r * MM_BT_LDB + nc;
-        const int gk = k0 + r, gn = n0 + nc;
-        if (gk < Kp && gn < Np) {
-            __pipeline_memcpy_async(dst, bt + (size_t)gk * Np + gn, 16);
-        } else {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+    mm_bt_load_operand<MM_BT_BK, MM_BT_LDA>(sa, a, m0, k0, Mp, Kp);
+    mm_bt_load_operand<MM_BT_BN, MM_BT_LDB>(sb, bt, k0, n0, Kp, Np);
 }
 
 // The mma of one k-tile held in shared memory: per 16-wide k-step, the warp loads its FN B
@@ -244,33 +241,37 @@ __device__ __forceinline__ void mm_wmma_m3_bt(float* out, const __half* a, const
     }
 }
 
-#ifdef BLOCK_TILE
+// The launch bounds of an entry point with LAUNCH_BOUNDS: the block tile's 256 threads, two blocks an
+// SM (BLOCK_TILE); else WARPS warps, one block.
 #ifdef LAUNCH_BOUNDS
+#ifdef BLOCK_TILE
 #define MM_M3_BOUNDS __launch_bounds__(MM_BT_THREADS, 2)
+#else
+#define MM_M3_BOUNDS __launch_bounds__(MM_M3_WARPS * 32, 1)
+#endif
 #else
 #define MM_M3_BOUNDS
 #endif
+
+// The signature of every stage-4 entry point.
+#define MM_WMMA_M3_ENTRY(NAME)                                                                              \
+    extern "C" __global__ void MM_M3_BOUNDS NAME(float* out, const __half* a, const __half* bt,              \
+                                                 const float* bias, const float* residual, int M, int N,     \
+                                                 int Kp, int Np)
+
+#ifdef BLOCK_TILE
 // An entry point of the stage-4 GEMM with epilogue EPI. Launch: grid ceil(M/128) * ceil(Np/128),
 // block 256, dynamic shared memory MM_BT_SMEM_BYTES.
 #define MM_DEFINE_WMMA_M3(NAME, EPI)                                                                        \
-    extern "C" __global__ void MM_M3_BOUNDS NAME(float* out, const __half* a, const __half* bt,              \
-                                                 const float* bias, const float* residual, int M, int N,     \
-                                                 int Kp, int Np) {                                           \
+    MM_WMMA_M3_ENTRY(NAME) {                                                                                 \
         extern __shared__ __align__(128) unsigned char mm_bt_smem[];                                         \
         mm_wmma_m3_bt<EPI>(out, a, bt, bias, residual, M, N, Kp, Np, mm_bt_smem);                            \
     }
 #else
-#ifdef LAUNCH_BOUNDS
-#define MM_M3_BOUNDS __launch_bounds__(MM_M3_WARPS * 32, 1)
-#else
-#define MM_M3_BOUNDS
-#endif
 // An entry point of the stage-4 GEMM with epilogue EPI. Launch: grid (Mp/16, ceil(Np/16/WARPS)),
 // block (32, WARPS), 1 KiB of static shared memory per warp.
 #define MM_DEFINE_WMMA_M3(NAME, EPI)                                                                        \
-    extern "C" __global__ void MM_M3_BOUNDS NAME(float* out, const __half* a, const __half* bt,              \
-                                                 const float* bias, const float* residual, int M, int N,     \
-                                                 int Kp, int Np) {                                           \
+    MM_WMMA_M3_ENTRY(NAME) {                                                                                 \
         __shared__ __align__(32) float stage[MM_M3_WARPS][256];                                              \
         mm_wmma_m3_flat<EPI>(out, a, bt, bias, residual, M, N, Kp, Np, stage[threadIdx.y]);                  \
     }

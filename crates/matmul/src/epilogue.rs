@@ -8,8 +8,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Error, Gpu, Launch, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Error, Gpu, Launch, Limit, Op, Precision, Prepared as Current, PreparedStage,
+    Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
 use crate::gemm::{check_dims, check_gemm, elementwise, gemm_limits, CublasLt, Dims, Gemm, Ptrs, Wmma, M3_TUNABLES};
@@ -19,6 +19,15 @@ use crate::{FAMILY, SOURCES};
 use common::lt::{LtEpilogue, LtOperands};
 
 const OP: &str = "linear-epilogue";
+
+common::declare_op! {
+    pub struct LinearEpilogue {
+        name: OP,
+        description: "linear layer + epilogue: epi=1 GELU(x W^T + b) (tanh), epi=2 x W^T + b + residual; fp32 in/out",
+        shape_keys: ["M", "N", "K", "epi"],
+        stages: stages,
+    }
+}
 
 /// What follows the GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,8 +298,6 @@ pub fn reference_rows(
     r
 }
 
-pub struct LinearEpilogue;
-
 fn shape(m: i64, n: i64, k: i64, epi: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("epi", epi)])
 }
@@ -305,19 +312,7 @@ fn dims(shape: &Shape) -> Result<EpilogueDims> {
     })
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "linear layer + epilogue: epi=1 GELU(x W^T + b) (tanh), epi=2 x W^T + b + residual; fp32 in/out",
-    sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "epi"],
-    stages,
-};
-
 impl Op for LinearEpilogue {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M at B·T = 4096: MLP up + GELU; attention projection + residual; MLP down + residual.
         [(3072, 768, 1), (768, 768, 2), (768, 3072, 2)].iter().map(|&(n, k, e)| shape(4096, n, k, e)).collect()

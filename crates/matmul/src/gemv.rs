@@ -13,18 +13,27 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo,
-    Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
-    Workload, DEPENDENT_LAUNCH,
+    require, require_len, Act, ActBuf, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    Prepared as Current, Problem, Requirements, Result, Shape, Variant, Workload, DEPENDENT_LAUNCH,
 };
 use half::bf16;
 use rayon::prelude::*;
 
 use crate::linear_bf16::{tail_of, Tail};
 use crate::reference::gelu_tanh;
-use crate::{FAMILY, SOURCES};
+use crate::{fp8, FAMILY, SOURCES};
 
 const OP: &str = "gemv";
+
+common::declare_op! {
+    pub struct Gemv {
+        name: OP,
+        description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias, then GELU or + residual (fp32 activations, bf16 weights, M <= 64)",
+        shape_keys: ["M", "N", "K", "bias", "epi", "in", "ln"],
+        stages: stages,
+    }
+}
+
 pub const MAX_M: usize = 64;
 pub(crate) const ROWS_M: &str = "M <= 64";
 pub(crate) const ELEMS: &str = "N * K < 2^31";
@@ -229,10 +238,13 @@ pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
     Ok(())
 }
 
-/// A GEMV stage prepared for one size.
+/// A GEMV stage prepared for one size: a `gemv` stage, or a `gemv-fp8` one
+/// ([`crate::gemv_fp8::prepare`]), taking weights of that format.
 pub struct Prepared {
-    launch: Launch,
-    d: GemvDims,
+    pub(crate) launch: Launch,
+    pub(crate) d: GemvDims,
+    /// The weights' format: bf16 (`gemv`) or fp8 (`gemv-fp8`).
+    pub(crate) weights: Precision,
 }
 
 pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
@@ -257,7 +269,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
         Plan::SplitK => LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?),
         Plan::Mma => mma_shape(v, d)?.0,
     };
-    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?, d })
+    let launch = gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?;
+    Ok(Prepared { launch, d, weights: Precision::Bf16 })
 }
 
 /// The tensor-core stages' launch and tile width MT (M rounded up to a power of two, at least 8):
@@ -351,19 +364,51 @@ impl QkvAppend {
     }
 }
 
-impl PreparedStage for QkvAppend {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
+common::single_launch_stage!(QkvAppend);
+
+/// A GEMV's weights as its kernels take them, in the format its stage was prepared for.
+#[derive(Clone, Copy)]
+pub enum GemvWeight<'a> {
+    /// `gemv`: N·K bf16 bit patterns.
+    Bf16(&'a CudaSlice<u16>),
+    /// `gemv-fp8`: N·K e4m3 codes and their fp32 scales, `[ceil(N / 128), ceil(K / 128)]`
+    /// ([`crate::fp8::Fp8Blocks`]).
+    Fp8 { codes: &'a CudaSlice<u8>, scales: &'a CudaSlice<f32> },
+}
+
+impl GemvWeight<'_> {
+    fn precision(self) -> Precision {
+        match self {
+            GemvWeight::Bf16(_) => Precision::Bf16,
+            GemvWeight::Fp8 { .. } => Precision::Fp8,
+        }
+    }
+
+    /// Appends the kernels' weight arguments (between `inp` and `bias`) to `args`, their lengths
+    /// checked against `d`.
+    fn push_args(self, d: GemvDims, args: &mut Vec<Arg<'static>>) -> Result<()> {
+        match self {
+            GemvWeight::Bf16(w) => {
+                require_len("weight", w.len(), d.n * d.k)?;
+                args.push(Arg::buf(w));
+            }
+            GemvWeight::Fp8 { codes, scales } => {
+                require_len("codes", codes.len(), d.n * d.k)?;
+                require_len("scales", scales.len(), fp8::groups(d.n) * fp8::groups(d.k))?;
+                args.extend([Arg::buf(codes), Arg::buf(scales)]);
+            }
+        }
+        Ok(())
     }
 }
 
-/// The buffers of one call: `out` M·N, `inp` M·K, `weight` N·K bf16 bit patterns, `bias` N,
-/// and with the residual tail `residual` M·N (not `out`: see [`Prepared::enqueue_residual_in_place`]).
-/// With `ln` = 1, `weight` and `bias` are the folded ones ([`fold_layernorm`]).
+/// The buffers of one call: `out` M·N, `inp` M·K, the weights, `bias` N, and with the residual tail
+/// `residual` M·N (not `out`: see [`Prepared::enqueue_residual_in_place`]). With `ln` = 1, the
+/// weights and `bias` are the folded ones ([`fold_layernorm`]).
 pub struct GemvArgs<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub inp: Act<'a>,
-    pub weight: &'a CudaSlice<u16>,
+    pub weight: GemvWeight<'a>,
     pub bias: Option<&'a CudaSlice<f32>>,
     pub residual: Option<&'a CudaSlice<f32>>,
 }
@@ -386,7 +431,7 @@ impl Prepared {
         stream: &CudaStream,
         out: &mut CudaSlice<f32>,
         inp: Act,
-        weight: &CudaSlice<u16>,
+        weight: GemvWeight,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
         self.d.require_residual_tail()?;
@@ -399,39 +444,38 @@ impl Prepared {
         stream: &CudaStream,
         out: &mut CudaSlice<f32>,
         inp: Act,
-        weight: &CudaSlice<u16>,
+        weight: GemvWeight,
         bias: Option<&CudaSlice<f32>>,
         residual: u64,
     ) -> Result<()> {
         let d = self.d;
         d.check_input(&inp)?;
+        require(weight.precision() == self.weights, "weights of the format the stage was prepared for", || {
+            format!("{:?} weights for a stage prepared for {:?}", weight.precision(), self.weights)
+        })?;
         require_len("out", out.len(), d.m * d.n)?;
         require_len("inp", inp.len(), d.m * d.k)?;
-        require_len("weight", weight.len(), d.n * d.k)?;
+        let mut args = vec![Arg::buf(out), Arg::Ptr(inp.ptr())];
+        weight.push_args(d, &mut args)?;
         let bias = d.bias_ptr(bias)?;
-        let args = [
-            Arg::buf(out),
-            Arg::Ptr(inp.ptr()),
-            Arg::buf(weight),
+        args.extend([
             Arg::Ptr(bias),
             Arg::Ptr(residual),
             Arg::I32(d.tail.code()),
             Arg::int(d.m),
             Arg::int(d.n),
             Arg::int(d.k),
-        ];
-        // SAFETY: the arguments follow gemv_m*'s signature; lengths checked above (the residual's by
-        // the callers: M·N, or out itself); K % 8 == 0 for the 16-byte stages (prepare), so every
-        // row of W and inp starts 16-byte aligned.
+        ]);
+        // SAFETY: the arguments follow every entry's signature (out, inp, the weights: W, or codes
+        // and scales, then bias, residual, tail, M, N, K) of the format the stage was prepared for;
+        // lengths checked above (the residual's by the callers: M·N, or out itself); K is a multiple
+        // of 8 (bf16, the 16-byte stages) or of 16 (fp8) (each op's check_shape in prepare), so
+        // every row of W and inp starts 16-byte aligned.
         unsafe { self.launch.enqueue(stream, &args) }
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 pub fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
@@ -522,21 +566,7 @@ pub(crate) fn reference(
     out
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "decode GEMV: out[M,N] = inp[M,K] . W[N,K]^T + bias, then GELU or + residual (fp32 activations, bf16 weights, M <= 64)",
-    sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi", "in", "ln"],
-    stages,
-};
-
-pub struct Gemv;
-
 impl Op for Gemv {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M's linears at one sequence: QKV, attention projection, MLP up, MLP down, LM head
         // (no bias); the MLP up at batches of 8 and 32; and the three with the tails the decode step
@@ -628,7 +658,7 @@ impl Problem for GemvProblem {
         let (_, p) = self.prepared.get()?;
         let bias = self.d.bias.then_some(&self.bias);
         let (out, weight, residual) = (self.out.get_mut(copy), self.w.get(copy), self.residual.as_ref());
-        p.enqueue(stream, GemvArgs { out, inp: self.inp.act(), weight, bias, residual })
+        p.enqueue(stream, GemvArgs { out, inp: self.inp.act(), weight: GemvWeight::Bf16(weight), bias, residual })
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;

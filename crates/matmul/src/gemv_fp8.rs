@@ -13,15 +13,26 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
-    require, require_len, Act, ActBuf, ActType, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, ActBuf, ActType, Bound, Gpu, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Requirements, Result, Shape, Variant, Workload,
 };
 
-use crate::gemv::{self, GemvDims, GemvInputs};
+pub use crate::gemv::Prepared;
+use crate::gemv::{self, GemvArgs, GemvDims, GemvInputs, GemvWeight};
 use crate::linear_bf16::Tail;
 use crate::{fp8, FAMILY, SOURCES};
 
 const OP: &str = "gemv-fp8";
+
+common::declare_op! {
+    pub struct GemvFp8 {
+        name: OP,
+        description: "decode GEMV on e4m3 weights with 128 x 128 block scales: out[M,N] = inp[M,K] . dequant(W)[N,K]^T + bias, then GELU or + residual (M <= 64)",
+        shape_keys: ["M", "N", "K", "bias", "epi", "in", "ln"],
+        stages: stages,
+    }
+}
+
 const K_ALIGN: &str = "K % 16 == 0";
 const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (1)";
 const ONE_PASS_K: &str = "K <= 2048";
@@ -120,12 +131,6 @@ pub fn check_shape(v: &Variant, d: GemvDims) -> Result<()> {
     Ok(())
 }
 
-/// A stage prepared for one size.
-pub struct Prepared {
-    launch: Launch,
-    d: GemvDims,
-}
-
 pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
     check_shape(v, d)?;
     // The FMA stages' entries: fp32 or bf16 inp, then the rows of inp a pass and the pieces a lane.
@@ -158,103 +163,10 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
             (format!("{entry}{mt}"), LaunchShape::linear(blocks, 32 * split).with_shared(split * 16 * 8 * 4))
         }
     };
-    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &entry, shape)?, d })
+    Ok(Prepared { launch: gpu.prepare_launch(&SOURCES, v, &entry, shape)?, d, weights: Precision::Fp8 })
 }
-
-/// The buffers of one call: `out` M·N, `inp` M·K, the weight's `codes` N·K and `scales`
-/// `[ceil(N / 128), ceil(K / 128)]` ([`fp8::Fp8Blocks`]), `bias` N, and with the residual tail
-/// `residual` M·N. With `ln` = 1, codes, scales and bias are the folded weight's.
-pub struct GemvFp8Args<'a> {
-    pub out: &'a mut CudaSlice<f32>,
-    pub inp: Act<'a>,
-    pub codes: &'a CudaSlice<u8>,
-    pub scales: &'a CudaSlice<f32>,
-    pub bias: Option<&'a CudaSlice<f32>>,
-    pub residual: Option<&'a CudaSlice<f32>>,
-}
-
-impl Prepared {
-    pub fn tail(&self) -> Tail {
-        self.d.tail
-    }
-
-    pub fn enqueue(&self, stream: &CudaStream, a: GemvFp8Args) -> Result<()> {
-        let residual = self.d.residual_ptr(a.residual)?;
-        self.launch(stream, a.out, a.inp, (a.codes, a.scales), a.bias, residual)
-    }
-
-    /// The residual tail with `out` as its own residual: `out += inp · dequant(W)ᵀ + bias` (the
-    /// decode step's residual stream). Each output element is read and then written by the same
-    /// thread.
-    pub fn enqueue_residual_in_place(
-        &self,
-        stream: &CudaStream,
-        out: &mut CudaSlice<f32>,
-        inp: Act,
-        (codes, scales): (&CudaSlice<u8>, &CudaSlice<f32>),
-        bias: Option<&CudaSlice<f32>>,
-    ) -> Result<()> {
-        self.d.require_residual_tail()?;
-        let residual = common::device_ptr(out);
-        self.launch(stream, out, inp, (codes, scales), bias, residual)
-    }
-
-    fn launch(
-        &self,
-        stream: &CudaStream,
-        out: &mut CudaSlice<f32>,
-        inp: Act,
-        (codes, scales): (&CudaSlice<u8>, &CudaSlice<f32>),
-        bias: Option<&CudaSlice<f32>>,
-        residual: u64,
-    ) -> Result<()> {
-        let d = self.d;
-        d.check_input(&inp)?;
-        require_len("out", out.len(), d.m * d.n)?;
-        require_len("inp", inp.len(), d.m * d.k)?;
-        require_len("codes", codes.len(), d.n * d.k)?;
-        require_len("scales", scales.len(), fp8::groups(d.n) * fp8::groups(d.k))?;
-        let bias = d.bias_ptr(bias)?;
-        let args = [
-            Arg::buf(out),
-            Arg::Ptr(inp.ptr()),
-            Arg::buf(codes),
-            Arg::buf(scales),
-            Arg::Ptr(bias),
-            Arg::Ptr(residual),
-            Arg::I32(d.tail.code()),
-            Arg::int(d.m),
-            Arg::int(d.n),
-            Arg::int(d.k),
-        ];
-        // SAFETY: the arguments follow every entry's signature (out, inp, codes, scales, bias,
-        // residual, tail, M, N, K); lengths checked above (the residual, M·N, by the callers); K % 16
-        // == 0 (prepare), so every row of the codes and of inp starts 16-byte aligned.
-        unsafe { self.launch.enqueue(stream, &args) }
-    }
-}
-
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
-
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "decode GEMV on e4m3 weights with 128 x 128 block scales: out[M,N] = inp[M,K] . dequant(W)[N,K]^T + bias, then GELU or + residual (M <= 64)",
-    sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi", "in", "ln"],
-    stages,
-};
-
-pub struct GemvFp8;
 
 impl Op for GemvFp8 {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M's five linears at one sequence (QKV, attention projection, MLP up, MLP down, LM
         // head), the MLP up at 8 and 32 sequences, and the folded LayerNorm where the decode step
@@ -360,11 +272,10 @@ impl Problem for GemvFp8Problem {
     common::problem_plumbing!(out);
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
-        let args = GemvFp8Args {
+        let args = GemvArgs {
             out: self.out.get_mut(copy),
             inp: self.inp.act(),
-            codes: self.codes.get(copy),
-            scales: self.scales.get(copy),
+            weight: GemvWeight::Fp8 { codes: self.codes.get(copy), scales: self.scales.get(copy) },
             bias: self.d.bias.then_some(&self.bias),
             residual: self.residual.as_ref(),
         };

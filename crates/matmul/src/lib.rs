@@ -7,8 +7,6 @@
 //! (`linear-bf16`: mma.sync stages beside cuBLASLt bf16); and FP8: the quantizer (`quantize-fp8`), the
 //! decode GEMV on e4m3 weights (`gemv-fp8`) and the linear layer on e4m3 tensor cores (`linear-fp8`).
 
-use common::{Family, Op, Sources};
-
 pub mod epilogue;
 pub mod fp8;
 pub mod gemm;
@@ -20,29 +18,12 @@ pub mod linear_fp8;
 pub mod quantize_fp8;
 pub mod reference;
 
-mod embedded {
-    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
-}
-
-pub const FAMILY: &str = "matmul";
-
-/// Every `.cu`/`.cuh` file of this crate, embedded at build time.
-pub static SOURCES: Sources = Sources { family: FAMILY, files: embedded::KERNEL_SOURCES, imports: &[] };
-
-pub struct Matmul;
-
-impl Family for Matmul {
-    fn name(&self) -> &'static str {
-        FAMILY
-    }
-    fn description(&self) -> &'static str {
-        "linear layer GEMM: naive -> tiled -> WMMA fp16 (report M2, M3) beside cuBLAS, bf16 mma.sync beside cuBLASLt, fused epilogues, decode GEMV"
-    }
-    fn sources(&self) -> &'static Sources {
-        &SOURCES
-    }
-    fn ops(&self) -> Vec<&'static dyn Op> {
-        vec![
+common::declare_family! {
+    pub struct Matmul {
+        name: "matmul",
+        description: "linear layer GEMM: naive -> tiled -> WMMA fp16 (report M2, M3) beside cuBLAS, bf16 mma.sync beside cuBLASLt, fused epilogues, decode GEMV",
+        imports: [],
+        ops: [
             &linear::Linear,
             &linear_bf16::LinearBf16,
             &linear_fp8::LinearFp8,
@@ -50,6 +31,6 @@ impl Family for Matmul {
             &gemv::Gemv,
             &gemv_fp8::GemvFp8,
             &quantize_fp8::QuantizeFp8,
-        ]
+        ],
     }
 }

@@ -6,7 +6,7 @@ use common::check::{Element, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
@@ -15,6 +15,15 @@ use crate::reference::{linear_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "linear";
+
+common::declare_op! {
+    pub struct Linear {
+        name: OP,
+        description: "out[M,N] = inp[M,K] . W[N,K]^T + bias[N] (llm.c layout, fp32 in/out); bias=0 drops the bias",
+        shape_keys: ["M", "N", "K", "bias"],
+        stages: stages,
+    }
+}
 
 /// The cumulative switches of stage 4 (leave-one-out removes each in turn).
 pub(crate) const M3_TOGGLES: &[&str] = &["LAUNCH_BOUNDS", "DOUBLE_BUFFER", "FUSED_PREP", "BLOCK_TILE"];
@@ -242,8 +251,6 @@ pub(crate) fn verify_rows_scaled<T: Element>(
     Verification::new(v.tolerance()).add_device_rows_scaled(gpu, "out", out, (d.m, d.n), rows, reference, magnitude)
 }
 
-pub struct Linear;
-
 fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
 }
@@ -255,19 +262,7 @@ fn dims(shape: &Shape) -> Result<LinearDims> {
     Ok(LinearDims { m: shape.dim("M", max)?, n: shape.dim("N", max)?, k: shape.dim("K", max)?, bias: b == 1 })
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "out[M,N] = inp[M,K] . W[N,K]^T + bias[N] (llm.c layout, fp32 in/out); bias=0 drops the bias",
-    sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias"],
-    stages,
-};
-
 impl Op for Linear {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M at B·T = 4096: QKV, attention projection, MLP up, MLP down, LM head; and 4096³.
         [(2304, 768), (768, 768), (3072, 768), (768, 3072), (50257, 768), (4096, 4096)]

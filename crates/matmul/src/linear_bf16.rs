@@ -20,7 +20,7 @@ use common::check::{Element, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
+    require, require_len, Arg, Bound, Define, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
@@ -33,6 +33,17 @@ pub use common::lt::Output;
 use common::lt::{Lt, LtEpilogue, LtOperands};
 
 const OP: &str = "linear-bf16";
+
+common::declare_op! {
+    pub struct LinearBf16 {
+        name: OP,
+        description:
+            "out[M,N] = inp[M,K] . W[N,K]^T + bias[N], bf16 operands (weights prepared once), fp32 accumulate, fp32 or bf16 out",
+        shape_keys: ["M", "N", "K", "bias", "epi", "out"],
+        stages: stages,
+    }
+}
+
 /// The block tile of the mma.sync stages (rows of out along M and N, and the K step), and the rows
 /// of every TMA stage's tile.
 const TILE_M: usize = 128;
@@ -858,22 +869,7 @@ fn dims(s: &Shape) -> Result<LinearBf16Dims> {
     Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1, tail, out })
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description:
-        "out[M,N] = inp[M,K] . W[N,K]^T + bias[N], bf16 operands (weights prepared once), fp32 accumulate, fp32 or bf16 out",
-    sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi", "out"],
-    stages,
-};
-
-pub struct LinearBf16;
-
 impl Op for LinearBf16 {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M at B·T = 4096 (QKV, attention projection, MLP up, MLP down, the LM head at
         // 50257 and padded to 50304, no bias), then 4096³ and 8192³ (bare GEMMs).

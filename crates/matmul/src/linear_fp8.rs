@@ -22,7 +22,7 @@ use common::check::{compare, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
     PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
@@ -34,6 +34,16 @@ use crate::{fp8, FAMILY, SOURCES};
 use common::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
 
 const OP: &str = "linear-fp8";
+
+common::declare_op! {
+    pub struct LinearFp8 {
+        name: OP,
+        description: "linear layer on e4m3 tensor cores: out = dequant(A) . dequant(W)^T + bias, A with 1 x 128 row scales, W with 128 x 128 block scales",
+        shape_keys: ["M", "N", "K", "bias", "epi", "out"],
+        stages: stages,
+    }
+}
+
 const TILE: usize = 128;
 const K_ALIGN: &str = "K % 16 == 0";
 const ROWS: &str = "M <= 65535 * 128";
@@ -453,21 +463,7 @@ pub fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "linear layer on e4m3 tensor cores: out = dequant(A) . dequant(W)^T + bias, A with 1 x 128 row scales, W with 128 x 128 block scales",
-    sources: &SOURCES,
-    shape_keys: &["M", "N", "K", "bias", "epi", "out"],
-    stages,
-};
-
-pub struct LinearFp8;
-
 impl Op for LinearFp8 {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2's four block linears at B = 4, T = 1024, its LM head, and the square 4096^3 and 8192^3;
         // then the block linears and 4096^3 with a bf16 output (what a model feeds the next layer,

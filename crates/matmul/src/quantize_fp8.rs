@@ -12,8 +12,8 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Requirements, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 
@@ -21,6 +21,16 @@ use crate::fp8;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "quantize-fp8";
+
+common::declare_op! {
+    pub struct QuantizeFp8 {
+        name: OP,
+        description: "bf16 [M, K] to e4m3 codes and fp32 scales: one per row per 128 channels (activations) or per 128 x 128 block (weights)",
+        shape_keys: ["M", "K", "blocks", "ln"],
+        stages: stages,
+    }
+}
+
 const THREADS: u32 = 256;
 const ELEMS: &str = "M * K < 2^31";
 const K_VECTORS: &str = "K % 8 == 0";
@@ -225,11 +235,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 pub fn shape(m: i64, k: i64, blocks: i64) -> Shape {
     Shape::new(&[("M", m), ("K", k), ("blocks", blocks)])
@@ -240,21 +246,7 @@ pub fn shape_ln(m: i64, k: i64) -> Shape {
     Shape::new(&[("M", m), ("K", k), ("blocks", 0), ("ln", 1)])
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "bf16 [M, K] to e4m3 codes and fp32 scales: one per row per 128 channels (activations) or per 128 x 128 block (weights)",
-    sources: &SOURCES,
-    shape_keys: &["M", "K", "blocks", "ln"],
-    stages,
-};
-
-pub struct QuantizeFp8;
-
 impl Op for QuantizeFp8 {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2's prefill activations (B = 4, T = 1024) into its two K widths, and its four weight
         // matrices.

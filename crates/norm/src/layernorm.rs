@@ -6,14 +6,23 @@ use common::check::{checked_rows, gather_rows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, ActMut, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, RotatedAct, Shape, Variant, Workload,
+    require, require_len, ActMut, ActType, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    Prepared as Current, Problem, ResourceUse, Result, RotatedAct, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "layernorm";
+
+common::declare_op! {
+    pub struct LayerNorm {
+        name: OP,
+        description: "LayerNorm forward over C (fp32 math and stats; fp32 or bf16 out), rows = B*T; writes out, mean, rstd",
+        shape_keys: ["rows", "C", "out"],
+        stages: stages,
+    }
+}
 
 /// Threads per block of the thread-per-row stages.
 const ROW_THREADS: u32 = 256;
@@ -233,11 +242,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 /// f64 reference: (out, mean, rstd).
 pub fn reference(x: &[f32], w: &[f32], b: &[f32], rows: usize, c: usize, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
@@ -259,8 +264,6 @@ pub fn reference(x: &[f32], w: &[f32], b: &[f32], rows: usize, c: usize, eps: f6
     (out, mean, rstd)
 }
 
-pub struct LayerNorm;
-
 const EPS: f32 = 1e-5;
 
 fn shape(rows: i64, c: i64) -> Shape {
@@ -280,19 +283,7 @@ fn dims(shape: &Shape) -> Result<LayerNormDims> {
     })
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "LayerNorm forward over C (fp32 math and stats; fp32 or bf16 out), rows = B*T; writes out, mean, rstd",
-    sources: &SOURCES,
-    shape_keys: &["rows", "C", "out"],
-    stages,
-};
-
 impl Op for LayerNorm {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2's B·T = 4096 rows and a wide model's, storing fp32 (stages 0-6) and bf16 (stage 7).
         vec![shape(4096, 768), shape(32768, 4096), shape_bf16_out(4096, 768), shape_bf16_out(32768, 4096)]

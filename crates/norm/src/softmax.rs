@@ -5,14 +5,24 @@ use common::check::{checked_rows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision, Prepared as Current,
-    PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current, Problem,
+    Result, Shape, Variant, Workload,
 };
 use rayon::prelude::*;
 
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "softmax";
+
+common::declare_op! {
+    pub struct Softmax {
+        name: OP,
+        description: "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1); inputs in \
+             [-magnitude, magnitude) (default 8)",
+        shape_keys: ["rows", "T", "causal", "magnitude"],
+        stages: stages,
+    }
+}
 
 /// The attention scale 1/sqrt(64) of GPT-2's head size, used by the problems.
 pub const INV_TEMPERATURE: f32 = 0.125;
@@ -162,11 +172,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 /// f64 reference of every row.
 pub fn reference(x: &[f32], rows: usize, t: usize, inv_temperature: f64, causal: bool) -> Vec<f64> {
@@ -208,22 +214,7 @@ fn dims(shape: &Shape) -> Result<(SoftmaxDims, f32)> {
     Ok((d, magnitude as f32))
 }
 
-pub struct Softmax;
-
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "row softmax (fp32) scaled by inv_temperature, optional causal mask (causal=1); inputs in \
-         [-magnitude, magnitude) (default 8)",
-    sources: &SOURCES,
-    shape_keys: &["rows", "T", "causal", "magnitude"],
-    stages,
-};
-
 impl Op for Softmax {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // The attention shape (B=4, NH=12, T=1024, causal), and a bandwidth shape.
         vec![shape(4 * 12 * 1024, 1024, 1), shape(32768, 4096, 0)]

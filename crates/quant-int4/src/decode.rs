@@ -16,7 +16,7 @@ use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{fill_uniform, rotation_copies, uniform, zeroed_bf16, Rotated};
 use common::{
     require, require_len, Arg, Bound, Define, Error, Generator, Gpu, Launch, LaunchShape, LeaveOneOut, Limit, Op,
-    OpInfo, Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
+    Precision, Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant,
     Workload,
 };
 use half::bf16;
@@ -30,6 +30,16 @@ use crate::quantize::fill_cache_values;
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "decode";
+
+common::declare_op! {
+    pub struct Decode {
+        name: OP,
+        description: "GQA decode attention over a bf16 / INT4 (row-wise, group-wise) KV cache, split-K + merge",
+        shape_keys: ["B", "Tmax", "seq", "ragged", "HQ", "HKV", "D", "fmt", "splits"],
+        stages: stages,
+    }
+}
+
 const KERNEL: &str = "decode/00_splitk.cu";
 const FRAGMENTS_KERNEL: &str = "decode/22_fragments.cu";
 const BF16_DEFINES: &[Define] = &[Define::on("QI4_KV_BF16")];
@@ -570,21 +580,7 @@ fn stage_runs_on(stage: KvFormat, shape_fmt: KvFormat) -> bool {
     stage == KvFormat::Bf16 || stage == shape_fmt
 }
 
-pub struct Decode;
-
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "GQA decode attention over a bf16 / INT4 (row-wise, group-wise) KV cache, split-K + merge",
-    sources: &SOURCES,
-    shape_keys: &["B", "Tmax", "seq", "ragged", "HQ", "HKV", "D", "fmt", "splits"],
-    stages,
-};
-
 impl Op for Decode {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn leave_one_out(&self) -> Vec<Variant> {
         // Both ladders have an all-on stage: their derived rows are named by ladder.
         stages()

@@ -6,8 +6,8 @@ use common::check::{compare_by, ErrorStats, Verification, COMPARE_CHUNK};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{fill_uniform, rotation_copies, zeroed_bf16, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, OpInfo, Precision,
-    Prepared as Current, PreparedStage, Problem, ResourceUse, Result, Shape, Variant, Workload,
+    require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
+    Problem, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::bf16;
 use rayon::prelude::*;
@@ -19,6 +19,15 @@ use crate::format::{
 use crate::{FAMILY, SOURCES};
 
 const OP: &str = "quantize";
+
+common::declare_op! {
+    pub struct Quantize {
+        name: OP,
+        description: "bf16 KV-cache rows -> INT4 (G = 1 row-wise or 4 group-wise fp16 scale/shift pairs + packed codes)",
+        shape_keys: ["rows", "D", "G", "HKV"],
+        stages: stages,
+    }
+}
 
 const HEAD_DIM: &str = "D in {64, 128}";
 const GROUPS: &str = "groups in {1 (row-wise), 4 (group-wise)}";
@@ -148,11 +157,7 @@ impl Prepared {
     }
 }
 
-impl PreparedStage for Prepared {
-    fn resources(&self) -> Vec<ResourceUse> {
-        vec![self.launch.resources().clone()]
-    }
-}
+common::single_launch_stage!(Prepared);
 
 /// Test data for a cache: uniform in [-1, 1) with one outlier channel (d = 3, x6) in the first
 /// group, the shape of real K caches that makes group-wise scales pay off.
@@ -166,8 +171,6 @@ pub fn cache_values(n: usize, d: usize, seed: u64) -> Vec<bf16> {
 pub fn fill_cache_values(out: &mut [bf16], d: usize, seed: u64) {
     fill_uniform(out, -1.0, 1.0, seed, |i, x| bf16::from_f32(if i % d == 3 { 6.0 * x } else { x }));
 }
-
-pub struct Quantize;
 
 /// A quantizer shape: `rows` rows of `d` values in `g` groups, `hkv` KV heads (the fragment layout's
 /// `[Tmax, HKV]`).
@@ -184,19 +187,7 @@ fn dims(shape: &Shape) -> Result<QuantizeDims> {
     })
 }
 
-static INFO: OpInfo = OpInfo {
-    family: FAMILY,
-    name: OP,
-    description: "bf16 KV-cache rows -> INT4 (G = 1 row-wise or 4 group-wise fp16 scale/shift pairs + packed codes)",
-    sources: &SOURCES,
-    shape_keys: &["rows", "D", "G", "HKV"],
-    stages,
-};
-
 impl Op for Quantize {
-    fn info(&self) -> &'static OpInfo {
-        &INFO
-    }
     fn default_shapes(&self) -> Vec<Shape> {
         // rows = B * Tmax * HKV of the decode caches at B = 32 and 128.
         let mut v = Vec::new();

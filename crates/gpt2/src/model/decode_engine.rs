@@ -10,8 +10,8 @@ use common::{require, Act, ActMut, ActType, DriverContext, Error, Gpu, Result};
 
 use attention::decode::{self as attn_decode, DecodeArgs, DecodeDims, Dtype, Heads, Layout, PagedCache, SeqLens};
 use attention::kv_append::{self, Cells, KvAppendArgs, KvAppendDims};
-use matmul::gemv::{self, GemvArgs, GemvDims};
-use matmul::gemv_fp8::{self, GemvFp8Args};
+use matmul::gemv::{self, GemvArgs, GemvDims, GemvWeight};
+use matmul::gemv_fp8;
 use matmul::linear::{self, LinearArgs, LinearDims};
 use matmul::linear_bf16::Tail;
 use norm::layernorm::{self, LayerNormDims};
@@ -67,22 +67,29 @@ impl DecodeLinear {
             }
             DecodeLinear::Gemv(p) => {
                 let weight = w.bf16.ok_or_else(|| Error::constraint("bf16 weights for a GEMV plan", "none made"))?;
-                if p.tail() == Tail::Residual {
-                    p.enqueue_residual_in_place(s, out, inp, weight, bias)
-                } else {
-                    p.enqueue(s, GemvArgs { out, inp, weight, bias, residual: None })
-                }
+                enqueue_gemv(p, s, out, inp, GemvWeight::Bf16(weight), bias)
             }
             DecodeLinear::GemvFp8(p) => {
                 let w8 = w.fp8.ok_or_else(|| Error::constraint("e4m3 weights for an fp8 plan", "none made"))?;
-                if p.tail() == Tail::Residual {
-                    p.enqueue_residual_in_place(s, out, inp, (&w8.codes, &w8.scales), bias)
-                } else {
-                    let args = GemvFp8Args { out, inp, codes: &w8.codes, scales: &w8.scales, bias, residual: None };
-                    p.enqueue(s, args)
-                }
+                enqueue_gemv(p, s, out, inp, GemvWeight::Fp8 { codes: &w8.codes, scales: &w8.scales }, bias)
             }
         }
+    }
+}
+
+/// A decode step's GEMV: its residual tail updates `out` in place.
+fn enqueue_gemv(
+    p: &gemv::Prepared,
+    s: &Arc<CudaStream>,
+    out: &mut CudaSlice<f32>,
+    inp: Act,
+    weight: GemvWeight,
+    bias: Option<&CudaSlice<f32>>,
+) -> Result<()> {
+    if p.tail() == Tail::Residual {
+        p.enqueue_residual_in_place(s, out, inp, weight, bias)
+    } else {
+        p.enqueue(s, GemvArgs { out, inp, weight, bias, residual: None })
     }
 }
 
