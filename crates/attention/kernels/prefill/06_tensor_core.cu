@@ -21,8 +21,7 @@
 //   lse's L2 error <= 1e-2 of its rows' score magnitudes (max_j scale * sum_i |q_i k_ji|), since
 //   an lse may be ~0 (at T = 1 it is the one score) while the rounding of q and k is not.
 // Limits: B * T * 3C < 2^31; HS in {32, 64, 128}; NH <= 65535 and B <= 65535
-#include "ladder.cuh"
-#include "ladder_mma.cuh"
+#include "attention_flash_bf16.cuh"
 
 #ifndef TC_BR
 #define TC_BR 64
@@ -78,7 +77,7 @@ __device__ __forceinline__ void flash_tc(float* out, float* lse, const float* qk
     for (int kk = 0; kk < KSTEPS; ++kk)
         ldmatrix_x4(qa[kk], smem_u32(qs + (warp * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8));
 
-    const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
+    const float sl2 = scale * LOG2E;  // scores in log2 units
     float m[2] = {-INFINITY, -INFINITY};            // rows g and g+8: running max (log2 units)
     float l[2] = {0.f, 0.f};                        // and running sum of exp2
     float o[DT][4];
@@ -109,68 +108,24 @@ __device__ __forceinline__ void flash_tc(float* out, float* lse, const float* qk
             }
         }
 
-        // Scale into log2 units; mask keys past the diagonal (only on it) and past T.
+        // The online softmax (attention_flash_bf16.cuh): scores into log2 units, keys past the
+        // diagonal (only on it) and past T masked, O rescaled.
         const bool edge = (j == tile) || (k0 + TC_BC > T);
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = row_g + (e >> 1) * 8;
-                const int key = k0 + n * 8 + 2 * t + (e & 1);
-                float v = s[n][e] * sl2;
-                if (edge && (key > row || key >= T)) v = -INFINITY;
-                s[n][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        }
-        // Every row has key 0 of tile 0 unmasked, so mx is finite from the first tile on.
-        const float alpha[2] = {exp2f(m[0] - mx[0]), exp2f(m[1] - mx[1])};
-        float sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float p = exp2f(s[n][e] - mx[e >> 1]);
-                s[n][e] = p;
-                sum[e >> 1] += p;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-            l[r] = l[r] * alpha[r] + sum[r];
-            m[r] = mx[r];
-        }
-#pragma unroll
-        for (int n = 0; n < DT; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-        }
+        online_softmax_step(s, m, l, o, sl2, row_g, k0, T, true, edge);
 
         // O += P.V: P's 16 keys per k-step are two S n-tiles, already in A-fragment order.
 #pragma unroll
         for (int kk = 0; kk < TC_BC / 16; ++kk) {
-            const unsigned a0 = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-            const unsigned a1 = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-            const unsigned a2 = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const unsigned a3 = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            unsigned a[4];
+            p_fragment(a, s, kk);
 #pragma unroll
             for (int n = 0; n < DT; n += 2) {
                 // Keys kk*16 + {0, 8}, dims n*8 and (n+1)*8, transposed: b0/b1 of n, then of n+1.
                 unsigned vb4[4];
                 const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
                 ldmatrix_x4_trans(vb4, smem_u32(vs + key * S + n * 8 + (lane >> 4) * 8));
-                mma_16816<__nv_bfloat16>(o[n], a0, a1, a2, a3, vb4[0], vb4[1]);
-                mma_16816<__nv_bfloat16>(o[n + 1], a0, a1, a2, a3, vb4[2], vb4[3]);
+                mma_16816<__nv_bfloat16>(o[n], a[0], a[1], a[2], a[3], vb4[0], vb4[1]);
+                mma_16816<__nv_bfloat16>(o[n + 1], a[0], a[1], a[2], a[3], vb4[2], vb4[3]);
             }
         }
     }
@@ -186,7 +141,7 @@ __device__ __forceinline__ void flash_tc(float* out, float* lse, const float* qk
         for (int n = 0; n < DT; ++n)
             *reinterpret_cast<float2*>(orow + n * 8 + 2 * t) =
                 make_float2(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]);
-        if (t == 0) lse[((size_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+        if (t == 0) lse[((size_t)b * NH + h) * T + row] = row_lse(m[r], l[r]);
     }
 }
 

@@ -182,6 +182,18 @@ __device__ __forceinline__ bool mk_gemv_unit(const MkArgs& a, const MkSmem& s, i
     return next;
 }
 
+// A phase whose input is the LayerNorm's rows (the LM head, QKV, MLP up): the rows staged in
+// shared memory, then this block's units of it with epilogue `epi`.
+template <class Epi>
+__device__ __forceinline__ void mk_staged_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles,
+                                                const MkSlots& sl, MkFrags& pre, bool early, Epi& epi) {
+    mk_stage_ln_rows(a, s, tiles);
+    mk_stamp(sl.staged);
+    const MkSmemRows staged{s.xs, s.stride};
+    MkTile t;
+    for (int i = 0; mk_unit(a, phase, i, t); ++i) early = mk_gemv_unit(a, s, phase, i, tiles, staged, epi, sl, pre, early);
+}
+
 // One phase: this block's units of it, u = blockIdx.x, + gridDim.x, ...
 // `pre` holds the weights of the block's first unit when `early` (issued before the barrier's wait).
 __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles, const MkSlots& sl, MkFrags& pre,
@@ -192,22 +204,17 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles,
         return;
     }
     MkTile t;
-    const MkSmemRows staged{s.xs, s.stride};
     if (phase == 1 + 5 * a.L) {
-        mk_stage_ln_rows(a, s, tiles);
-        mk_stamp(sl.staged);
         MkHeadEpi epi{a, s.rstd, {-INFINITY, -INFINITY}, {0x7fffffff, 0x7fffffff}};
-        for (int i = 0; mk_unit(a, phase, i, t); ++i) early = mk_gemv_unit(a, s, phase, i, tiles, staged, epi, sl, pre, early);
+        mk_staged_phase(a, phase, s, tiles, sl, pre, early, epi);
         mk_argmax_merge(a, epi, s, tiles);
         return;
     }
     const MkLayer& L = a.layers[(phase - 1) / 5];
     switch ((phase - 1) % 5) {
         case PH_QKV: {
-            mk_stage_ln_rows(a, s, tiles);
-            mk_stamp(sl.staged);
             MkQkvEpi epi{a, L, s.rstd};
-            for (int i = 0; mk_unit(a, phase, i, t); ++i) early = mk_gemv_unit(a, s, phase, i, tiles, staged, epi, sl, pre, early);
+            mk_staged_phase(a, phase, s, tiles, sl, pre, early, epi);
             break;
         }
         case PH_ATTN:
@@ -223,10 +230,8 @@ __device__ void mk_phase(const MkArgs& a, int phase, const MkSmem& s, int tiles,
             }
             break;
         case PH_FC: {
-            mk_stage_ln_rows(a, s, tiles);
-            mk_stamp(sl.staged);
             MkFcEpi epi{a, L, s.rstd};
-            for (int i = 0; mk_unit(a, phase, i, t); ++i) early = mk_gemv_unit(a, s, phase, i, tiles, staged, epi, sl, pre, early);
+            mk_staged_phase(a, phase, s, tiles, sl, pre, early, epi);
             break;
         }
         case PH_FCPROJ:
