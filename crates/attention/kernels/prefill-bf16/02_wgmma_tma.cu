@@ -70,10 +70,10 @@
 //     registers and no serialization at HS = 64 (8 barrier instructions in the main loop instead
 //     of 27), 154 at HS = 128, where the softmax no longer runs among P.V's HGMMAs. Predicted
 //     1.05-1.15x at HS = 64 (S's four HGMMAs and P.V's eight in flight together), 0.95-1.0x at
-//     HS = 128 (the exponentials stage 11 hid under P.V are exposed); its purpose there is the
-//     register room PB_TWO_BLOCKS_HS128 needs. Measured (H100, 2026-11-27, two interleaved
-//     rounds): 1.01-1.04x stage 11 at all eight HS = 64 shapes (28.4 us, 227 TFLOP/s at GPT-2's),
-//     0.92-0.99x at the eight HS = 128 shapes.
+//     HS = 128 (the exponentials stage 11 hid under P.V are exposed). Measured (H100, 2026-11-27,
+//     two interleaved rounds): 1.01-1.04x stage 11 at all eight HS = 64 shapes (28.4 us, 227
+//     TFLOP/s at GPT-2's), 0.92-0.99x at the eight HS = 128 shapes. Stage 13's 64-key tiles fit
+//     128 registers without it as well (leave-one-out 0.96-1.03x at HS = 128).
 //   PB_TWO_BLOCKS_HS128 (stage 13): key tiles of 64 at HS = 128, so S is 32 registers a thread and
 //     the turn fits PB_TWO_BLOCKS' 128, and a block's shared memory is 97 KB: two blocks an SM. The
 //     timeline says what it is for: at B=16, T=1024, HS=128 (not causal) stage 11's block spends
