@@ -225,6 +225,9 @@ enum Command {
         /// sm_90a (default), sm_90 or sm_80.
         #[arg(long, default_value = "sm_90a")]
         arch: String,
+        /// Also write the stage's PTX (what NVRTC hands ptxas) to this file.
+        #[arg(long)]
+        ptx: Option<PathBuf>,
     },
     /// The GPT-2 model.
     Gpt2 {
@@ -872,7 +875,21 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             common::require(any, "at least one kernel stage selected", configured)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sass { family, op, stage, diff, entry, main_loop, summary, config, defines, switches, row, arch } => {
+        Command::Sass {
+            family,
+            op,
+            stage,
+            diff,
+            entry,
+            main_loop,
+            summary,
+            config,
+            defines,
+            switches,
+            row,
+            arch,
+            ptx,
+        } => {
             use kernel_ladder::sass::{self, Function, Summary};
             let arch = common::Arch::parse(&arch)?;
             let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
@@ -905,6 +922,10 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 defines.iter().try_for_each(|(name, value)| v.set_define(name, *value))?;
                 switches.iter().for_each(|s| v.switch_on(s));
                 let d = sass::disassemble(&tc, op.sources(), &v, arch)?;
+                if let Some(path) = ptx.as_ref().filter(|_| n == stage) {
+                    std::fs::write(path, &d.ptx)
+                        .map_err(|e| Error::constraint("a writable --ptx file", format!("{}: {e}", path.display())))?;
+                }
                 warnings.extend(d.ptxas_warnings.iter().map(|w| format!("stage {n}: {w}")));
                 let all = d.functions;
                 let names: Vec<String> = all.iter().map(|f| f.name.clone()).collect();

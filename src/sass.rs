@@ -203,6 +203,9 @@ pub struct Disassembly {
     /// ptxas's findings (`Compiled::ptxas_findings`): a wgmma pipeline it serialized (C7514), a
     /// `setmaxnreg` it ignored (C7508), ...
     pub ptxas_warnings: Vec<String>,
+    /// The PTX NVRTC handed ptxas: where a finding names a PTX line, or where the order of blocks
+    /// decides what ptxas does (a wgmma's pipeline is judged in layout order).
+    pub ptx: String,
 }
 
 /// Compiles stage `v` of `sources` for `arch` (uncached, so ptxas's log is there) and disassembles
@@ -238,6 +241,7 @@ pub fn disassemble(tc: &Toolchain, sources: &Sources, v: &Variant, arch: Arch) -
     Ok(Disassembly {
         functions: parse(&String::from_utf8_lossy(&out.stdout)),
         ptxas_warnings: compiled.ptxas_findings(),
+        ptx: compiled.ptx,
     })
 }
 

@@ -196,7 +196,9 @@ fn sass_reads_a_stage(tc: &common::Toolchain) {
     assert_eq!(s.get("spills"), 0, "{s:?}");
     let op = matmul::linear_bf16::LinearBf16;
     let wgmma = op.variants().into_iter().find(|v| v.requires.arch_specific).expect("a wgmma stage");
-    let functions = sass::disassemble(tc, &matmul::SOURCES, &wgmma, Arch::SM90A).unwrap().functions;
+    let d = sass::disassemble(tc, &matmul::SOURCES, &wgmma, Arch::SM90A).unwrap();
+    assert!(d.ptx.contains(".entry") && d.ptx.contains("wgmma.mma_async"), "the PTX ptxas read");
+    let functions = d.functions;
     let f = functions.iter().find(|f| Summary::of(&f.instructions).get("HGMMA") > 0).expect("HGMMA somewhere");
     let body = f.main_loop().expect("a main loop");
     assert!(Summary::of(&f.instructions[body]).get("HGMMA") > 0, "{}: the main loop holds the HGMMAs", f.name);
