@@ -332,7 +332,9 @@ enum Command {
     /// Where one launch spends its time, from stamps the kernel writes itself (a stage whose sources
     /// have a `// Timeline:` line): each phase from the first block start, the first block, the mean
     /// and the last block, the median over runs timed one at a time, each behind a gate between its
-    /// own events (close to, not the same as, the default table's timing).
+    /// own events (close to, not the same as, the default table's timing). On a composed stage that
+    /// launches a dependent chain: each kernel of the chain, its release after the kernel before it
+    /// and its own time from leaving its wait to its last block's return.
     Timeline {
         /// The family of the op.
         family: String,
@@ -789,19 +791,31 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 shape.iter().map(|s| first.overlay(&Shape::parse(s)?, op.shape_keys())).collect::<Result<_, _>>()?
             };
             let variants = resource_variants(op, Some(stages), &config, &[], false, false);
+            // A kernel stage stamps its phases; a composed stage (host work) may launch a dependent
+            // chain, whose kernels stamp their links.
+            let composed = |v: &common::Variant| matches!(v.source, Source::Host(_));
             let stamping: Vec<_> =
-                variants.iter().filter(|v| common::timeline::slots(op.sources(), v).is_ok()).collect();
-            common::require(!stamping.is_empty(), "at least one selected kernel stage stamps a timeline", || {
-                format!("stages {}..{} of {}/{}", stages.0, stages.1, op.family(), op.name())
-            })?;
+                variants.iter().filter(|v| composed(v) || common::timeline::slots(op.sources(), v).is_ok()).collect();
+            common::require(
+                !stamping.is_empty(),
+                "at least one selected stage stamps a timeline (a kernel stage's phases or a composed stage's chain)",
+                || format!("stages {}..{} of {}/{}", stages.0, stages.1, op.family(), op.name()),
+            )?;
             let gpu = Gpu::open()?;
             let seed = seed.unwrap_or_else(common::data::fresh_seed);
             let mut failed = 0;
             for shape in &shapes {
                 let mut problem = op.problem(&gpu, shape, seed)?;
                 for v in &stamping {
-                    match common::timeline::record(&gpu, op, problem.as_mut(), v, shape, runs as usize, 5) {
-                        Ok(t) => print!("{}", common::timeline::render(&t, Format::from(format))),
+                    let recorded = if composed(v) {
+                        common::chain_timeline::record(&gpu, op, problem.as_mut(), v, shape, runs as usize, 5)
+                            .map(|t| common::chain_timeline::render(&t, Format::from(format)))
+                    } else {
+                        common::timeline::record(&gpu, op, problem.as_mut(), v, shape, runs as usize, 5)
+                            .map(|t| common::timeline::render(&t, Format::from(format)))
+                    };
+                    match recorded {
+                        Ok(text) => print!("{text}"),
                         // A stage that refuses the shape is n/a; anything else (a failed check) fails.
                         Err(e @ Error::Constraint { .. }) => println!("{}:{} at {shape}: n/a: {e}\n", v.stage, v.name),
                         Err(e) => {

@@ -5,6 +5,7 @@
 //! of them depends on this file.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr, CUfunction_attribute_enum as FnAttr};
@@ -54,6 +55,9 @@ pub struct Gpu {
     info: DeviceInfo,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
     blas: OnceLock<std::result::Result<Arc<crate::blas::Blas>, String>>,
+    /// Whether dependent launches are built with the chain's timeline stamps
+    /// ([`crate::launch::CHAIN_TIMELINE`]).
+    chain_timeline: AtomicBool,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -129,7 +133,14 @@ impl Gpu {
             registers_per_sm: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?,
             driver_version: version,
         };
-        Ok(Arc::new(Gpu { ctx, stream, info, modules: Mutex::new(HashMap::new()), blas: OnceLock::new() }))
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            info,
+            modules: Mutex::new(HashMap::new()),
+            blas: OnceLock::new(),
+            chain_timeline: AtomicBool::new(false),
+        }))
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -557,7 +568,10 @@ impl Gpu {
         };
         self.supports(variant)?;
         let arch = self.arch(variant.requires.arch_specific);
-        let defines = variant.compile_defines();
+        let mut defines = variant.compile_defines();
+        if self.chain_timeline.load(Ordering::Relaxed) && variant.has(crate::launch::DEPENDENT_LAUNCH) {
+            defines.push(Define::on(crate::launch::CHAIN_TIMELINE));
+        }
         Ok(ModuleJob {
             key: ModuleKey { family: sources.family, path, defines: defines.clone(), arch },
             variant: variant.id(),
@@ -585,6 +599,27 @@ impl Gpu {
             .filter(|(k, _)| k.family == sources.family && k.path == path && k.defines.contains(&on))
             .map(|(_, m)| m.clone())
             .collect()
+    }
+
+    /// Builds every later dependent launch with the chain's timeline stamps on (`true`) or off: what
+    /// [`crate::chain_timeline::record`] turns on around its runs. Launches prepared before keep
+    /// their modules.
+    pub fn set_chain_timeline(&self, on: bool) {
+        self.chain_timeline.store(on, Ordering::Relaxed);
+    }
+
+    /// Every module loaded so far that was compiled with switch `switch` on, with its family and
+    /// file.
+    pub fn loaded_with_switch(&self, switch: &'static str) -> Vec<(String, Arc<CudaModule>)> {
+        let on = Define::on(switch);
+        let cache = self.module_cache().lock().unwrap();
+        let mut found: Vec<(String, Arc<CudaModule>)> = cache
+            .iter()
+            .filter(|(k, _)| k.defines.contains(&on))
+            .map(|(k, m)| (format!("{}/{}", k.family, k.path), m.clone()))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found
     }
 
     /// Copies `data` into the `__constant__` (or `__device__`) symbol `symbol` of `variant`'s module,

@@ -23,6 +23,10 @@ pub const MAX_ARGS: usize = 24;
 /// one switch for both sides. A host turns it on with [`crate::Variant::switch_on`].
 pub const DEPENDENT_LAUNCH: &str = "LADDER_DEPENDENT";
 
+/// The define that adds the chain's timeline stamps to a dependent build (`ladder_dependent.cuh`);
+/// [`crate::Gpu::set_chain_timeline`] adds it to every dependent launch prepared while it is on.
+pub const CHAIN_TIMELINE: &str = "LADDER_CHAIN_TIMELINE";
+
 /// What a stage's own file must call for [`DEPENDENT_LAUNCH`] to be safe.
 pub(crate) const DEPENDENT_WAIT: &str = "ladder_wait_prerequisites()";
 

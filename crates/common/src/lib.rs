@@ -16,6 +16,7 @@ pub mod activation;
 pub mod bench;
 pub mod blas;
 pub mod ceilings;
+pub mod chain_timeline;
 pub mod check;
 pub mod counters;
 pub mod data;

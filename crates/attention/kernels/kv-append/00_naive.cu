@@ -60,6 +60,7 @@ __device__ __forceinline__ void append_paged(__nv_bfloat16* q_out, __nv_bfloat16
     extern "C" __global__ void kv_append_bf16##SUFFIX(__nv_bfloat16* q_out, __nv_bfloat16* k_cache,           \
                                                       __nv_bfloat16* v_cache, const IN* qkv, const int* seq,  \
                                                       const int* pos, int R, int C, int Tmax) {               \
+        LADDER_CHAIN_BLOCK();                                                                                 \
         ladder_wait_prerequisites();                                                                          \
         ladder_launch_dependents();                                                                           \
         append_contiguous(q_out, k_cache, v_cache, qkv, seq, pos, R, C, Tmax);                                \
@@ -67,6 +68,7 @@ __device__ __forceinline__ void append_paged(__nv_bfloat16* q_out, __nv_bfloat16
     extern "C" __global__ void kv_append_paged_bf16##SUFFIX(                                                  \
         __nv_bfloat16* q_out, __nv_bfloat16* k_pool, __nv_bfloat16* v_pool, const IN* qkv, const int* seq,    \
         const int* pos, const int* tables, int R, int C, int D, int BS, int max_blocks) {                     \
+        LADDER_CHAIN_BLOCK();                                                                                 \
         ladder_wait_prerequisites();                                                                          \
         ladder_launch_dependents();                                                                           \
         append_paged(q_out, k_pool, v_pool, qkv, seq, pos, tables, R, C, D, BS, max_blocks);                  \
@@ -76,6 +78,7 @@ KV_APPEND_ENTRIES(, float)
 KV_APPEND_ENTRIES(_in16, __nv_bfloat16)
 
 extern "C" __global__ void kv_out_f32(float* out, const __nv_bfloat16* in, int n) {
+    LADDER_CHAIN_BLOCK();
     ladder_wait_prerequisites();
     ladder_launch_dependents();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -82,6 +82,7 @@ struct AdvanceInputs {
 template <typename Then>
 __device__ __forceinline__ void argmax_split(int* ids, float* part_v, int* part_i, unsigned* tickets,
                                              const float* logits, int V, int ld, const Then& then) {
+    LADDER_CHAIN_BLOCK();
     __shared__ bool last;
     ladder_wait_prerequisites();
     ladder_launch_dependents();
@@ -103,6 +104,7 @@ __device__ __forceinline__ void argmax_split(int* ids, float* part_v, int* part_
         part_v[b * ARGMAX_SPLITS + s] = v;
         part_i[b * ARGMAX_SPLITS + s] = i;
         __threadfence();  // the piece is visible before the ticket says so
+        ladder_chain_mark(0);
         last = atomicAdd(&tickets[b], 1u) == ARGMAX_SPLITS - 1;
     }
     __syncthreads();
