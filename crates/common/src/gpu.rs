@@ -430,7 +430,11 @@ impl Gpu {
         shape.check(&limits).map_err(fail)?;
         let threads = shape.block_threads();
         let total_smem = static_shared as u64 + shape.dynamic_shared_bytes as u64;
-        if total_smem > 48 * 1024 {
+        // The limit belongs to the function, which every launch prepared from the module shares:
+        // only ever raised, so that a smaller launch prepared later cannot lower it under an earlier
+        // larger one (a graph capture of the two then fails at the larger).
+        let limit = attr(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
+        if total_smem > 48 * 1024 && shape.dynamic_shared_bytes > limit {
             func.set_attribute(
                 FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shape.dynamic_shared_bytes as i32,
