@@ -33,8 +33,20 @@ fn compile_everything(tc: &common::Toolchain) {
             }
         }
     }
-    // The decode step's host-switched builds (dependent launch, the QKV append, the advancing argmax).
-    for (sources, v) in gpt2::decode_step::host_switched_builds().expect("the pdl plan") {
+    // The composed decode steps' host-switched builds (dependent launch, the QKV append, the
+    // advancing argmax), each once.
+    let step = gpt2::decode_step::DecodeStep;
+    let mut switched: Vec<(&common::Sources, common::Variant)> = Vec::new();
+    for v in common::Op::variants(&step) {
+        for (sources, b) in common::Op::extra_builds(&step, &v, &common::Op::default_shapes(&step)[0]) {
+            if !switched.iter().any(|(s, o)| {
+                s.family == sources.family && o.id() == b.id() && o.compile_defines() == b.compile_defines()
+            }) {
+                switched.push((sources, b));
+            }
+        }
+    }
+    for (sources, v) in switched {
         let Source::Kernel(path) = v.source else { continue };
         jobs.extend([Arch::SM80, Arch::SM90A].map(|arch| (sources, v.clone(), path, arch)));
     }

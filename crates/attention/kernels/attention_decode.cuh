@@ -41,10 +41,18 @@ __device__ __forceinline__ void load_step_rows(float (&x)[R][8], const T* __rest
 // Output column d of one (sequence, query head) row merged over its S split partials
 // (ladder_split_merge.cuh; o holds the row's S partials of D floats, m and l its S maxima and sums;
 // `normalized`: each o_s is already divided by its l_s); writes out[d], and *lse when d == 0.
-template <typename T>
+// BATCH: 0 merges a split at a time (merge_column), else BATCH splits' loads at once
+// (merge_column_batched, decode stage 8).
+template <typename T, int BATCH = 0>
 __device__ __forceinline__ void decode_merge_row(T* out, float* lse, const float* o, const float* m, const float* l,
                                                  int splits, int D, int d, bool normalized) {
-    const SplitMerged r = merge_column(SplitArrays</*same launch*/ true>{o, m, l, D}, splits, d, normalized);
+    const SplitArrays</*same launch*/ true> parts{o, m, l, D};
+    SplitMerged r;
+    if constexpr (BATCH == 0) {
+        r = merge_column(parts, splits, d, normalized);
+    } else {
+        r = merge_column_batched<BATCH>(parts, splits, d, normalized);
+    }
     out[d] = from_float<T>(r.value);
     if (d == 0) *lse = r.mx + __logf(r.sum);
 }

@@ -21,7 +21,7 @@ use common::check::Verification;
 use common::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 use common::data::{fill_uniform, rng, rotation_copies, uniform, Rotated};
 use common::{
-    require, require_len, Arg, Bound, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
+    require, require_len, Arg, Bound, Define, DriverContext, Error, Gpu, Launch, LaunchShape, Limit, Op, Precision,
     Prepared as Current, PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 use half::{bf16, f16};
@@ -373,6 +373,15 @@ fn stages() -> Vec<Variant> {
             "stage 6 in one launch: splits only to fill the SMs once; one split writes O itself, several merge in the last block (ticket)",
         )
         .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)]),
+        k(
+            8,
+            "batched-merge",
+            "decode/07_fused_combine.cu",
+            Plan::FusedCombine,
+            "stage 7 with the last block's merge requesting every split's max, sum and output at once (16 splits a round trip to L2)",
+        )
+        .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)])
+        .with_defines(vec![Define::on("DECODE_BATCHED_MERGE")]),
     ]
 }
 

@@ -12,6 +12,9 @@
 // through L2 (__ldcg: a line this SM's L1 kept from an earlier call would be stale); those of an
 // earlier launch through the read-only path (__ldg). Two thread mappings share them:
 //   merge_column    a thread a column d, two passes over the splits (block-wide and fused merges);
+//   merge_column_batched  the same thread mapping with every split's m, l and o requested before
+//                   the first is used, CHUNK splits at a time (one round trip to L2 a chunk where
+//                   merge_column makes one a split whose loads wait for its m);
 //   merge_row_warp  a warp a row: the lanes read the maxima and sums a split each and reduce them by
 //                   shuffles, then each lane sums its D / 32 columns with four splits' loads in flight.
 #pragma once
@@ -65,6 +68,40 @@ __device__ __forceinline__ SplitMerged merge_column(const Layout& p, int splits,
         const float w = Layout::weight(ms, mx), ls = p.l(s);
         sum += w * ls;
         acc += (normalized ? w * ls : w) * p.o_at(s, d);
+    }
+    return SplitMerged{acc / sum, mx, sum};
+}
+
+// Column d of a row merged over its `splits` partials by one thread, CHUNK splits' m, l and o loaded
+// together (predicated, none waiting for another) and folded into a running max, sum and column by
+// rescaling (exact in exact arithmetic; with splits <= CHUNK the same sums as merge_column). An
+// empty split's l and o may be unwritten: it weighs 0 by a select, never by a product.
+template <int CHUNK, class Layout>
+__device__ __forceinline__ SplitMerged merge_column_batched(const Layout& p, int splits, int d, bool normalized) {
+    float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+    for (int s0 = 0; s0 < splits; s0 += CHUNK) {
+        float ms[CHUNK], ls[CHUNK], os[CHUNK];
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+            const bool in = s0 + j < splits;
+            ms[j] = in ? p.m(s0 + j) : -INFINITY;
+            ls[j] = in ? p.l(s0 + j) : 0.0f;
+            os[j] = in ? p.o_at(s0 + j, d) : 0.0f;
+        }
+        float cmx = mx;
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) cmx = fmaxf(cmx, ms[j]);
+        const float r = mx == -INFINITY ? 0.0f : Layout::weight(mx, cmx);
+        sum *= r;
+        acc *= r;
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+            const bool empty = ms[j] == -INFINITY;
+            const float w = empty ? 0.0f : Layout::weight(ms[j], cmx);
+            sum += empty ? 0.0f : w * ls[j];
+            acc += empty ? 0.0f : (normalized ? w * ls[j] : w) * os[j];
+        }
+        mx = cmx;
     }
     return SplitMerged{acc / sum, mx, sum};
 }

@@ -37,12 +37,12 @@ common::declare_op! {
     }
 }
 
-/// The builds the composed steps make beyond the stage lists' own (the `pdl` plan's stages with the
-/// host switches the model turns on: the dependent chain, kv-append in the QKV epilogue, the argmax
-/// that advances the inputs), for `kernels_compile` to compile them too, and for a run to compile
-/// them with the family's modules ([`Op::extra_builds`]).
-pub fn host_switched_builds() -> Result<Vec<(&'static common::Sources, Variant)>> {
-    let plan = ModelPlan::named("pdl")?;
+/// The builds a dependent composed step on model plan `spec` makes beyond the stage lists' own (its
+/// stages with the host switches the model turns on: the dependent chain, kv-append in the QKV
+/// epilogue, the argmax that advances the inputs), for `kernels_compile` to compile them too, and
+/// for a run to compile them with the family's modules ([`Op::extra_builds`]).
+pub fn host_switched_builds(spec: &str) -> Result<Vec<(&'static common::Sources, Variant)>> {
+    let plan = ModelPlan::parse(spec)?;
     let with = |v: &Variant, switches: &[&str]| {
         let mut v = v.clone();
         switches.iter().for_each(|s| v.switch_on(s));
@@ -121,8 +121,8 @@ impl Op for DecodeStep {
     fn extra_builds(&self, v: &Variant, _: &Shape) -> Vec<(&'static common::Sources, Variant)> {
         // A composed step prepares other ladders' stages with host switches on: compiled with the
         // family's modules, not one after another at the first table's composed stages.
-        match v.plan::<Plan>().map(Plan::model_plan) {
-            Ok(Some(_)) => host_switched_builds().unwrap_or_default(),
+        match v.plan::<Plan>() {
+            Ok(p) if p.dependent() => p.model_plan().map(host_switched_builds).and_then(Result::ok).unwrap_or_default(),
             _ => Vec::new(),
         }
     }
@@ -268,7 +268,7 @@ impl Problem for StepProblem {
         check(v, &self.d)?;
         // A composed stage runs its model plan's ops; a megakernel stage replaces them.
         let plan = v.plan::<Plan>()?.model_plan().unwrap_or("bf16");
-        self.model.set_plan(ModelPlan::named(plan)?)?;
+        self.model.set_plan(ModelPlan::parse(plan)?)?;
         self.model.set_step_stage(v.clone(), self.d.grid);
         self.model.prepare_step(gpu, &self.cache, &self.tokens)
     }

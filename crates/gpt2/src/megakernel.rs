@@ -49,6 +49,12 @@ pub enum Plan {
     /// [`Plan::ComposedDependent`] with kv-append in the QKV GEMV's epilogue: one kernel fewer a
     /// layer.
     AppendInQkv,
+    /// [`Plan::AppendInQkv`] on `gemv` 7: the folded LayerNorm's rows read once.
+    StagedRows,
+    /// [`Plan::StagedRows`] on decode attention 8: the split merge's loads in one round trip.
+    BatchedMerge,
+    /// [`Plan::BatchedMerge`] on `gemv` 8: the epilogue's operands read right after the wait.
+    EarlyOperands,
 
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
@@ -115,6 +121,36 @@ pub(crate) fn stages() -> Vec<Variant> {
             "stage 6 with kv-append done by the QKV GEMV's epilogue (q to bf16, k and v straight into the cache cells): 5 kernels a layer instead of 6, 63 a step",
         )
         .with_plan(Plan::AppendInQkv),
+        Variant::host(
+            FAMILY,
+            OP,
+            9,
+            "staged-rows",
+            "stage 7 with the folded GEMVs' rows read once (gemv 7)",
+            Precision::Bf16,
+            "stage 7 with the folded GEMVs (QKV, MLP up, LM head) on gemv 7: each LayerNorm row read from memory once, its statistics from registers, the row less its mean staged in shared memory for the fragments",
+        )
+        .with_plan(Plan::StagedRows),
+        Variant::host(
+            FAMILY,
+            OP,
+            10,
+            "batched-merge",
+            "stage 9 with decode attention's split merge in one round trip (decode 8)",
+            Precision::Bf16,
+            "stage 9 with decode attention 8: the last split's block requests every split's max, sum and output at once instead of one split after another",
+        )
+        .with_plan(Plan::BatchedMerge),
+        Variant::host(
+            FAMILY,
+            OP,
+            11,
+            "early-operands",
+            "stage 10 with the GEMVs' bias and residual read right after their wait (gemv 8)",
+            Precision::Bf16,
+            "stage 10 with every GEMV on gemv 8: the epilogue's bias and residual read into the storing threads' registers right after the wait, before the products",
+        )
+        .with_plan(Plan::EarlyOperands),
         Variant::kernel(
             FAMILY,
             OP,
@@ -133,23 +169,30 @@ pub(crate) fn stages() -> Vec<Variant> {
 }
 
 impl Plan {
-    /// The model plan whose step a composed stage replays (`None`: a megakernel stage).
+    /// The model plan whose step a composed stage replays, `NAME[:op=stage,...]` with the ops the
+    /// stage pins (`None`: a megakernel stage).
     pub fn model_plan(self) -> Option<&'static str> {
         match self {
             Plan::Composed => Some("bf16"),
-            Plan::ComposedDependent | Plan::AppendInQkv => Some("pdl"),
+            Plan::ComposedDependent | Plan::AppendInQkv => Some("pdl:gemv=6,decode=7"),
+            Plan::StagedRows => Some("pdl:gemv=7,decode=7"),
+            Plan::BatchedMerge => Some("pdl:gemv=7,decode=8"),
+            Plan::EarlyOperands => Some("pdl:gemv=8,decode=8"),
             Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
 
     /// Whether a composed step's kernels after the encoder are launched as programmatic dependents.
     pub fn dependent(self) -> bool {
-        matches!(self, Plan::ComposedDependent | Plan::AppendInQkv)
+        matches!(
+            self,
+            Plan::ComposedDependent | Plan::AppendInQkv | Plan::StagedRows | Plan::BatchedMerge | Plan::EarlyOperands
+        )
     }
 
     /// Whether the QKV GEMV appends to the cache itself (no kv-append kernel).
     pub fn append_in_qkv(self) -> bool {
-        self == Plan::AppendInQkv
+        matches!(self, Plan::AppendInQkv | Plan::StagedRows | Plan::BatchedMerge | Plan::EarlyOperands)
     }
 }
 

@@ -161,16 +161,17 @@ impl Plan {
     /// - `cublas-gemv`: cuBLAS TF32 for the prefill's linears, and the decode step's linears as
     ///   our GEMV on bf16 weights;
     /// - `bf16`: the whole-sequence pass on bf16 activations with the last rung of each bf16 ladder
-    ///   (LayerNorm 07 storing bf16, `linear-bf16` 16 for every linear, `prefill-bf16` 10), the
+    ///   (LayerNorm 07 storing bf16, `linear-bf16` 16 for every linear, `prefill-bf16` 13), the
     ///   decode step on the tensor-core GEMV with the LayerNorms folded in (05);
     /// - `fp8`: `bf16` with every linear on e4m3 weights in 128 x 128 blocks: in the whole-sequence
     ///   pass each linear's input quantized (`quantize-fp8` 2, which takes the LayerNorms before QKV,
     ///   the MLP up and the LM head in: no LayerNorm kernel) and `linear-fp8` 4 with the tails, the
     ///   LM head included; the decode step on `gemv-fp8` 1 with the LayerNorms folded in;
-    /// - `pdl`: `bf16` with the decode step as a programmatic-dependent chain (`decode-step` 7):
+    /// - `pdl`: `bf16` with the decode step as a programmatic-dependent chain (`decode-step` 11):
     ///   every kernel after the encoder starts under the one before it and waits for it inside the
-    ///   kernel, the GEMVs (stage 6) with their first pass of weights already copied, kv-append in
-    ///   the QKV GEMV's epilogue;
+    ///   kernel, the GEMVs (stage 8) with their first pass of weights already copied, a folded
+    ///   LayerNorm's rows read once and the epilogue's operands read before the products, kv-append
+    ///   in the QKV GEMV's epilogue, decode attention 8 (its split merge in one round trip);
     /// - `megakernel`: `bf16` with the decode step as one persistent kernel (`decode-step` 5).
     ///
     /// `fastest` and `fastest-bf16` need the device: see [`crate::fastest::resolve`].
@@ -181,10 +182,10 @@ impl Plan {
             "fp32" => [0, 6, 2, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
             "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
             "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
-            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 10, OFF, OFF, OFF],
-            "fp8" => [0, 6, 91, 6, 1, 1, 7, 0, OFF, 1, 0, 0, 7, 16, 16, 10, 2, 4, 1],
-            "pdl" => [0, 6, 91, 6, 1, 1, 7, 0, 6, 1, 0, 7, 7, 16, 16, 10, OFF, OFF, OFF],
-            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 10, OFF, OFF, OFF],
+            "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 13, OFF, OFF, OFF],
+            "fp8" => [0, 6, 91, 6, 1, 1, 7, 0, OFF, 1, 0, 0, 7, 16, 16, 13, 2, 4, 1],
+            "pdl" => [0, 6, 91, 6, 1, 1, 8, 0, 8, 1, 0, 11, 7, 16, 16, 13, OFF, OFF, OFF],
+            "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 13, OFF, OFF, OFF],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(
                     "a device to choose the fastest stages on (fastest::resolve)",
@@ -194,6 +195,13 @@ impl Plan {
             _ => return Err(Error::constraint(format!("plan in {PLAN_NAMES:?}"), format!("'{name}'"))),
         };
         Plan::from_stages(name, stages)
+    }
+
+    /// A named plan with ops set to other stages, `NAME[:op=stage,...]` (not `fastest`, which needs
+    /// the device).
+    pub fn parse(spec: &str) -> Result<Plan> {
+        let (name, overrides) = spec.split_once(':').unwrap_or((spec, ""));
+        Plan::named(name)?.with_overrides(overrides)
     }
 
     /// Checks `NAME[:op=stage,...]` without a device: a known name, overrides that name ops and

@@ -32,19 +32,29 @@ fn documented_limits_are_enforced() {
 
 #[test]
 fn composed_steps_preload_their_host_switched_builds() {
-    // The composed decode steps (a model plan) name the builds they prepare beyond the stage lists,
-    // so that a run compiles them with the family's modules; a megakernel stage compiles only itself.
+    // The dependent composed decode steps name the builds they prepare beyond the stage lists (their
+    // model plan's GEMV with the QKV append, kv-append, decode attention and the argmax as links of the
+    // chain), so that a run compiles them with the family's modules; the other stages compile only
+    // themselves.
     use common::Op;
     let op = gpt2::decode_step::DecodeStep;
     let shape = &op.default_shapes()[0];
-    let builds = gpt2::decode_step::host_switched_builds().unwrap();
     for v in op.variants() {
-        let composed = v.plan::<gpt2::megakernel::Plan>().unwrap().model_plan().is_some();
+        let plan = v.plan::<gpt2::megakernel::Plan>().unwrap();
         let extra = op.extra_builds(&v, shape);
-        let ids = |b: &[(&common::Sources, common::Variant)]| {
-            b.iter().map(|(s, v)| (s.family, v.compile_defines())).collect::<Vec<_>>()
-        };
-        assert_eq!(ids(&extra), if composed { ids(&builds) } else { Vec::new() }, "stage {}", v.id());
+        if !plan.dependent() {
+            assert!(extra.is_empty(), "stage {}", v.id());
+            continue;
+        }
+        let model = gpt2::plan::Plan::parse(plan.model_plan().unwrap()).unwrap();
+        let pinned = [("gemv", model.gemv.as_ref().unwrap().stage), ("decode", model.decode.stage)];
+        for (op_name, stage) in pinned {
+            assert!(
+                extra.iter().any(|(_, b)| b.op == op_name && b.stage == stage && b.has(common::DEPENDENT_LAUNCH)),
+                "stage {}: no dependent build of {op_name} {stage}",
+                v.id()
+            );
+        }
     }
 }
 

@@ -18,6 +18,12 @@ __device__ __forceinline__ float gemv_out(float s, const float* bias, const floa
     return tail == MM_TAIL_GELU ? mm_gelu_tanh(v) : tail == MM_TAIL_RESIDUAL ? v + residual[idx] : v;
 }
 
+// gemv_out with its operands already read: bias_n (0 without a bias) and the residual element.
+__device__ __forceinline__ float gemv_tail(float s, float bias_n, float residual_v, int tail) {
+    const float v = s + bias_n;
+    return tail == MM_TAIL_GELU ? mm_gelu_tanh(v) : tail == MM_TAIL_RESIDUAL ? v + residual_v : v;
+}
+
 // Eight bf16 weights (16 bytes) dotted with eight fp32 inputs (two 16-byte loads).
 __device__ __forceinline__ float dot8(const uint4& w, const float* x) {
     const float4 a = *reinterpret_cast<const float4*>(x);

@@ -54,6 +54,71 @@ __device__ __forceinline__ void row_stats(float* mean, float* rstd, const float*
     }
 }
 
+// Shared-memory pitch (bf16 elements) of a staged row of K: 128-byte aligned plus 64 bytes, so that
+// a quarter-warp's 16-byte loads of two rows (rows g and g + 1, 64 bytes each) fall in different banks.
+__device__ __forceinline__ int staged_row_pitch(int K) { return (2 * K + 127) / 128 * 64 + 32; }
+
+// The folded LayerNorm's rows m < M of x [M, K] (K % 4 == 0, K <= 128 * VECS) read from
+// memory once: a warp a row, every float4 of the lane's share requested before the first is used,
+// mean and variance from the registers (row_stats' numerics: the same sums in the same order), then
+// the row less its mean, as bf16, into rows[m * pitch ...] (what inp_fragments would have computed
+// from memory) and the statistics into mean[m], rstd[m]. Rows M .. rows - 1 get mean 0, rstd 1 and
+// no staged row (the fragments read zeros for them).
+template <int VECS>
+__device__ __forceinline__ void stage_ln_rows(__nv_bfloat16* staged, float* mean, float* rstd, const float* x, int M,
+                                              int K, int rows) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int pitch = staged_row_pitch(K);
+    for (int m = warp; m < rows; m += warps) {
+        float mu = 0.0f, r = 1.0f;
+        if (m < M) {
+            const float* row = x + (size_t)m * K;
+            float4 v[VECS];
+#pragma unroll
+            for (int i = 0; i < VECS; ++i) {
+                const int k = 4 * lane + 128 * i;
+                v[i] = k < K ? *reinterpret_cast<const float4*>(row + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < VECS; ++i) s += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+            mu = warp_sum(s) / K;
+            float q = 0.0f;
+#pragma unroll
+            for (int i = 0; i < VECS; ++i) {
+                if (4 * lane + 128 * i < K) {
+                    q += (v[i].x - mu) * (v[i].x - mu) + (v[i].y - mu) * (v[i].y - mu) + (v[i].z - mu) * (v[i].z - mu) +
+                         (v[i].w - mu) * (v[i].w - mu);
+                }
+            }
+            r = rsqrtf(warp_sum(q) / K + GEMV_LN_EPS);
+#pragma unroll
+            for (int i = 0; i < VECS; ++i) {
+                const int k = 4 * lane + 128 * i;
+                if (k < K) {
+                    const uint2 pair = make_uint2(pack_bf16x2(v[i].x - mu, v[i].y - mu), pack_bf16x2(v[i].z - mu, v[i].w - mu));
+                    *reinterpret_cast<uint2*>(staged + (size_t)m * pitch + k) = pair;
+                }
+            }
+        }
+        if (lane == 0) {
+            mean[m] = mu;
+            rstd[m] = r;
+        }
+    }
+}
+
+// The two B fragments of row m from k out of the staged rows (stage_ln_rows; zeros past M or K).
+__device__ __forceinline__ void staged_fragments(unsigned (&b)[2][2], const __nv_bfloat16* staged, int pitch, int m,
+                                                 int M, int k, bool valid) {
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (valid && m < M) x = *reinterpret_cast<const uint4*>(staged + (size_t)m * pitch + k);
+    b[0][0] = x.x;
+    b[0][1] = x.y;
+    b[1][0] = x.z;
+    b[1][1] = x.w;
+}
+
 // Eight consecutive fp32 of inp row m from k, less `shift` (a folded LayerNorm's row mean) and times
 // `scale` (gemv-fp8's weight-block scale; zeros when the row or the piece is out of range), as the
 // two B fragments of the two k16 steps that the matching piece of W feeds.
@@ -108,17 +173,60 @@ struct StoreRows {
     __device__ __forceinline__ void operator()(int m, int n, float s) const {
         out[(size_t)m * N + n] = gemv_out(s, bias, residual, tail, n, (size_t)m * N + n);
     }
+    // The epilogue in two halves (gemv stage 8): what output (m, n) reads besides its sum, bias[n]
+    // and the residual element (0 where absent), then the store from those. The residual may be out
+    // itself: the thread that writes an element is still the one that read it.
+    __device__ __forceinline__ float2 operands(int m, int n) const {
+        const size_t idx = (size_t)m * N + n;
+        return make_float2(bias != nullptr ? bias[n] : 0.0f, tail == MM_TAIL_RESIDUAL ? residual[idx] : 0.0f);
+    }
+    __device__ __forceinline__ void operator()(int m, int n, float s, float2 ops) const {
+        out[(size_t)m * N + n] = gemv_tail(s, ops.x, ops.y, tail);
+    }
 };
+
+// Where the reduction's stores find their operands: read at the store (NoEarlyOperands), or read by
+// early_operands before the products, one pair a tile for the thread that stores (EarlyOperands).
+struct NoEarlyOperands {
+    static constexpr bool kEarly = false;
+};
+template <int MT>
+struct EarlyOperands {
+    static constexpr bool kEarly = true;
+    float2 ops[MT / 8];
+};
+template <bool ON, int MT>
+struct EarlyOperandsFor {
+    using type = NoEarlyOperands;
+};
+template <int MT>
+struct EarlyOperandsFor<true, MT> {
+    using type = EarlyOperands<MT>;
+};
+
+// Each storing thread's operands (Store::operands) for every tile, in gemv_mma_reduce's mapping:
+// thread (c, r) of the first 128 stores out[8i + c][n0 + r].
+template <int MT, typename Store>
+__device__ __forceinline__ EarlyOperands<MT> early_operands(const Store& store, int n0, int M, int N) {
+    EarlyOperands<MT> e;
+    const int c = threadIdx.x / 16, n = n0 + threadIdx.x % 16;
+#pragma unroll
+    for (int i = 0; i < MT / 8; ++i) {
+        const int m = 8 * i + c;
+        e.ops[i] = threadIdx.x < 128 && m < M && n < N ? store.operands(m, n) : make_float2(0.0f, 0.0f);
+    }
+    return e;
+}
 
 // The block's outputs from its warps' partial tiles, `part` the [split][16][8] floats of shared
 // memory: acc[i] holds out^T rows g and g + 8 (rows n0 + g and n0 + g + 8 of W), columns 8i + 2t and
 // 8i + 2t + 1 (rows of inp). One 8-column tile at a time through shared memory (so the split can
 // grow without the buffer growing with M); each sum times its row's rstd (1 without a folded
-// LayerNorm), then stored.
-template <int MT, bool LN, typename Store>
+// LayerNorm), then stored with its operands read there or early (`early`).
+template <int MT, bool LN, typename Store, typename Early = NoEarlyOperands>
 __device__ __forceinline__ void gemv_mma_reduce(const float (&acc)[MT / 8][4], float* part,
                                                 const RowStats<MT, LN>& stats, const Store& store, int n0, int M,
-                                                int N) {
+                                                int N, const Early& early = Early{}) {
     const int split = blockDim.x >> 5, warp = threadIdx.x >> 5;
     const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     float* mine = part + warp * 128;
@@ -136,7 +244,11 @@ __device__ __forceinline__ void gemv_mma_reduce(const float (&acc)[MT / 8][4], f
                 float s = 0.0f;
 #pragma unroll
                 for (int p = 0; p < split; ++p) s += part[p * 128 + r * 8 + c];
-                store(m, n, s * stats.rstd(m));
+                if constexpr (Early::kEarly) {
+                    store(m, n, s * stats.rstd(m), early.ops[i]);
+                } else {
+                    store(m, n, s * stats.rstd(m));
+                }
             }
         }
         __syncthreads();  // part is rewritten by the next tile

@@ -108,7 +108,59 @@ fn stages() -> Vec<Variant> {
         .with_defines(vec![Define::on(LN_FOLD), Define::on(EARLY_WEIGHTS), Define::on(DEPENDENT_LAUNCH)])
         .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)])
         .with_requirements(Requirements::SM90),
+        k(
+            7,
+            "staged-rows",
+            "gemv/04_skinny_mma.cu",
+            Plan::Mma,
+            "stage 6 with a folded LayerNorm's rows read once: statistics from registers, the rows less their mean staged in shared memory as bf16 for the fragments",
+        )
+        .with_defines(vec![
+            Define::on(LN_FOLD),
+            Define::on(EARLY_WEIGHTS),
+            Define::on(DEPENDENT_LAUNCH),
+            Define::new(STAGED_ROWS, STAGED_ROWS_MAX),
+        ])
+        .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)])
+        .with_requirements(Requirements::SM90),
+        k(
+            8,
+            "early-operands",
+            "gemv/04_skinny_mma.cu",
+            Plan::Mma,
+            "stage 7 with the epilogue's bias and residual read right after the wait, before the products, by the threads that store",
+        )
+        .with_defines(vec![
+            Define::on(LN_FOLD),
+            Define::on(EARLY_WEIGHTS),
+            Define::on(DEPENDENT_LAUNCH),
+            Define::new(STAGED_ROWS, STAGED_ROWS_MAX),
+            Define::on("GEMV_EARLY_OPERANDS"),
+        ])
+        .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)])
+        .with_requirements(Requirements::SM90),
     ]
+}
+
+/// Stage 7's define in stage 4's file: a folded LayerNorm's rows staged in shared memory, its value
+/// the float4 a lane holds of a row, set to ceil(K / 128) per shape ([`for_shape`]): a short row
+/// holds no idle registers, a long one more (past GPT-2 XL's 1600 they spill). The stage list's
+/// value is GPT-2 XL's, what `kernels_compile` builds.
+const STAGED_ROWS: &str = "GEMV_STAGED_ROWS";
+const STAGED_ROWS_MAX: &str = "13";
+
+/// Stage `v` as it is built for `d`: stage 7's row registers sized to a folded LayerNorm's K.
+fn for_shape(v: &Variant, d: GemvDims) -> Result<Variant> {
+    let mut v = v.clone();
+    if d.ln && v.has(STAGED_ROWS) {
+        v.set_define(STAGED_ROWS, d.k.div_ceil(128) as u32)?;
+    }
+    Ok(v)
+}
+
+/// Bytes of one staged row of K (`staged_row_pitch` of `matmul_gemv_mma.cuh`).
+fn staged_row_bytes(k: usize) -> u32 {
+    ((2 * k).div_ceil(128) * 128 + 64) as u32
 }
 
 /// Stage 6's switch of stage 4's file: the first pass of W staged in shared memory before the
@@ -117,7 +169,7 @@ const EARLY_WEIGHTS: &str = "GEMV_EARLY_WEIGHTS";
 
 /// Stage 5's switch of stage 4's file: the `gemv_mma_ln_m*` entries.
 const LN_FOLD: &str = "GEMV_LN_FOLD";
-const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (5, 6)";
+const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (5-8)";
 pub(crate) const LN_ARGS: &str = "ln = 1 with fp32 inp (the residual stream) and bias = 1 (the folded shift)";
 
 /// Whether stage `v` can fold the LayerNorm before it (`ln` = 1).
@@ -269,7 +321,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
         Plan::SplitK => LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?),
         Plan::Mma => mma_shape(v, d)?.0,
     };
-    let launch = gpu.prepare_launch(&SOURCES, v, &format!("{entry}{mt}"), shape)?;
+    let launch = gpu.prepare_launch(&SOURCES, &for_shape(v, d)?, &format!("{entry}{mt}"), shape)?;
     Ok(Prepared { launch, d, weights: Precision::Bf16 })
 }
 
@@ -283,7 +335,9 @@ fn mma_shape(v: &Variant, d: GemvDims) -> Result<(LaunchShape, usize)> {
     // (32-wide steps of K, two rows, 16 bytes a lane) the first pass of a warp covers.
     let pieces = v.tunable("GEMV_UNROLL")?.min((d.k as u32).div_ceil(32).div_ceil(split));
     let staged = if v.has(EARLY_WEIGHTS) { pieces * 2 * 32 * 16 } else { 0 };
-    Ok((LaunchShape::linear(blocks, 32 * split).with_shared(split * (16 * 8 * 4 + staged)), mt))
+    // Stage 7: a folded LayerNorm's MT rows after the pieces.
+    let rows = if d.ln && v.has(STAGED_ROWS) { mt as u32 * staged_row_bytes(d.k) } else { 0 };
+    Ok((LaunchShape::linear(blocks, 32 * split).with_shared(split * (16 * 8 * 4 + staged) + rows), mt))
 }
 
 /// The decode step's QKV linear with kv-append in its epilogue (`GEMV_QKV_APPEND`, a host switch of a
@@ -304,7 +358,7 @@ pub fn prepare_qkv_append(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<QkvAppe
     check_shape(v, d)?;
     require(d.ln, QKV_LN, || "ln = 0".into())?;
     require(d.n.is_multiple_of(3), QKV_N, || format!("N = {}", d.n))?;
-    let mut v = v.clone();
+    let mut v = for_shape(v, d)?;
     v.switch_on(QKV_APPEND);
     let (shape, mt) = mma_shape(&v, d)?;
     Ok(QkvAppend { launch: gpu.prepare_launch(&SOURCES, &v, &format!("gemv_mma_ln_qkv_m{mt}"), shape)?, d })

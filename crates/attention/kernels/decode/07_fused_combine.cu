@@ -18,6 +18,13 @@
 //   held both epilogues behind a branch on gridDim.x (they are now two entry points). The merging
 //   path is for small batches only. Predicted: long shapes at stage 6's one-split times less the
 //   combine (GQA B = 32 about 182 us, 97% of copy); GPT-2 B = 1 and 8 about 1-2 us faster.
+// Stage 8 (DECODE_BATCHED_MERGE): the last block's merge requests every split's m, l and o at once
+//   (merge_column_batched, 16 splits a round trip) instead of one split after another, each split's
+//   l and o waiting for its m behind a branch. Why: in the decode step's chain (`ladder timeline gpt2
+//   --op decode-step`, B = 1: 8 splits a head) the merge took 2.8 us from the last ticket to the
+//   block's return, on every layer's critical path; one L2 round trip is ~0.7 us. Predicted: the
+//   merge ~1 us, the attention link ~1.8 us shorter at B = 1 (~22 us a step); unsplit shapes as
+//   stage 7.
 // Launch: decode_tc_single_{bf16,f16}_d{64,128} (one split) or decode_tc_fused_* (several): grid
 //   (splits, HKV, B), block 32*TC_WARPS, dynamic shared memory TC_WARPS*TC_STAGES*2*16*D*2 bytes;
 //   the fused entry takes a zeroed int ticket per (sequence, KV head).
@@ -32,6 +39,13 @@
 #error "TC_WARPS (warps per block) and TC_STAGES (K/V tiles per warp ring) are tunables: the stage list sets them"
 #endif
 
+// Stage 8's part: splits merged 16 at a time, their loads together (0: one split at a time).
+#ifdef DECODE_BATCHED_MERGE
+constexpr int kMergeBatch = 16;
+#else
+constexpr int kMergeBatch = 0;
+#endif
+
 // Several splits: each writes its partial; the last of a (sequence, KV head) to finish merges.
 template <typename T, int D>
 __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* o_part, float* m_part, float* l_part,
@@ -40,6 +54,7 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
                                                      float scale) {
     tensor_core_decode<T, D, TC_WARPS, TC_STAGES, false>(nullptr, nullptr, o_part, m_part, l_part, q, k, v,
                                                          seq_lens, slopes, Tmax, G, scale);
+    ladder_chain_mark(0);
     __shared__ int last;
     __threadfence();  // this block's partials are visible device-wide before its ticket is drawn
     __syncthreads();
@@ -52,11 +67,12 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
     __syncthreads();
     if (!last) return;
     __threadfence();
+    ladder_chain_mark(1);
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, d = idx % D;
         const size_t row = (size_t)b * HQ + hq0 + r;
-        decode_merge_row(out + row * D, lse + row, o_part + row * splits * D, m_part + row * splits,
-                         l_part + row * splits, splits, D, d, false);
+        decode_merge_row<T, kMergeBatch>(out + row * D, lse + row, o_part + row * splits * D, m_part + row * splits,
+                                         l_part + row * splits, splits, D, d, false);
     }
 }
 
@@ -64,6 +80,7 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_fused_##SUFFIX##_d##D(                \
         T* out, float* lse, float* o_part, float* m_part, float* l_part, int* tickets, const T* q, const T* k,   \
         const T* v, const int* seq_lens, const float* slopes, int Tmax, int G, float scale) {                    \
+        LADDER_CHAIN_BLOCK();                                                                                    \
         ladder_wait_prerequisites();                                                                             \
         ladder_launch_dependents();                                                                              \
         fused_combine_decode<T, D>(out, lse, o_part, m_part, l_part, tickets, q, k, v, seq_lens, slopes, Tmax, G, \
@@ -72,6 +89,7 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_single_##SUFFIX##_d##D(               \
         T* out, float* lse, const T* q, const T* k, const T* v, const int* seq_lens, const float* slopes, int Tmax, \
         int G, float scale) {                                                                                     \
+        LADDER_CHAIN_BLOCK();                                                                                     \
         ladder_wait_prerequisites();                                                                              \
         ladder_launch_dependents();                                                                               \
         tensor_core_decode<T, D, TC_WARPS, TC_STAGES, true>(out, lse, nullptr, nullptr, nullptr, q, k, v, seq_lens, \

@@ -109,7 +109,7 @@ pub(super) struct DecodeStep {
     linears: [DecodeLinear; 4],
     lm_head: DecodeLinear,
     kv: kv_append::Prepared,
-    /// The QKV GEMV with kv-append in its epilogue (`decode-step` 7): then no kv-append kernel runs.
+    /// The QKV GEMV with kv-append in its epilogue (`decode-step` 7, 9-11): then no kv-append kernel runs.
     qkv_append: Option<gemv::QkvAppend>,
     attention: attn_decode::Prepared,
     gelu: pointwise::Prepared,
@@ -246,10 +246,10 @@ impl Model {
             (Some(bf), Some(_)) => (&bf.layernorm, ActType::Bf16),
             _ => (&p.layernorm, ActType::F32),
         };
-        // A GEMV that folds the LayerNorm in (`gemv` 5, 6; `gemv-fp8` 1) takes QKV, the MLP up and the
+        // A GEMV that folds the LayerNorm in (`gemv` 5-8; `gemv-fp8` 1) takes QKV, the MLP up and the
         // LM head with it: they read the residual stream (fp32) and add the folded shift as a bias.
         let fold = step_gemv.is_some_and(StepGemv::folds_layernorm);
-        // A dependent-launch step (`decode-step` 6, 7): the GEMVs, kv-append, decode attention and the
+        // A dependent-launch step (`decode-step` 6, 7, 9-11): the GEMVs, kv-append, decode attention and the
         // argmax are built as links of a chain (each waits for the kernel before it inside the
         // kernel) and launched as programmatic dependents; the encoder, first, is not.
         let step_plan = p.step.plan::<step::Plan>()?;
@@ -287,7 +287,7 @@ impl Model {
         };
         let kv_dims = self.kv_dims(b, b, ActType::F32)?;
         let argmax_dims = ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() };
-        // `decode-step` 7: the QKV GEMV appends to the (contiguous) cache in its epilogue.
+        // `decode-step` 7, 9-11: the QKV GEMV appends to the (contiguous) cache in its epilogue.
         let qkv_append = match (&gemv_stage, step_plan.append_in_qkv()) {
             (_, false) => None,
             (Some(v), true) if fold && attn_decode::layout_of(&p.decode)? == Layout::Contiguous => {

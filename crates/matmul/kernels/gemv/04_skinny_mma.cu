@@ -41,6 +41,22 @@
 //   422 / 1165 us at B = 1 / 8 / 32 against 405 / 477 / 1208 (1.18x / 1.13x / 1.04x): the launch and
 //   the weights' first round trip left the chain, the wait's release and the kernel's own dependent
 //   round trips did not. Alone (no chain) 0.92-0.99x stage 5, 1.10x at the folded LM head.
+// Stage 7 (GEMV_STAGED_ROWS): stage 6 with a folded LayerNorm's rows read from memory once. Each warp
+//   requests all of its row's float4s (GEMV_STAGED_ROWS a lane) before using any, takes the mean
+//   and variance from its registers, and stages the row less its mean as bf16 in shared memory, from
+//   which every warp's B fragments are read. Why: the decode step's chain timeline (`ladder timeline
+//   gpt2 --op decode-step`, B = 1) puts a folded GEMV's statistics 1.5 us after its wait and its
+//   products 1.2 us after that, each wait an L2 round trip (the second pass over the row, then the
+//   fragments' fp32 loads); with the row in registers and then shared memory one round trip is left.
+//   Predicted: ~1 us off each of the step's 25 folded GEMVs at B = 1 (338 -> ~313 us), more at
+//   B = 32 (three rows a warp, each now one trip). Same numerics as stage 6.
+// Stage 8 (GEMV_EARLY_OPERANDS): stage 7 with the epilogue's operands (the bias, the residual) read
+//   right after the wait, into the registers of the threads that will store, instead of after the
+//   reduction. Why: in the decode step's chain (decode-step stage 10, B = 1) the residual GEMVs
+//   (attention projection, MLP down) return 1.8 us after their products against 0.9 us for the
+//   others: the residual's L2 round trip waits behind the sums. Predicted: ~0.7 us off each of the
+//   24 residual GEMVs and a little off the others' bias (~-17 us a step at B = 1); alone, nothing
+//   (the trip overlaps other warps' work there, gemv-fp8's notes).
 // GEMV_QKV_APPEND (a host switch of the decode step's QKV linear, `decode-step` stage 7) adds the
 //   gemv_mma_ln_qkv_m* entries: the folded QKV linear whose epilogue does kv-append's work (q to a
 //   bf16 row, k and v into the cache cell of each row's sequence and position), so the step runs one
@@ -48,10 +64,12 @@
 // Launch: gemv_mma_m{8,16,32,64} and gemv_mma_bf16_m{...} (fp32 / bf16 inp; MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
 //   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
 //   tiles are reduced one 8-column tile at a time), and with GEMV_EARLY_WEIGHTS split * pieces *
-//   1 KiB more, pieces = min(GEMV_UNROLL, ceil(ceil(K / 32) / split)) (each warp's staged first pass).
+//   1 KiB more, pieces = min(GEMV_UNROLL, ceil(ceil(K / 32) / split)) (each warp's staged first pass),
+//   and with GEMV_STAGED_ROWS on a folded entry MT rows of staged_row_pitch(K) bf16 after those.
 // Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte pieces of W and inp); N * K < 2^31; a folded
-//   LayerNorm reads fp32 inp; the QKV entries: N % 3 == 0, seq and pos within the caches (checked by
-//   their owner on the host).
+//   LayerNorm reads fp32 inp; with GEMV_STAGED_ROWS a folded LayerNorm's K <= 128 * GEMV_STAGED_ROWS
+//   (the host sets ceil(K / 128); past 13, K > 1664, the row's registers spill); the QKV entries: N % 3 == 0, seq and pos within the caches (checked by their owner on the
+//   host).
 // Tolerance: 1e-2 preset (inp is rounded to bf16 here, W already is; fp32 accumulation).
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
 #include "matmul_gemv_mma.cuh"
@@ -68,6 +86,30 @@ constexpr bool kEarlyWeights = true;
 constexpr bool kEarlyWeights = false;
 #endif
 
+// Stage 7's part: a folded LayerNorm's rows read once and staged in shared memory as bf16 (x - mean);
+// GEMV_STAGED_ROWS is the float4 a lane holds of a row (the host's ceil(K / 128)).
+#ifdef GEMV_STAGED_ROWS
+constexpr int kRowVecs = GEMV_STAGED_ROWS;
+#else
+constexpr int kRowVecs = 0;
+#endif
+constexpr bool kStagedRows = kRowVecs > 0;
+
+// Stage 8's part: the epilogue's operands read right after the wait.
+#ifdef GEMV_EARLY_OPERANDS
+constexpr bool kEarlyOperands = true;
+#else
+constexpr bool kEarlyOperands = false;
+#endif
+// A folded entry of stage 7 holds a row's registers besides the fragments'; the bound keeps the
+// narrow tiles (MT <= 16, up to 32 warps a block) launchable at 1024 threads and at two blocks of
+// 16 warps an SM (64 registers), the wide ones (at most 8 warps) as they are.
+#if defined(GEMV_STAGED_ROWS)
+#define GEMV_LN_BOUNDS(MT) __launch_bounds__((MT) <= 16 ? 1024 : 256)
+#else
+#define GEMV_LN_BOUNDS(MT)
+#endif
+
 // StoreQkvAppend (GEMV_QKV_APPEND, the decode step's QKV linear): kv-append in the epilogue. Row m
 // of out is [q | k | v] of C each; q goes to q_out[m] as bf16, k and v as bf16 into cell (seq[m],
 // pos[m]) of the contiguous [B, Tmax, C] caches: what kv-append stage 0 does with the fp32 row, the
@@ -80,8 +122,11 @@ struct StoreQkvAppend {
     const int* pos;
     const float* bias;
     int C, Tmax;
-    __device__ __forceinline__ void operator()(int m, int n, float s) const {
-        const __nv_bfloat16 x = __float2bfloat16_rn(s + bias[n]);
+    __device__ __forceinline__ void operator()(int m, int n, float s) const { (*this)(m, n, s, operands(m, n)); }
+    // Stage 8's halves (StoreRows'): the bias read ahead, then the stores.
+    __device__ __forceinline__ float2 operands(int, int n) const { return make_float2(bias[n], 0.0f); }
+    __device__ __forceinline__ void operator()(int m, int n, float s, float2 ops) const {
+        const __nv_bfloat16 x = __float2bfloat16_rn(s + ops.x);
         const int part = n / C, c = n - part * C;
         if (part == 0) {
             q_out[(size_t)m * C + c] = x;
@@ -95,6 +140,7 @@ struct StoreQkvAppend {
 template <int MT, bool LN = false, typename In, typename Store>
 __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* inp, const __nv_bfloat16* w, int M,
                                                 int N, int K) {
+    LADDER_CHAIN_BLOCK();
     constexpr int TILES = MT / 8;
     extern __shared__ float part[];  // [split][16][8]; stage 6: then [split][pieces][2][32] uint4
     const int split = blockDim.x >> 5;
@@ -109,6 +155,11 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
     // warp of the block has in it), lane by lane: [split][pieces][2][32] uint4 after the tiles.
     const int pieces = min(GEMV_UNROLL, (steps + split - 1) / split);
     uint4* staged = reinterpret_cast<uint4*>(part + split * 128) + warp * pieces * 64;
+    // Stage 7: the folded LayerNorm's MT rows after every warp's pieces.
+    constexpr bool kRowsStaged = kStagedRows && LN;
+    __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint4*>(part + split * 128) +
+                                                           (kEarlyWeights ? split * pieces * 64 : 0));
+    const int pitch = staged_row_pitch(K);
     if constexpr (kEarlyWeights) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
@@ -126,12 +177,19 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
     // would hold the SMs and the memory system for kernels far down the step).
     ladder_wait_prerequisites();
     ladder_launch_dependents();
+    typename EarlyOperandsFor<kEarlyOperands, MT>::type early{};
+    if constexpr (kEarlyOperands) early = early_operands<MT>(store, n0, M, N);
     RowStats<MT, LN> stats;
     if constexpr (LN) {
         __shared__ float mean[MT], rstd[MT];
-        row_stats(mean, rstd, inp, M, K, MT);
+        if constexpr (kRowsStaged) {
+            stage_ln_rows<kRowVecs>(rows, mean, rstd, inp, M, K, MT);
+        } else {
+            row_stats(mean, rstd, inp, M, K, MT);
+        }
         __syncthreads();
         stats = {mean, rstd};
+        ladder_chain_mark(0);
     }
     if constexpr (kEarlyWeights) {
         // Each lane reads back only the pieces it copied itself: its own wait is enough (and every
@@ -152,7 +210,9 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
                 unsigned b[2][2];
-                if constexpr (LN) {
+                if constexpr (kRowsStaged) {
+                    staged_fragments(b, rows, pitch, 8 * i + g, M, k, valid);
+                } else if constexpr (LN) {
                     inp_fragments(b, inp, 8 * i + g, M, k, valid, K, stats.mean(8 * i + g));
                 } else {
                     inp_fragments(b, inp, 8 * i + g, M, k, valid, K);
@@ -190,7 +250,12 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
         }
         pass(wa, wb, s0);
     }
-    gemv_mma_reduce(acc, part, stats, store, n0, M, N);
+    ladder_chain_mark(1);
+    if constexpr (kEarlyOperands) {
+        gemv_mma_reduce(acc, part, stats, store, n0, M, N, early);
+    } else {
+        gemv_mma_reduce(acc, part, stats, store, n0, M, N);
+    }
 }
 
 #define GEMV_MMA_ENTRY(MT)                                                                                  \
@@ -212,7 +277,7 @@ GEMV_MMA_ENTRY(64)
 #ifdef GEMV_LN_FOLD
 // inp: the raw fp32 residual stream x; w, bias: the LayerNorm-folded W' and bias' (see the header).
 #define GEMV_MMA_LN_ENTRY(MT)                                                                               \
-    extern "C" __global__ void gemv_mma_ln_m##MT(float* out, const float* inp, const __nv_bfloat16* w,      \
+    extern "C" __global__ void GEMV_LN_BOUNDS(MT) gemv_mma_ln_m##MT(float* out, const float* inp, const __nv_bfloat16* w,      \
                                                  const float* bias, const float* residual, int tail, int M, \
                                                  int N, int K) {                                            \
         gemv_skinny_mma<MT, true>(StoreRows{out, bias, residual, tail, N}, inp, w, M, N, K);                \
@@ -226,7 +291,7 @@ GEMV_MMA_LN_ENTRY(64)
 #if defined(GEMV_QKV_APPEND) && defined(GEMV_LN_FOLD)
 // The QKV linear with ln_1 folded in and kv-append in the epilogue (StoreQkvAppend): N = 3C.
 #define GEMV_MMA_QKV_ENTRY(MT)                                                                              \
-    extern "C" __global__ void gemv_mma_ln_qkv_m##MT(__nv_bfloat16* q_out, __nv_bfloat16* k_cache,          \
+    extern "C" __global__ void GEMV_LN_BOUNDS(MT) gemv_mma_ln_qkv_m##MT(__nv_bfloat16* q_out, __nv_bfloat16* k_cache,          \
                                                      __nv_bfloat16* v_cache, const int* seq, const int* pos, \
                                                      int Tmax, const float* inp, const __nv_bfloat16* w,    \
                                                      const float* bias, int M, int N, int K) {              \
