@@ -134,6 +134,16 @@ __device__ __forceinline__ void rescale(float (&o)[DT][4], const float (&alpha)[
     }
 }
 
+// A thread's online-softmax state for its two rows before the first key tile: running max -inf
+// (no key seen), running sum 0, output accumulators 0.
+template <int DT>
+__device__ __forceinline__ void softmax_state_init(float (&m)[2], float (&l)[2], float (&o)[DT][4]) {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+#pragma unroll
+    for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+}
+
 // softmax_scores, then the accumulators rescaled at once: the step of a stage whose P.V of the
 // previous tile has landed.
 template <int NT, int DT>

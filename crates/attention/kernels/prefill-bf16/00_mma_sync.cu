@@ -68,10 +68,8 @@ __device__ __forceinline__ void flash_bf16(__nv_bfloat16* out, float* lse, const
     for (int kk = 0; kk < KSTEPS; ++kk)
         ldmatrix_x4(qa[kk], smem_u32(qs + (warp * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8));
 
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float o[DT][4];
-#pragma unroll
-    for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2], l[2], o[DT][4];
+    softmax_state_init(m, l, o);
     const int row = q0 + warp * 16 + (lane >> 2);
     const int tiles = causal ? tile + 1 : (T + BC - 1) / BC;
 

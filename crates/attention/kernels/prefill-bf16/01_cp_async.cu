@@ -75,10 +75,8 @@ __device__ __forceinline__ void flash_bf16(__nv_bfloat16* out, float* lse, const
     cp_async_commit();
 
     unsigned qa[KSTEPS][4];
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float o[DT][4];
-#pragma unroll
-    for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2], l[2], o[DT][4];
+    softmax_state_init(m, l, o);
     const int row = q0 + warp * 16 + (lane >> 2);
 
     for (int j = 0; j < tiles; ++j) {

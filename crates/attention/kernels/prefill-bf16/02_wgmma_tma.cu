@@ -301,10 +301,8 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
         for (int j = 0; j < STAGES && j < tiles; ++j) issue(j);
     }
 
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float o[DT][4];
-#pragma unroll
-    for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2], l[2], o[DT][4];
+    softmax_state_init(m, l, o);
     const int row = q0 + 64 * wg + 16 * warp + (lane >> 2);
     const unsigned qa = r.q() + wg * 64 * 128;  // this warpgroup's 64 rows of each column block
     mbar_wait(r.q_full(), 0);

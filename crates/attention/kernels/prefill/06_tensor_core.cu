@@ -78,11 +78,9 @@ __device__ __forceinline__ void flash_tc(float* out, float* lse, const float* qk
         ldmatrix_x4(qa[kk], smem_u32(qs + (warp * 16 + (lane & 15)) * S + kk * 16 + (lane >> 4) * 8));
 
     const float sl2 = scale * LOG2E;  // scores in log2 units
-    float m[2] = {-INFINITY, -INFINITY};            // rows g and g+8: running max (log2 units)
-    float l[2] = {0.f, 0.f};                        // and running sum of exp2
-    float o[DT][4];
-#pragma unroll
-    for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    // Rows g and g+8: running max (log2 units) and running sum of exp2, and their O.
+    float m[2], l[2], o[DT][4];
+    softmax_state_init(m, l, o);
     const int row_g = q0 + warp * 16 + g;  // this thread's two query rows: row_g and row_g + 8
 
     for (int j = 0; j <= tile; ++j) {

@@ -10,21 +10,7 @@
 // Tolerance: exact (token ids).
 // Limits: B * ld < 2^31; ld >= V
 #include "ladder.cuh"
-
-// (v, i) beats (w, j) when larger, or equal with the lower index.
-__device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
-
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float w = __shfl_xor_sync(0xffffffffu, v, off);
-        const int j = __shfl_xor_sync(0xffffffffu, i, off);
-        if (beats(w, j, v, i)) {
-            v = w;
-            i = j;
-        }
-    }
-}
+#include "gpt2_argmax.cuh"
 
 extern "C" __global__ void argmax_rows(int* ids, const float* logits, int B, int V, int ld) {
     __shared__ float best_v[8];

@@ -12,26 +12,13 @@
 // Tolerance: exact (token ids).
 // Limits: B * ld < 2^31; ld >= V; B <= 65535
 #include "ladder.cuh"
+#include "gpt2_argmax.cuh"
 #include "ladder_dependent.cuh"
 
 #ifndef ARGMAX_SPLITS
 #define ARGMAX_SPLITS 32
 #endif
 static_assert(ARGMAX_SPLITS >= 1 && ARGMAX_SPLITS <= 32, "one warp merges the pieces");
-
-__device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
-
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float w = __shfl_xor_sync(0xffffffffu, v, off);
-        const int j = __shfl_xor_sync(0xffffffffu, i, off);
-        if (beats(w, j, v, i)) {
-            v = w;
-            i = j;
-        }
-    }
-}
 
 // The block's (max, index) over its threads' pairs, valid in warp 0.
 __device__ __forceinline__ void block_argmax(float& v, int& i) {
