@@ -55,6 +55,9 @@ pub enum Plan {
     BatchedMerge,
     /// [`Plan::BatchedMerge`] on `gemv` 8: the epilogue's operands read right after the wait.
     EarlyOperands,
+    /// [`Plan::EarlyOperands`] with the folded GEMVs at 8 warps a block: the next link's blocks fit
+    /// beside them.
+    CoResident,
 
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
@@ -151,6 +154,16 @@ pub(crate) fn stages() -> Vec<Variant> {
             "stage 10 with every GEMV on gemv 8: the epilogue's bias and residual read into the storing threads' registers right after the wait, before the products",
         )
         .with_plan(Plan::EarlyOperands),
+        Variant::host(
+            FAMILY,
+            OP,
+            12,
+            "co-resident",
+            "stage 11 with the folded GEMVs at 8 warps a block, so that the next link's blocks fit beside them",
+            Precision::Bf16,
+            "stage 11 with QKV, the MLP up and the LM head launched at 8 warps a block instead of 16: a block of the projection or the MLP down (32 warps) then fits on an SM beside one of them, so it copies its weights and waits under the running kernel instead of after it",
+        )
+        .with_plan(Plan::CoResident),
         Variant::kernel(
             FAMILY,
             OP,
@@ -177,7 +190,7 @@ impl Plan {
             Plan::ComposedDependent | Plan::AppendInQkv => Some("pdl:gemv=6,decode=7"),
             Plan::StagedRows => Some("pdl:gemv=7,decode=7"),
             Plan::BatchedMerge => Some("pdl:gemv=7,decode=8"),
-            Plan::EarlyOperands => Some("pdl:gemv=8,decode=8"),
+            Plan::EarlyOperands | Plan::CoResident => Some("pdl:gemv=8,decode=8"),
             Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
@@ -186,13 +199,26 @@ impl Plan {
     pub fn dependent(self) -> bool {
         matches!(
             self,
-            Plan::ComposedDependent | Plan::AppendInQkv | Plan::StagedRows | Plan::BatchedMerge | Plan::EarlyOperands
+            Plan::ComposedDependent
+                | Plan::AppendInQkv
+                | Plan::StagedRows
+                | Plan::BatchedMerge
+                | Plan::EarlyOperands
+                | Plan::CoResident
         )
     }
 
     /// Whether the QKV GEMV appends to the cache itself (no kv-append kernel).
     pub fn append_in_qkv(self) -> bool {
-        matches!(self, Plan::AppendInQkv | Plan::StagedRows | Plan::BatchedMerge | Plan::EarlyOperands)
+        matches!(
+            self,
+            Plan::AppendInQkv | Plan::StagedRows | Plan::BatchedMerge | Plan::EarlyOperands | Plan::CoResident
+        )
+    }
+
+    /// Whether the folded GEMVs run at 8 warps a block (stage 12).
+    pub fn narrow_folded_gemvs(self) -> bool {
+        self == Plan::CoResident
     }
 }
 

@@ -28,6 +28,10 @@ use crate::plan::StepGemv;
 use crate::pointwise::{self, Kind};
 use crate::sample::{self, SampleDims};
 use crate::sampling::Sampling;
+
+/// `decode-step` 12's target of warps in flight for the folded GEMVs (`gemv`'s GEMV_WARPS, 2048 in
+/// its stage list): 8 warps a block at GPT-2's QKV, MLP up and LM head.
+const NARROW_GEMV_WARPS: u32 = 1024;
 use crate::weights::Block;
 
 /// A decode step's linear: the plan's GEMM on the fp32 weights, or a GEMV (on their bf16 copies, or
@@ -249,7 +253,7 @@ impl Model {
         // A GEMV that folds the LayerNorm in (`gemv` 5-8; `gemv-fp8` 1) takes QKV, the MLP up and the
         // LM head with it: they read the residual stream (fp32) and add the folded shift as a bias.
         let fold = step_gemv.is_some_and(StepGemv::folds_layernorm);
-        // A dependent-launch step (`decode-step` 6, 7, 9-11): the GEMVs, kv-append, decode attention and the
+        // A dependent-launch step (`decode-step` 6, 7, 9-12): the GEMVs, kv-append, decode attention and the
         // argmax are built as links of a chain (each waits for the kernel before it inside the
         // kernel) and launched as programmatic dependents; the encoder, first, is not.
         let step_plan = p.step.plan::<step::Plan>()?;
@@ -262,8 +266,19 @@ impl Model {
             v
         };
         let gemv_stage = p.gemv.as_ref().map(link);
+        // `decode-step` 12: the folded GEMVs at 8 warps a block (a target of 1024 warps in flight),
+        // so that the next link's blocks, and their weight copies, fit on the SMs beside them.
+        let folded_stage = match (&gemv_stage, step_plan.narrow_folded_gemvs()) {
+            (Some(v), true) => {
+                let mut v = v.clone();
+                v.set_tunable("GEMV_WARPS", NARROW_GEMV_WARPS)?;
+                Some(v)
+            }
+            _ => gemv_stage.clone(),
+        };
         let lin = |n: usize, k: usize, bias: bool, tail: Tail, input: Input| -> Result<DecodeLinear> {
             let ln = fold && input == Input::LayerNorm;
+            let gemv_stage = if ln { &folded_stage } else { &gemv_stage };
             let input = match input {
                 Input::LayerNorm if ln => ActType::F32,
                 Input::LayerNorm => ln_out,
@@ -287,8 +302,8 @@ impl Model {
         };
         let kv_dims = self.kv_dims(b, b, ActType::F32)?;
         let argmax_dims = ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() };
-        // `decode-step` 7, 9-11: the QKV GEMV appends to the (contiguous) cache in its epilogue.
-        let qkv_append = match (&gemv_stage, step_plan.append_in_qkv()) {
+        // `decode-step` 7, 9-12: the QKV GEMV appends to the (contiguous) cache in its epilogue.
+        let qkv_append = match (&folded_stage, step_plan.append_in_qkv()) {
             (_, false) => None,
             (Some(v), true) if fold && attn_decode::layout_of(&p.decode)? == Layout::Contiguous => {
                 let d = GemvDims { m: b, n: 3 * c, k: c, bias: true, tail: Tail::None, input: ActType::F32, ln: true };
