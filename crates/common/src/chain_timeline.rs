@@ -251,14 +251,9 @@ pub fn record(
     warmup: usize,
 ) -> Result<ChainTimeline> {
     crate::require(runs >= 1, "runs >= 1", || runs.to_string())?;
-    op.validate(variant, shape)?;
     let _builds = ChainBuilds(gpu);
     gpu.set_chain_timeline(true);
-    problem.prepare(gpu, variant)?;
-    let check = crate::runner::verify_once(gpu, problem)?;
-    if !check.passed() {
-        return Err(Error::Verification(format!("{} with its chain stamps: {}", variant.id(), check.summary())));
-    }
+    crate::timeline::prepare_verified(gpu, op, problem, variant, shape, "its chain stamps")?;
     let modules = gpu.loaded_with_switch(crate::launch::CHAIN_TIMELINE);
     crate::require(!modules.is_empty(), "a stage whose launches include dependent ones", || variant.id())?;
     let stream = gpu.stream();

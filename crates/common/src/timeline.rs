@@ -177,6 +177,25 @@ fn median(mut v: Vec<f64>) -> f64 {
     Timing::from_samples(&mut v).median_ms
 }
 
+/// Prepares `v` at `shape` and checks one run of it: a timeline reads only a verified stage (`with`
+/// names what the build adds, for the error).
+pub(crate) fn prepare_verified(
+    gpu: &Gpu,
+    op: &dyn Op,
+    problem: &mut dyn Problem,
+    v: &Variant,
+    shape: &Shape,
+    with: &str,
+) -> Result<()> {
+    op.validate(v, shape)?;
+    problem.prepare(gpu, v)?;
+    let check = crate::runner::verify_once(gpu, problem)?;
+    if !check.passed() {
+        return Err(Error::Verification(format!("{} with {with}: {}", v.id(), check.summary())));
+    }
+    Ok(())
+}
+
 /// Verifies `variant` with its stamps on at `shape` (whose inputs `problem` holds), then records
 /// `runs` runs (after `warmup`).
 pub fn record(
@@ -192,12 +211,7 @@ pub fn record(
     let mut v = variant.clone();
     v.switch_on(SWITCH);
     let slots = slots(op.sources(), &v)?;
-    op.validate(&v, shape)?;
-    problem.prepare(gpu, &v)?;
-    let check = crate::runner::verify_once(gpu, problem)?;
-    if !check.passed() {
-        return Err(Error::Verification(format!("{} with its timeline stamps: {}", v.id(), check.summary())));
-    }
+    prepare_verified(gpu, op, problem, &v, shape, "its timeline stamps")?;
     let Source::Kernel(path) = v.source else { unreachable!("slots() found the stage's kernel file") };
     // The module the prepared stage launches (its defines may differ from the stage list's).
     let modules = gpu.loaded_with(op.sources(), path, SWITCH);
