@@ -18,6 +18,7 @@ use crate::family::{Op, Problem};
 use crate::gpu::Gpu;
 use crate::report::Format;
 use crate::shape::Shape;
+use crate::timeline::median;
 use crate::timing::Timing;
 use crate::variant::Variant;
 
@@ -155,14 +156,6 @@ pub fn chain(modules: &[(String, Vec<BlockRecord>)]) -> Result<Vec<LaunchRun>> {
     }
     all.sort_by_key(|l| l.first_wait_left);
     Ok(all)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| !x.is_nan());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    Timing::from_samples(&mut v).median_ms
 }
 
 /// The per-kernel medians over runs of equal chains (the same modules and grids in the same order).

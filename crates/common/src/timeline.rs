@@ -169,7 +169,8 @@ pub fn tick(stamps: &[u64]) -> Option<u64> {
     t.windows(2).map(|w| w[1] - w[0]).min()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of the values that are not NaN (NaN when none is).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.retain(|x| !x.is_nan());
     if v.is_empty() {
         return f64::NAN;

@@ -39,9 +39,9 @@ common::declare_op! {
 
 /// The builds a dependent composed step on model plan `spec` makes beyond the stage lists' own (its
 /// stages with the host switches the model turns on: the dependent chain, kv-append in the QKV
-/// epilogue, the argmax that advances the inputs), for `kernels_compile` to compile them too, and
-/// for a run to compile them with the family's modules ([`Op::extra_builds`]).
-pub fn host_switched_builds(spec: &str) -> Result<Vec<(&'static common::Sources, Variant)>> {
+/// epilogue, the argmax that advances the inputs): [`Op::extra_builds`] of those stages, so that a run
+/// compiles them with the family's modules and `kernels_compile` compiles them too.
+fn host_switched_builds(spec: &str) -> Result<Vec<(&'static common::Sources, Variant)>> {
     let plan = ModelPlan::parse(spec)?;
     let with = |v: &Variant, switches: &[&str]| {
         let mut v = v.clone();

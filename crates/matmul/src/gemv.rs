@@ -57,6 +57,15 @@ fn stages() -> Vec<Variant> {
     let k = |stage, name, file, plan: Plan, summary| {
         Variant::kernel(FAMILY, OP, stage, name, file, Precision::Bf16, summary).with_plan(plan)
     };
+    // Stages 6-8: stage 5 as a link of the decode step's dependent chain (its weights staged before
+    // the wait), each with its own parts after those.
+    let link = |stage, name, summary, parts: &[Define]| {
+        let chain = [Define::on(LN_FOLD), Define::on(EARLY_WEIGHTS), Define::on(DEPENDENT_LAUNCH)];
+        k(stage, name, "gemv/04_skinny_mma.cu", Plan::Mma, summary)
+            .with_defines(chain.into_iter().chain(parts.iter().cloned()).collect::<Vec<_>>())
+            .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)])
+            .with_requirements(Requirements::SM90)
+    };
     vec![
         k(0, "naive", "gemv/00_naive.cu", Plan::Thread, "one thread per output, scalar loads of inp and bf16 W"),
         k(
@@ -98,49 +107,29 @@ fn stages() -> Vec<Variant> {
         )
         .with_defines(vec![Define::on(LN_FOLD)])
         .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)]),
-        k(
+        link(
             6,
             "dependent-launch",
-            "gemv/04_skinny_mma.cu",
-            Plan::Mma,
             "stage 5 as a programmatic dependent launch: each warp's first pass of W copied into shared memory before the wait for the previous kernel",
-        )
-        .with_defines(vec![Define::on(LN_FOLD), Define::on(EARLY_WEIGHTS), Define::on(DEPENDENT_LAUNCH)])
-        .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)])
-        .with_requirements(Requirements::SM90),
-        k(
+            &[],
+        ),
+        link(
             7,
             "staged-rows",
-            "gemv/04_skinny_mma.cu",
-            Plan::Mma,
             "stage 6 with a folded LayerNorm's rows read once: statistics from registers, the rows less their mean staged in shared memory as bf16 for the fragments",
-        )
-        .with_defines(vec![
-            Define::on(LN_FOLD),
-            Define::on(EARLY_WEIGHTS),
-            Define::on(DEPENDENT_LAUNCH),
-            Define::new(STAGED_ROWS, STAGED_ROWS_MAX),
-        ])
-        .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)])
-        .with_requirements(Requirements::SM90),
-        k(
+            &[Define::new(STAGED_ROWS, STAGED_ROWS_MAX)],
+        ),
+        link(
             8,
             "early-operands",
-            "gemv/04_skinny_mma.cu",
-            Plan::Mma,
             "stage 7 with the epilogue's bias and residual read right after the wait, before the products, by the threads that store",
-        )
-        .with_defines(vec![
-            Define::on(LN_FOLD),
-            Define::on(EARLY_WEIGHTS),
-            Define::on(DEPENDENT_LAUNCH),
-            Define::new(STAGED_ROWS, STAGED_ROWS_MAX),
-            Define::on("GEMV_EARLY_OPERANDS"),
-        ])
-        .with_tunables(&[("GEMV_WARPS", 2048), ("GEMV_UNROLL", 4)])
-        .with_requirements(Requirements::SM90),
+            &[Define::new(STAGED_ROWS, STAGED_ROWS_MAX), Define::on(EARLY_OPERANDS)],
+        ),
     ]
 }
+
+/// Stage 8's switch of stage 4's file: the epilogue's operands read right after the wait.
+const EARLY_OPERANDS: &str = "GEMV_EARLY_OPERANDS";
 
 /// Stage 7's define in stage 4's file: a folded LayerNorm's rows staged in shared memory, its value
 /// the float4 a lane holds of a row, set to ceil(K / 128) per shape ([`for_shape`]): a short row
