@@ -108,17 +108,6 @@ __device__ __forceinline__ void stage_ln_rows(__nv_bfloat16* staged, float* mean
     }
 }
 
-// The two B fragments of row m from k out of the staged rows (stage_ln_rows; zeros past M or K).
-__device__ __forceinline__ void staged_fragments(unsigned (&b)[2][2], const __nv_bfloat16* staged, int pitch, int m,
-                                                 int M, int k, bool valid) {
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (valid && m < M) x = *reinterpret_cast<const uint4*>(staged + (size_t)m * pitch + k);
-    b[0][0] = x.x;
-    b[0][1] = x.y;
-    b[1][0] = x.z;
-    b[1][1] = x.w;
-}
-
 // Eight consecutive fp32 of inp row m from k, less `shift` (a folded LayerNorm's row mean) and times
 // `scale` (gemv-fp8's weight-block scale; zeros when the row or the piece is out of range), as the
 // two B fragments of the two k16 steps that the matching piece of W feeds.
@@ -140,7 +129,8 @@ __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const float* 
     b[1][1] = pack_bf16x2(x1.z, x1.w);
 }
 
-// The same eight of a bf16 inp: one 16-byte load, already the fragments' pairs.
+// The same eight of a bf16 inp: one 16-byte load, already the fragments' pairs (also stage_ln_rows'
+// staged rows, with their pitch as K).
 __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const __nv_bfloat16* inp, int m, int M, int k,
                                               bool valid, int K) {
     uint4 x = make_uint4(0u, 0u, 0u, 0u);

@@ -211,7 +211,7 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
             for (int i = 0; i < TILES; ++i) {
                 unsigned b[2][2];
                 if constexpr (kRowsStaged) {
-                    staged_fragments(b, rows, pitch, 8 * i + g, M, k, valid);
+                    inp_fragments(b, static_cast<const __nv_bfloat16*>(rows), 8 * i + g, M, k, valid, pitch);
                 } else if constexpr (LN) {
                     inp_fragments(b, inp, 8 * i + g, M, k, valid, K, stats.mean(8 * i + g));
                 } else {
