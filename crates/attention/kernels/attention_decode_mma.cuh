@@ -3,8 +3,13 @@
 // computes, for the G query heads of its KV head, the split's unnormalized partial O, max m and sum
 // l (exactly the layout decode_combine merges) or, with FINAL (a single split), the output O and
 // lse themselves.
+// EARLY_CACHE (decode stage 9; the caller has not waited): the block requests its first STAGES - 1
+// tiles a warp before it waits for the kernel before it (ladder_dependent.cuh), since no kernel of
+// the step writes the cached rows before the step's own token; q, and that one row, are read after
+// the wait.
 #pragma once
 #include "attention_decode.cuh"
+#include "ladder_dependent.cuh"
 #include "ladder_mma.cuh"
 
 constexpr int TC_TILE = 16;  // tokens per warp tile: the n of two m16n8 tiles, the k of one P.V step
@@ -17,7 +22,7 @@ __device__ __forceinline__ int tc_swizzle(int r, int c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
-template <typename T, int D, int WARPS, int STAGES, bool FINAL>
+template <typename T, int D, int WARPS, int STAGES, bool FINAL, bool EARLY_CACHE = false>
 __device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_part, float* m_part, float* l_part, const T* q,
                                                    const T* k, const T* v, const int* seq_lens, const float* slopes,
                                                    int Tmax, int G, float scale) {
@@ -46,28 +51,32 @@ __device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_
     unsigned qa[KS][4];
     const T* q0 = q + ((size_t)b * HQ + hq0) * D;
     const bool lo_ok = g < G, hi_ok = g + 8 < G;
+    auto load_q = [&]() {
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-        const int c = ks * 16 + 2 * tq;
-        qa[ks][0] = lo_ok ? *reinterpret_cast<const unsigned*>(q0 + g * D + c) : 0u;
-        qa[ks][1] = hi_ok ? *reinterpret_cast<const unsigned*>(q0 + (g + 8) * D + c) : 0u;
-        qa[ks][2] = lo_ok ? *reinterpret_cast<const unsigned*>(q0 + g * D + c + 8) : 0u;
-        qa[ks][3] = hi_ok ? *reinterpret_cast<const unsigned*>(q0 + (g + 8) * D + c + 8) : 0u;
-    }
+        for (int ks = 0; ks < KS; ++ks) {
+            const int c = ks * 16 + 2 * tq;
+            qa[ks][0] = lo_ok ? *reinterpret_cast<const unsigned*>(q0 + g * D + c) : 0u;
+            qa[ks][1] = hi_ok ? *reinterpret_cast<const unsigned*>(q0 + (g + 8) * D + c) : 0u;
+            qa[ks][2] = lo_ok ? *reinterpret_cast<const unsigned*>(q0 + g * D + c + 8) : 0u;
+            qa[ks][3] = hi_ok ? *reinterpret_cast<const unsigned*>(q0 + (g + 8) * D + c + 8) : 0u;
+        }
+    };
+    if constexpr (!EARLY_CACHE) load_q();
     const float slope_lo = (slopes != nullptr && lo_ok) ? slopes[hq0 + g] : 0.0f;
     const float slope_hi = (slopes != nullptr && hi_ok) ? slopes[hq0 + g + 8] : 0.0f;
 
     // This warp's tiles: W-strided 16-token tiles of [t_begin, t_end).
     const int tiles = (t_end - t_begin + TC_TILE - 1) / TC_TILE;
     const int mine = tiles > warp ? (tiles - warp + W - 1) / W : 0;
-    auto load_tile = [&](int i) {
+    // Rows from `bound` on are zero-filled (and masked by t_end in the softmax).
+    auto load_tile = [&](int i, int bound) {
         if (i >= mine) return;
         T* ks_ = ring + (i % STAGES) * 2 * TILE;
         const int t0 = t_begin + (warp + i * W) * TC_TILE;
 #pragma unroll
         for (int e = 0; e < LOADS; ++e) {
             const int idx = lane + 32 * e, r = idx / CH, c = idx % CH, t = t0 + r;
-            const bool ok = t < t_end;
+            const bool ok = t < bound;
             const size_t off = ok ? (size_t)t * stride + c * 8 : 0;
             cp_async_16(smem_u32(ks_ + tc_swizzle<D>(r, c)), kb + off, ok);
             cp_async_16(smem_u32(ks_ + TILE + tc_swizzle<D>(r, c)), vb + off, ok);
@@ -79,13 +88,35 @@ __device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_
     for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
+    // Early, the step's own row (len - 1, written by the kernel waited for) is left out of the first
+    // tiles and read after the wait.
+    const int first_bound = EARLY_CACHE ? min(t_end, len - 1) : t_end;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        load_tile(s);
+        load_tile(s, first_bound);
         cp_async_commit();
     }
+    if constexpr (EARLY_CACHE) {
+        ladder_wait_prerequisites();
+        ladder_launch_dependents();
+        load_q();
+        const int j = len - 1 - t_begin;  // the step's row in this split's tiles
+        const int tile = j / TC_TILE;
+        if (j >= 0 && len - 1 < t_end && tile % W == warp && tile / W < STAGES - 1) {
+            cp_async_wait<0>();  // its zero fill has landed before the row is written
+            T* ks_ = ring + (tile / W % STAGES) * 2 * TILE;
+            const size_t row = (size_t)(len - 1) * stride;
+            for (int c = lane; c < CH; c += 32) {
+                const uint4 kc = *reinterpret_cast<const uint4*>(kb + row + c * 8);
+                const uint4 vc = *reinterpret_cast<const uint4*>(vb + row + c * 8);
+                *reinterpret_cast<uint4*>(ks_ + tc_swizzle<D>(j % TC_TILE, c)) = kc;
+                *reinterpret_cast<uint4*>(ks_ + TILE + tc_swizzle<D>(j % TC_TILE, c)) = vc;
+            }
+            __syncwarp();
+        }
+    }
     for (int i = 0; i < mine; ++i) {
-        load_tile(i + STAGES - 1);
+        load_tile(i + STAGES - 1, t_end);
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
         __syncwarp();

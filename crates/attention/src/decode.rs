@@ -382,6 +382,15 @@ fn stages() -> Vec<Variant> {
         )
         .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)])
         .with_defines(vec![Define::on("DECODE_BATCHED_MERGE")]),
+        k(
+            9,
+            "early-cache",
+            "decode/07_fused_combine.cu",
+            Plan::FusedCombine,
+            "stage 8 with each block's first K/V tiles requested before its dependent wait (the cached rows; q and the step's own row after it)",
+        )
+        .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)])
+        .with_defines(vec![Define::on("DECODE_BATCHED_MERGE"), Define::on("DECODE_EARLY_CACHE")]),
     ]
 }
 

@@ -58,6 +58,9 @@ pub enum Plan {
     /// [`Plan::EarlyOperands`] with the folded GEMVs at 8 warps a block: the next link's blocks fit
     /// beside them.
     CoResident,
+    /// [`Plan::CoResident`] on decode attention 9: each split's cached K/V rows requested before
+    /// its wait.
+    EarlyCache,
 
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
@@ -164,6 +167,16 @@ pub(crate) fn stages() -> Vec<Variant> {
             "stage 11 with QKV, the MLP up and the LM head launched at 8 warps a block instead of 16: a block of the projection or the MLP down (32 warps) then fits on an SM beside one of them, so it copies its weights and waits under the running kernel instead of after it",
         )
         .with_plan(Plan::CoResident),
+        Variant::host(
+            FAMILY,
+            OP,
+            13,
+            "early-cache",
+            "stage 12 with decode attention's cached K/V rows requested before its wait (decode 9)",
+            Precision::Bf16,
+            "stage 12 with decode attention 9: each split's first K/V tiles (at B = 1 the whole split) are requested before the block waits for the QKV GEMV, since no kernel of the step writes the cached rows; q and the step's own row are read after the wait",
+        )
+        .with_plan(Plan::EarlyCache),
         Variant::kernel(
             FAMILY,
             OP,
@@ -191,6 +204,7 @@ impl Plan {
             Plan::StagedRows => Some("pdl:gemv=7,decode=7"),
             Plan::BatchedMerge => Some("pdl:gemv=7,decode=8"),
             Plan::EarlyOperands | Plan::CoResident => Some("pdl:gemv=8,decode=8"),
+            Plan::EarlyCache => Some("pdl:gemv=8,decode=9"),
             Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
@@ -205,6 +219,7 @@ impl Plan {
                 | Plan::BatchedMerge
                 | Plan::EarlyOperands
                 | Plan::CoResident
+                | Plan::EarlyCache
         )
     }
 
@@ -212,13 +227,18 @@ impl Plan {
     pub fn append_in_qkv(self) -> bool {
         matches!(
             self,
-            Plan::AppendInQkv | Plan::StagedRows | Plan::BatchedMerge | Plan::EarlyOperands | Plan::CoResident
+            Plan::AppendInQkv
+                | Plan::StagedRows
+                | Plan::BatchedMerge
+                | Plan::EarlyOperands
+                | Plan::CoResident
+                | Plan::EarlyCache
         )
     }
 
-    /// Whether the folded GEMVs run at 8 warps a block (stage 12).
+    /// Whether the folded GEMVs run at 8 warps a block (stages 12-13).
     pub fn narrow_folded_gemvs(self) -> bool {
-        self == Plan::CoResident
+        matches!(self, Plan::CoResident | Plan::EarlyCache)
     }
 }
 

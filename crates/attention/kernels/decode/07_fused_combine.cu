@@ -25,6 +25,14 @@
 //   block's return, on every layer's critical path; one L2 round trip is ~0.7 us. Predicted: the
 //   merge ~1 us, the attention link ~1.8 us shorter at B = 1 (~22 us a step); unsplit shapes as
 //   stage 7.
+// Stage 9 (DECODE_EARLY_CACHE): a block requests its split's first tiles (two a warp: the whole split
+//   of 125 keys at GPT-2's B = 1) before it waits for the kernel before it, and q and the step's own
+//   K/V row after (attention_decode_mma.cuh: no kernel of the step writes the rows before it). Why:
+//   in the decode step's chain at B = 1 (stage 12's timeline) a split took 4.6 us from its wait to
+//   its partials, a trip for q, then K, then V, while the QKV GEMV before it runs for ~2.3 us with
+//   the attention blocks already resident. Predicted: the split's K/V trip under the QKV GEMV, the
+//   attention link 8.1 -> ~6 us at B = 1 (~20 us a step); at B = 8 and 32 (one split of 1000 keys)
+//   only the first two tiles a warp, ~0.5 us a layer.
 // Launch: decode_tc_single_{bf16,f16}_d{64,128} (one split) or decode_tc_fused_* (several): grid
 //   (splits, HKV, B), block 32*TC_WARPS, dynamic shared memory TC_WARPS*TC_STAGES*2*16*D*2 bytes;
 //   the fused entry takes a zeroed int ticket per (sequence, KV head).
@@ -46,14 +54,30 @@ constexpr int kMergeBatch = 16;
 constexpr int kMergeBatch = 0;
 #endif
 
+// Stage 9's part: the split's first K/V tiles requested before the wait (false: after it).
+#ifdef DECODE_EARLY_CACHE
+constexpr bool kEarlyCache = true;
+#else
+constexpr bool kEarlyCache = false;
+#endif
+
+// The chain's wait and trigger at the top of an entry, unless the split kernel takes them itself
+// after its early tiles.
+__device__ __forceinline__ void decode_entry_prerequisites() {
+    if constexpr (!kEarlyCache) {
+        ladder_wait_prerequisites();
+        ladder_launch_dependents();
+    }
+}
+
 // Several splits: each writes its partial; the last of a (sequence, KV head) to finish merges.
 template <typename T, int D>
 __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* o_part, float* m_part, float* l_part,
                                                      int* tickets, const T* q, const T* k, const T* v,
                                                      const int* seq_lens, const float* slopes, int Tmax, int G,
                                                      float scale) {
-    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, false>(nullptr, nullptr, o_part, m_part, l_part, q, k, v,
-                                                         seq_lens, slopes, Tmax, G, scale);
+    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, false, kEarlyCache>(nullptr, nullptr, o_part, m_part, l_part, q, k,
+                                                                      v, seq_lens, slopes, Tmax, G, scale);
     ladder_chain_mark(0);
     __shared__ int last;
     __threadfence();  // this block's partials are visible device-wide before its ticket is drawn
@@ -81,8 +105,7 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
         T* out, float* lse, float* o_part, float* m_part, float* l_part, int* tickets, const T* q, const T* k,   \
         const T* v, const int* seq_lens, const float* slopes, int Tmax, int G, float scale) {                    \
         LADDER_CHAIN_BLOCK();                                                                                    \
-        ladder_wait_prerequisites();                                                                             \
-        ladder_launch_dependents();                                                                              \
+        decode_entry_prerequisites();                                                                            \
         fused_combine_decode<T, D>(out, lse, o_part, m_part, l_part, tickets, q, k, v, seq_lens, slopes, Tmax, G, \
                                    scale);                                                                       \
     }                                                                                                             \
@@ -90,10 +113,9 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
         T* out, float* lse, const T* q, const T* k, const T* v, const int* seq_lens, const float* slopes, int Tmax, \
         int G, float scale) {                                                                                     \
         LADDER_CHAIN_BLOCK();                                                                                     \
-        ladder_wait_prerequisites();                                                                              \
-        ladder_launch_dependents();                                                                               \
-        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, true>(out, lse, nullptr, nullptr, nullptr, q, k, v, seq_lens, \
-                                                            slopes, Tmax, G, scale);                             \
+        decode_entry_prerequisites();                                                                             \
+        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, true, kEarlyCache>(out, lse, nullptr, nullptr, nullptr, q, k, v, \
+                                                                         seq_lens, slopes, Tmax, G, scale);       \
     }
 FUSED_ENTRY(bf16, __nv_bfloat16, 64)
 FUSED_ENTRY(bf16, __nv_bfloat16, 128)
