@@ -1,8 +1,9 @@
 // attention_decode_mma.cuh: the tensor-core split kernel of decode stages 6 and 7 (see
 // decode/06_tensor_core.cu for the design). Block (split, KV head, sequence) of WARPS warps
 // computes, for the G query heads of its KV head, the split's unnormalized partial O, max m and sum
-// l (exactly the layout decode_combine merges) or, with FINAL (a single split), the output O and
-// lse themselves.
+// l: into global memory (DecodeOut::GlobalPartials, exactly the layout decode_combine merges) or
+// into the caller's shared arrays, row r at o[r * D], m[r], l[r] (SharedPartials, for a merge
+// through the cluster); or, with a single split (Final), the output O and lse themselves.
 // EARLY_CACHE (decode stage 9; the caller has not waited): the block requests its first STAGES - 1
 // tiles a warp before it waits for the kernel before it (ladder_dependent.cuh), since no kernel of
 // the step writes the cached rows before the step's own token; q, and that one row, are read after
@@ -11,6 +12,9 @@
 #include "attention_decode.cuh"
 #include "ladder_dependent.cuh"
 #include "ladder_mma.cuh"
+
+// Where the split's result goes (above).
+enum class DecodeOut { Final, GlobalPartials, SharedPartials };
 
 constexpr int TC_TILE = 16;  // tokens per warp tile: the n of two m16n8 tiles, the k of one P.V step
 
@@ -22,7 +26,7 @@ __device__ __forceinline__ int tc_swizzle(int r, int c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
-template <typename T, int D, int WARPS, int STAGES, bool FINAL, bool EARLY_CACHE = false>
+template <typename T, int D, int WARPS, int STAGES, DecodeOut OUT, bool EARLY_CACHE = false>
 __device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_part, float* m_part, float* l_part, const T* q,
                                                    const T* k, const T* v, const int* seq_lens, const float* slopes,
                                                    int Tmax, int G, float scale) {
@@ -242,24 +246,29 @@ __device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_
         float acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; ++w) acc += ored[(w * 16 + r) * D + c];
-        if constexpr (FINAL) {
+        if constexpr (OUT == DecodeOut::Final) {
             float big, sum;
             row_stats(r, big, sum);
             out[((size_t)b * HQ + hq0 + r) * D + c] = from_float<T>(acc / sum);
-        } else {
+        } else if constexpr (OUT == DecodeOut::GlobalPartials) {
             o_part[(((size_t)b * HQ + hq0 + r) * splits + split) * D + c] = acc;
+        } else {
+            o_part[r * D + c] = acc;
         }
     }
     if (threadIdx.x < G) {
         const int r = threadIdx.x;
         float big, sum;
         row_stats(r, big, sum);
-        if constexpr (FINAL) {
+        if constexpr (OUT == DecodeOut::Final) {
             lse[(size_t)b * HQ + hq0 + r] = big + __logf(sum);
-        } else {
+        } else if constexpr (OUT == DecodeOut::GlobalPartials) {
             const size_t part = ((size_t)b * HQ + hq0 + r) * splits + split;
             m_part[part] = big;
             l_part[part] = sum;
+        } else {
+            m_part[r] = big;
+            l_part[r] = sum;
         }
     }
 }

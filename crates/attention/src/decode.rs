@@ -59,6 +59,9 @@ pub(crate) const GRID_B: &str = "B <= 65535";
 pub(crate) const ELEMS: &str = "B * HQ * Tmax < 2^31";
 const SCORES_1: &str = "Tmax <= 32768";
 const SPLITS: &str = "splits <= 256";
+/// Stage 10's splits are one thread-block cluster: at most the portable cluster size.
+pub const MAX_CLUSTER_SPLITS: usize = 8;
+const CLUSTER_SPLITS: &str = "splits <= 8";
 const SCORES_SPLIT: &str = "Tmax / splits <= 32768";
 const PACKED_GROUP: &str = "HQ / HKV in {1, 2, 4, 8}";
 pub(crate) const MMA_GROUP: &str = "HQ / HKV <= 16";
@@ -286,6 +289,9 @@ enum Plan {
     TensorCore,
     /// Stage 6 in one launch: splits to fill the SMs once, the combine in the split kernel.
     FusedCombine,
+    /// [`Plan::FusedCombine`] with a (sequence, KV head)'s splits as one cluster, merged through
+    /// distributed shared memory.
+    ClusterMerge,
 }
 
 impl Plan {
@@ -391,6 +397,15 @@ fn stages() -> Vec<Variant> {
         )
         .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)])
         .with_defines(vec![Define::on("DECODE_BATCHED_MERGE"), Define::on("DECODE_EARLY_CACHE")]),
+        k(
+            10,
+            "cluster-merge",
+            "decode/10_cluster_merge.cu",
+            Plan::ClusterMerge,
+            "stage 9 with a (sequence, KV head)'s splits (at most 8) as one thread-block cluster: partials left in shared memory, merged through distributed shared memory after a cluster barrier (no fence, ticket or last block)",
+        )
+        .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)])
+        .with_requirements(Requirements::SM90),
     ]
 }
 
@@ -438,6 +453,11 @@ pub fn fill_splits(sm_count: usize, pairs: usize, tmax: usize) -> usize {
     (sm_count / pairs.max(1)).clamp(1, tmax.div_ceil(128).clamp(1, MAX_SPLITS))
 }
 
+/// The most splits stage `v` takes (a cluster's blocks at stage 10).
+pub fn max_splits(v: &Variant) -> Result<usize> {
+    Ok(if v.plan::<Plan>()? == Plan::ClusterMerge { MAX_CLUSTER_SPLITS } else { MAX_SPLITS })
+}
+
 /// Shape constraints of `v` at `d`: what its header's `Limits:` line documents. With `splits = 0`
 /// the split limits are checked at prepare, once the heuristic has chosen.
 pub fn check_shape(v: &Variant, d: DecodeDims) -> Result<()> {
@@ -460,8 +480,9 @@ pub fn check_shape(v: &Variant, d: DecodeDims) -> Result<()> {
     require(n.is_some_and(|n| n < 1 << 31), ELEMS, || format!("B = {}, HQ = {hq}, Tmax = {}", d.b, d.tmax))?;
     match plan {
         Plan::DecodingAttention => require(d.tmax <= MAX_SCORES, SCORES_1, || format!("Tmax = {}", d.tmax))?,
-        Plan::TensorCore | Plan::FusedCombine => {
-            require(d.splits <= MAX_SPLITS, SPLITS, || format!("splits = {}", d.splits))?;
+        Plan::TensorCore | Plan::FusedCombine | Plan::ClusterMerge => {
+            let constraint = if plan == Plan::ClusterMerge { CLUSTER_SPLITS } else { SPLITS };
+            require(d.splits <= max_splits(v)?, constraint, || format!("splits = {}", d.splits))?;
             require(d.group() <= 16, MMA_GROUP, || format!("HQ / HKV = {}", d.group()))?;
         }
         Plan::FlashDecoding | Plan::GqaPacked => {
@@ -698,12 +719,16 @@ pub struct Prepared {
 pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
     let plan = v.plan::<Plan>()?;
     let mut d = d;
-    if matches!(plan, Plan::FlashDecoding | Plan::GqaPacked | Plan::TensorCore | Plan::FusedCombine) {
+    if matches!(
+        plan,
+        Plan::FlashDecoding | Plan::GqaPacked | Plan::TensorCore | Plan::FusedCombine | Plan::ClusterMerge
+    ) {
         let blocks = d.b * if plan == Plan::FlashDecoding { d.heads.hq } else { d.heads.hkv };
         if d.splits == 0 {
             let sms = gpu.info().sm_count as usize;
             d.splits = match plan {
                 Plan::FusedCombine => fill_splits(sms, blocks, d.tmax),
+                Plan::ClusterMerge => fill_splits(sms, blocks, d.tmax).min(MAX_CLUSTER_SPLITS),
                 _ => default_splits(sms, blocks, d.tmax),
             };
             if plan == Plan::GqaPacked {
@@ -764,12 +789,17 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
             let shape = LaunchShape::new((d.splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
             split_stage(&format!("decode_tc_{ty}_d{dim}"), shape, "decode_combine", d.splits)?
         }
-        Plan::FusedCombine => {
+        Plan::FusedCombine | Plan::ClusterMerge => {
             let (warps, stages) = (v.tunable("TC_WARPS")?, v.tunable("TC_STAGES")?);
             let smem = warps * stages * 2 * 16 * dim as u32 * 2;
             let shape = LaunchShape::new((d.splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
             if d.splits == 1 {
                 Stage::Fused(launch(&format!("decode_tc_single_{ty}_d{dim}"), shape)?)
+            } else if plan == Plan::ClusterMerge {
+                // A (sequence, KV head)'s splits are one cluster; the entry takes the single split's
+                // arguments.
+                let shape = shape.with_cluster((d.splits as u32, 1, 1));
+                Stage::Fused(launch(&format!("decode_tc_cluster_{ty}_d{dim}"), shape)?)
             } else {
                 let rows = d.b * hq * d.splits;
                 Stage::SplitFused {
@@ -864,7 +894,7 @@ impl Prepared {
                     pv.enqueue(stream, &[out, sc, vc, lens, b, tmax, hq_a, hkv_a, d_a])
                 }
                 // Stage 7's single-split entry takes the group size where the others take HKV.
-                (Stage::Fused(l), None) if self.plan == Plan::FusedCombine => {
+                (Stage::Fused(l), None) if matches!(self.plan, Plan::FusedCombine | Plan::ClusterMerge) => {
                     l.enqueue(stream, &[out, lse, q, kc, vc, lens, slopes, tmax, Arg::int(d.group()), scale])
                 }
                 (Stage::Fused(l), None) => l.enqueue(stream, &[out, lse, q, kc, vc, lens, slopes, tmax, hkv_a, scale]),
@@ -1006,9 +1036,14 @@ impl Op for Decode {
                 let (past, inside) = (at(1, 1, 1, 64, 32769, 16, 0), at(1, 1, 1, 64, 32768, 16, 0));
                 l.push(Limit { constraint: SCORES_1, past, inside: Some(inside) });
             }
-            Plan::TensorCore | Plan::FusedCombine => {
-                let (past, inside) = (at(2, 4, 2, 64, 300, 16, 257), at(2, 4, 2, 64, 300, 16, 256));
-                l.push(Limit { constraint: SPLITS, past, inside: Some(inside) });
+            Plan::TensorCore | Plan::FusedCombine | Plan::ClusterMerge => {
+                let (past, inside) = if plan == Plan::ClusterMerge {
+                    (at(2, 4, 2, 64, 300, 16, 9), at(2, 4, 2, 64, 300, 16, 8))
+                } else {
+                    (at(2, 4, 2, 64, 300, 16, 257), at(2, 4, 2, 64, 300, 16, 256))
+                };
+                let constraint = if plan == Plan::ClusterMerge { CLUSTER_SPLITS } else { SPLITS };
+                l.push(Limit { constraint, past, inside: Some(inside) });
                 let (past, inside) = (at(2, 17, 1, 64, 40, 16, 0), at(2, 16, 1, 64, 40, 16, 0));
                 l.push(Limit { constraint: MMA_GROUP, past, inside: Some(inside) });
             }

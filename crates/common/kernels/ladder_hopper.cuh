@@ -1,11 +1,41 @@
 // ladder_hopper.cuh: Hopper's (sm_90) building blocks shared by every family's TMA and wgmma
 // stages: the tensor map passed by value, mbarriers, the TMA's 2-D tile load and 1-D bulk copy,
-// named barriers, shared-memory matrix descriptors of 128-byte swizzled tiles, and the warpgroup
+// named barriers, cluster barriers and peers' shared memory, shared-memory matrix descriptors of 128-byte swizzled tiles, and the warpgroup
 // MMA's fence, commit and wait, and the one wgmma shape two families share (m64n128k16 on bf16).
 // The other wgmma instructions (one shape each) live with the kernels that use them. wgmma needs
 // sm_90a.
 #pragma once
 #include <cuda_bf16.h>
+
+// Thread-block clusters (sm_90; a build for an older architecture traps, and the host refuses to
+// launch a stage that needs them there). cluster_sync_all: every thread of every block of the
+// cluster arrives and waits, and the cluster's shared-memory writes before it are visible to its
+// reads after (ptxas makes the release a fence at GPU scope, which is cheap with no global store in
+// flight). cluster_sync_relaxed: the same without ordering memory, only that every thread got here
+// (e.g. no peer still reads this block's shared memory before it exits). cluster_peer: the same
+// shared variable in the cluster's block `rank`, as a generic address that plain loads read.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+template <typename P>
+__device__ __forceinline__ P* cluster_peer(P* p, unsigned rank) {
+    unsigned long long a;
+    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(a) : "l"(p), "r"(rank));
+    return reinterpret_cast<P*>(a);
+}
+#else
+__device__ __forceinline__ void cluster_sync_all() { __trap(); }
+__device__ __forceinline__ void cluster_sync_relaxed() { __trap(); }
+template <typename P>
+__device__ __forceinline__ P* cluster_peer(P* p, unsigned) {
+    __trap();
+    return p;
+}
+#endif
 
 // CUtensorMap (128 bytes, 64-byte aligned) as the kernel sees it: opaque, passed by value.
 struct __align__(64) TmaMap {

@@ -173,7 +173,7 @@ mod model {
         assert_eq!(p.clone().with_overrides("linear=0,gelu=0").unwrap().linear.stage, 0);
         // A paged decode stage (vLLM v1 and v2) gives the model a paged cache.
         assert_eq!(p.clone().with_overrides("decode=3").unwrap().decode.stage, 3);
-        assert!(p.clone().with_overrides("decode=9").is_err());
+        assert!(p.clone().with_overrides("decode=11").is_err());
         // The bf16 pass's three ops go on and off together.
         let e = p.clone().with_overrides("linear-bf16=16").unwrap_err().to_string();
         assert!(e.contains("all on (a bf16 pass) or all off"), "{e}");

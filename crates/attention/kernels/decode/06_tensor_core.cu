@@ -32,7 +32,7 @@
         decode_tc_##SUFFIX##_d##D(float* o_part, float* m_part, float* l_part, const T* q, const T* k,          \
                                   const T* v, const int* seq_lens, const float* slopes, int Tmax, int G,         \
                                   float scale) {                                                                 \
-        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, false>(nullptr, nullptr, o_part, m_part, l_part, q, k, v, seq_lens, slopes, Tmax, G, scale);              \
+        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::GlobalPartials>(nullptr, nullptr, o_part, m_part, l_part, q, k, v, seq_lens, slopes, Tmax, G, scale);              \
     }
 TC_ENTRY(bf16, __nv_bfloat16, 64)
 TC_ENTRY(bf16, __nv_bfloat16, 128)

@@ -76,7 +76,7 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
                                                      int* tickets, const T* q, const T* k, const T* v,
                                                      const int* seq_lens, const float* slopes, int Tmax, int G,
                                                      float scale) {
-    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, false, kEarlyCache>(nullptr, nullptr, o_part, m_part, l_part, q, k,
+    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::GlobalPartials, kEarlyCache>(nullptr, nullptr, o_part, m_part, l_part, q, k,
                                                                       v, seq_lens, slopes, Tmax, G, scale);
     ladder_chain_mark(0);
     __shared__ int last;
@@ -114,7 +114,7 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
         int G, float scale) {                                                                                     \
         LADDER_CHAIN_BLOCK();                                                                                     \
         decode_entry_prerequisites();                                                                             \
-        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, true, kEarlyCache>(out, lse, nullptr, nullptr, nullptr, q, k, v, \
+        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::Final, kEarlyCache>(out, lse, nullptr, nullptr, nullptr, q, k, v, \
                                                                          seq_lens, slopes, Tmax, G, scale);       \
     }
 FUSED_ENTRY(bf16, __nv_bfloat16, 64)
