@@ -4,17 +4,30 @@
 // l: into global memory (DecodeOut::GlobalPartials, exactly the layout decode_combine merges) or
 // into the caller's shared arrays, row r at o[r * D], m[r], l[r] (SharedPartials, for a merge
 // through the cluster); or, with a single split (Final), the output O and lse themselves.
-// EARLY_CACHE (decode stage 9; the caller has not waited): the block requests its first STAGES - 1
-// tiles a warp before it waits for the kernel before it (ladder_dependent.cuh), since no kernel of
-// the step writes the cached rows before the step's own token; q, and that one row, are read after
-// the wait.
+// Cache: when the split's first K/V tiles are requested. LateCache: after the caller has waited for
+// the kernel before it. EarlyCache (decode stages 9-10): the block requests its first STAGES - 1
+// tiles a warp, then calls Cache::wait() (the chain's wait and trigger, ladder_dependent.cuh), since
+// no kernel of the step writes the cached rows before the step's own token; q, and that one row,
+// are read after the wait.
 #pragma once
 #include "attention_decode.cuh"
-#include "ladder_dependent.cuh"
 #include "ladder_mma.cuh"
 
 // Where the split's result goes (above).
 enum class DecodeOut { Final, GlobalPartials, SharedPartials };
+
+// The split's tiles all requested after the caller's wait (stages 6-8).
+struct LateCache {
+    static constexpr bool early = false;
+    __device__ static void wait() {}
+};
+// The first tiles before the wait; WAIT is the stage file's function that takes the chain's wait and
+// trigger (stages 9-10).
+template <void (*WAIT)()>
+struct EarlyCache {
+    static constexpr bool early = true;
+    __device__ static void wait() { WAIT(); }
+};
 
 constexpr int TC_TILE = 16;  // tokens per warp tile: the n of two m16n8 tiles, the k of one P.V step
 
@@ -26,7 +39,7 @@ __device__ __forceinline__ int tc_swizzle(int r, int c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
-template <typename T, int D, int WARPS, int STAGES, DecodeOut OUT, bool EARLY_CACHE = false>
+template <typename T, int D, int WARPS, int STAGES, DecodeOut OUT, class Cache = LateCache>
 __device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_part, float* m_part, float* l_part, const T* q,
                                                    const T* k, const T* v, const int* seq_lens, const float* slopes,
                                                    int Tmax, int G, float scale) {
@@ -65,7 +78,7 @@ __device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_
             qa[ks][3] = hi_ok ? *reinterpret_cast<const unsigned*>(q0 + (g + 8) * D + c + 8) : 0u;
         }
     };
-    if constexpr (!EARLY_CACHE) load_q();
+    if constexpr (!Cache::early) load_q();
     const float slope_lo = (slopes != nullptr && lo_ok) ? slopes[hq0 + g] : 0.0f;
     const float slope_hi = (slopes != nullptr && hi_ok) ? slopes[hq0 + g + 8] : 0.0f;
 
@@ -94,20 +107,20 @@ __device__ __forceinline__ void tensor_core_decode(T* out, float* lse, float* o_
 
     // Early, the step's own row (len - 1, written by the kernel waited for) is left out of the first
     // tiles and read after the wait.
-    const int first_bound = EARLY_CACHE ? min(t_end, len - 1) : t_end;
+    const int first_bound = Cache::early ? min(t_end, len - 1) : t_end;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         load_tile(s, first_bound);
         cp_async_commit();
     }
-    if constexpr (EARLY_CACHE) {
-        ladder_wait_prerequisites();
-        ladder_launch_dependents();
+    if constexpr (Cache::early) {
+        Cache::wait();
         load_q();
         const int j = len - 1 - t_begin;  // the step's row in this split's tiles
         const int tile = j / TC_TILE;
         if (j >= 0 && len - 1 < t_end && tile % W == warp && tile / W < STAGES - 1) {
-            cp_async_wait<0>();  // its zero fill has landed before the row is written
+            cp_async_wait<0>();  // its zero fill (by other lanes) has landed before the row is written
+            __syncwarp();
             T* ks_ = ring + (tile / W % STAGES) * 2 * TILE;
             const size_t row = (size_t)(len - 1) * stride;
             for (int c = lane; c < CH; c += 32) {

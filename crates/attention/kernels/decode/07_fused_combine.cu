@@ -54,20 +54,24 @@ constexpr int kMergeBatch = 16;
 constexpr int kMergeBatch = 0;
 #endif
 
-// Stage 9's part: the split's first K/V tiles requested before the wait (false: after it).
+// The chain's wait, then its trigger (ladder_dependent.cuh).
+__device__ __forceinline__ void decode_chain_wait() {
+    ladder_wait_prerequisites();
+    ladder_launch_dependents();
+}
+
+// Stage 9's part: the split's first K/V tiles requested before the chain's wait, which the split
+// kernel then takes (LateCache: after the entry's wait).
 #ifdef DECODE_EARLY_CACHE
-constexpr bool kEarlyCache = true;
+using SplitCache = EarlyCache<decode_chain_wait>;
 #else
-constexpr bool kEarlyCache = false;
+using SplitCache = LateCache;
 #endif
 
 // The chain's wait and trigger at the top of an entry, unless the split kernel takes them itself
 // after its early tiles.
 __device__ __forceinline__ void decode_entry_prerequisites() {
-    if constexpr (!kEarlyCache) {
-        ladder_wait_prerequisites();
-        ladder_launch_dependents();
-    }
+    if constexpr (!SplitCache::early) decode_chain_wait();
 }
 
 // Several splits: each writes its partial; the last of a (sequence, KV head) to finish merges.
@@ -76,7 +80,7 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
                                                      int* tickets, const T* q, const T* k, const T* v,
                                                      const int* seq_lens, const float* slopes, int Tmax, int G,
                                                      float scale) {
-    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::GlobalPartials, kEarlyCache>(nullptr, nullptr, o_part, m_part, l_part, q, k,
+    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::GlobalPartials, SplitCache>(nullptr, nullptr, o_part, m_part, l_part, q, k,
                                                                       v, seq_lens, slopes, Tmax, G, scale);
     ladder_chain_mark(0);
     __shared__ int last;
@@ -114,7 +118,7 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
         int G, float scale) {                                                                                     \
         LADDER_CHAIN_BLOCK();                                                                                     \
         decode_entry_prerequisites();                                                                             \
-        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::Final, kEarlyCache>(out, lse, nullptr, nullptr, nullptr, q, k, v, \
+        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::Final, SplitCache>(out, lse, nullptr, nullptr, nullptr, q, k, v, \
                                                                          seq_lens, slopes, Tmax, G, scale);       \
     }
 FUSED_ENTRY(bf16, __nv_bfloat16, 64)

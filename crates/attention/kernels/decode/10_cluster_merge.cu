@@ -45,12 +45,19 @@ struct SplitClusterPeers {
 
 constexpr int kClusterMaxSplits = 8;  // the portable cluster size
 
+// The chain's wait, then its trigger (ladder_dependent.cuh), which the split kernel takes after its
+// first K/V tiles (stage 9's part).
+__device__ __forceinline__ void decode_chain_wait() {
+    ladder_wait_prerequisites();
+    ladder_launch_dependents();
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void cluster_merge_decode(T* out, float* lse, const T* q, const T* k, const T* v,
                                                      const int* seq_lens, const float* slopes, int Tmax, int G,
                                                      float scale) {
     __shared__ float part_o[16 * D], part_m[16], part_l[16];
-    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::SharedPartials, true>(
+    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::SharedPartials, EarlyCache<decode_chain_wait>>(
         nullptr, nullptr, part_o, part_m, part_l, q, k, v, seq_lens, slopes, Tmax, G, scale);
     ladder_chain_mark(0);
     cluster_sync_all();  // every split's partial is in its block's shared memory
@@ -78,7 +85,7 @@ __device__ __forceinline__ void cluster_merge_decode(T* out, float* lse, const T
         T* out, float* lse, const T* q, const T* k, const T* v, const int* seq_lens, const float* slopes, int Tmax, \
         int G, float scale) {                                                                                     \
         LADDER_CHAIN_BLOCK();                                                                                     \
-        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::Final, true>(                                    \
+        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::Final, EarlyCache<decode_chain_wait>>(                                    \
             out, lse, nullptr, nullptr, nullptr, q, k, v, seq_lens, slopes, Tmax, G, scale);                      \
     }
 CLUSTER_ENTRY(bf16, __nv_bfloat16, 64)
