@@ -61,9 +61,6 @@ pub enum Plan {
     /// [`Plan::CoResident`] on decode attention 9: each split's cached K/V rows requested before
     /// its wait.
     EarlyCache,
-    /// [`Plan::EarlyCache`] on decode attention 10: a head's splits merged through the cluster's
-    /// shared memory.
-    ClusterMerge,
 
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
@@ -180,16 +177,6 @@ pub(crate) fn stages() -> Vec<Variant> {
             "stage 12 with decode attention 9: each split's first K/V tiles (at B = 1 the whole split) are requested before the block waits for the QKV GEMV, since no kernel of the step writes the cached rows; q and the step's own row are read after the wait",
         )
         .with_plan(Plan::EarlyCache),
-        Variant::host(
-            FAMILY,
-            OP,
-            14,
-            "cluster-merge",
-            "stage 13 with a head's attention splits merged through the cluster's shared memory (decode 10)",
-            Precision::Bf16,
-            "stage 13 with decode attention 10: the splits of a (sequence, head) are one thread-block cluster, whose blocks leave their partials in shared memory and merge them through distributed shared memory after a cluster barrier, with no fence, ticket or last block",
-        )
-        .with_plan(Plan::ClusterMerge),
         Variant::kernel(
             FAMILY,
             OP,
@@ -218,7 +205,6 @@ impl Plan {
             Plan::BatchedMerge => Some("pdl:gemv=7,decode=8"),
             Plan::EarlyOperands | Plan::CoResident => Some("pdl:gemv=8,decode=8"),
             Plan::EarlyCache => Some("pdl:gemv=8,decode=9"),
-            Plan::ClusterMerge => Some("pdl:gemv=8,decode=10"),
             Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
@@ -234,7 +220,6 @@ impl Plan {
                 | Plan::EarlyOperands
                 | Plan::CoResident
                 | Plan::EarlyCache
-                | Plan::ClusterMerge
         )
     }
 
@@ -248,13 +233,12 @@ impl Plan {
                 | Plan::EarlyOperands
                 | Plan::CoResident
                 | Plan::EarlyCache
-                | Plan::ClusterMerge
         )
     }
 
-    /// Whether the folded GEMVs run at 8 warps a block (stages 12-14).
+    /// Whether the folded GEMVs run at 8 warps a block (stages 12-13).
     pub fn narrow_folded_gemvs(self) -> bool {
-        matches!(self, Plan::CoResident | Plan::EarlyCache | Plan::ClusterMerge)
+        matches!(self, Plan::CoResident | Plan::EarlyCache)
     }
 }
 

@@ -253,7 +253,7 @@ impl Model {
         // A GEMV that folds the LayerNorm in (`gemv` 5-8; `gemv-fp8` 1) takes QKV, the MLP up and the
         // LM head with it: they read the residual stream (fp32) and add the folded shift as a bias.
         let fold = step_gemv.is_some_and(StepGemv::folds_layernorm);
-        // A dependent-launch step (`decode-step` 6, 7, 9-14): the GEMVs, kv-append, decode attention and the
+        // A dependent-launch step (`decode-step` 6, 7, 9-13): the GEMVs, kv-append, decode attention and the
         // argmax are built as links of a chain (each waits for the kernel before it inside the
         // kernel) and launched as programmatic dependents; the encoder, first, is not.
         let step_plan = p.step.plan::<step::Plan>()?;
@@ -266,7 +266,7 @@ impl Model {
             v
         };
         let gemv_stage = p.gemv.as_ref().map(link);
-        // `decode-step` 12-14: the folded GEMVs at 8 warps a block (a target of 1024 warps in flight),
+        // `decode-step` 12-13: the folded GEMVs at 8 warps a block (a target of 1024 warps in flight),
         // so that the next link's blocks, and their weight copies, fit on the SMs beside them.
         let folded_stage = match (&gemv_stage, step_plan.narrow_folded_gemvs()) {
             (Some(v), true) => {
