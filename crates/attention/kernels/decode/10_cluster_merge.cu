@@ -13,7 +13,9 @@
 //   stores to reach L2, then an atomic) takes 1.25 us more and the last block's merge, from L2,
 //   1.35 us. A cluster barrier and reads of peers' shared memory stay inside the GPC: predicted the
 //   attention link 6.2 -> ~4.5 us at B = 1 (~20 us a step); one split (B >= 6 at GPT-2's shape) as
-//   stage 9.
+//   stage 9. Measured (H100): alone at GPT-2's B = 1, 9.06 us against stage 9's 10.18 (1.12x); in
+//   the decode step's chain slower (252.4 against 246.2 us a step): a cluster's blocks must be
+//   resident on one GPC together, and under the QKV GEMV some came late (docs/notes/attention.md).
 // Launch: decode_tc_single_{bf16,f16}_d{64,128} (one split: stage 9's) or decode_tc_cluster_*
 //   (several): grid (splits, HKV, B), cluster (splits, 1, 1), block 32*TC_WARPS, dynamic shared
 //   memory TC_WARPS*TC_STAGES*2*16*D*2 bytes (the ring), static 16*D + 32 floats (the partial).
