@@ -33,20 +33,7 @@ fn compile_everything(tc: &common::Toolchain) {
             }
         }
     }
-    // The composed decode steps' host-switched builds (dependent launch, the QKV append, the
-    // advancing argmax), each once.
-    let step = gpt2::decode_step::DecodeStep;
-    let mut switched: Vec<(&common::Sources, common::Variant)> = Vec::new();
-    for v in common::Op::variants(&step) {
-        for (sources, b) in common::Op::extra_builds(&step, &v, &common::Op::default_shapes(&step)[0]) {
-            if !switched.iter().any(|(s, o)| {
-                s.family == sources.family && o.id() == b.id() && o.compile_defines() == b.compile_defines()
-            }) {
-                switched.push((sources, b));
-            }
-        }
-    }
-    for (sources, v) in switched {
+    for (sources, v) in decode_step_switched_builds() {
         let Source::Kernel(path) = v.source else { continue };
         jobs.extend([Arch::SM80, Arch::SM90A].map(|arch| (sources, v.clone(), path, arch)));
     }
@@ -75,6 +62,44 @@ fn compile_everything(tc: &common::Toolchain) {
     let failures = failures.into_inner().unwrap();
     assert!(failures.is_empty(), "{} failed:\n{}", failures.len(), failures.join("\n\n"));
     println!("kernels_compile: {} variant/arch pairs compiled", compiled.into_inner());
+}
+
+/// The composed decode steps' host-switched builds (dependent launch, the QKV append, the advancing
+/// argmax), each once.
+fn decode_step_switched_builds() -> Vec<(&'static common::Sources, Variant)> {
+    let step = gpt2::decode_step::DecodeStep;
+    let mut switched: Vec<(&'static common::Sources, Variant)> = Vec::new();
+    for v in common::Op::variants(&step) {
+        for (sources, b) in common::Op::extra_builds(&step, &v, &common::Op::default_shapes(&step)[0]) {
+            if !switched.iter().any(|(s, o)| {
+                s.family == sources.family && o.id() == b.id() && o.compile_defines() == b.compile_defines()
+            }) {
+                switched.push((sources, b));
+            }
+        }
+    }
+    switched
+}
+
+/// Every build launched as a programmatic dependent (a stage list's, or a composed decode step's
+/// switched one) has a stage file that waits for the kernel before it: what `Gpu::prepare_launch`
+/// refuses at run time, found without a GPU.
+fn dependent_builds_wait_in_their_files() {
+    let mut builds: Vec<(&'static common::Sources, Variant)> = Vec::new();
+    for family in kernel_ladder::families() {
+        for op in family.ops() {
+            builds.extend(op.variants().into_iter().chain(op.leave_one_out()).map(|v| (family.sources(), v)));
+        }
+    }
+    builds.extend(decode_step_switched_builds());
+    let mut dependent = 0;
+    for (sources, v) in builds.into_iter().filter(|(_, v)| v.has(common::DEPENDENT_LAUNCH)) {
+        let Source::Kernel(path) = v.source else { panic!("{}: a dependent build without a kernel file", v.id()) };
+        let text = sources.find(path).unwrap_or_else(|e| panic!("{e}")).text;
+        assert!(text.contains(common::DEPENDENT_WAIT), "{}: {path} never calls {}", v.id(), common::DEPENDENT_WAIT);
+        dependent += 1;
+    }
+    assert!(dependent > 0, "no dependent build found: the check checks nothing");
 }
 
 /// Every family has at least one real kernel that compiles for both architectures.
@@ -227,5 +252,6 @@ fn main() -> std::process::ExitCode {
         .cpu("stage_lists_match_kernel_files", stage_lists_match_kernel_files)
         .cpu("documented_limits_everywhere", documented_limits_everywhere)
         .cpu("families_have_distinct_headers", families_have_distinct_headers)
+        .cpu("dependent_builds_wait_in_their_files", dependent_builds_wait_in_their_files)
         .main()
 }

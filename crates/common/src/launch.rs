@@ -28,7 +28,7 @@ pub const DEPENDENT_LAUNCH: &str = "LADDER_DEPENDENT";
 pub const CHAIN_TIMELINE: &str = "LADDER_CHAIN_TIMELINE";
 
 /// What a stage's own file must call for [`DEPENDENT_LAUNCH`] to be safe.
-pub(crate) const DEPENDENT_WAIT: &str = "ladder_wait_prerequisites()";
+pub const DEPENDENT_WAIT: &str = "ladder_wait_prerequisites()";
 
 /// Grid, block, dynamic shared memory and (optionally) thread-block cluster of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -47,7 +47,7 @@ pub use family::{
     Workload,
 };
 pub use gpu::{copy_htod_2d, DeviceInfo, Gpu};
-pub use launch::{device_ptr, Arg, Launch, LaunchLimits, LaunchShape, ResourceUse, DEPENDENT_LAUNCH};
+pub use launch::{device_ptr, Arg, Launch, LaunchLimits, LaunchShape, ResourceUse, DEPENDENT_LAUNCH, DEPENDENT_WAIT};
 pub use module::{KernelSource, Sources};
 pub use nvrtc::{Arch, EntryResources, Toolchain};
 pub use shape::Shape;
