@@ -155,19 +155,8 @@ enum Command {
         /// Stage range `a..b` (inclusive) or one stage `a`.
         #[arg(long, value_parser = common::variant::parse_stages)]
         stages: Option<(u32, u32)>,
-        /// NAME=value,... tunables set on every selected stage that declares all of them (the
-        /// others are left out): a configuration the host picks at some shape, or a sweep point.
-        #[arg(long)]
-        config: Option<String>,
-        /// NAME=value,... stage-list defines replaced on every selected stage that has all of them
-        /// (the others are left out): what the host sets per shape where a define, not a tunable,
-        /// carries it (a wave-fitted stage's WS_BN).
-        #[arg(long = "define")]
-        defines: Option<String>,
-        /// NAME,... switches (`-DNAME=1`) turned on in every selected stage: what the host sets per
-        /// call rather than per stage (linear-bf16's OUT_BF16 for a bf16 output, stages 12 on).
-        #[arg(long = "switch", value_delimiter = ',')]
-        switches: Vec<String>,
+        #[command(flatten)]
+        build: BuildSettings,
         /// Also the leave-one-out rows of toggle ladders.
         #[arg(long)]
         leave_one_out: bool,
@@ -207,17 +196,8 @@ enum Command {
         /// The counts only, no listing.
         #[arg(long)]
         summary: bool,
-        /// NAME=value,... tunables set on the stage (what the host picks at some shape, as in
-        /// `ladder resources --config`).
-        #[arg(long)]
-        config: Option<String>,
-        /// NAME=value,... stage-list defines replaced (what the host sets per shape where a define
-        /// carries it, as in `ladder resources --define`).
-        #[arg(long = "define")]
-        defines: Option<String>,
-        /// NAME,... switches turned on (what the host sets per call, as in `ladder resources --switch`).
-        #[arg(long = "switch", value_delimiter = ',')]
-        switches: Vec<String>,
+        #[command(flatten)]
+        build: BuildSettings,
         /// A leave-one-out row of the stage (`all-SWITCH`, as `ladder list` and the ablation table
         /// name it) instead of the stage itself.
         #[arg(long)]
@@ -851,21 +831,9 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             print!("{}", kernel_ladder::matrix::render(&tables, Format::from(format), anchor));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Resources {
-            family,
-            op,
-            stages,
-            config,
-            defines,
-            switches,
-            leave_one_out,
-            sweep_points,
-            arch,
-            format,
-        } => {
+        Command::Resources { family, op, stages, build, leave_one_out, sweep_points, arch, format } => {
             let arch = common::Arch::parse(&arch)?;
-            let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
-            let defines = defines.as_deref().map(|d| parse_settings("--define", d)).transpose()?.unwrap_or_default();
+            let (config, defines, switches) = build.parse()?;
             let tc = common::nvrtc::toolchain()?;
             let mut any = false;
             for op in select_ops(&family, op.as_deref())? {
@@ -889,25 +857,10 @@ fn execute(command: Command) -> common::Result<ExitCode> {
             common::require(any, "at least one kernel stage selected", configured)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sass {
-            family,
-            op,
-            stage,
-            diff,
-            entry,
-            main_loop,
-            summary,
-            config,
-            defines,
-            switches,
-            row,
-            arch,
-            ptx,
-        } => {
+        Command::Sass { family, op, stage, diff, entry, main_loop, summary, build, row, arch, ptx } => {
             use kernel_ladder::sass::{self, Function, Summary};
             let arch = common::Arch::parse(&arch)?;
-            let config = config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
-            let defines = defines.as_deref().map(|d| parse_settings("--define", d)).transpose()?.unwrap_or_default();
+            let (config, defines, switches) = build.parse()?;
             let tc = common::nvrtc::toolchain()?;
             let op = select_ops(&family, Some(&op))?[0];
             let mut warnings: Vec<String> = Vec::new();
@@ -1463,6 +1416,38 @@ fn select_ops(family: &str, op: Option<&str>) -> common::Result<Vec<&'static dyn
 }
 
 /// `NAME=value,...` with unsigned values (tunables, or stage-list defines); errors name `flag`.
+/// How `resources` and `sass` build a stage beyond its stage list: what the host sets per shape or
+/// per call.
+#[derive(clap::Args)]
+struct BuildSettings {
+    /// NAME=value,... tunables set on the stage (`resources`: on every selected stage that declares
+    /// all of them, the others left out): a configuration the host picks at some shape, or a sweep
+    /// point.
+    #[arg(long)]
+    config: Option<String>,
+    /// NAME=value,... stage-list defines replaced (`resources`: on every selected stage that has all
+    /// of them, the others left out): what the host sets per shape where a define, not a tunable,
+    /// carries it (a wave-fitted stage's WS_BN).
+    #[arg(long = "define")]
+    defines: Option<String>,
+    /// NAME,... switches (`-DNAME=1`) turned on: what the host sets per call rather than per stage
+    /// (linear-bf16's OUT_BF16 for a bf16 output, stages 12 on; LADDER_DEPENDENT for a link of the
+    /// decode step's chain).
+    #[arg(long = "switch", value_delimiter = ',')]
+    switches: Vec<String>,
+}
+
+/// Tunables, defines and switches, parsed.
+type Settings = (Vec<(String, u32)>, Vec<(String, u32)>, Vec<String>);
+
+impl BuildSettings {
+    fn parse(self) -> common::Result<Settings> {
+        let config = self.config.as_deref().map(|c| parse_settings("--config", c)).transpose()?.unwrap_or_default();
+        let defines = self.defines.as_deref().map(|d| parse_settings("--define", d)).transpose()?.unwrap_or_default();
+        Ok((config, defines, self.switches))
+    }
+}
+
 fn parse_settings(flag: &str, s: &str) -> common::Result<Vec<(String, u32)>> {
     s.split(',')
         .filter(|p| !p.trim().is_empty())
