@@ -9,7 +9,7 @@ use crate::weights::Weights;
 
 /// The forward pass in f64 on the CPU: logits `[B, T, V]`.
 pub fn forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
-    forward_with(cfg, w, tokens, false)
+    forward_rounded(cfg, w, tokens, None)
 }
 
 /// [`forward`] with the linears' operands as an fp8 plan's whole-sequence pass reads them: each
@@ -17,14 +17,37 @@ pub fn forward(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
 /// (`matmul::fp8`), dequantized; the rest exact. What the plan's kernels compute, so its error
 /// against this is theirs, not the format's.
 pub fn forward_fp8(cfg: &Config, w: &Weights, tokens: &[Vec<i32>]) -> Vec<f64> {
-    forward_with(cfg, w, tokens, true)
+    forward_rounded(cfg, w, tokens, Some(&FP8_OPERANDS))
 }
 
-/// `fp8`: the linears on quantized operands ([`forward_fp8`]).
-fn forward_with(cfg: &Config, w: &Weights, tokens: &[Vec<i32>], fp8: bool) -> Vec<f64> {
+/// How a forward pass rounds linears' operands before their exact products: `input` takes a
+/// linear's input rows `[m, k]`, `weight` its weight `[n, k]`, each to the values a plan's kernels
+/// would multiply; `blocks` and `head` say whether the blocks' linears and the LM head (the tied
+/// embedding as its weight) are rounded.
+pub struct LinearOperands {
+    pub input: fn(&[f32], usize, usize) -> Vec<f32>,
+    pub weight: fn(&[f32], usize, usize) -> Vec<f32>,
+    pub blocks: bool,
+    pub head: bool,
+}
+
+/// The fp8 plan's operands: `matmul::fp8`'s 1 x 128 row groups and 128 x 128 weight blocks.
+pub const FP8_OPERANDS: LinearOperands = LinearOperands {
+    input: |x, m, k| fp8::quantize_rows(x, m, k).dequantize(),
+    weight: |w, n, k| fp8::quantize_blocks(w, n, k).dequantize(),
+    blocks: true,
+    head: true,
+};
+
+/// [`forward`] with every linear's operands rounded by `operands` (`None`: exact); the embedding,
+/// the LayerNorms, attention and GELU stay exact.
+pub fn forward_rounded(cfg: &Config, w: &Weights, tokens: &[Vec<i32>], operands: Option<&LinearOperands>) -> Vec<f64> {
     let (c, nh, hs) = (cfg.c, cfg.heads, cfg.head_size());
     // The LM head is the tied embedding; the embedding itself stays exact.
-    let (weights, head) = if fp8 { dequantized_linears(w, cfg) } else { (w.clone(), w.wte.clone()) };
+    let (weights, head) = match operands {
+        Some(o) => rounded_linears(w, cfg, o),
+        None => (w.clone(), w.wte.clone()),
+    };
     let w = &weights;
     let mut logits = Vec::new();
     for row in tokens {
@@ -35,18 +58,22 @@ fn forward_with(cfg: &Config, w: &Weights, tokens: &[Vec<i32>], fp8: bool) -> Ve
         let ln = |x: &[f64], g: &[f32], bias: &[f32]| -> Vec<f64> {
             x.chunks(c).flat_map(|r| layernorm_row(r, g, bias)).collect()
         };
-        // out[t, n] = inp[t, :] . W[n, :] + bias[n]
-        let lin = |inp: &[f64], wt: &[f32], bias: Option<&[f32]>, k: usize, n: usize| -> Vec<f64> {
-            let quantized: Vec<f64>;
-            let inp = if fp8 {
-                let x: Vec<f32> = inp.iter().map(|&v| v as f32).collect();
-                quantized = fp8::quantize_rows(&x, inp.len() / k, k).dequantize().into_iter().map(f64::from).collect();
-                &quantized
-            } else {
-                inp
+        // out[t, n] = inp[t, :] . W[n, :] + bias[n], the input rounded where `round` says.
+        let linear = |inp: &[f64], wt: &[f32], bias: Option<&[f32]>, k: usize, n: usize, round: bool| -> Vec<f64> {
+            let rounded: Vec<f64>;
+            let inp = match operands.filter(|_| round) {
+                Some(o) => {
+                    let x: Vec<f32> = inp.iter().map(|&v| v as f32).collect();
+                    rounded = (o.input)(&x, inp.len() / k, k).into_iter().map(f64::from).collect();
+                    &rounded
+                }
+                None => inp,
             };
             inp.chunks(k).flat_map(|r| linear_row(r, wt, bias, n)).collect()
         };
+        let blocks = operands.is_some_and(|o| o.blocks);
+        let lin =
+            |inp: &[f64], wt: &[f32], bias: Option<&[f32]>, k: usize, n: usize| linear(inp, wt, bias, k, n, blocks);
         for l in &w.blocks {
             let h = ln(&x, &l.ln1_w, &l.ln1_b);
             let qkv = lin(&h, &l.qkv_w, Some(&l.qkv_b), c, 3 * c);
@@ -79,24 +106,27 @@ fn forward_with(cfg: &Config, w: &Weights, tokens: &[Vec<i32>], fp8: bool) -> Ve
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
         let h = ln(&x, &w.lnf_w, &w.lnf_b);
-        logits.extend(lin(&h, &head, None, c, cfg.vocab));
+        let round_head = operands.is_some_and(|o| o.head);
+        logits.extend(linear(&h, &head, None, c, cfg.vocab, round_head));
     }
     logits
 }
 
-/// `w` with every block's linear weights quantized in 128 x 128 blocks and dequantized, and the LM
-/// head (the embedding) so quantized.
-fn dequantized_linears(w: &Weights, cfg: &Config) -> (Weights, Vec<f32>) {
+/// `w` with the blocks' linear weights and the LM head's (the embedding's copy) rounded by `o` where
+/// it says.
+fn rounded_linears(w: &Weights, cfg: &Config, o: &LinearOperands) -> (Weights, Vec<f32>) {
     let c = cfg.c;
-    let blocks = |x: &[f32], n: usize| fp8::quantize_blocks(x, n, x.len() / n).dequantize();
+    let round = |x: &[f32], n: usize| (o.weight)(x, n, x.len() / n);
     let mut q = w.clone();
-    for (qb, b) in q.blocks.iter_mut().zip(&w.blocks) {
-        qb.qkv_w = blocks(&b.qkv_w, 3 * c);
-        qb.proj_w = blocks(&b.proj_w, c);
-        qb.fc_w = blocks(&b.fc_w, 4 * c);
-        qb.fcproj_w = blocks(&b.fcproj_w, c);
+    if o.blocks {
+        for (qb, b) in q.blocks.iter_mut().zip(&w.blocks) {
+            qb.qkv_w = round(&b.qkv_w, 3 * c);
+            qb.proj_w = round(&b.proj_w, c);
+            qb.fc_w = round(&b.fc_w, 4 * c);
+            qb.fcproj_w = round(&b.fcproj_w, c);
+        }
     }
-    (q, blocks(&w.wte, cfg.vocab))
+    (q, if o.head { round(&w.wte, cfg.vocab) } else { w.wte.clone() })
 }
 
 /// LayerNorm of one row in f64 (GPT-2's epsilon) with gain `g` and shift `bias`.
