@@ -227,6 +227,37 @@ mod model {
             assert!((got - want).abs() < 1e-12, "v = {v}: {got} against {want}");
         }
     }
+
+    #[test]
+    fn rounded_reference_rounds_only_the_linears_it_is_told_to() {
+        use gpt2::reference::{forward, forward_rounded, LinearOperands};
+        let cfg = Config { layers: 2, ..TINY };
+        let w = Weights::random(&cfg, 11);
+        let tokens = [vec![1, 4, 9, 2, 7]];
+        let exact = forward(&cfg, &w, &tokens);
+        // Operands left as they are: the exact forward but for each linear's input passing through
+        // f32, as a plan's operands do.
+        let identity =
+            LinearOperands { input: |x, _, _| x.to_vec(), weight: |w, _, _| w.to_vec(), blocks: true, head: true };
+        let same = forward_rounded(&cfg, &w, &tokens, Some(&identity));
+        assert_eq!(same.len(), exact.len());
+        assert!(
+            same.iter().zip(&exact).all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1e-3)),
+            "identity moved the logits"
+        );
+        // Rounding to zero: the LM head alone gives zero logits; the blocks alone leave the head's
+        // product of a LayerNorm'd row, which is not zero.
+        let zero = |scope: (bool, bool)| LinearOperands {
+            input: |x, _, _| x.to_vec(),
+            weight: |w, _, _| vec![0.0; w.len()],
+            blocks: scope.0,
+            head: scope.1,
+        };
+        assert!(forward_rounded(&cfg, &w, &tokens, Some(&zero((false, true)))).iter().all(|&v| v == 0.0));
+        let blocks_only = forward_rounded(&cfg, &w, &tokens, Some(&zero((true, false))));
+        assert!(blocks_only.iter().any(|&v| v != 0.0));
+        assert!(blocks_only.iter().zip(&exact).any(|(a, b)| a != b), "zeroed block weights changed nothing");
+    }
 }
 
 mod generation {
