@@ -295,6 +295,16 @@ enum Plan {
 }
 
 impl Plan {
+    /// The most splits the plan takes and the constraint that says so (a cluster's blocks at
+    /// stage 10).
+    fn splits_limit(self) -> (usize, &'static str) {
+        if self == Plan::ClusterMerge {
+            (MAX_CLUSTER_SPLITS, CLUSTER_SPLITS)
+        } else {
+            (MAX_SPLITS, SPLITS)
+        }
+    }
+
     fn layout(self) -> Layout {
         match self {
             Plan::PagedV1 | Plan::PagedV2 => Layout::Paged,
@@ -455,7 +465,7 @@ pub fn fill_splits(sm_count: usize, pairs: usize, tmax: usize) -> usize {
 
 /// The most splits stage `v` takes (a cluster's blocks at stage 10).
 pub fn max_splits(v: &Variant) -> Result<usize> {
-    Ok(if v.plan::<Plan>()? == Plan::ClusterMerge { MAX_CLUSTER_SPLITS } else { MAX_SPLITS })
+    Ok(v.plan::<Plan>()?.splits_limit().0)
 }
 
 /// Shape constraints of `v` at `d`: what its header's `Limits:` line documents. With `splits = 0`
@@ -481,8 +491,8 @@ pub fn check_shape(v: &Variant, d: DecodeDims) -> Result<()> {
     match plan {
         Plan::DecodingAttention => require(d.tmax <= MAX_SCORES, SCORES_1, || format!("Tmax = {}", d.tmax))?,
         Plan::TensorCore | Plan::FusedCombine | Plan::ClusterMerge => {
-            let constraint = if plan == Plan::ClusterMerge { CLUSTER_SPLITS } else { SPLITS };
-            require(d.splits <= max_splits(v)?, constraint, || format!("splits = {}", d.splits))?;
+            let (most, constraint) = plan.splits_limit();
+            require(d.splits <= most, constraint, || format!("splits = {}", d.splits))?;
             require(d.group() <= 16, MMA_GROUP, || format!("HQ / HKV = {}", d.group()))?;
         }
         Plan::FlashDecoding | Plan::GqaPacked => {
@@ -728,7 +738,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
             let sms = gpu.info().sm_count as usize;
             d.splits = match plan {
                 Plan::FusedCombine => fill_splits(sms, blocks, d.tmax),
-                Plan::ClusterMerge => fill_splits(sms, blocks, d.tmax).min(MAX_CLUSTER_SPLITS),
+                Plan::ClusterMerge => fill_splits(sms, blocks, d.tmax).min(plan.splits_limit().0),
                 _ => default_splits(sms, blocks, d.tmax),
             };
             if plan == Plan::GqaPacked {
@@ -1037,12 +1047,8 @@ impl Op for Decode {
                 l.push(Limit { constraint: SCORES_1, past, inside: Some(inside) });
             }
             Plan::TensorCore | Plan::FusedCombine | Plan::ClusterMerge => {
-                let (past, inside) = if plan == Plan::ClusterMerge {
-                    (at(2, 4, 2, 64, 300, 16, 9), at(2, 4, 2, 64, 300, 16, 8))
-                } else {
-                    (at(2, 4, 2, 64, 300, 16, 257), at(2, 4, 2, 64, 300, 16, 256))
-                };
-                let constraint = if plan == Plan::ClusterMerge { CLUSTER_SPLITS } else { SPLITS };
+                let (most, constraint) = plan.splits_limit();
+                let (past, inside) = (at(2, 4, 2, 64, 300, 16, most as i64 + 1), at(2, 4, 2, 64, 300, 16, most as i64));
                 l.push(Limit { constraint, past, inside: Some(inside) });
                 let (past, inside) = (at(2, 17, 1, 64, 40, 16, 0), at(2, 16, 1, 64, 40, 16, 0));
                 l.push(Limit { constraint: MMA_GROUP, past, inside: Some(inside) });

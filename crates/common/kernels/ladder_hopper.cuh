@@ -10,8 +10,8 @@
 // Thread-block clusters (sm_90; a build for an older architecture traps, and the host refuses to
 // launch a stage that needs them there). cluster_sync_all: every thread of every block of the
 // cluster arrives and waits, and the cluster's shared-memory writes before it are visible to its
-// reads after (ptxas makes the release a fence at GPU scope, which is cheap with no global store in
-// flight). cluster_sync_relaxed: the same without ordering memory, only that every thread got here
+// reads after (ptxas makes the release a fence at GPU scope, MEMBAR.ALL.GPU, as it does
+// fence.acq_rel.cluster). cluster_sync_relaxed: the same without ordering memory, only that every thread got here
 // (e.g. no peer still reads this block's shared memory before it exits). cluster_peer: the same
 // shared variable in the cluster's block `rank`, as a generic address that plain loads read.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
