@@ -139,13 +139,17 @@ __device__ __forceinline__ void produce(const TileRing<D, STAGES>& r, const TmaM
 struct WsBlock {
     int tid, warp, lane, h, b, q0, C, row0, tiles;
 };
+// The block of head h, sequence b and the query tile from row q0, as a tile order picked them.
+template <int D>
+__device__ __forceinline__ WsBlock ws_block_at(int T, int NH, int causal, int h, int b, int q0) {
+    const int tid = threadIdx.x;
+    const int tiles = ((causal ? min(q0 + WG_BR, T) : T) + WG_BC - 1) / WG_BC;
+    return WsBlock{tid, (tid >> 5) & 3, tid & 31, h, b, q0, NH * D, b * T, tiles};
+}
+// Stages 03-05: grid (tiles, NH, B), the heaviest query tiles of each head first.
 template <int D>
 __device__ __forceinline__ WsBlock ws_block(int T, int NH, int causal) {
-    const int tid = threadIdx.x;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * WG_BR;
-    const int tiles = ((causal ? min(q0 + WG_BR, T) : T) + WG_BC - 1) / WG_BC;
-    return WsBlock{tid, (tid >> 5) & 3, tid & 31, (int)blockIdx.y, (int)blockIdx.z, q0, NH * D, (int)blockIdx.z * T,
-                   tiles};
+    return ws_block_at<D>(T, NH, causal, blockIdx.y, blockIdx.z, (gridDim.x - 1 - blockIdx.x) * WG_BR);
 }
 
 // Sets up the ring (a slot is released by one arrival per consumer warp) and splits the roles: the
@@ -178,6 +182,32 @@ __device__ __forceinline__ void issue_qk(float (&sc)[BC / 8][4], unsigned qa, un
             wgmma_m64n128k16(reinterpret_cast<float(&)[64]>(sc), wgmma_desc(a), wgmma_desc(b), kk > 0);
         } else {
             wgmma_m64n64k16(reinterpret_cast<float(&)[32]>(sc), wgmma_desc(a), wgmma_desc(b), kk > 0);
+        }
+    }
+}
+
+// The D/16 descriptors of the warpgroup's Q rows at qa that issue_qk reads, made once: a mainloop
+// that keeps them live across its turns passes them to issue_qk_with (opaque to the compiler, so
+// ptxas keeps them in registers rather than computing them again in every turn).
+template <int D>
+__device__ __forceinline__ void q_descriptors(unsigned long long (&qd)[D / 16], unsigned qa) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        qd[kk] = wgmma_desc(qa + (kk / 4) * WG_BR * 128 + (kk % 4) * 32);
+        asm volatile("" : "+l"(qd[kk]));
+    }
+}
+// issue_qk with Q's descriptors made by q_descriptors.
+template <int D, int BC = WG_BC>
+__device__ __forceinline__ void issue_qk_with(float (&sc)[BC / 8][4], const unsigned long long (&qd)[D / 16],
+                                              unsigned k) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned long long b = wgmma_desc(k + (kk / 4) * BC * 128 + (kk % 4) * 32);
+        if constexpr (BC == 128) {
+            wgmma_m64n128k16(reinterpret_cast<float(&)[64]>(sc), qd[kk], b, kk > 0);
+        } else {
+            wgmma_m64n64k16(reinterpret_cast<float(&)[32]>(sc), qd[kk], b, kk > 0);
         }
     }
 }

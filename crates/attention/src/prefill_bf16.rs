@@ -78,6 +78,11 @@ impl Plan {
         }
     }
 
+    /// Stage 14's file: stage 5's geometry (a producer warpgroup, three slots).
+    fn pipelined() -> Plan {
+        Plan::tma_ring("attention_bf16_pipelined", true, 3)
+    }
+
     /// Stage 2's kernel, the one the switches toggle.
     fn wgmma() -> Plan {
         Plan { switches: true, ..Plan::tma_ring("attention_bf16_wgmma", false, 2) }
@@ -167,7 +172,16 @@ fn stages() -> Vec<Variant> {
             "mma-sync",
             "prefill-bf16/00_mma_sync.cu",
             // Q, K and V tiles of 64 rows, each row padded by 8 elements.
-            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8, extra: 0, tma: false, switches: false },
+            Plan {
+                entry: "attention_bf16_mma",
+                rows: 64,
+                threads: 128,
+                smem_rows: 3 * 64,
+                pad: 8,
+                extra: 0,
+                tma: false,
+                switches: false,
+            },
             "prefill stage 6 on bf16 I/O: mma.sync m16n8k16, 4 warps x 16 query rows, key tiles of 64, synchronous loads",
         ),
         k(
@@ -228,8 +242,45 @@ fn stages() -> Vec<Variant> {
     }
     let last = stages.last_mut().expect("stages 6-13");
     last.toggles = Cow::Owned(SWITCHES.iter().map(|s| s.0).collect());
+    let mut pipelined = k(
+        14,
+        "pipelined-consumers",
+        PIPELINED_FILE,
+        Plan::pipelined(),
+        "stage 13's order, softmax and store of O on stage 5's mainloop: a producer warpgroup, consumers taking turns, each softmax under its own P.V; key tiles of 128",
+    )
+    .with_requirements(Requirements::SM90A);
+    pipelined.defines = Cow::Owned(PIPELINED_RECIPE.iter().map(|&name| Define::on(name)).collect());
+    // Stage 15 on: stage 14's file with its own switches turned on one after another.
+    let mut defines = pipelined.defines.to_vec();
+    stages.push(pipelined);
+    for (i, &(define, name, summary)) in PIPELINED_SWITCHES.iter().enumerate() {
+        defines.push(Define::on(define));
+        let mut v =
+            k(15 + i as u32, name, PIPELINED_FILE, Plan::pipelined(), summary).with_requirements(Requirements::SM90A);
+        v.defines = Cow::Owned(defines.clone());
+        stages.push(v);
+    }
     stages
 }
+
+/// Stage 14's file: stage 5's mainloop with the parts of stage 2's file that it shares
+/// (`attention_prefill_parts.cuh`), picked by the same switches.
+const PIPELINED_FILE: &str = "prefill-bf16/14_pipelined_consumers.cu";
+/// The switches of stage 13's recipe that stage 14's parts read: the others pick stage 2's
+/// mainloop (P.V's issue, key tiles and blocks an SM), which stage 14 replaces.
+const PIPELINED_RECIPE: [&str; 4] = ["PB_FOLDED_SOFTMAX", L2_ORDER, "PB_MUFU_EXP2", TMA_STORE];
+/// Stage 14's own switches in the order stages 15 on turn them on: the define, the stage's name and
+/// what it adds.
+const PIPELINED_SWITCHES: [(&str, &str, &str); 1] = [
+    (
+        MASK_TAIL,
+        "mask-tail",
+        "a mask reaches only a block's last key tiles (the diagonal, T): the turns before them compiled without the compares",
+    ),
+];
+/// The switch that compiles the turns before a block's masked tail without the mask.
+const MASK_TAIL: &str = "PB_MASK_TAIL";
 
 /// The sizes of one call: [`Dims`] and whether the mask is causal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -512,6 +563,8 @@ mod tests {
             (82_968, 164_888),
             (82_968, 164_888),
             (82_968, 99_352),
+            (115_768, 230_456),
+            (115_768, 230_456),
         ];
         assert_eq!(bytes, expected);
         assert!(bytes.iter().all(|&(_, b)| b <= 227 * 1024), "{bytes:?}");

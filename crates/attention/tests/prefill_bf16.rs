@@ -72,6 +72,8 @@ fn stage_list() {
         "tma-store-o",
         "packed-pv",
         "two-blocks-hs128",
+        "pipelined-consumers",
+        "mask-tail",
     ];
     common::testing::assert_stage_names(&PrefillBf16.variants(), &names);
 }

@@ -98,118 +98,13 @@
 // Tolerance: as stage 0 (bf16 operands and output, rel L2 <= 1e-2; lse against score magnitudes).
 // Limits: HS in {64, 128}; NH <= 65535 and B <= 65535; T <= 65535 * 128; B * T * 3C < 2^31
 // Timeline: 0 block start; 1 barriers ready; 2 Q landed; 3 first key tile's scores; 4 last key tile's P.V done; 5 O stored
-#include "attention_flash_bf16.cuh"
-#include "attention_wgmma.cuh"
-#include "ladder_recipe.cuh"
+#include "attention_prefill_parts.cuh"
 #include "ladder_timeline.cuh"
 
 constexpr int STAGES = 2;  // K/V tiles in flight
 
-// The kernel is a recipe of three parts (tile order, softmax, store of O), picked by the switches
-// below; each part has one signature.
-
-// ---- Tile order: which (head h, sequence b, query tile) block blockIdx takes ----
-// Stage 2: grid (tiles, NH, B), the heaviest query tiles of each head first.
-struct HeadMajorOrder {
-    __device__ __forceinline__ static void block(int, int, int, int& h, int& b, int& tile) {
-        h = blockIdx.y;
-        b = blockIdx.z;
-        tile = gridDim.x - 1 - blockIdx.x;
-    }
-};
-// PB_TILES_LAST: grid (NH, B, tiles), the tiles on the slowest axis: every head's heaviest tile first.
-struct TilesLastOrder {
-    __device__ __forceinline__ static void block(int, int, int, int& h, int& b, int& tile) {
-        h = blockIdx.x;
-        b = blockIdx.y;
-        tile = gridDim.z - 1 - blockIdx.z;
-    }
-};
-// PB_L2_ORDER: a 1-D grid read as (head, sequence, query tile): pairs in groups whose K and V fit
-// L2_GROUP_BYTES (a third of the H100's 50 MB), each group's blocks heaviest tile first and pairs
-// fastest, so blocks in flight share few pairs' K/V and the last wave holds short causal rows.
-struct L2FittedOrder {
-    static constexpr long long L2_GROUP_BYTES = 16ll << 20;
-    __device__ __forceinline__ static void block(int T, int NH, int D, int& h, int& b, int& tile) {
-        const int tq = (T + WG_BR - 1) / WG_BR, pairs = gridDim.x / tq;
-        const int group = (int)max(1ll, min((long long)pairs, L2_GROUP_BYTES / (4ll * T * D)));
-        const int g = blockIdx.x / (group * tq), in = blockIdx.x % (group * tq);
-        const int in_group = min(group, pairs - g * group);
-        const int pair = g * group + in % in_group;
-        tile = tq - 1 - in / in_group;
-        h = pair % NH;
-        b = pair / NH;
-    }
-};
-
-// ---- Softmax: one key tile's scores into P, the running max and sum, O rescaled ----
-// Stage 2: the scores scaled, then the max, then exp2 of each difference (online_softmax_step).
-struct ScaledSoftmax {
-    template <int NT, int DT>
-    __device__ __forceinline__ static void step(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
-                                                float scale_log2, int row, int k0, int T, bool causal, bool check) {
-        online_softmax_step(sc, m, l, o, scale_log2, row, k0, T, causal, check);
-    }
-};
-// PB_FOLDED_SOFTMAX: the scale folded into one FFMA a score (softmax_scores_folded); with MUFU_EXP2
-// (PB_MUFU_EXP2) each exp2 as one ex2.approx.ftz.
-template <bool MUFU_EXP2>
-struct FoldedSoftmax {
-    template <int NT, int DT>
-    __device__ __forceinline__ static void step(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
-                                                float scale_log2, int row, int k0, int T, bool causal, bool check) {
-        float alpha[2];
-        softmax_scores_folded<MUFU_EXP2>(sc, m, l, alpha, scale_log2, row, k0, T, causal, check);
-        rescale(o, alpha);
-    }
-};
-
-// ---- Store of O / l and lse ----
-// Stage 2: from registers (store_rows).
-struct RegisterStore {
-    template <int D>
-    __device__ __forceinline__ static void store(const TmaMap*, unsigned, __nv_bfloat16* out, float* lse,
-                                                 const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
-                                                 int wg, int warp, int lane, int b, int h, int q0, int T, int NH) {
-        store_rows(out, lse, o, m, l, q0 + 64 * wg + 16 * warp + (lane >> 2), b, h, T, NH);
-    }
-};
-// PB_TMA_STORE: a query tile inside its sequence through Q's tile (at qs) and the TMA (map_o: out
-// as [B*T, C]); lse as store_rows; edge tiles from registers. Every warp has finished its last
-// Q.K^T (the loop ends on a block barrier), so the tile is free.
-struct TmaStore {
-    template <int D>
-    __device__ __forceinline__ static void store(const TmaMap* map_o, unsigned qs, __nv_bfloat16* out, float* lse,
-                                                 const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
-                                                 int wg, int warp, int lane, int b, int h, int q0, int T, int NH) {
-        if (q0 + WG_BR > T) {
-            RegisterStore::store<D>(map_o, qs, out, lse, o, m, l, wg, warp, lane, b, h, q0, T, NH);
-            return;
-        }
-        const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int rr = 64 * wg + 16 * warp + g + 8 * r;  // the row in the tile
-            const float inv = 1.f / l[r];
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                // Column block n / 8 (64 columns), 16-byte chunk n % 8 of the row, swizzled by the row.
-                const unsigned at = qs + (n / 8) * WG_BR * 128 + rr * 128 + (((n % 8) ^ (rr % 8)) * 16) + 4 * t;
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
-                             "r"(pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv))
-                             : "memory");
-            }
-            if (t == 0) lse[((size_t)b * NH + h) * T + q0 + rr] = row_lse(m[r], l[r]);
-        }
-        fence_proxy_async();
-        named_barrier(1 + wg, 128);  // the warpgroup's rows are in the tile
-        const bool elected = (threadIdx.x & 127) == 0;
-#pragma unroll
-        for (int cb = 0; cb < D / 64; ++cb)
-            tma_store_if(map_o, qs + cb * WG_BR * 128 + wg * 64 * 128, h * D + cb * 64, b * T + q0 + 64 * wg, elected);
-        if (elected) tma_store_wait_read();  // the tile is read before the block's shared memory goes
-    }
-};
+// The kernel is a recipe of parts. Tile order, softmax and the store of O are shared with stage
+// 14 (attention_prefill_parts.cuh); P.V's issue and the key tiles are this mainloop's own.
 
 // ---- P.V: O += P.V of one key tile, P from the softmax's scores in registers ----
 // Stage 2: each 16 keys' P fragment packed as its wgmma is issued. ptxas interleaves the softmax's
@@ -260,12 +155,10 @@ struct NarrowKeyTiles {
 };
 
 // The recipe: stage 2 with the switches stages 6-13 turn on one after another (a leave-one-out row
-// of stage 13 turns one off, and gets that role's stage-2 part). PB_TWO_BLOCKS and
-// PB_TWO_BLOCKS_HS128 pick each entry's key tiles and launch bounds, below.
-using Order = Pick<LADDER_SWITCH(PB_L2_ORDER), L2FittedOrder,
-                   Pick<LADDER_SWITCH(PB_TILES_LAST), TilesLastOrder, HeadMajorOrder>>;
-using Softmax = Pick<LADDER_SWITCH(PB_FOLDED_SOFTMAX), FoldedSoftmax<LADDER_SWITCH(PB_MUFU_EXP2)>, ScaledSoftmax>;
-using OStore = Pick<LADDER_SWITCH(PB_TMA_STORE), TmaStore, RegisterStore>;
+// of stage 13 turns one off, and gets that role's stage-2 part): Order and Softmax as the parts
+// header picks them, and the lines below. PB_TWO_BLOCKS and PB_TWO_BLOCKS_HS128 pick each entry's
+// key tiles and launch bounds.
+using OStore = Pick<LADDER_SWITCH(PB_TMA_STORE), TmaStore<1>, RegisterStore>;
 using Pv = Pick<LADDER_SWITCH(PB_PACKED_PV), PackedPv, InterleavedPv>;
 using KeyTiles64 = WideKeyTiles<LADDER_SWITCH(PB_TWO_BLOCKS) ? 2 : 1>;
 using KeyTiles128 = Pick<LADDER_SWITCH(PB_TWO_BLOCKS_HS128), NarrowKeyTiles, WideKeyTiles<1>>;
@@ -335,15 +228,6 @@ __device__ __forceinline__ void flash_wgmma(const TmaMap* map, __nv_bfloat16* ou
     if (tid == 0) ladder_stamp(5);
 }
 
-// PB_TMA_STORE: out's tensor map is the last parameter (a per-switch signature, so the host's
-// arguments for the other stages are unchanged).
-#ifdef PB_TMA_STORE
-#define OUT_MAP_PARAM , const __grid_constant__ TmaMap map_o
-#define OUT_MAP &map_o
-#else
-#define OUT_MAP_PARAM
-#define OUT_MAP nullptr
-#endif
 #define BF16_WGMMA_ENTRY(D, KEY_TILES)                                                                   \
     extern "C" __global__ void __launch_bounds__(256, KEY_TILES::BLOCKS) attention_bf16_wgmma_hs##D(     \
         const __grid_constant__ TmaMap map, __nv_bfloat16* out, float* lse, int T, int NH, float scale, int causal \
