@@ -44,39 +44,35 @@ struct L2FittedOrder {
 };
 
 // ---- Softmax: one key tile's scores into P, the running max and sum, O rescaled ----
-// Stage 2: the scores scaled, then the max, then exp2 of each difference (online_softmax_step).
 // A softmax part has two calls: scores (P, the running max and sum, and the factor alpha O is to be
 // rescaled by, O untouched: for a mainloop whose P.V is still in flight on O) and step (scores,
-// then O rescaled at once).
-struct ScaledSoftmax {
+// then O rescaled at once), which every part gets from its scores here.
+template <class Part>
+struct SoftmaxStep {
+    template <int NT, int DT>
+    __device__ __forceinline__ static void step(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
+                                                float scale_log2, int row, int k0, int T, bool causal, bool check) {
+        float alpha[2];
+        Part::scores(sc, m, l, alpha, scale_log2, row, k0, T, causal, check);
+        rescale(o, alpha);
+    }
+};
+// Stage 2: the scores scaled, then the max, then exp2 of each difference (softmax_scores).
+struct ScaledSoftmax : SoftmaxStep<ScaledSoftmax> {
     template <int NT>
     __device__ __forceinline__ static void scores(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                                   float scale_log2, int row, int k0, int T, bool causal, bool check) {
         softmax_scores(sc, m, l, alpha, scale_log2, row, k0, T, causal, check);
     }
-    template <int NT, int DT>
-    __device__ __forceinline__ static void step(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
-                                                float scale_log2, int row, int k0, int T, bool causal, bool check) {
-        float alpha[2];
-        scores(sc, m, l, alpha, scale_log2, row, k0, T, causal, check);
-        rescale(o, alpha);
-    }
 };
 // PB_FOLDED_SOFTMAX: the scale folded into one FFMA a score (softmax_scores_folded); with MUFU_EXP2
 // (PB_MUFU_EXP2) each exp2 as one ex2.approx.ftz.
 template <bool MUFU_EXP2>
-struct FoldedSoftmax {
+struct FoldedSoftmax : SoftmaxStep<FoldedSoftmax<MUFU_EXP2>> {
     template <int NT>
     __device__ __forceinline__ static void scores(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                                   float scale_log2, int row, int k0, int T, bool causal, bool check) {
         softmax_scores_folded<MUFU_EXP2>(sc, m, l, alpha, scale_log2, row, k0, T, causal, check);
-    }
-    template <int NT, int DT>
-    __device__ __forceinline__ static void step(float (&sc)[NT][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
-                                                float scale_log2, int row, int k0, int T, bool causal, bool check) {
-        float alpha[2];
-        scores(sc, m, l, alpha, scale_log2, row, k0, T, causal, check);
-        rescale(o, alpha);
     }
 };
 
