@@ -172,16 +172,7 @@ fn stages() -> Vec<Variant> {
             "mma-sync",
             "prefill-bf16/00_mma_sync.cu",
             // Q, K and V tiles of 64 rows, each row padded by 8 elements.
-            Plan {
-                entry: "attention_bf16_mma",
-                rows: 64,
-                threads: 128,
-                smem_rows: 3 * 64,
-                pad: 8,
-                extra: 0,
-                tma: false,
-                switches: false,
-            },
+            Plan { entry: "attention_bf16_mma", rows: 64, threads: 128, smem_rows: 3 * 64, pad: 8, extra: 0, tma: false, switches: false },
             "prefill stage 6 on bf16 I/O: mma.sync m16n8k16, 4 warps x 16 query rows, key tiles of 64, synchronous loads",
         ),
         k(
