@@ -168,22 +168,29 @@ __device__ __forceinline__ bool ws_consumer(const TileRing<D, STAGES>& r, const 
     return true;
 }
 
+// The column-block address of 16 dims kk of the 64 rows of a tile at `base` (`rows` rows a column
+// block): 32 bytes along a swizzled 128-byte row, the next 64 dims a column block further.
+__device__ __forceinline__ unsigned qk_dims(unsigned base, int rows, int kk) {
+    return base + (kk / 4) * rows * 128 + (kk % 4) * 32;
+}
+// S (+)= Q.K^T over 16 dims kk for BC keys, Q's descriptor `a` and K's tile at k: sc's [n-tile][4]
+// is the m64nBC accumulator's registers in order.
+template <int BC>
+__device__ __forceinline__ void qk_step(float (&sc)[BC / 8][4], unsigned long long a, unsigned k, int kk) {
+    const unsigned long long b = wgmma_desc(qk_dims(k, BC, kk));
+    if constexpr (BC == 128) {
+        wgmma_m64n128k16(reinterpret_cast<float(&)[64]>(sc), a, b, kk > 0);
+    } else {
+        wgmma_m64n64k16(reinterpret_cast<float(&)[32]>(sc), a, b, kk > 0);
+    }
+}
+
 // S = Q.K^T of one key tile of BC keys for the warpgroup whose 64 rows of Q start at qa: D/16
-// wgmma, 16 dims (32 bytes along a swizzled 128-byte row) each, the next 64 dims a column block
-// further.
+// wgmma, 16 dims each.
 template <int D, int BC = WG_BC>
 __device__ __forceinline__ void issue_qk(float (&sc)[BC / 8][4], unsigned qa, unsigned k) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned a = qa + (kk / 4) * WG_BR * 128 + (kk % 4) * 32;
-        const unsigned b = k + (kk / 4) * BC * 128 + (kk % 4) * 32;
-        // S (+)= Q.K^T over 16 dims: sc's [n-tile][4] is the m64nBC accumulator's registers in order.
-        if constexpr (BC == 128) {
-            wgmma_m64n128k16(reinterpret_cast<float(&)[64]>(sc), wgmma_desc(a), wgmma_desc(b), kk > 0);
-        } else {
-            wgmma_m64n64k16(reinterpret_cast<float(&)[32]>(sc), wgmma_desc(a), wgmma_desc(b), kk > 0);
-        }
-    }
+    for (int kk = 0; kk < D / 16; ++kk) qk_step<BC>(sc, wgmma_desc(qk_dims(qa, WG_BR, kk)), k, kk);
 }
 
 // The D/16 descriptors of the warpgroup's Q rows at qa that issue_qk reads, made once: a mainloop
@@ -193,7 +200,7 @@ template <int D>
 __device__ __forceinline__ void q_descriptors(unsigned long long (&qd)[D / 16], unsigned qa) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        qd[kk] = wgmma_desc(qa + (kk / 4) * WG_BR * 128 + (kk % 4) * 32);
+        qd[kk] = wgmma_desc(qk_dims(qa, WG_BR, kk));
         asm volatile("" : "+l"(qd[kk]));
     }
 }
@@ -202,14 +209,7 @@ template <int D, int BC = WG_BC>
 __device__ __forceinline__ void issue_qk_with(float (&sc)[BC / 8][4], const unsigned long long (&qd)[D / 16],
                                               unsigned k) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned long long b = wgmma_desc(k + (kk / 4) * BC * 128 + (kk % 4) * 32);
-        if constexpr (BC == 128) {
-            wgmma_m64n128k16(reinterpret_cast<float(&)[64]>(sc), qd[kk], b, kk > 0);
-        } else {
-            wgmma_m64n64k16(reinterpret_cast<float(&)[32]>(sc), qd[kk], b, kk > 0);
-        }
-    }
+    for (int kk = 0; kk < D / 16; ++kk) qk_step<BC>(sc, qd[kk], k, kk);
 }
 
 // O += P.V over keys 16 kk.. of a tile of BC keys: two 8-row atoms (2048 bytes) into the V tile,

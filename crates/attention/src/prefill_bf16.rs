@@ -119,7 +119,7 @@ const SWITCHES: [(&str, &str, &str); 8] = [
         "the grid as (NH, B, query tiles), tiles reversed on the slowest axis: every head's longest causal rows dispatch first",
     ),
     (
-        "PB_FOLDED_SOFTMAX",
+        FOLDED_SOFTMAX,
         "folded-softmax",
         "the softmax's scale folded into one FFMA per score: exp2(fma(s, scale log2 e, -max)), the max over raw scores",
     ),
@@ -129,7 +129,7 @@ const SWITCHES: [(&str, &str, &str); 8] = [
         "a 1-D grid: (head, sequence) pairs in groups whose K/V fit 16 MB of L2, each group heaviest tile first",
     ),
     (
-        "PB_MUFU_EXP2",
+        MUFU_EXP2,
         "mufu-exp2",
         "each probability's exp2 as one ex2.approx.ftz (MUFU.EX2) instead of exp2f's compare and two predicated multiplies around it",
     ),
@@ -155,6 +155,9 @@ const TWO_BLOCKS_HS128: &str = "PB_TWO_BLOCKS_HS128";
 const TMA_STORE: &str = "PB_TMA_STORE";
 /// The 1-D grid-order switch (it takes precedence over [`TILES_LAST`]).
 const L2_ORDER: &str = "PB_L2_ORDER";
+/// The softmax switches: the scale folded into one FFMA a score, and each exp2 as one MUFU.EX2.
+const FOLDED_SOFTMAX: &str = "PB_FOLDED_SOFTMAX";
+const MUFU_EXP2: &str = "PB_MUFU_EXP2";
 
 /// Rows of the TMA stages' boxes (their columns are `common::tma::BOX_COLS`).
 const TMA_BOX_ROWS: u32 = 64;
@@ -260,7 +263,7 @@ fn stages() -> Vec<Variant> {
 const PIPELINED_FILE: &str = "prefill-bf16/14_pipelined_consumers.cu";
 /// The switches of stage 13's recipe that stage 14's parts read: the others pick stage 2's
 /// mainloop (P.V's issue, key tiles and blocks an SM), which stage 14 replaces.
-const PIPELINED_RECIPE: [&str; 4] = ["PB_FOLDED_SOFTMAX", L2_ORDER, "PB_MUFU_EXP2", TMA_STORE];
+const PIPELINED_RECIPE: [&str; 4] = [FOLDED_SOFTMAX, L2_ORDER, MUFU_EXP2, TMA_STORE];
 /// Stage 14's own switches in the order stages 15 on turn them on: the define, the stage's name and
 /// what it adds.
 const PIPELINED_SWITCHES: [(&str, &str, &str); 1] = [

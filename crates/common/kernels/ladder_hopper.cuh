@@ -1,7 +1,8 @@
 // ladder_hopper.cuh: Hopper's (sm_90) building blocks shared by every family's TMA and wgmma
 // stages: the tensor map passed by value, mbarriers, the TMA's 2-D tile load and 1-D bulk copy,
-// named barriers, cluster barriers and peers' shared memory, shared-memory matrix descriptors of 128-byte swizzled tiles, and the warpgroup
-// MMA's fence, commit and wait, and the one wgmma shape two families share (m64n128k16 on bf16).
+// named barriers, cluster barriers and peers' shared memory, shared-memory matrix descriptors of
+// 128-byte swizzled tiles, and the warpgroup MMA's fence, commit and wait, and the one wgmma shape
+// two families share (m64n128k16 on bf16).
 // The other wgmma instructions (one shape each) live with the kernels that use them. wgmma needs
 // sm_90a.
 #pragma once
