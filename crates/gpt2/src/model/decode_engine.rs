@@ -18,7 +18,7 @@ use norm::layernorm::{self, LayerNormDims};
 
 use super::device_weights::{DeviceWeights, LinearWeight};
 use super::sequence::{Activations, Fill, Logits};
-use super::{enqueue_layernorm, forward, is_megakernel, BlockLinear, Model, Pass};
+use super::{enqueue_layernorm, forward, is_megakernel, BlockLinear, Layer, Model, Pass};
 use crate::argmax::{self, ArgmaxDims};
 use crate::cache::{KvCache, LayerCache, PAGED_BLOCK};
 use crate::encoder::{self, EncoderArgs, EncoderDims, Positions, TokenIds};
@@ -32,7 +32,6 @@ use crate::sampling::Sampling;
 /// `decode-step` 12's target of warps in flight for the folded GEMVs (`gemv`'s GEMV_WARPS, 2048 in
 /// its stage list): 8 warps a block at GPT-2's QKV, MLP up and LM head.
 const NARROW_GEMV_WARPS: u32 = 1024;
-use crate::weights::Block;
 
 /// A decode step's linear: the plan's GEMM on the fp32 weights, or a GEMV (on their bf16 copies, or
 /// an fp8 plan's on their e4m3 blocks) with the block's tail fused (GELU after the MLP up, the
@@ -633,13 +632,7 @@ struct Step<'a> {
 
 impl Step<'_> {
     /// Linear `which` of block `l` on the step's activations (the GEMV's fused tail where it has one).
-    fn linear(
-        &mut self,
-        s: &Arc<CudaStream>,
-        which: BlockLinear,
-        l: &Block<CudaSlice<f32>>,
-        layer: usize,
-    ) -> Result<()> {
+    fn linear(&mut self, s: &Arc<CudaStream>, which: BlockLinear, Layer { w: l, index: layer }: Layer) -> Result<()> {
         let op = &mut *self.op;
         let linear = &op.linears[which as usize];
         let fused = linear.fuses_tail();
@@ -735,25 +728,19 @@ impl Pass for Step<'_> {
         (self.mark)("layernorm")
     }
 
-    fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
-        self.linear(s, BlockLinear::Qkv, l, layer)
+    fn qkv(&mut self, s: &Arc<CudaStream>, l: Layer) -> Result<()> {
+        self.linear(s, BlockLinear::Qkv, l)
     }
 
     /// One kernel where the GEMV adds the residual in its tail; the plan's GEMM, then the add.
-    fn linear_residual(
-        &mut self,
-        s: &Arc<CudaStream>,
-        which: BlockLinear,
-        l: &Block<CudaSlice<f32>>,
-        layer: usize,
-    ) -> Result<()> {
-        self.linear(s, which, l, layer)?;
+    fn linear_residual(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: Layer) -> Result<()> {
+        self.linear(s, which, l)?;
         self.residual(s)
     }
 
     /// One kernel where the GEMV applies GELU in its tail; the plan's GEMM, then GELU.
-    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
-        self.linear(s, BlockLinear::Fc, l, layer)?;
+    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: Layer) -> Result<()> {
+        self.linear(s, BlockLinear::Fc, l)?;
         self.gelu(s)
     }
 

@@ -120,6 +120,14 @@ impl Model {
     }
 }
 
+/// One transformer block as a pass runs it: its fp32 parameters and its index (the layer of the KV
+/// cache and of the weights' other forms).
+#[derive(Clone, Copy)]
+struct Layer<'a> {
+    w: &'a Block<CudaSlice<f32>>,
+    index: usize,
+}
+
 /// A block's four linears, in forward order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum BlockLinear {
@@ -160,23 +168,17 @@ trait Pass {
     /// `ln = LayerNorm(x)` with gain `w` and bias `b` (nothing where the linears after it take it in:
     /// a GEMV that folds it, the fp8 quantizer).
     fn layernorm(&mut self, s: &Arc<CudaStream>, w: &CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()>;
-    /// `qkv = ln · Wᵀ + b` of block `l` (layer `layer`).
-    fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()>;
+    /// `qkv = ln · Wᵀ + b` of layer `l`.
+    fn qkv(&mut self, s: &Arc<CudaStream>, l: Layer) -> Result<()>;
     /// `att = attention(qkv)` over this layer's keys and values.
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()>;
     /// `x += inp · Wᵀ + b` for projection `which` (the attention's, from `att`; the MLP's down, from
     /// `gelu`): one kernel where the linear adds the residual in its tail, else the linear and the
     /// residual add.
-    fn linear_residual(
-        &mut self,
-        s: &Arc<CudaStream>,
-        which: BlockLinear,
-        l: &Block<CudaSlice<f32>>,
-        layer: usize,
-    ) -> Result<()>;
+    fn linear_residual(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: Layer) -> Result<()>;
     /// `gelu = GELU(ln · Wᵀ + b)`, the MLP up: one kernel where the linear applies GELU in its tail,
     /// else the linear and the GELU.
-    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()>;
+    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: Layer) -> Result<()>;
     /// `logits = ln · wteᵀ`.
     fn lm_head(&mut self, s: &Arc<CudaStream>) -> Result<()>;
 }
@@ -184,22 +186,22 @@ trait Pass {
 /// The model, op by op: embeddings, the blocks, the final LayerNorm and the LM head.
 fn forward(s: &Arc<CudaStream>, p: &mut impl Pass, w: &Params<CudaSlice<f32>>) -> Result<()> {
     p.embed(s)?;
-    for (i, l) in w.blocks.iter().enumerate() {
-        block(s, p, l, i)?;
+    for (index, w) in w.blocks.iter().enumerate() {
+        block(s, p, Layer { w, index })?;
     }
     p.layernorm(s, &w.lnf_w, &w.lnf_b)?;
     p.lm_head(s)
 }
 
-/// One transformer block (layer `layer`, parameters `l`), op by op.
-fn block(s: &Arc<CudaStream>, p: &mut impl Pass, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
-    p.layernorm(s, &l.ln1_w, &l.ln1_b)?;
-    p.qkv(s, l, layer)?;
-    p.attention(s, layer)?;
-    p.linear_residual(s, BlockLinear::Proj, l, layer)?;
-    p.layernorm(s, &l.ln2_w, &l.ln2_b)?;
-    p.linear_gelu(s, l, layer)?;
-    p.linear_residual(s, BlockLinear::FcProj, l, layer)
+/// One transformer block, op by op.
+fn block(s: &Arc<CudaStream>, p: &mut impl Pass, l: Layer) -> Result<()> {
+    p.layernorm(s, &l.w.ln1_w, &l.w.ln1_b)?;
+    p.qkv(s, l)?;
+    p.attention(s, l.index)?;
+    p.linear_residual(s, BlockLinear::Proj, l)?;
+    p.layernorm(s, &l.w.ln2_w, &l.w.ln2_b)?;
+    p.linear_gelu(s, l)?;
+    p.linear_residual(s, BlockLinear::FcProj, l)
 }
 
 /// Whether a `decode-step` stage is a megakernel (stages 0, 6 and 7 are the composed step).

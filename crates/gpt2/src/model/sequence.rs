@@ -18,7 +18,7 @@ use matmul::quantize_fp8::{self, QuantizeDims};
 use norm::layernorm::{self, LayerNormDims};
 
 use super::device_weights::{DeviceWeights, Fp8Weight};
-use super::{block, enqueue_layernorm, forward, BlockLinear, Model, Pass};
+use super::{block, enqueue_layernorm, forward, BlockLinear, Layer, Model, Pass};
 use crate::cache::KvCache;
 use crate::config::{Config, LN_EPS};
 use crate::encoder::{self, EncoderArgs, TokenIds};
@@ -96,7 +96,7 @@ impl<L> Stages16<L> {
 /// A linear of the bf16 pass as its stage runs it: `linear-bf16` on bf16 copies of the weights, or
 /// [`Fp8Linear`] on e4m3 blocks.
 pub(super) trait PassLinear {
-    /// Block linear `which` of layer `layer` (parameters `l`) on the pass's activations: QKV and the
+    /// Block linear `which` of layer `l` on the pass's activations: QKV and the
     /// MLP up store bf16 (the MLP up with GELU applied); the projections add into the fp32 residual
     /// stream in place.
     fn block(
@@ -105,7 +105,7 @@ pub(super) trait PassLinear {
         which: BlockLinear,
         a: &mut Activations16,
         w: &DeviceWeights,
-        params: (&Block<CudaSlice<f32>>, usize),
+        l: Layer,
     ) -> Result<()>;
 
     /// The LM head (no bias) into `out`: bf16 logits at every position, fp32 at the last.
@@ -136,7 +136,7 @@ impl PassLinear for linear_bf16::Prepared {
         which: BlockLinear,
         a: &mut Activations16,
         w: &DeviceWeights,
-        (l, layer): (&Block<CudaSlice<f32>>, usize),
+        Layer { w: l, index: layer }: Layer,
     ) -> Result<()> {
         let w16 = &w.bf16()?.blocks[layer];
         let weight = &w16.weights[which as usize];
@@ -252,7 +252,7 @@ impl PassLinear for Fp8Linear {
         which: BlockLinear,
         a: &mut Activations16,
         w: &DeviceWeights,
-        (l, layer): (&Block<CudaSlice<f32>>, usize),
+        Layer { w: l, index: layer }: Layer,
     ) -> Result<()> {
         let weight = &w.fp8()?.blocks[layer][which as usize];
         let bias = Some(which.params(l).1);
@@ -552,15 +552,16 @@ impl Model {
         layer: usize,
     ) -> Result<()> {
         self.prepare(gpu, b, t)?;
-        let l =
+        let w =
             self.weights.p.blocks.get(layer).ok_or_else(|| {
                 Error::constraint(format!("a layer below {}", self.cfg.layers), format!("layer {layer}"))
             })?;
+        let l = Layer { w, index: layer };
         let ctx = Whole { w: &self.weights, ids: None, fill: None, logits: Logits::All, b, t, c: self.cfg.c };
         match self.prepared.get_mut(&(b, t)).expect("prepared above") {
-            Prepared::F32(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
-            Prepared::Bf16(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
-            Prepared::Fp8(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l, layer),
+            Prepared::F32(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l),
+            Prepared::Bf16(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l),
+            Prepared::Fp8(op) => block(s, &mut Sequence { op: op.as_mut(), ctx }, l),
         }
     }
 }
@@ -613,8 +614,8 @@ impl Pass for Sequence<'_, '_, Stages32> {
         enqueue_layernorm(s, &self.op.layernorm, ActMut::F32(&mut a.ln), stats, &a.x, (w, b))
     }
 
-    fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
-        self.linear(s, BlockLinear::Qkv, l)
+    fn qkv(&mut self, s: &Arc<CudaStream>, l: Layer) -> Result<()> {
+        self.linear(s, BlockLinear::Qkv, l.w)
     }
 
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
@@ -626,21 +627,15 @@ impl Pass for Sequence<'_, '_, Stages32> {
     }
 
     /// The projection, then the residual add.
-    fn linear_residual(
-        &mut self,
-        s: &Arc<CudaStream>,
-        which: BlockLinear,
-        l: &Block<CudaSlice<f32>>,
-        _: usize,
-    ) -> Result<()> {
-        self.linear(s, which, l)?;
+    fn linear_residual(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: Layer) -> Result<()> {
+        self.linear(s, which, l.w)?;
         let a = &mut self.op.acts;
         self.op.residual.enqueue_in_place(s, &mut a.x, &a.proj)
     }
 
     /// The MLP up, then GELU.
-    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, _: usize) -> Result<()> {
-        self.linear(s, BlockLinear::Fc, l)?;
+    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: Layer) -> Result<()> {
+        self.linear(s, BlockLinear::Fc, l.w)?;
         let a = &mut self.op.acts;
         self.op.gelu.enqueue(s, &mut a.gelu, &a.fc, None)
     }
@@ -663,13 +658,8 @@ impl Pass for Sequence<'_, '_, Stages32> {
 
 impl<L: PassLinear> Sequence<'_, '_, Stages16<L>> {
     /// Block linear `which` with its tail, on the pass's activations ([`PassLinear::block`]).
-    fn block_linear(
-        &mut self,
-        s: &Arc<CudaStream>,
-        which: BlockLinear,
-        params: (&Block<CudaSlice<f32>>, usize),
-    ) -> Result<()> {
-        self.op.linears[which as usize].block(s, which, &mut self.op.acts, self.ctx.w, params)
+    fn block_linear(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: Layer) -> Result<()> {
+        self.op.linears[which as usize].block(s, which, &mut self.op.acts, self.ctx.w, l)
     }
 }
 
@@ -688,24 +678,18 @@ impl<L: PassLinear> Pass for Sequence<'_, '_, Stages16<L>> {
         enqueue_layernorm(s, &self.op.layernorm, ActMut::Bf16(&mut a.ln), stats, &a.x, (w, b))
     }
 
-    fn qkv(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
-        self.block_linear(s, BlockLinear::Qkv, (l, layer))
+    fn qkv(&mut self, s: &Arc<CudaStream>, l: Layer) -> Result<()> {
+        self.block_linear(s, BlockLinear::Qkv, l)
     }
 
     /// One kernel: the linear adds into the residual stream in its tail.
-    fn linear_residual(
-        &mut self,
-        s: &Arc<CudaStream>,
-        which: BlockLinear,
-        l: &Block<CudaSlice<f32>>,
-        layer: usize,
-    ) -> Result<()> {
-        self.block_linear(s, which, (l, layer))
+    fn linear_residual(&mut self, s: &Arc<CudaStream>, which: BlockLinear, l: Layer) -> Result<()> {
+        self.block_linear(s, which, l)
     }
 
     /// One kernel: the MLP up applies GELU in its tail.
-    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: &Block<CudaSlice<f32>>, layer: usize) -> Result<()> {
-        self.block_linear(s, BlockLinear::Fc, (l, layer))
+    fn linear_gelu(&mut self, s: &Arc<CudaStream>, l: Layer) -> Result<()> {
+        self.block_linear(s, BlockLinear::Fc, l)
     }
 
     fn attention(&mut self, s: &Arc<CudaStream>, layer: usize) -> Result<()> {
