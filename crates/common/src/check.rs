@@ -290,6 +290,16 @@ pub fn compare_scaled<T: Element>(output: &str, out: &[T], reference: &[f64], ma
     stats
 }
 
+/// What a sampled check compares a `[total, row_len]` output with: the rows it copies back, the
+/// f64 reference on them, and where the output's value may cancel while its rounding error does
+/// not (a product plus a residual), the scale of each reference element's error (as
+/// [`compare_scaled`]).
+pub struct SampledRows {
+    pub rows: Vec<usize>,
+    pub reference: Vec<f64>,
+    pub magnitude: Option<Vec<f64>>,
+}
+
 /// The outcome of checking every output of one run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Verification {
@@ -354,21 +364,17 @@ impl Verification {
         self.device_rows(gpu, output, out, dims, rows, reference, None)
     }
 
-    /// [`Verification::add_device_rows`] with the error relative to `magnitude` (one per reference
-    /// element, as [`compare_scaled`]): for outputs whose value may cancel while their rounding
-    /// error does not, such as a product plus a residual.
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_device_rows_scaled<T: Element>(
+    /// [`Verification::add_device_rows`] on a [`SampledRows`], its error relative to the sample's
+    /// magnitudes where it has them.
+    pub fn add_sampled<T: Element>(
         self,
         gpu: &Gpu,
         output: &str,
         out: &CudaView<T>,
         dims: (usize, usize),
-        rows: &[usize],
-        reference: &[f64],
-        magnitude: &[f64],
+        sample: &SampledRows,
     ) -> Result<Verification> {
-        self.device_rows(gpu, output, out, dims, rows, reference, Some(magnitude))
+        self.device_rows(gpu, output, out, dims, &sample.rows, &sample.reference, sample.magnitude.as_deref())
     }
 
     #[allow(clippy::too_many_arguments)]

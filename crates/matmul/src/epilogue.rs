@@ -4,7 +4,7 @@
 //! The stages keep the GEMM fixed (linear stage 4, or cuBLASLt) and move the epilogue: three
 //! kernels, two, one.
 
-use common::check::Verification;
+use common::check::{SampledRows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
@@ -13,7 +13,7 @@ use common::{
 };
 
 use crate::gemm::{check_dims, check_gemm, elementwise, gemm_limits, CublasLt, Dims, Gemm, Ptrs, Wmma, M3_TUNABLES};
-use crate::linear::{inputs, verify_rows_scaled, M3_DEFINES};
+use crate::linear::{inputs, verify_sample, M3_DEFINES};
 use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
 use common::lt::{LtEpilogue, LtOperands};
@@ -343,9 +343,7 @@ impl Op for LinearEpilogue {
             bias: gpu.upload(&b)?,
             residual: residual.map(|r| Rotated::upload(gpu, &r, copies)).transpose()?,
             out: Rotated::outputs(gpu, d.m * d.n, copies)?,
-            rows,
-            reference,
-            magnitude,
+            sample: SampledRows { rows, reference, magnitude: Some(magnitude) },
             copies,
             prepared: Current::default(),
         }))
@@ -359,10 +357,8 @@ struct EpilogueProblem {
     bias: CudaSlice<f32>,
     residual: Option<Rotated<f32>>,
     out: Rotated<f32>,
-    rows: Vec<usize>,
-    reference: Vec<f64>,
-    /// The scale of each reference element's error ([`magnitude_rows`]).
-    magnitude: Vec<f64>,
+    /// With the scale of each reference element's error ([`magnitude_rows`]).
+    sample: SampledRows,
     copies: usize,
     prepared: Current<Prepared>,
 }
@@ -395,6 +391,6 @@ impl Problem for EpilogueProblem {
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
         let out = self.out.get(copy).as_view();
-        verify_rows_scaled(gpu, v, &out, &self.reference, &self.magnitude, &self.rows, self.d.gemm())
+        verify_sample(gpu, v, &out, &self.sample, self.d.gemm())
     }
 }

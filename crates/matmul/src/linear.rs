@@ -2,7 +2,7 @@
 //! ladder from the naive kernel to WMMA milestone 3, beside cuBLAS.
 
 use common::blas::GemmPrecision;
-use common::check::{Element, Verification};
+use common::check::{Element, SampledRows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
@@ -222,33 +222,18 @@ pub(crate) fn inputs(d: Dims, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (uniform(d.m * d.k, -1.0, 1.0, seed), uniform(d.n * d.k, -s, s, seed ^ 1), uniform(d.n, -0.5, 0.5, seed ^ 2))
 }
 
-/// Checks `out` (all M·N values, on the device) against `reference` on `rows`: those rows are
-/// copied back and compared; when they are only a sample, every other value must still be finite
-/// (written, not the NaN poison), which the device counts.
-pub(crate) fn verify_rows<T: Element>(
+/// Checks `out` (all M·N values, on the device) against `sample`: its rows are copied back and
+/// compared, relative to a tail's magnitudes where it has them ([`crate::reference::magnitude_rows`]);
+/// when they are only a sample, every other value must still be finite (written, not the NaN
+/// poison), which the device counts.
+pub(crate) fn verify_sample<T: Element>(
     gpu: &Gpu,
     v: &Variant,
     out: &CudaView<T>,
-    reference: &[f64],
-    rows: &[usize],
+    sample: &SampledRows,
     d: Dims,
 ) -> Result<Verification> {
-    Verification::new(v.tolerance()).add_device_rows(gpu, "out", out, (d.m, d.n), rows, reference)
-}
-
-/// [`verify_rows`] for a tailed output, its error relative to `magnitude`
-/// ([`crate::reference::magnitude_rows`]).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn verify_rows_scaled<T: Element>(
-    gpu: &Gpu,
-    v: &Variant,
-    out: &CudaView<T>,
-    reference: &[f64],
-    magnitude: &[f64],
-    rows: &[usize],
-    d: Dims,
-) -> Result<Verification> {
-    Verification::new(v.tolerance()).add_device_rows_scaled(gpu, "out", out, (d.m, d.n), rows, reference, magnitude)
+    Verification::new(v.tolerance()).add_sampled(gpu, "out", out, (d.m, d.n), sample)
 }
 
 fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
@@ -291,8 +276,7 @@ impl Op for Linear {
             w: Rotated::upload(gpu, &w, copies)?,
             bias: if ld.bias { Some(gpu.upload(&b)?) } else { None },
             out: Rotated::outputs(gpu, d.m * d.n, copies)?,
-            rows,
-            reference,
+            sample: SampledRows { rows, reference, magnitude: None },
             copies,
             prepared: Current::default(),
         }))
@@ -305,8 +289,7 @@ struct LinearProblem {
     w: Rotated<f32>,
     bias: Option<CudaSlice<f32>>,
     out: Rotated<f32>,
-    rows: Vec<usize>,
-    reference: Vec<f64>,
+    sample: SampledRows,
     copies: usize,
     prepared: Current<Prepared>,
 }
@@ -335,6 +318,6 @@ impl Problem for LinearProblem {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        verify_rows(gpu, v, &self.out.get(copy).as_view(), &self.reference, &self.rows, self.d.gemm())
+        verify_sample(gpu, v, &self.out.get(copy).as_view(), &self.sample, self.d.gemm())
     }
 }

@@ -16,7 +16,7 @@
 //! Stage 10, every later stage and the library row fuse a tail; stages 5-9 are `n/a` at `epi` > 0.
 //! Stage 12 on (the lean stores) and the library row store bf16; stages 5-11 are `n/a` at `out=16`.
 
-use common::check::{Element, Verification};
+use common::check::{Element, SampledRows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use common::data::{rotation_copies, uniform, Rotated};
 use common::{
@@ -26,7 +26,7 @@ use common::{
 use half::bf16;
 
 use crate::gemm::{check_dims, Dims, ELEMS_MK, ELEMS_MN, ELEMS_NK};
-use crate::linear::{inputs, verify_rows, verify_rows_scaled};
+use crate::linear::{inputs, verify_sample};
 use crate::reference::{gelu_tanh, linear_rows, magnitude_rows, sampled_rows};
 use crate::{FAMILY, SOURCES};
 pub use common::lt::Output;
@@ -513,16 +513,13 @@ impl OutElement for u16 {
     }
 }
 
-/// Checks `out` (on the device, read as [`OutElement::Checked`]) against `reference` on `rows` as
-/// [`verify_rows`] does, or with a tail's `magnitude` as [`verify_rows_scaled`]: a linear's
-/// problem's check, for `linear-bf16` and `linear-fp8` alike.
+/// Checks `out` (on the device, read as [`OutElement::Checked`]) against `sample` as
+/// [`verify_sample`] does: a linear's problem's check, for `linear-bf16` and `linear-fp8` alike.
 pub(crate) fn verify_out<T: OutElement>(
     gpu: &Gpu,
     v: &Variant,
     out: &CudaSlice<T>,
-    reference: &[f64],
-    magnitude: Option<&[f64]>,
-    rows: &[usize],
+    sample: &SampledRows,
     d: Dims,
 ) -> Result<Verification> {
     // SAFETY: `Checked` has `T`'s size and layout (f32 as f32, bf16 bits as bf16).
@@ -530,10 +527,7 @@ pub(crate) fn verify_out<T: OutElement>(
         constraint: "out's checked element type has its size".into(),
         got: std::any::type_name::<T::Checked>().into(),
     })?;
-    match magnitude {
-        Some(m) => verify_rows_scaled(gpu, v, &checked, reference, m, rows, d),
-        None => verify_rows(gpu, v, &checked, reference, rows, d),
-    }
+    verify_sample(gpu, v, &checked, sample, d)
 }
 
 /// The sizes of one call, whether it adds a bias, its tail, and its output's type.
@@ -548,7 +542,16 @@ pub struct LinearBf16Dims {
 }
 
 impl LinearBf16Dims {
-    fn gemm(self) -> Dims {
+    /// The sizes a shape names (`bias`, `epi` and `out` optional: 1, none, fp32).
+    pub(crate) fn of(s: &Shape) -> Result<LinearBf16Dims> {
+        let max = i32::MAX as i64;
+        let b = s.get("bias").unwrap_or(1);
+        require(b == 0 || b == 1, "bias is 0 or 1", || format!("bias = {b}"))?;
+        let (tail, out) = (tail_of(s)?, output_of(s)?);
+        Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1, tail, out })
+    }
+
+    pub(crate) fn gemm(self) -> Dims {
         Dims { m: self.m, n: self.n, k: self.k }
     }
 }
@@ -861,14 +864,6 @@ pub fn bf16_out(mut s: Shape) -> Shape {
     s
 }
 
-fn dims(s: &Shape) -> Result<LinearBf16Dims> {
-    let max = i32::MAX as i64;
-    let b = s.get("bias").unwrap_or(1);
-    require(b == 0 || b == 1, "bias is 0 or 1", || format!("bias = {b}"))?;
-    let (tail, out) = (tail_of(s)?, output_of(s)?);
-    Ok(LinearBf16Dims { m: s.dim("M", max)?, n: s.dim("N", max)?, k: s.dim("K", max)?, bias: b == 1, tail, out })
-}
-
 impl Op for LinearBf16 {
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2 124M at B·T = 4096 (QKV, attention projection, MLP up, MLP down, the LM head at
@@ -890,10 +885,10 @@ impl Op for LinearBf16 {
         s
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
-        check_shape(v, dims(s)?)
+        check_shape(v, LinearBf16Dims::of(s)?)
     }
     fn compiled_variants(&self, gpu: &Gpu, v: &Variant, s: &Shape) -> Vec<Variant> {
-        let compiled = match (v.plan::<Plan>(), dims(s)) {
+        let compiled = match (v.plan::<Plan>(), LinearBf16Dims::of(s)) {
             (Ok(Plan::Persistent { width, .. }), Ok(d)) => persistent_compiled(gpu, v, d, width).map(|(c, _)| c),
             _ => Err(Error::constraint("a persistent stage", v.id())),
         };
@@ -916,7 +911,7 @@ impl Op for LinearBf16 {
         l
     }
     fn problem(&self, gpu: &Gpu, s: &Shape, seed: u64) -> Result<Box<dyn Problem>> {
-        let d = dims(s)?;
+        let d = LinearBf16Dims::of(s)?;
         check_dims(d.gemm())?;
         match d.out {
             Output::F32 => problem::<f32>(gpu, d, seed),
@@ -952,9 +947,7 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearBf16Dims, seed: u64) -> Result<Box
         bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
         residual: residual.map(|r| gpu.upload(&r)).transpose()?,
         out: Rotated::outputs(gpu, d.m * d.n, copies)?,
-        rows,
-        reference,
-        magnitude,
+        sample: SampledRows { rows, reference, magnitude },
         copies,
         prepared: Current::default(),
     }))
@@ -967,10 +960,8 @@ struct LinearBf16Problem<T: OutElement> {
     bias: Option<CudaSlice<T>>,
     residual: Option<CudaSlice<T>>,
     out: Rotated<T>,
-    rows: Vec<usize>,
-    reference: Vec<f64>,
     /// With a tail, the scale of each reference element's error ([`magnitude_rows`]).
-    magnitude: Option<Vec<f64>>,
+    sample: SampledRows,
     copies: usize,
     prepared: Current<Prepared>,
 }
@@ -1001,7 +992,7 @@ impl<T: OutElement> Problem for LinearBf16Problem<T> {
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
         let out = self.out.get(copy);
-        verify_out(gpu, v, out, &self.reference, self.magnitude.as_deref(), &self.rows, self.d.gemm())
+        verify_out(gpu, v, out, &self.sample, self.d.gemm())
     }
 }
 
@@ -1129,8 +1120,8 @@ mod tests {
         assert_eq!(lean, kept, "without EPI_PREFETCH or EPI_LEAN the store is fp32 only");
         let mut odd = shape(129, 132, 136, 1);
         odd.set("out", 8);
-        assert!(matches!(dims(&odd), Err(Error::Constraint { .. })));
-        assert_eq!(dims(&shape(1, 2, 8, 0)).unwrap().out, Output::F32, "fp32 without the key");
+        assert!(matches!(LinearBf16Dims::of(&odd), Err(Error::Constraint { .. })));
+        assert_eq!(LinearBf16Dims::of(&shape(1, 2, 8, 0)).unwrap().out, Output::F32, "fp32 without the key");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! fp32 promotion meet by two orders) and its ceiling, cuBLASLt's per-tensor e4m3 GEMM rate
 //! ([`common::ceilings::Ceilings::fp8_tflops`]).
 
-use common::check::{compare, Verification};
+use common::check::{compare, SampledRows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
@@ -26,9 +26,8 @@ use common::{
     PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
-use crate::gemm::Dims;
 use crate::linear::inputs;
-use crate::linear_bf16::{output_of, shape_with_tail, tail_of, verify_out, OutElement, Tail};
+use crate::linear_bf16::{shape_with_tail, verify_out, LinearBf16Dims, OutElement, Tail};
 use crate::reference::{linear_rows, sampled_rows};
 use crate::{fp8, FAMILY, SOURCES};
 use common::lt::{Lt, LtEpilogue, LtOperands, LtScales, Output};
@@ -170,27 +169,8 @@ fn stages() -> Vec<Variant> {
     ]
 }
 
-/// The sizes of one call, whether it adds a bias, its tail, and its output's type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LinearFp8Dims {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub bias: bool,
-    pub tail: Tail,
-    pub out: Output,
-}
-
-impl LinearFp8Dims {
-    fn of(s: &Shape) -> Result<LinearFp8Dims> {
-        let big = i32::MAX as i64;
-        let bias = s.get("bias").unwrap_or(1);
-        require(bias == 0 || bias == 1, "bias in {0, 1}", || format!("bias = {bias}"))?;
-        let (tail, out) = (tail_of(s)?, output_of(s)?);
-        let (m, n, k) = (s.dim("M", big)?, s.dim("N", big)?, s.dim("K", big)?);
-        Ok(LinearFp8Dims { m, n, k, bias: bias == 1, tail, out })
-    }
-}
+/// The sizes of one call, whether it adds a bias, its tail, and its output's type: `linear-bf16`'s.
+pub type LinearFp8Dims = LinearBf16Dims;
 
 pub fn check_shape(v: &Variant, d: LinearFp8Dims) -> Result<()> {
     for (key, x) in [("M", d.m), ("N", d.n), ("K", d.k)] {
@@ -558,7 +538,7 @@ impl Op for LinearFp8 {
 
 /// A call's quantized operands, output copies of type `T` and f64 reference.
 fn problem<T: OutElement>(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<dyn Problem>> {
-    let (x, w, b) = inputs(Dims { m: d.m, n: d.n, k: d.k }, seed);
+    let (x, w, b) = inputs(d.gemm(), seed);
     let (qa, qw) = (fp8::quantize_rows(&x, d.m, d.k), fp8::quantize_blocks(&w, d.n, d.k));
     let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
     let bias = d.bias.then_some(&b[..]);
@@ -587,9 +567,7 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<
         lt_operands: None,
         residual: residual.map(|r| gpu.upload(&r)).transpose()?,
         out: Rotated::outputs(gpu, d.m * d.n, copies)?,
-        rows,
-        reference,
-        magnitude,
+        sample: SampledRows { rows, reference, magnitude },
         format_error,
         copies,
         prepared: Current::default(),
@@ -610,12 +588,9 @@ struct LinearFp8Problem<T: OutElement> {
     lt_operands: Option<LtOperandCopies>,
     residual: Option<CudaSlice<T>>,
     out: Rotated<T>,
-    rows: Vec<usize>,
-    /// The f64 product of the dequantized operands on `rows`, with the tail: what the kernel must
-    /// match.
-    reference: Vec<f64>,
-    /// With a tail, the scale of each reference element's error ([`magnitude_rows`]).
-    magnitude: Option<Vec<f64>>,
+    /// The f64 product of the dequantized operands on the sampled rows, with the tail: what the
+    /// kernel must match; with a tail, the scale of each element's error ([`magnitude_rows`]).
+    sample: SampledRows,
     /// That product's relative L2 distance from the layer on unquantized operands.
     format_error: f64,
     copies: usize,
@@ -682,9 +657,9 @@ impl<T: OutElement> Problem for LinearFp8Problem<T> {
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        let d = Dims { m: self.d.m, n: self.d.n, k: self.d.k };
+        let d = self.d.gemm();
         let out = self.out.get(copy);
-        let verification = verify_out(gpu, v, out, &self.reference, self.magnitude.as_deref(), &self.rows, d)?;
+        let verification = verify_out(gpu, v, out, &self.sample, d)?;
         Ok(verification
             .with_note(format!("format: e4m3 A and W against the unquantized layer, rel L2 {:.2e}", self.format_error)))
     }
