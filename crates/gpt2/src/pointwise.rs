@@ -74,36 +74,27 @@ pub fn gelu(x: f64) -> f64 {
     0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
 }
 
-fn gelu_stages() -> Vec<Variant> {
+/// The two stages of a pointwise op: scalar, then float4 (its `00_naive.cu` and `01_vectorized.cu`),
+/// each with its block size as a tunable swept over [`REPORT_BLOCK_SIZES`].
+fn pointwise_stages(op: &'static str, files: [&'static str; 2]) -> Vec<Variant> {
     let k = |stage, name, file, plan: Plan, summary| {
-        Variant::kernel(FAMILY, "gelu", stage, name, file, Precision::Fp32, summary)
+        Variant::kernel(FAMILY, op, stage, name, file, Precision::Fp32, summary)
             .with_plan(plan)
             .with_tunables(&[("PW_THREADS", 256)])
             .with_sweep("PW_THREADS", &REPORT_BLOCK_SIZES)
     };
     vec![
-        k(0, "naive", "gelu/00_naive.cu", Plan::Scalar, "one thread per element"),
-        k(1, "vectorized", "gelu/01_vectorized.cu", Plan::Vector4, "float4 loads and stores, four elements per thread"),
+        k(0, "naive", files[0], Plan::Scalar, "one thread per element"),
+        k(1, "vectorized", files[1], Plan::Vector4, "float4 loads and stores, four elements per thread"),
     ]
 }
 
+fn gelu_stages() -> Vec<Variant> {
+    pointwise_stages("gelu", ["gelu/00_naive.cu", "gelu/01_vectorized.cu"])
+}
+
 fn residual_stages() -> Vec<Variant> {
-    let k = |stage, name, file, plan: Plan, summary| {
-        Variant::kernel(FAMILY, "residual", stage, name, file, Precision::Fp32, summary)
-            .with_plan(plan)
-            .with_tunables(&[("PW_THREADS", 256)])
-            .with_sweep("PW_THREADS", &REPORT_BLOCK_SIZES)
-    };
-    vec![
-        k(0, "naive", "residual/00_naive.cu", Plan::Scalar, "one thread per element"),
-        k(
-            1,
-            "vectorized",
-            "residual/01_vectorized.cu",
-            Plan::Vector4,
-            "float4 loads and stores, four elements per thread",
-        ),
-    ]
+    pointwise_stages("residual", ["residual/00_naive.cu", "residual/01_vectorized.cu"])
 }
 
 pub fn check_shape(n: usize) -> Result<()> {

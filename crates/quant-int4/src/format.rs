@@ -81,46 +81,41 @@ pub fn nibble_shift(i: usize) -> u32 {
     }
 }
 
-fn f16_next_up(h: f16) -> f16 {
+/// The fp16 next to `h` toward +∞ (`up`) or −∞; NaN and the infinity it moves toward stay, and
+/// a zero steps to the smallest subnormal of that sign.
+fn f16_next(h: f16, up: bool) -> f16 {
     let b = h.to_bits();
-    if h.is_nan() || b == 0x7C00 {
+    let (infinity, zero, smallest) = if up { (0x7C00, 0x8000, 0x0001) } else { (0xFC00, 0x0000, 0x8001) };
+    if h.is_nan() || b == infinity {
         return h;
     }
-    if b == 0x8000 {
-        return f16::from_bits(0x0001);
+    if b == zero {
+        return f16::from_bits(smallest);
     }
-    f16::from_bits(if b & 0x8000 == 0 { b + 1 } else { b - 1 })
+    // Sign and magnitude: away from zero is +1 in the bits, whichever the sign.
+    let away = (b & 0x8000 == 0) == up;
+    f16::from_bits(if away { b + 1 } else { b - 1 })
 }
 
-fn f16_next_down(h: f16) -> f16 {
-    let b = h.to_bits();
-    if h.is_nan() || b == 0xFC00 {
-        return h;
+/// `x` in fp16 rounded toward +∞ (`up`) or −∞.
+fn f16_directed(x: f32, up: bool) -> f16 {
+    let h = f16::from_f32(x);
+    let rounded_past = if up { h.to_f32() < x } else { h.to_f32() > x };
+    if rounded_past {
+        f16_next(h, up)
+    } else {
+        h
     }
-    if b == 0x0000 {
-        return f16::from_bits(0x8001);
-    }
-    f16::from_bits(if b & 0x8000 == 0 { b - 1 } else { b + 1 })
 }
 
 /// fp16 rounded toward −∞ (CUDA's `__float2half_rd`).
 pub fn f16_round_down(x: f32) -> f16 {
-    let h = f16::from_f32(x);
-    if h.to_f32() > x {
-        f16_next_down(h)
-    } else {
-        h
-    }
+    f16_directed(x, false)
 }
 
 /// fp16 rounded toward +∞ (CUDA's `__float2half_ru`).
 pub fn f16_round_up(x: f32) -> f16 {
-    let h = f16::from_f32(x);
-    if h.to_f32() < x {
-        f16_next_up(h)
-    } else {
-        h
-    }
+    f16_directed(x, true)
 }
 
 /// The 4-bit code at bit `shift` of the little-endian 32-bit word at byte `at`.
