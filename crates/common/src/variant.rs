@@ -82,6 +82,23 @@ pub struct Tunable {
     pub value: u32,
 }
 
+/// Applies `set` to the entry of `list` named `name`; an unknown name is an error listing the
+/// known ones (`what`: the kind of entry).
+fn set_named<T: Clone>(
+    list: &mut Cow<'static, [T]>,
+    what: &'static str,
+    name: &str,
+    name_of: impl Fn(&T) -> &str,
+    set: impl FnOnce(&mut T),
+) -> Result<()> {
+    let Some(i) = list.iter().position(|t| name_of(t) == name) else {
+        let known = list.iter().map(&name_of).collect::<Vec<_>>().join(", ");
+        return Err(Error::Unknown { what, name: name.to_string(), known });
+    };
+    set(&mut list.to_mut()[i]);
+    Ok(())
+}
+
 /// The first stage number of the library rows (`90_cublas` and on): kernel and host stages are
 /// numbered below it. Saved tables' rows keep only the number, so this is how a reader of them
 /// (`ladder matrix`) tells a library row from a stage; `kernels_compile` checks every stage list.
@@ -321,29 +338,13 @@ impl Variant {
 
     /// Replaces tunable `name` (a sweep point); an unknown name is an error listing the known ones.
     pub fn set_tunable(&mut self, name: &str, value: u32) -> Result<()> {
-        let mut all = self.tunables.to_vec();
-        let slot = all.iter_mut().find(|t| t.name == name).ok_or_else(|| Error::Unknown {
-            what: "tunable",
-            name: name.to_string(),
-            known: self.tunables.iter().map(|t| t.name.to_string()).collect::<Vec<_>>().join(", "),
-        })?;
-        slot.value = value;
-        self.tunables = Cow::Owned(all);
-        Ok(())
+        set_named(&mut self.tunables, "tunable", name, |t| &t.name, |t| t.value = value)
     }
 
     /// Replaces the value of stage-list define `name` (what a host sets per shape where a define,
     /// not a tunable, carries it); an unknown name is an error listing the known ones.
     pub fn set_define(&mut self, name: &str, value: u32) -> Result<()> {
-        let mut all = self.defines.to_vec();
-        let slot = all.iter_mut().find(|d| d.name == name).ok_or_else(|| Error::Unknown {
-            what: "define",
-            name: name.to_string(),
-            known: self.defines.iter().map(|d| d.name.to_string()).collect::<Vec<_>>().join(", "),
-        })?;
-        slot.value = Cow::Owned(value.to_string());
-        self.defines = Cow::Owned(all);
-        Ok(())
+        set_named(&mut self.defines, "define", name, |d| &d.name, |d| d.value = Cow::Owned(value.to_string()))
     }
 
     /// Turns switch `name` on (`-DNAME=1`), added after the stage list's defines: what a host sets
