@@ -1,12 +1,18 @@
 // matmul_fp8_gemm.cuh: linear-fp8's parts. Every stage shares the 128 x 128 x 128-code tile, a
 // thread's scales, a K step's four e4m3 wgmma into a fresh fp32 tile, and the promotion of that tile
 // into the thread's fp32 accumulator (DeepGEMM's scheme; the headers of linear-fp8/ say why). The
-// warp-specialized stages (1 on) compose the rest from the parts below: the ring, the producer, a
-// consumer K loop (each step waited for, or the promotion overlapped with the next step's wgmma)
-// and the persistent stage's tile order; each stage file names its recipe.
+// warp-specialized stages (1 on) compose the rest from the parts below: the ring, the split into a
+// producer and two consumer warpgroups, the producer, a consumer K loop (each step waited for, or
+// the promotion overlapped with the next step's wgmma) and the persistent stage's tile order; each
+// stage file names its recipe.
 #pragma once
 #include "matmul_tail.cuh"
 #include "matmul_wgmma.cuh"
+
+// Every stage's ring is WG_STAGES K steps deep.
+#ifndef WG_STAGES
+#error "WG_STAGES is a tunable: the stage list sets it"
+#endif
 
 #define F8_BM 128
 #define F8_BN 128
@@ -77,6 +83,33 @@ struct Fp8Ring {
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
 };
+
+// The ring at the start of dynamic shared memory, rounded up to the swizzle's 1024 bytes (the launch
+// asks for 1 KiB more than the ring).
+template <int STAGES>
+__device__ __forceinline__ Fp8Ring<STAGES> fp8_ring() {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    return Fp8Ring<STAGES>{(smem_u32(smem_raw) + 1023) & ~1023u};
+}
+
+// The warp-specialized stages' split of a 384-thread block (this thread in warpgroup wg): thread 0
+// initializes the ring for the two consumer warpgroups and the block waits for it. The producer
+// warpgroup (wg 0) gives its registers away (40 a thread) and one thread of it runs produce(); it
+// gets false and leaves. A consumer warpgroup takes 232 a thread (128 x 40 + 256 x 232 <= 64K) and
+// gets true.
+template <int STAGES, class Produce>
+__device__ __forceinline__ bool fp8_consumer(const Fp8Ring<STAGES>& ring, int wg, Produce produce) {
+    const int tid = threadIdx.x;
+    if (tid == 0) ring.init(2);
+    __syncthreads();
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) produce();
+        return false;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    return true;
+}
 
 // The producer (one thread): K step kt's A and W tiles into ring position first + kt (stage
 // (first + kt) % STAGES) as soon as its `empty` barrier says the previous round's consumers let it

@@ -48,6 +48,31 @@ __device__ __forceinline__ float dot8(const uint4& w, const __nv_bfloat16* x) {
     return s;
 }
 
+// A 16-byte chunk c of a weight row (eight bf16 at columns 8c..) into the lane sums acc[i] of rows
+// m0 + i < M of inp.
+template <int MT, typename In>
+__device__ __forceinline__ void gemv_chunk_dot(float (&acc)[MT], const uint4 wc, const In* inp, int c, int m0, int M,
+                                               int K) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+        if (m0 + i < M) acc[i] += dot8(wc, inp + (size_t)(m0 + i) * K + 8 * c);
+}
+
+// The lane sums acc[i] of rows m0 + i of out, for row n of W: reduced across the warp, then the
+// bias and the tail, lane 0 storing.
+template <int MT>
+__device__ __forceinline__ void gemv_warp_store(float (&acc)[MT], float* out, const float* bias, const float* residual,
+                                                int tail, int m0, int M, int N, int n) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        const float s = warp_sum(acc[i]);
+        if ((threadIdx.x & 31) == 0 && m0 + i < M) {
+            const size_t idx = (size_t)(m0 + i) * N + n;
+            out[idx] = gemv_out(s, bias, residual, tail, n, idx);
+        }
+    }
+}
+
 __device__ __forceinline__ float gemv_in(float x) { return x; }
 __device__ __forceinline__ float gemv_in(__nv_bfloat16 x) { return __bfloat162float(x); }
 

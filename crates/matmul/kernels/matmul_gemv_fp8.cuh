@@ -41,21 +41,6 @@ __device__ __forceinline__ float fp8_dot16(const float (&w)[16], const In* x) {
     return s;
 }
 
-// The lane sums acc[i] of rows m0 + i of out, for row n of W: reduced across the warp, then the
-// bias and the tail, lane 0 storing.
-template <int MT>
-__device__ __forceinline__ void fp8_warp_store(float (&acc)[MT], float* out, const float* bias, const float* residual,
-                                               int tail, int m0, int M, int N, int n) {
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-        const float s = warp_sum(acc[i]);
-        if ((threadIdx.x & 31) == 0 && m0 + i < M) {
-            const size_t idx = (size_t)(m0 + i) * N + n;
-            out[idx] = gemv_out(s, bias, residual, tail, n, idx);
-        }
-    }
-}
-
 // A lane's pieces c0, c0 + step, ..., c0 + step (P - 1) of a row of codes (`pieces` of them) and
 // their scales, all requested before any is used; pieces past the row are zeros.
 template <int P>

@@ -3,10 +3,7 @@
 // Launch: gelu_forward: grid ceil(N/PW_THREADS), block PW_THREADS.
 //   PW_THREADS is a tunable (256 declared; 4..1024 swept). Constraints: N < 2^31. Tolerance: fp32 (1e-5).
 // Limits: N < 2^31
-#include "gpt2_pointwise.cuh"
-#ifndef PW_THREADS
-#error "PW_THREADS (threads per block) is the stage's tunable: the Rust plan passes it"
-#endif
+#include "gpt2_pointwise_stage.cuh"
 
 extern "C" __global__ void __launch_bounds__(PW_THREADS) gelu_forward(float* out, const float* inp, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

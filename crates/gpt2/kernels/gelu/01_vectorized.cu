@@ -7,23 +7,18 @@
 //   PW_THREADS is a tunable (256 declared; 4..1024 swept). Constraints: N < 2^31, buffers 16-byte
 //   aligned (whole allocations). Tolerance: fp32 (1e-5).
 // Limits: N < 2^31
-#include "gpt2_pointwise.cuh"
-#ifndef PW_THREADS
-#error "PW_THREADS (threads per block) is the stage's tunable: the Rust plan passes it"
-#endif
+#include "gpt2_pointwise_stage.cuh"
 
 extern "C" __global__ void __launch_bounds__(PW_THREADS) gelu_forward(float* out, const float* inp, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const int n4 = n / 4;
-    if (i < n4) {
-        float4 x = reinterpret_cast<const float4*>(inp)[i];
-        x.x = gelu_tanh(x.x);
-        x.y = gelu_tanh(x.y);
-        x.z = gelu_tanh(x.z);
-        x.w = gelu_tanh(x.w);
-        reinterpret_cast<float4*>(out)[i] = x;
-    } else if (i - n4 < n % 4) {
-        const int j = 4 * n4 + (i - n4);
-        out[j] = gelu_tanh(inp[j]);
-    }
+    pw_split4(
+        n,
+        [&](int i) {
+            float4 x = reinterpret_cast<const float4*>(inp)[i];
+            x.x = gelu_tanh(x.x);
+            x.y = gelu_tanh(x.y);
+            x.z = gelu_tanh(x.z);
+            x.w = gelu_tanh(x.w);
+            reinterpret_cast<float4*>(out)[i] = x;
+        },
+        [&](int j) { out[j] = gelu_tanh(inp[j]); });
 }

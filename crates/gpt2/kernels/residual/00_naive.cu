@@ -3,10 +3,7 @@
 //   PW_THREADS is a tunable (256 declared; 4..1024 swept). Constraints: N < 2^31; out may alias a or b.
 // Tolerance: fp32 (1e-5).
 // Limits: N < 2^31
-#include "ladder.cuh"
-#ifndef PW_THREADS
-#error "PW_THREADS (threads per block) is the stage's tunable: the Rust plan passes it"
-#endif
+#include "gpt2_pointwise_stage.cuh"
 
 extern "C" __global__ void __launch_bounds__(PW_THREADS)
     residual_forward(float* out, const float* a, const float* b, int n) {

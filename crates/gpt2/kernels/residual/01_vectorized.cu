@@ -6,21 +6,16 @@
 //   PW_THREADS is a tunable (256 declared; 4..1024 swept). Constraints: N < 2^31, whole
 //   allocations (16-byte aligned); out may alias a or b. Tolerance: fp32 (1e-5).
 // Limits: N < 2^31
-#include "ladder.cuh"
-#ifndef PW_THREADS
-#error "PW_THREADS (threads per block) is the stage's tunable: the Rust plan passes it"
-#endif
+#include "gpt2_pointwise_stage.cuh"
 
 extern "C" __global__ void __launch_bounds__(PW_THREADS)
     residual_forward(float* out, const float* a, const float* b, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const int n4 = n / 4;
-    if (i < n4) {
-        const float4 x = reinterpret_cast<const float4*>(a)[i];
-        const float4 y = reinterpret_cast<const float4*>(b)[i];
-        reinterpret_cast<float4*>(out)[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-    } else if (i - n4 < n % 4) {
-        const int j = 4 * n4 + (i - n4);
-        out[j] = a[j] + b[j];
-    }
+    pw_split4(
+        n,
+        [&](int i) {
+            const float4 x = reinterpret_cast<const float4*>(a)[i];
+            const float4 y = reinterpret_cast<const float4*>(b)[i];
+            reinterpret_cast<float4*>(out)[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+        },
+        [&](int j) { out[j] = a[j] + b[j]; });
 }

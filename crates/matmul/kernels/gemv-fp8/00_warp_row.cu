@@ -44,7 +44,7 @@ __device__ __forceinline__ void gemv_fp8_warp_row(float* out, const In* inp, con
             for (int i = 0; i < MT; ++i)
                 if (m0 + i < M) acc[i] += scale * fp8_dot16(wv, inp + (size_t)(m0 + i) * K + 16 * c);
         }
-        fp8_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
+        gemv_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
     }
 }
 

@@ -38,7 +38,7 @@ __device__ __forceinline__ void gemv_fp8_loads_first(float* out, const In* inp, 
             fp8_row_pieces(q, scale, row, row_scales, c0, pieces);
             fp8_row_dot(acc, q, scale, inp + (size_t)m0 * K, c0, pieces, M - m0, K);
         }
-        fp8_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
+        gemv_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
     }
 }
 

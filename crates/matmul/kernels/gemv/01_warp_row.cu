@@ -22,20 +22,8 @@ __device__ __forceinline__ void gemv_warp_row(float* out, const In* inp, const _
         float acc[MT];
 #pragma unroll
         for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
-        for (int c = lane; c < chunks; c += 32) {
-            const uint4 wc = row[c];
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-                if (m0 + i < M) acc[i] += dot8(wc, inp + (size_t)(m0 + i) * K + 8 * c);
-        }
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-            const float s = warp_sum(acc[i]);
-            if (lane == 0 && m0 + i < M) {
-                const size_t idx = (size_t)(m0 + i) * N + n;
-                out[idx] = gemv_out(s, bias, residual, tail, n, idx);
-            }
-        }
+        for (int c = lane; c < chunks; c += 32) gemv_chunk_dot(acc, row[c], inp, c, m0, M, K);
+        gemv_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
     }
 }
 

@@ -30,12 +30,7 @@ __device__ __forceinline__ void gemv_split_k(float* out, const In* inp, const __
         float acc[MT];
 #pragma unroll
         for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
-        for (int c = warp * 32 + lane; c < chunks; c += 32 * GEMV_SPLIT) {
-            const uint4 wc = row[c];
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-                if (m0 + i < M) acc[i] += dot8(wc, inp + (size_t)(m0 + i) * K + 8 * c);
-        }
+        for (int c = warp * 32 + lane; c < chunks; c += 32 * GEMV_SPLIT) gemv_chunk_dot(acc, row[c], inp, c, m0, M, K);
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
             const float s = warp_sum(acc[i]);

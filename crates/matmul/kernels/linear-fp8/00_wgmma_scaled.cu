@@ -24,10 +24,6 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
-#ifndef WG_STAGES
-#error "WG_STAGES is a tunable: the stage list sets it"
-#endif
-
 extern "C" __global__ void __launch_bounds__(256, 1)
     linear_fp8_wgmma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                      const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K) {

@@ -22,32 +22,19 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: Fp8Ring, fp8_produce, and its own consumer loop (each K step waited for).
-
-#ifndef WG_STAGES
-#error "WG_STAGES is a tunable: the stage list sets it"
-#endif
+// Recipe: fp8_ring, fp8_consumer with fp8_produce, and its own consumer loop (each K step waited for).
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_ws(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                   const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const Fp8Ring<WG_STAGES> ring{(smem_u32(smem_raw) + 1023) & ~1023u};
+    const Fp8Ring<WG_STAGES> ring = fp8_ring<WG_STAGES>();
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     const int m0 = blockIdx.y * F8_BM, n0 = blockIdx.x * F8_BN;
     const int ktiles = (K + F8_BK - 1) / F8_BK;
 
-    if (tid == 0) ring.init(2);
-    __syncthreads();
+    // Producer: one thread issues every load; a stage is refilled once both consumers let it go.
+    if (!fp8_consumer(ring, wg, [&] { fp8_produce(ring, &map_a, &map_b, m0, n0, ktiles); })) return;
 
-    if (wg == 0) {
-        // Producer: one thread issues every load; a stage is refilled once both consumers let it go.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) fp8_produce(ring, &map_a, &map_b, m0, n0, ktiles);
-        return;
-    }
-
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = (tid >> 5) & 3;
     const int row0 = m0 + 64 * c + 16 * warp + (lane >> 2);
     const StepScales scales(a_scales, b_scales, row0, n0, M, ktiles);

@@ -20,32 +20,19 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: Fp8Ring, Fp8TileStride, fp8_produce_tiles and fp8_consume_overlapped at running ring
-// positions, store_m64n128_bias.
-
-#ifndef WG_STAGES
-#error "WG_STAGES is a tunable: the stage list sets it"
-#endif
+// Recipe: fp8_ring, Fp8TileStride, fp8_consumer with fp8_produce_tiles, fp8_consume_overlapped at
+// running ring positions, store_m64n128_bias.
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_persistent(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                           const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const Fp8Ring<WG_STAGES> ring{(smem_u32(smem_raw) + 1023) & ~1023u};
+    const Fp8Ring<WG_STAGES> ring = fp8_ring<WG_STAGES>();
     const Fp8TileStride tiles(M, N);
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     const int ktiles = (K + F8_BK - 1) / F8_BK;
 
-    if (tid == 0) ring.init(2);
-    __syncthreads();
+    if (!fp8_consumer(ring, wg, [&] { fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles); })) return;
 
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles);
-        return;
-    }
-
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = (tid >> 5) & 3;
     const auto release = [&](int s) { mbar_arrive_if(ring.empty(s), (tid & 127) == 0); };
     int first = 0;

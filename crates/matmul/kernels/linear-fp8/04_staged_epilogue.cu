@@ -29,12 +29,8 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: Fp8Ring, Fp8TileStride, fp8_produce_tiles, fp8_consume_overlapped with Fp8StagedStore of
-// the previous tile under its first step.
-
-#ifndef WG_STAGES
-#error "WG_STAGES is a tunable: the stage list sets it"
-#endif
+// Recipe: fp8_ring, Fp8TileStride, fp8_consumer with fp8_produce_tiles, fp8_consume_overlapped with
+// Fp8StagedStore of the previous tile under its first step.
 
 // out is Out (fp32, or bf16); map_out its tensor map in boxes of 128 bytes x 64 rows; residual (Out,
 // M x N) is read by the residual tail only.
@@ -42,23 +38,14 @@ template <class Out, int TAIL>
 __device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMap& map_b, const float* a_scales,
                                                 const float* b_scales, const float* bias, int M, int N, int K,
                                                 const TmaMap& map_out, const Out* residual) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const Fp8Ring<WG_STAGES> ring{(smem_u32(smem_raw) + 1023) & ~1023u};
+    const Fp8Ring<WG_STAGES> ring = fp8_ring<WG_STAGES>();
     const unsigned staging = (ring.base + Fp8Ring<WG_STAGES>::BYTES + 1023) & ~1023u;
     const Fp8TileStride tiles(M, N);
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     const int ktiles = (K + F8_BK - 1) / F8_BK;
 
-    if (tid == 0) ring.init(2);
-    __syncthreads();
+    if (!fp8_consumer(ring, wg, [&] { fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles); })) return;
 
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles);
-        return;
-    }
-
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = (tid >> 5) & 3;
     const auto release = [&](int s) { mbar_arrive_if(ring.empty(s), (tid & 127) == 0); };
     using Store = Fp8StagedStore<Out, TAIL>;
