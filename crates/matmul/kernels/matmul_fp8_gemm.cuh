@@ -154,16 +154,16 @@ __device__ __forceinline__ void fp8_consume_waited(float (&acc)[64], const Fp8Ri
 // step kt's are waited for (wait_group 1), so the tensor cores run step kt + 1 while this warpgroup
 // releases stage kt and promotes its tile. Two partial tiles alternate (64 + 64 registers beside the
 // accumulator's 64). A step's three scales are loaded when it is issued and multiplied when it is
-// promoted, a step later, so their latency is off the issue path. `release(s)` lets ring stage s
-// go once its wgmma are complete, without a branch (a predicated arrive): a branch while a wgmma
-// group is open makes ptxas wait for it there and serialize every wgmma (C7517, C7514). The
-// warpgroup's A rows start `a_row_bytes` into a stage's A tile; step kt sits at ring position
+// promoted, a step later, so their latency is off the issue path. The warpgroup lets ring stage s go
+// once its wgmma are complete with one arrival on its `empty` barrier, without a branch (an arrive
+// predicated on the warpgroup's thread 0): a branch while a wgmma group is open makes ptxas wait for
+// it there and serialize every wgmma (C7517, C7514). The warpgroup's A rows start `a_row_bytes` into a stage's A tile; step kt sits at ring position
 // first + kt (fp8_produce's). `under_first_step()` runs while step 0's wgmma are in flight, before
 // anything is promoted into acc (stage 4 stores the previous tile from acc there).
-template <int STAGES, class Release, class UnderFirstStep>
+template <int STAGES, class UnderFirstStep>
 __device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const Fp8Ring<STAGES>& ring,
                                                        unsigned a_row_bytes, const StepScales& scales, int ktiles,
-                                                       Release release, int first, UnderFirstStep under_first_step) {
+                                                       int first, UnderFirstStep under_first_step) {
     float part0[64], part1[64];
     float3 scale0, scale1;  // a0, a1, w of a step
     auto issue = [&](float(&part)[64], float3& scale, int kt) {
@@ -173,7 +173,7 @@ __device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const F
         fp8_k_issue(part, ring.a(s) + a_row_bytes, ring.b(s));
     };
     auto retire = [&](const float(&part)[64], float3 scale, int kt) {
-        release((first + kt) % STAGES);
+        mbar_arrive_if(ring.empty((first + kt) % STAGES), (threadIdx.x & 127) == 0);
         fp8_promote(acc, part, scale.x * scale.z, scale.y * scale.z);
     };
     // The steady state has no branch between an issue and its wait, so ptxas can follow which
