@@ -1,10 +1,10 @@
 // matmul_fp8_gemm.cuh: linear-fp8's parts. Every stage shares the 128 x 128 x 128-code tile, a
 // thread's scales, a K step's four e4m3 wgmma into a fresh fp32 tile, and the promotion of that tile
 // into the thread's fp32 accumulator (DeepGEMM's scheme; the headers of linear-fp8/ say why). The
-// warp-specialized stages (1 on) compose the rest from the parts below: the ring, the split into a
-// producer and two consumer warpgroups, the producer, a consumer K loop (each step waited for, or
-// the promotion overlapped with the next step's wgmma) and the persistent stage's tile order; each
-// stage file names its recipe.
+// stages compose the rest from the parts below: the ring, the split into a producer and two consumer
+// warpgroups (1 on), the producer, a consumer K loop (each step waited for, or the promotion
+// overlapped with the next step's wgmma) and the persistent stages' tile order; each stage file
+// names its recipe.
 #pragma once
 #include "matmul_tail.cuh"
 #include "matmul_wgmma.cuh"
@@ -62,9 +62,9 @@ __device__ __forceinline__ void fp8_promote(float (&acc)[64], const float (&part
     }
 }
 
-// The ring of the warp-specialized stages: STAGES stages of an A and a W tile at `base` (1024-byte
-// aligned for the swizzle), then a `full` mbarrier a stage (its tiles have landed) and an `empty`
-// one (its consumers are done with it).
+// The ring: STAGES stages of an A and a W tile at `base` (1024-byte aligned for the swizzle), then a
+// `full` mbarrier a stage (its tiles have landed) and, in the warp-specialized stages, an `empty`
+// one (its consumers are done with it); stage 0 frees a stage with a block barrier instead.
 template <int STAGES>
 struct Fp8Ring {
     unsigned base;
@@ -73,12 +73,20 @@ struct Fp8Ring {
     __device__ __forceinline__ unsigned b(int s) const { return a(s) + F8_TILE_BYTES; }
     __device__ __forceinline__ unsigned full(int s) const { return base + STAGES * 2 * F8_TILE_BYTES + 8u * s; }
     __device__ __forceinline__ unsigned empty(int s) const { return full(STAGES + s); }
-    // One thread: `full` takes the producer's one arrival, `empty` one from each of `releases`
-    // consumer warpgroups.
-    __device__ __forceinline__ void init(unsigned releases) const {
+    // K step kt's A and W tiles (rows from m0 and n0) into stage s, counted on its `full` barrier.
+    __device__ __forceinline__ void load(int s, const TmaMap* map_a, const TmaMap* map_b, int kt, int m0,
+                                         int n0) const {
+        mbar_expect_tx(full(s), 2 * F8_TILE_BYTES);
+        tma_load(a(s), map_a, full(s), kt * F8_BK, m0);
+        tma_load(b(s), map_b, full(s), kt * F8_BK, n0);
+    }
+    // One thread: `full` takes the producer's one arrival, `empty` one from each of RELEASES
+    // consumer warpgroups (none: the ring has no `empty` barriers).
+    template <unsigned RELEASES>
+    __device__ __forceinline__ void init() const {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), releases);
+            if constexpr (RELEASES > 0) mbar_init(empty(s), RELEASES);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -100,7 +108,7 @@ __device__ __forceinline__ Fp8Ring<STAGES> fp8_ring() {
 template <int STAGES, class Produce>
 __device__ __forceinline__ bool fp8_consumer(const Fp8Ring<STAGES>& ring, int wg, Produce produce) {
     const int tid = threadIdx.x;
-    if (tid == 0) ring.init(2);
+    if (tid == 0) ring.template init<2>();
     __syncthreads();
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -120,9 +128,25 @@ __device__ __forceinline__ void fp8_produce(const Fp8Ring<STAGES>& ring, const T
     for (int kt = 0; kt < ktiles; ++kt) {
         const int i = first + kt, s = i % STAGES;
         if (i >= STAGES) mbar_wait(ring.empty(s), ((i / STAGES) - 1) & 1);
-        mbar_expect_tx(ring.full(s), 2 * F8_TILE_BYTES);
-        tma_load(ring.a(s), map_a, ring.full(s), kt * F8_BK, m0);
-        tma_load(ring.b(s), map_b, ring.full(s), kt * F8_BK, n0);
+        ring.load(s, map_a, map_b, kt, m0, n0);
+    }
+}
+
+// The consumer with each K step waited for (stages 0 and 1): a step's wgmma into `part`, waited for,
+// then release(kt, s) (the warpgroup is done with ring stage s), then the promotion. A step's scales
+// are requested before the wait for its tiles: they arrive with them. The warpgroup's A rows start
+// `a_row_bytes` into a stage's A tile.
+template <int STAGES, class Release>
+__device__ __forceinline__ void fp8_consume_waited(float (&acc)[64], const Fp8Ring<STAGES>& ring, unsigned a_row_bytes,
+                                                   const StepScales& scales, int ktiles, const Release& release) {
+    float part[64];
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const int s = kt % STAGES;
+        const float w_scale = scales.w[kt], scale0 = scales.a0[kt] * w_scale, scale1 = scales.a1[kt] * w_scale;
+        mbar_wait(ring.full(s), (kt / STAGES) & 1);
+        fp8_k_step(part, ring.a(s) + a_row_bytes, ring.b(s));
+        release(kt, s);
+        fp8_promote(acc, part, scale0, scale1);
     }
 }
 
@@ -130,16 +154,16 @@ __device__ __forceinline__ void fp8_produce(const Fp8Ring<STAGES>& ring, const T
 // step kt's are waited for (wait_group 1), so the tensor cores run step kt + 1 while this warpgroup
 // releases stage kt and promotes its tile. Two partial tiles alternate (64 + 64 registers beside the
 // accumulator's 64). A step's three scales are loaded when it is issued and multiplied when it is
-// promoted, a step later, so their latency is off the issue path. `release(s)` lets ring stage s
-// go once its wgmma are complete, without a branch (a predicated arrive): a branch while a wgmma
-// group is open makes ptxas wait for it there and serialize every wgmma (C7517, C7514). The
-// warpgroup's A rows start `a_row_bytes` into a stage's A tile; step kt sits at ring position
+// promoted, a step later, so their latency is off the issue path. The warpgroup lets ring stage s go
+// once its wgmma are complete with one arrival on its `empty` barrier, without a branch (an arrive
+// predicated on the warpgroup's thread 0): a branch while a wgmma group is open makes ptxas wait for
+// it there and serialize every wgmma (C7517, C7514). The warpgroup's A rows start `a_row_bytes` into a stage's A tile; step kt sits at ring position
 // first + kt (fp8_produce's). `under_first_step()` runs while step 0's wgmma are in flight, before
 // anything is promoted into acc (stage 4 stores the previous tile from acc there).
-template <int STAGES, class Release, class UnderFirstStep>
+template <int STAGES, class UnderFirstStep>
 __device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const Fp8Ring<STAGES>& ring,
                                                        unsigned a_row_bytes, const StepScales& scales, int ktiles,
-                                                       Release release, int first, UnderFirstStep under_first_step) {
+                                                       int first, UnderFirstStep under_first_step) {
     float part0[64], part1[64];
     float3 scale0, scale1;  // a0, a1, w of a step
     auto issue = [&](float(&part)[64], float3& scale, int kt) {
@@ -149,7 +173,7 @@ __device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const F
         fp8_k_issue(part, ring.a(s) + a_row_bytes, ring.b(s));
     };
     auto retire = [&](const float(&part)[64], float3 scale, int kt) {
-        release((first + kt) % STAGES);
+        mbar_arrive_if(ring.empty((first + kt) % STAGES), (threadIdx.x & 127) == 0);
         fp8_promote(acc, part, scale.x * scale.z, scale.y * scale.z);
     };
     // The steady state has no branch between an issue and its wait, so ptxas can follow which

@@ -24,53 +24,35 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
+// Recipe: fp8_ring (its `full` barriers), Fp8Ring::load, fp8_consume_waited with a block barrier and
+// the refill as its release, store_m64n128_bias.
+
 extern "C" __global__ void __launch_bounds__(256, 1)
     linear_fp8_wgmma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                      const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle needs 1024-byte aligned tiles.
-    const unsigned base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    auto a_tile = [&](int s) { return base + (unsigned)s * 2 * F8_TILE_BYTES; };
-    auto b_tile = [&](int s) { return base + (unsigned)s * 2 * F8_TILE_BYTES + F8_TILE_BYTES; };
-    const unsigned bars = base + WG_STAGES * 2 * F8_TILE_BYTES;  // one 8-byte mbarrier per stage
-    auto full = [&](int s) { return bars + 8u * s; };
-
+    const Fp8Ring<WG_STAGES> ring = fp8_ring<WG_STAGES>();  // its `full` barriers only
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int m0 = blockIdx.y * F8_BM, n0 = blockIdx.x * F8_BN;
     const int ktiles = (K + F8_BK - 1) / F8_BK;  // = the scale groups of K
 
-    if (tid == 0) {
-        for (int s = 0; s < WG_STAGES; ++s) mbar_init(full(s), 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (tid == 0) ring.init<0>();
     __syncthreads();
-    auto issue = [&](int kt) {
-        const int s = kt % WG_STAGES;
-        mbar_expect_tx(full(s), 2 * F8_TILE_BYTES);
-        tma_load(a_tile(s), &map_a, full(s), kt * F8_BK, m0);
-        tma_load(b_tile(s), &map_b, full(s), kt * F8_BK, n0);
-    };
+    auto issue = [&](int kt) { ring.load(kt % WG_STAGES, &map_a, &map_b, kt, m0, n0); };
     if (tid == 0)
         for (int kt = 0; kt < WG_STAGES && kt < ktiles; ++kt) issue(kt);
 
     const int row0 = m0 + 64 * wg + 16 * warp + (lane >> 2);
     const StepScales scales(a_scales, b_scales, row0, n0, M, ktiles);
 
-    float acc[64], part[64];
+    float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-
-    for (int kt = 0; kt < ktiles; ++kt) {
-        const int s = kt % WG_STAGES;
-        // The step's scales, requested before the wait: they arrive with the tiles.
-        const float w_scale = scales.w[kt], scale0 = scales.a0[kt] * w_scale, scale1 = scales.a1[kt] * w_scale;
-        mbar_wait(full(s), (kt / WG_STAGES) & 1);
-        // Warpgroup wg takes rows 64 wg .. 64 wg + 63 of the A tile (8 KiB in: a 1024-byte multiple).
-        fp8_k_step(part, a_tile(s) + wg * 64 * F8_BK, b_tile(s));
+    const auto release = [&](int kt, int) {
         __syncthreads();  // both warpgroups are done with stage s: it can be refilled
         if (tid == 0 && kt + WG_STAGES < ktiles) issue(kt + WG_STAGES);
-        fp8_promote(acc, part, scale0, scale1);
-    }
+    };
+    // Warpgroup wg takes rows 64 wg .. 64 wg + 63 of the A tile (8 KiB in: a 1024-byte multiple).
+    fp8_consume_waited(acc, ring, wg * 64 * F8_BK, scales, ktiles, release);
 
     store_m64n128_bias(acc, out, bias, row0, n0, M, N);
 }

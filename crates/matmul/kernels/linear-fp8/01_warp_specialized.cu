@@ -22,7 +22,7 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: fp8_ring, fp8_consumer with fp8_produce, and its own consumer loop (each K step waited for).
+// Recipe: fp8_ring, fp8_consumer with fp8_produce, fp8_consume_waited, store_m64n128_bias.
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_ws(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
@@ -39,18 +39,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const int row0 = m0 + 64 * c + 16 * warp + (lane >> 2);
     const StepScales scales(a_scales, b_scales, row0, n0, M, ktiles);
 
-    float acc[64], part[64];
+    float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-
-    for (int kt = 0; kt < ktiles; ++kt) {
-        const int s = kt % WG_STAGES;
-        const float w_scale = scales.w[kt], scale0 = scales.a0[kt] * w_scale, scale1 = scales.a1[kt] * w_scale;
-        mbar_wait(ring.full(s), (kt / WG_STAGES) & 1);
-        fp8_k_step(part, ring.a(s) + c * 64 * F8_BK, ring.b(s));
-        // The warpgroup's wgmma have read stage s: one arrival for this consumer.
+    // The warpgroup's wgmma have read stage s: one arrival for this consumer.
+    const auto release = [&](int, int s) {
         if ((tid & 127) == 0) mbar_arrive(ring.empty(s));
-        fp8_promote(acc, part, scale0, scale1);
-    }
+    };
+    fp8_consume_waited(acc, ring, c * 64 * F8_BK, scales, ktiles, release);
     store_m64n128_bias(acc, out, bias, row0, n0, M, N);
 }

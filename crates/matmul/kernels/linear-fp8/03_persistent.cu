@@ -34,7 +34,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     if (!fp8_consumer(ring, wg, [&] { fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles); })) return;
 
     const int c = wg - 1, warp = (tid >> 5) & 3;
-    const auto release = [&](int s) { mbar_arrive_if(ring.empty(s), (tid & 127) == 0); };
     int first = 0;
     for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles) {
         const int row0 = tiles.m0(t) + 64 * c + 16 * warp + (lane >> 2), n0 = tiles.n0(t);
@@ -42,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-        fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, release, first, [] {});
+        fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, first, [] {});
         store_m64n128_bias(acc, out, bias, row0, n0, M, N);
     }
 }

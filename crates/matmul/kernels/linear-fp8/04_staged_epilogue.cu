@@ -47,7 +47,6 @@ __device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMa
     if (!fp8_consumer(ring, wg, [&] { fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles); })) return;
 
     const int c = wg - 1, warp = (tid >> 5) & 3;
-    const auto release = [&](int s) { mbar_arrive_if(ring.empty(s), (tid & 127) == 0); };
     using Store = Fp8StagedStore<Out, TAIL>;
     const Store store{staging + c * Store::BYTES, 1 + c, (tid & 127) == 0};
     float acc[64];
@@ -61,7 +60,7 @@ __device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMa
         const int m0 = tiles.m0(t) + 64 * c, n0 = tiles.n0(t);
         const StepScales scales(a_scales, b_scales, m0 + 16 * warp + (lane >> 2), n0, M, ktiles);
         const auto store_prev = [&] { store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev); };
-        fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, release, first, store_prev);
+        fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
         prev_m0 = m0, prev_n0 = n0, have_prev = true;
     }
     store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev);
