@@ -1,10 +1,10 @@
-// matmul_fp8_gemm.cuh: linear-fp8's parts. Every stage shares the 128 x 128 x 128-code tile, a
-// thread's scales, a K step's four e4m3 wgmma into a fresh fp32 tile, and the promotion of that tile
-// into the thread's fp32 accumulator (DeepGEMM's scheme; the headers of linear-fp8/ say why). The
-// stages compose the rest from the parts below: the ring, the split into a producer and two consumer
-// warpgroups (1 on), the producer, a consumer K loop (each step waited for, or the promotion
-// overlapped with the next step's wgmma) and the persistent stages' tile order; each stage file
-// names its recipe.
+// matmul_fp8_gemm.cuh: linear-fp8's parts. Every stage shares the tile of 128 columns and 128 codes
+// of K (128 rows; stage 5's 192), a thread's scales, a K step's four e4m3 wgmma into a fresh fp32
+// tile, and the promotion of that tile into the thread's fp32 accumulator (DeepGEMM's scheme; the
+// headers of linear-fp8/ say why). The stages compose the rest from the parts below: the ring, the
+// split into a producer and the consumer warpgroups (1 on), the producer, a consumer K loop (each
+// step waited for, or the promotion overlapped with the next step's wgmma) and the persistent
+// stages' tile order; each stage file names its recipe.
 #pragma once
 #include "matmul_tail.cuh"
 #include "matmul_wgmma.cuh"
@@ -62,21 +62,23 @@ __device__ __forceinline__ void fp8_promote(float (&acc)[64], const float (&part
     }
 }
 
-// The ring: STAGES stages of an A and a W tile at `base` (1024-byte aligned for the swizzle), then a
-// `full` mbarrier a stage (its tiles have landed) and, in the warp-specialized stages, an `empty`
-// one (its consumers are done with it); stage 0 frees a stage with a block barrier instead.
-template <int STAGES>
+// The ring: STAGES stages of an A tile of A_ROWS rows and a W tile at `base` (1024-byte aligned for
+// the swizzle), then a `full` mbarrier a stage (its tiles have landed) and, in the warp-specialized
+// stages, an `empty` one (its consumers are done with it); stage 0 frees a stage with a block
+// barrier instead.
+template <int STAGES, int A_ROWS = F8_BM>
 struct Fp8Ring {
     unsigned base;
-    static constexpr unsigned BYTES = STAGES * 2 * F8_TILE_BYTES + 16 * STAGES;
-    __device__ __forceinline__ unsigned a(int s) const { return base + (unsigned)s * 2 * F8_TILE_BYTES; }
-    __device__ __forceinline__ unsigned b(int s) const { return a(s) + F8_TILE_BYTES; }
-    __device__ __forceinline__ unsigned full(int s) const { return base + STAGES * 2 * F8_TILE_BYTES + 8u * s; }
+    static constexpr unsigned A_BYTES = A_ROWS * F8_BK, STEP_BYTES = A_BYTES + F8_TILE_BYTES;
+    static constexpr unsigned BYTES = STAGES * STEP_BYTES + 16 * STAGES;
+    __device__ __forceinline__ unsigned a(int s) const { return base + (unsigned)s * STEP_BYTES; }
+    __device__ __forceinline__ unsigned b(int s) const { return a(s) + A_BYTES; }
+    __device__ __forceinline__ unsigned full(int s) const { return base + STAGES * STEP_BYTES + 8u * s; }
     __device__ __forceinline__ unsigned empty(int s) const { return full(STAGES + s); }
     // K step kt's A and W tiles (rows from m0 and n0) into stage s, counted on its `full` barrier.
     __device__ __forceinline__ void load(int s, const TmaMap* map_a, const TmaMap* map_b, int kt, int m0,
                                          int n0) const {
-        mbar_expect_tx(full(s), 2 * F8_TILE_BYTES);
+        mbar_expect_tx(full(s), STEP_BYTES);
         tma_load(a(s), map_a, full(s), kt * F8_BK, m0);
         tma_load(b(s), map_b, full(s), kt * F8_BK, n0);
     }
@@ -94,37 +96,38 @@ struct Fp8Ring {
 
 // The ring at the start of dynamic shared memory, rounded up to the swizzle's 1024 bytes (the launch
 // asks for 1 KiB more than the ring).
-template <int STAGES>
-__device__ __forceinline__ Fp8Ring<STAGES> fp8_ring() {
+template <int STAGES, int A_ROWS = F8_BM>
+__device__ __forceinline__ Fp8Ring<STAGES, A_ROWS> fp8_ring() {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    return Fp8Ring<STAGES>{(smem_u32(smem_raw) + 1023) & ~1023u};
+    return Fp8Ring<STAGES, A_ROWS>{(smem_u32(smem_raw) + 1023) & ~1023u};
 }
 
-// The warp-specialized stages' split of a 384-thread block (this thread in warpgroup wg): thread 0
-// initializes the ring for the two consumer warpgroups and the block waits for it. The producer
-// warpgroup (wg 0) gives its registers away (40 a thread) and one thread of it runs produce(); it
-// gets false and leaves. A consumer warpgroup takes 232 a thread (128 x 40 + 256 x 232 <= 64K) and
-// gets true.
-template <int STAGES, class Produce>
-__device__ __forceinline__ bool fp8_consumer(const Fp8Ring<STAGES>& ring, int wg, Produce produce) {
+// The warp-specialized stages' split of a block of 128 x (1 + CONSUMERS) threads (this thread in
+// warpgroup wg): thread 0 initializes the ring for the consumer warpgroups and the block waits for
+// it. The producer warpgroup (wg 0) gives its registers away (PRODUCER_REGS a thread) and one thread
+// of it runs produce(); it gets false and leaves. A consumer warpgroup takes CONSUMER_REGS a thread
+// and gets true.
+template <int CONSUMERS = 2, int PRODUCER_REGS = 40, int CONSUMER_REGS = 232, int STAGES, int A_ROWS, class Produce>
+__device__ __forceinline__ bool fp8_consumer(const Fp8Ring<STAGES, A_ROWS>& ring, int wg, Produce produce) {
+    static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the register file");
     const int tid = threadIdx.x;
-    if (tid == 0) ring.template init<2>();
+    if (tid == 0) ring.template init<CONSUMERS>();
     __syncthreads();
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         if (tid == 0) produce();
         return false;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     return true;
 }
 
 // The producer (one thread): K step kt's A and W tiles into ring position first + kt (stage
 // (first + kt) % STAGES) as soon as its `empty` barrier says the previous round's consumers let it
 // go. `first` is how many steps the ring has carried before this tile (0 but in a persistent loop).
-template <int STAGES>
-__device__ __forceinline__ void fp8_produce(const Fp8Ring<STAGES>& ring, const TmaMap* map_a, const TmaMap* map_b,
-                                            int m0, int n0, int ktiles, int first = 0) {
+template <int STAGES, int A_ROWS>
+__device__ __forceinline__ void fp8_produce(const Fp8Ring<STAGES, A_ROWS>& ring, const TmaMap* map_a,
+                                            const TmaMap* map_b, int m0, int n0, int ktiles, int first = 0) {
     for (int kt = 0; kt < ktiles; ++kt) {
         const int i = first + kt, s = i % STAGES;
         if (i >= STAGES) mbar_wait(ring.empty(s), ((i / STAGES) - 1) & 1);
@@ -201,24 +204,53 @@ __device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const F
     }
 }
 
+// The waited consumer of a persistent stage with a staged store (stage 5, whose three consumers have
+// no registers for a second partial tile): fp8_consume_waited at ring positions first + kt, the
+// warpgroup's one arrival on a stage's `empty` barrier once its wgmma are complete (predicated, as in
+// fp8_consume_overlapped), and `under_first_step()` while step 0's wgmma are in flight, before
+// anything is promoted into acc. Step 0 is peeled so no branch sits inside its open group.
+template <int STAGES, int A_ROWS, class UnderFirstStep>
+__device__ __forceinline__ void fp8_consume_waited_staged(float (&acc)[64], const Fp8Ring<STAGES, A_ROWS>& ring,
+                                                          unsigned a_row_bytes, const StepScales& scales, int ktiles,
+                                                          int first, UnderFirstStep under_first_step) {
+    float part[64];
+    auto issue = [&](int kt) {
+        const int i = first + kt, s = i % STAGES;
+        const float w_scale = scales.w[kt], scale0 = scales.a0[kt] * w_scale, scale1 = scales.a1[kt] * w_scale;
+        mbar_wait(ring.full(s), (i / STAGES) & 1);
+        fp8_k_issue(part, ring.a(s) + a_row_bytes, ring.b(s));
+        return make_float2(scale0, scale1);
+    };
+    auto retire = [&](float2 scale, int kt) {
+        wgmma_wait_all();
+        mbar_arrive_if(ring.empty((first + kt) % STAGES), (threadIdx.x & 127) == 0);
+        fp8_promote(acc, part, scale.x, scale.y);
+    };
+    const float2 scale = issue(0);
+    under_first_step();
+    retire(scale, 0);
+    for (int kt = 1; kt < ktiles; ++kt) retire(issue(kt), kt);
+}
+
 // The persistent stages' tile order: this block's tiles are blockIdx.x, + gridDim.x, ... of the
-// row-major order over the output's 128 x 128 tiles (columns fastest: the order a 2-D grid of
-// stage 2 launches its blocks in). Each yields its row and column origin.
+// row-major order over the output's BM x 128 tiles (columns fastest: the order a 2-D grid of stage 2
+// launches its blocks in). Each yields its row and column origin.
+template <int BM = F8_BM>
 struct Fp8TileStride {
     int n_tiles, tiles;
     __device__ __forceinline__ Fp8TileStride(int M, int N)
-        : n_tiles((N + F8_BN - 1) / F8_BN), tiles(((M + F8_BM - 1) / F8_BM) * n_tiles) {}
+        : n_tiles((N + F8_BN - 1) / F8_BN), tiles(((M + BM - 1) / BM) * n_tiles) {}
     __device__ __forceinline__ int first() const { return blockIdx.x; }
     __device__ __forceinline__ int next(int t) const { return t + gridDim.x; }
     __device__ __forceinline__ bool done(int t) const { return t >= tiles; }
-    __device__ __forceinline__ int m0(int t) const { return (t / n_tiles) * F8_BM; }
+    __device__ __forceinline__ int m0(int t) const { return (t / n_tiles) * BM; }
     __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * F8_BN; }
 };
 
 // The persistent stages' producer (one thread): every K step of this block's tiles, the ring's
 // positions counting on from tile to tile.
-template <int STAGES>
-__device__ __forceinline__ void fp8_produce_tiles(const Fp8Ring<STAGES>& ring, const Fp8TileStride& tiles,
+template <int STAGES, int BM>
+__device__ __forceinline__ void fp8_produce_tiles(const Fp8Ring<STAGES, BM>& ring, const Fp8TileStride<BM>& tiles,
                                                   const TmaMap* map_a, const TmaMap* map_b, int ktiles) {
     int first = 0;
     for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles)

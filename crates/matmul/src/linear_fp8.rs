@@ -75,6 +75,8 @@ enum Plan {
     Persistent,
     /// Stage 3 storing each tile through shared memory and the TMA under the next tile's first step.
     StagedEpilogue,
+    /// Stage 4 with three consumer warpgroups on 192-row tiles, each step waited for.
+    ThreeConsumers,
     /// cuBLASLt's block-scaled FP8 matmul.
     Lt,
 }
@@ -88,27 +90,37 @@ enum Grid {
     Persistent,
 }
 
-/// A kernel stage's launch: its entry, threads, mbarriers a ring stage, grid and whether it stores
-/// through the TMA (a third tensor map, 64 KiB of staging).
+/// A kernel stage's launch: its entry, threads, mbarriers a ring stage, grid, whether it stores
+/// through the TMA (a third tensor map, a consumer's 64 x 128 tile of staging) and its consumer
+/// warpgroups, one for each 64 rows of its tile.
 struct KernelPlan {
     entry: &'static str,
     threads: u32,
     barriers: u32,
     grid: Grid,
     tma_store: bool,
+    consumers: u32,
+}
+
+impl KernelPlan {
+    /// The rows of the tile (and of A's TMA box).
+    fn tile_rows(&self) -> usize {
+        64 * self.consumers as usize
+    }
 }
 
 impl Plan {
     fn kernel(self) -> Option<KernelPlan> {
-        let (entry, threads, barriers, grid, tma_store) = match self {
-            Plan::Cooperative => ("linear_fp8_wgmma", 256, 1, Grid::Tiles, false),
-            Plan::WarpSpecialized => ("linear_fp8_ws", 384, 2, Grid::Tiles, false),
-            Plan::Overlapped => ("linear_fp8_overlap", 384, 2, Grid::Tiles, false),
-            Plan::Persistent => ("linear_fp8_persistent", 384, 2, Grid::Persistent, false),
-            Plan::StagedEpilogue => ("linear_fp8_staged_epilogue", 384, 2, Grid::Persistent, true),
+        let (entry, threads, barriers, grid, tma_store, consumers) = match self {
+            Plan::Cooperative => ("linear_fp8_wgmma", 256, 1, Grid::Tiles, false, 2),
+            Plan::WarpSpecialized => ("linear_fp8_ws", 384, 2, Grid::Tiles, false, 2),
+            Plan::Overlapped => ("linear_fp8_overlap", 384, 2, Grid::Tiles, false, 2),
+            Plan::Persistent => ("linear_fp8_persistent", 384, 2, Grid::Persistent, false, 2),
+            Plan::StagedEpilogue => ("linear_fp8_staged_epilogue", 384, 2, Grid::Persistent, true, 2),
+            Plan::ThreeConsumers => ("linear_fp8_three_consumers", 512, 2, Grid::Persistent, true, 3),
             Plan::Lt => return None,
         };
-        Some(KernelPlan { entry, threads, barriers, grid, tma_store })
+        Some(KernelPlan { entry, threads, barriers, grid, tma_store, consumers })
     }
 }
 
@@ -155,6 +167,14 @@ fn stages() -> Vec<Variant> {
             Plan::StagedEpilogue,
             "stage 3 storing each tile through shared memory and four TMA stores while the next tile's first K step runs",
         ),
+        k(
+            5,
+            "three-consumers",
+            "linear-fp8/05_three_consumers.cu",
+            Plan::ThreeConsumers,
+            "stage 4 with a third consumer warpgroup on 192 x 128 tiles (512 threads, 160 registers a consumer): each step waited for, the tensor cores kept busy by the other two",
+        )
+        .with_tunables(&[("WG_STAGES", 3)]),
         Variant::library(
             FAMILY,
             OP,
@@ -240,10 +260,11 @@ impl OperandLayout {
 }
 
 enum Runner {
-    /// A kernel, and whether it takes out's tensor map after the common arguments.
+    /// A kernel, whether it takes out's tensor map after the common arguments, and its tile's rows.
     Kernel {
         launch: Launch,
         tma_store: bool,
+        tile_rows: usize,
     },
     Lt(Lt),
 }
@@ -262,13 +283,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
         return Ok(Prepared { runner: Runner::Lt(Lt::prepare(gpu, LtOperands::E4m3Blocks, d.out, epi, dims)?), d });
     };
     let stages = v.tunable("WG_STAGES")?;
-    // Two operand tiles of 128 x 128 codes a stage, 1 KiB for the swizzle's alignment, the barriers;
-    // with TMA stores, rounded up to 1 KiB and two consumers' 64 x 128 fp32 staging.
-    let ring = stages * 2 * (TILE * TILE) as u32 + 8 * plan.barriers * stages;
-    let out_bytes = d.out.bytes() as u32;
-    let shared =
-        1024 + if plan.tma_store { ring.next_multiple_of(1024) + 2 * 64 * TILE as u32 * out_bytes } else { ring };
-    let (row_tiles, col_tiles) = (d.m.div_ceil(TILE) as u32, d.n.div_ceil(TILE) as u32);
+    // An A tile of the tile's rows and a W tile of 128 rows, 128 codes each, a stage, 1 KiB for the
+    // swizzle's alignment, the barriers; with TMA stores, rounded up to 1 KiB and each consumer's
+    // 64 x 128 staging of out.
+    let tile_rows = plan.tile_rows();
+    let ring = stages * ((tile_rows + TILE) * TILE) as u32 + 8 * plan.barriers * stages;
+    let staging = plan.consumers * 64 * TILE as u32 * d.out.bytes() as u32;
+    let shared = 1024 + if plan.tma_store { ring.next_multiple_of(1024) + staging } else { ring };
+    let (row_tiles, col_tiles) = (d.m.div_ceil(tile_rows) as u32, d.n.div_ceil(TILE) as u32);
     let grid = match plan.grid {
         Grid::Tiles => (col_tiles, row_tiles, 1),
         Grid::Persistent => ((row_tiles * col_tiles).min(gpu.info().sm_count), 1, 1),
@@ -282,7 +304,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
     let out = if d.out == Output::Bf16 { "_bf16" } else { "" };
     let entry = format!("{}{tail}{out}", plan.entry);
     let launch = gpu.prepare_launch(&SOURCES, v, &entry, shape)?;
-    Ok(Prepared { runner: Runner::Kernel { launch, tma_store: plan.tma_store }, d })
+    Ok(Prepared { runner: Runner::Kernel { launch, tma_store: plan.tma_store, tile_rows }, d })
 }
 
 /// The buffers of one call: `out` M·N; A's codes M·K ([`fp8::Fp8Rows`]) and W's N·K
@@ -391,8 +413,8 @@ impl Prepared {
         };
         use common::device_ptr as ptr;
         match &self.runner {
-            Runner::Kernel { launch, tma_store } => {
-                let map_a = common::tma::e4m3_map(ptr(a.a_codes), d.m, d.k, TILE as u32)?;
+            Runner::Kernel { launch, tma_store, tile_rows } => {
+                let map_a = common::tma::e4m3_map(ptr(a.a_codes), d.m, d.k, *tile_rows as u32)?;
                 let map_b = common::tma::e4m3_map(ptr(a.w_codes), d.n, d.k, TILE as u32)?;
                 // Out in boxes of 32 columns x one warpgroup's 64 rows (N % 4 == 0 at prepare).
                 let map_out = match (*tma_store, d.out) {

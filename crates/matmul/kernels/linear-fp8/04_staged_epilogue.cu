@@ -18,7 +18,7 @@
 //   MLP down adding an fp32 residual 22.9 and 39.1 us.
 // Tails: the bias, then GELU (_gelu, the SFU's tanh form) or plus a residual of out's type
 //   (_residual; it may be out itself, since a tile reads its residual before it is stored), as
-//   linear-bf16's. This is the only stage with a tail or a bf16 output.
+//   linear-bf16's. The first stage with a tail or a bf16 output (stage 5 keeps them).
 // Launch: linear_fp8_staged_epilogue[_gelu|_residual][_bf16] (fp32 or bf16 out): stage 3's grid and
 //   block; dynamic shared memory WG_STAGES * 32 KiB +
 //   2 barriers a stage, rounded up to 1 KiB, + two consumers' staging (2 x 32 KiB fp32, 2 x 16 KiB
