@@ -160,11 +160,12 @@ __device__ __forceinline__ void fp8_consume_waited(float (&acc)[64], const Fp8Ri
 // promoted, a step later, so their latency is off the issue path. The warpgroup lets ring stage s go
 // once its wgmma are complete with one arrival on its `empty` barrier, without a branch (an arrive
 // predicated on the warpgroup's thread 0): a branch while a wgmma group is open makes ptxas wait for
-// it there and serialize every wgmma (C7517, C7514). The warpgroup's A rows start `a_row_bytes` into a stage's A tile; step kt sits at ring position
-// first + kt (fp8_produce's). `under_first_step()` runs while step 0's wgmma are in flight, before
-// anything is promoted into acc (stage 4 stores the previous tile from acc there).
-template <int STAGES, class UnderFirstStep>
-__device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const Fp8Ring<STAGES>& ring,
+// it there and serialize every wgmma (C7517, C7514). The warpgroup's A rows start `a_row_bytes`
+// into a stage's A tile; step kt sits at ring position first + kt (fp8_produce's).
+// `under_first_step()` runs while step 0's wgmma are in flight, before anything is promoted into acc
+// (stage 4 stores the previous tile from acc there).
+template <int STAGES, int A_ROWS, class UnderFirstStep>
+__device__ __forceinline__ void fp8_consume_overlapped(float (&acc)[64], const Fp8Ring<STAGES, A_ROWS>& ring,
                                                        unsigned a_row_bytes, const StepScales& scales, int ktiles,
                                                        int first, UnderFirstStep under_first_step) {
     float part0[64], part1[64];
@@ -345,3 +346,80 @@ struct Fp8StagedStore {
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     }
 };
+
+// The consumer side of the staged-store stages (4 and 5): warpgroups of 64 rows sharing a tile, the
+// registers each side asks for, and whether a warpgroup promotes step kt while its step kt + 1 runs
+// (fp8_consume_overlapped: two partial tiles) or waits for each step (fp8_consume_waited_staged).
+template <int CONSUMERS_, int PRODUCER_REGS_, int CONSUMER_REGS_, bool OVERLAPPED_>
+struct Fp8Consumers {
+    static constexpr int CONSUMERS = CONSUMERS_, PRODUCER_REGS = PRODUCER_REGS_, CONSUMER_REGS = CONSUMER_REGS_;
+    static constexpr bool OVERLAPPED = OVERLAPPED_;
+};
+// Stage 4: two warpgroups, a 128-row tile, the promotion overlapped.
+using TwoOverlapped = Fp8Consumers<2, 40, 232, true>;
+// Stage 5: three warpgroups, a 192-row tile, in 512 threads: no registers for a second partial tile.
+using ThreeWaited = Fp8Consumers<3, 24, 160, false>;
+
+// The staged-store stages' kernel: one block an SM walks its tiles (Fp8TileStride); a producer thread
+// runs the ring on across them; each consumer warpgroup runs Consumers' K loop over its 64 rows and
+// stores the previous tile (Fp8StagedStore) under the next one's first step, the last after the
+// loop. out is Out (fp32, or bf16); map_out its tensor map in boxes of 128 bytes x 64 rows; residual
+// (Out, M x N) is read by the residual tail only.
+template <class Consumers, class Out, int TAIL>
+__device__ __forceinline__ void fp8_staged_tiles(const TmaMap& map_a, const TmaMap& map_b, const float* a_scales,
+                                                 const float* b_scales, const float* bias, int M, int N, int K,
+                                                 const TmaMap& map_out, const Out* residual) {
+    constexpr int TILE_ROWS = 64 * Consumers::CONSUMERS;
+    using Ring = Fp8Ring<WG_STAGES, TILE_ROWS>;
+    const Ring ring = fp8_ring<WG_STAGES, TILE_ROWS>();
+    const unsigned staging = (ring.base + Ring::BYTES + 1023) & ~1023u;
+    const Fp8TileStride<TILE_ROWS> tiles(M, N);
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    const int ktiles = (K + F8_BK - 1) / F8_BK;
+
+    const auto produce = [&] { fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles); };
+    constexpr int C = Consumers::CONSUMERS;
+    if (!fp8_consumer<C, Consumers::PRODUCER_REGS, Consumers::CONSUMER_REGS>(ring, wg, produce)) return;
+
+    const int c = wg - 1, warp = (tid >> 5) & 3;
+    using Store = Fp8StagedStore<Out, TAIL>;
+    const Store store{staging + c * Store::BYTES, 1 + c, (tid & 127) == 0};
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    // The tile whose result acc holds (none before the first: its store is predicated off).
+    int prev_m0 = 0, prev_n0 = 0;
+    bool have_prev = false;
+    int first = 0;
+    for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles) {
+        const int m0 = tiles.m0(t) + 64 * c, n0 = tiles.n0(t);
+        const StepScales scales(a_scales, b_scales, m0 + 16 * warp + (lane >> 2), n0, M, ktiles);
+        const auto store_prev = [&] { store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev); };
+        if constexpr (Consumers::OVERLAPPED)
+            fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
+        else
+            fp8_consume_waited_staged(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
+        prev_m0 = m0, prev_n0 = n0, have_prev = true;
+    }
+    store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev);
+    tma_store_wait();
+}
+
+// One entry of a staged-store stage: `out` is unused (the stores go through map_out), so the argument
+// list is every stage's, then out's map and the residual (Out, M x N; null but for the residual tail).
+#define FP8_STAGED_ENTRY(name, Consumers, Out, TAIL)                                                             \
+    extern "C" __global__ void __launch_bounds__(128 * (1 + Consumers::CONSUMERS), 1)                             \
+        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, void* out,                \
+             const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K,                 \
+             const __grid_constant__ TmaMap map_out, const Out* residual) {                                        \
+        fp8_staged_tiles<Consumers, Out, TAIL>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out, residual); \
+    }
+
+// A staged-store stage's six entries: no tail, GELU, the residual; fp32 out, then bf16 (`_bf16`).
+#define FP8_STAGED_ENTRIES(prefix, Consumers)                                                                      \
+    FP8_STAGED_ENTRY(prefix, Consumers, float, MM_TAIL_NONE)                                                       \
+    FP8_STAGED_ENTRY(prefix##_gelu, Consumers, float, MM_TAIL_GELU)                                                \
+    FP8_STAGED_ENTRY(prefix##_residual, Consumers, float, MM_TAIL_RESIDUAL)                                        \
+    FP8_STAGED_ENTRY(prefix##_bf16, Consumers, __nv_bfloat16, MM_TAIL_NONE)                                        \
+    FP8_STAGED_ENTRY(prefix##_gelu_bf16, Consumers, __nv_bfloat16, MM_TAIL_GELU)                                   \
+    FP8_STAGED_ENTRY(prefix##_residual_bf16, Consumers, __nv_bfloat16, MM_TAIL_RESIDUAL)

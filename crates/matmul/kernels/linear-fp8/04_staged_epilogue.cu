@@ -29,57 +29,7 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: fp8_ring, Fp8TileStride, fp8_consumer with fp8_produce_tiles, fp8_consume_overlapped with
-// Fp8StagedStore of the previous tile under its first step.
-
-// out is Out (fp32, or bf16); map_out its tensor map in boxes of 128 bytes x 64 rows; residual (Out,
-// M x N) is read by the residual tail only.
-template <class Out, int TAIL>
-__device__ __forceinline__ void staged_epilogue(const TmaMap& map_a, const TmaMap& map_b, const float* a_scales,
-                                                const float* b_scales, const float* bias, int M, int N, int K,
-                                                const TmaMap& map_out, const Out* residual) {
-    const Fp8Ring<WG_STAGES> ring = fp8_ring<WG_STAGES>();
-    const unsigned staging = (ring.base + Fp8Ring<WG_STAGES>::BYTES + 1023) & ~1023u;
-    const Fp8TileStride tiles(M, N);
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
-    const int ktiles = (K + F8_BK - 1) / F8_BK;
-
-    if (!fp8_consumer(ring, wg, [&] { fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles); })) return;
-
-    const int c = wg - 1, warp = (tid >> 5) & 3;
-    using Store = Fp8StagedStore<Out, TAIL>;
-    const Store store{staging + c * Store::BYTES, 1 + c, (tid & 127) == 0};
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    // The tile whose result acc holds (none before the first: its store is predicated off).
-    int prev_m0 = 0, prev_n0 = 0;
-    bool have_prev = false;
-    int first = 0;
-    for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles) {
-        const int m0 = tiles.m0(t) + 64 * c, n0 = tiles.n0(t);
-        const StepScales scales(a_scales, b_scales, m0 + 16 * warp + (lane >> 2), n0, M, ktiles);
-        const auto store_prev = [&] { store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev); };
-        fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
-        prev_m0 = m0, prev_n0 = n0, have_prev = true;
-    }
-    store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev);
-    tma_store_wait();
-}
-
-// `out` is unused (the stores go through map_out): the argument list is every stage's, then out's
-// map and the residual (Out, M x N; null but for the residual tail).
-#define STAGED_ENTRY(name, Out, TAIL)                                                                              \
-    extern "C" __global__ void __launch_bounds__(384, 1)                                                           \
-        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, void* out,                \
-             const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K,                 \
-             const __grid_constant__ TmaMap map_out, const Out* residual) {                                        \
-        staged_epilogue<Out, TAIL>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out, residual);            \
-    }
-
-STAGED_ENTRY(linear_fp8_staged_epilogue, float, MM_TAIL_NONE)
-STAGED_ENTRY(linear_fp8_staged_epilogue_gelu, float, MM_TAIL_GELU)
-STAGED_ENTRY(linear_fp8_staged_epilogue_residual, float, MM_TAIL_RESIDUAL)
-STAGED_ENTRY(linear_fp8_staged_epilogue_bf16, __nv_bfloat16, MM_TAIL_NONE)
-STAGED_ENTRY(linear_fp8_staged_epilogue_gelu_bf16, __nv_bfloat16, MM_TAIL_GELU)
-STAGED_ENTRY(linear_fp8_staged_epilogue_residual_bf16, __nv_bfloat16, MM_TAIL_RESIDUAL)
+// Recipe: fp8_staged_tiles with TwoOverlapped (fp8_ring, Fp8TileStride, fp8_consumer with
+// fp8_produce_tiles, fp8_consume_overlapped with Fp8StagedStore of the previous tile under its first
+// step).
+FP8_STAGED_ENTRIES(linear_fp8_staged_epilogue, TwoOverlapped)
