@@ -359,6 +359,17 @@ struct Fp8Consumers {
 using TwoOverlapped = Fp8Consumers<2, 40, 232, true>;
 // Stage 5: three warpgroups, a 192-row tile, in 512 threads: no registers for a second partial tile.
 using ThreeWaited = Fp8Consumers<3, 24, 160, false>;
+// The consumers of a tile of ROWS rows (stage 6 takes the rows per shape).
+template <int ROWS>
+struct Fp8ConsumersOfRows;
+template <>
+struct Fp8ConsumersOfRows<128> {
+    using type = TwoOverlapped;
+};
+template <>
+struct Fp8ConsumersOfRows<192> {
+    using type = ThreeWaited;
+};
 
 // The staged-store stages' kernel: one block an SM walks its tiles (Fp8TileStride); a producer thread
 // runs the ring on across them; each consumer warpgroup runs Consumers' K loop over its 64 rows and

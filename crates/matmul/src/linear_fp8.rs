@@ -22,7 +22,7 @@ use common::check::{compare, SampledRows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
-    require, require_len, Arg, Bound, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
+    require, require_len, Arg, Bound, Define, Gpu, Launch, LaunchShape, Limit, Op, Precision, Prepared as Current,
     PreparedStage, Problem, Requirements, ResourceUse, Result, Shape, Variant, Workload,
 };
 
@@ -77,6 +77,8 @@ enum Plan {
     StagedEpilogue,
     /// Stage 4 with three consumer warpgroups on 192-row tiles, each step waited for.
     ThreeConsumers,
+    /// Stage 4's kernel or stage 5's, whichever tile (128 or 192 rows) fits the waves at the shape.
+    WaveFit,
     /// cuBLASLt's block-scaled FP8 matmul.
     Lt,
 }
@@ -91,8 +93,8 @@ enum Grid {
 }
 
 /// A kernel stage's launch: its entry, threads, mbarriers a ring stage, grid, whether it stores
-/// through the TMA (a third tensor map, a consumer's 64 x 128 tile of staging) and its consumer
-/// warpgroups, one for each 64 rows of its tile.
+/// through the TMA (a third tensor map, a consumer's 64 x 128 tile of staging), its consumer
+/// warpgroups, one for each 64 rows of its tile, and whether those are chosen per shape (stage 6).
 struct KernelPlan {
     entry: &'static str,
     threads: u32,
@@ -100,13 +102,43 @@ struct KernelPlan {
     grid: Grid,
     tma_store: bool,
     consumers: u32,
+    rows_per_shape: bool,
 }
+
+/// Stage 6's two tiles, each with its ring depth: stage 5's 192 rows (three stages beside three
+/// consumers' fp32 staging) and stage 4's 128 (four), in the order the wave model breaks ties.
+const WAVE_FIT_TILES: [(u32, u32); 2] = [(192, 3), (128, 4)];
+/// Stage 6's tile rows where no shape is known (the host sets them per shape).
+static WAVE_FIT_DEFINES: [Define; 1] = [Define::new("F8_TILE_ROWS", "192")];
 
 impl KernelPlan {
     /// The rows of the tile (and of A's TMA box).
     fn tile_rows(&self) -> usize {
         64 * self.consumers as usize
     }
+
+    /// The plan and the variant to compile at `d` on `sms` SMs. Stage 6 takes the tile whose
+    /// rounds x rows is least ([`wave_fit_rows`]), with that tile's consumers, threads and ring
+    /// depth (`F8_TILE_ROWS`, `WG_STAGES`); every other stage is as declared.
+    fn fitted(self, v: &Variant, d: LinearFp8Dims, sms: u32) -> Result<(KernelPlan, Variant)> {
+        if !self.rows_per_shape {
+            return Ok((self, v.clone()));
+        }
+        let rows = wave_fit_rows(d.m, d.n, sms);
+        let stages = WAVE_FIT_TILES.iter().find(|&&(r, _)| r == rows).map_or(3, |&(_, s)| s);
+        let mut compiled = v.clone();
+        compiled.set_define("F8_TILE_ROWS", rows)?;
+        compiled.set_tunable("WG_STAGES", stages)?;
+        let consumers = rows / 64;
+        Ok((KernelPlan { consumers, threads: 128 * (1 + consumers), ..self }, compiled))
+    }
+}
+
+/// Stage 6's tile rows for an M x N output on `sms` SMs: of [`WAVE_FIT_TILES`], the rows with the
+/// fewest rounds x rows, where a round is one 128-wide tile on every SM (`linear-bf16` stage 11's
+/// model along M; ties go to 192, which reads fewer L2 bytes a flop).
+pub fn wave_fit_rows(m: usize, n: usize, sms: u32) -> u32 {
+    crate::linear_bf16::wave_fit_width(n, m, sms, TILE as u32, &WAVE_FIT_TILES.map(|(rows, _)| rows))
 }
 
 impl Plan {
@@ -117,10 +149,14 @@ impl Plan {
             Plan::Overlapped => ("linear_fp8_overlap", 384, 2, Grid::Tiles, false, 2),
             Plan::Persistent => ("linear_fp8_persistent", 384, 2, Grid::Persistent, false, 2),
             Plan::StagedEpilogue => ("linear_fp8_staged_epilogue", 384, 2, Grid::Persistent, true, 2),
-            Plan::ThreeConsumers => ("linear_fp8_three_consumers", 512, 2, Grid::Persistent, true, 3),
+            Plan::ThreeConsumers | Plan::WaveFit => {
+                let entry = if self == Plan::WaveFit { "linear_fp8_wave_fit" } else { "linear_fp8_three_consumers" };
+                (entry, 512, 2, Grid::Persistent, true, 3)
+            }
             Plan::Lt => return None,
         };
-        Some(KernelPlan { entry, threads, barriers, grid, tma_store, consumers })
+        let rows_per_shape = self == Plan::WaveFit;
+        Some(KernelPlan { entry, threads, barriers, grid, tma_store, consumers, rows_per_shape })
     }
 }
 
@@ -174,6 +210,15 @@ fn stages() -> Vec<Variant> {
             Plan::ThreeConsumers,
             "stage 4 with a third consumer warpgroup on 192 x 128 tiles (512 threads, 160 registers a consumer): each step waited for, the tensor cores kept busy by the other two",
         )
+        .with_tunables(&[("WG_STAGES", 3)]),
+        k(
+            6,
+            "wave-fit",
+            "linear-fp8/06_wave_fit.cu",
+            Plan::WaveFit,
+            "stage 4's kernel (128-row tiles) or stage 5's (192) per shape, whichever has the fewer rounds x rows on the SMs (linear-bf16 stage 11's wave model along M)",
+        )
+        .with_defines(&WAVE_FIT_DEFINES[..])
         .with_tunables(&[("WG_STAGES", 3)]),
         Variant::library(
             FAMILY,
@@ -282,6 +327,8 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
         let dims = common::lt::LtDims { m: d.m, n: d.n, k: d.k };
         return Ok(Prepared { runner: Runner::Lt(Lt::prepare(gpu, LtOperands::E4m3Blocks, d.out, epi, dims)?), d });
     };
+    let (plan, v) = plan.fitted(v, d, gpu.info().sm_count)?;
+    let v = &v;
     let stages = v.tunable("WG_STAGES")?;
     // An A tile of the tile's rows and a W tile of 128 rows, 128 codes each, a stage, 1 KiB for the
     // swizzle's alignment, the barriers; with TMA stores, rounded up to 1 KiB and each consumer's
@@ -492,6 +539,13 @@ impl Op for LinearFp8 {
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check_shape(v, LinearFp8Dims::of(s)?)
     }
+    fn compiled_variants(&self, gpu: &Gpu, v: &Variant, s: &Shape) -> Vec<Variant> {
+        let fitted = |plan: KernelPlan| plan.fitted(v, LinearFp8Dims::of(s)?, gpu.info().sm_count);
+        match v.plan::<Plan>().ok().and_then(Plan::kernel).map(fitted) {
+            Some(Ok((_, compiled))) => vec![compiled],
+            _ => vec![v.clone()],
+        }
+    }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
         let mut l = vec![
             Limit { constraint: K_ALIGN, past: shape(8, 40, 40, 1), inside: Some(shape(8, 40, 48, 1)) },
@@ -690,6 +744,19 @@ impl<T: OutElement> Problem for LinearFp8Problem<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stage 6's model on an H100's 132 SMs: 192 rows at GPT-2's block linears at M = 4096 (the
+    /// MLP up a tie: 4 rounds of 192 against 6 of 128) and at 8192^3; 128 at 4096^3 and the padded
+    /// LM head.
+    #[test]
+    fn wave_fit_rows_fit_the_waves() {
+        for n in [2304, 768, 3072] {
+            assert_eq!(wave_fit_rows(4096, n, 132), 192, "N = {n}");
+        }
+        assert_eq!(wave_fit_rows(8192, 8192, 132), 192);
+        assert_eq!(wave_fit_rows(4096, 4096, 132), 128);
+        assert_eq!(wave_fit_rows(4096, 50304, 132), 128);
+    }
 
     /// cuBLASLt's layouts: A's scale (m, kb) at kb·M + m; W's (nb, kb) at nb·L4 + kb, the K groups
     /// past ceil(K / 128) zero.
