@@ -754,7 +754,7 @@ impl Prepared {
             _ => return Err(Error::constraint("a residual exactly with the residual tail", format!("{:?}", d.tail))),
         }
         let residual = a.residual.map_or(0, common::device_ptr);
-        self.launch(stream, a.out, a.inp, a.weight, a.bias, residual)
+        self.launch(stream, a, residual)
     }
 
     /// The residual tail with `out` as its own residual: `out += inp · Wᵀ + bias` (a model's
@@ -770,18 +770,13 @@ impl Prepared {
     ) -> Result<()> {
         require(self.d.tail == Tail::Residual, "a stage prepared with epi = 2", || format!("{:?}", self.d.tail))?;
         let residual = common::device_ptr(out);
-        self.launch(stream, out, inp, weight, bias, residual)
+        self.launch(stream, LinearBf16Args { out, inp, weight, bias, residual: None }, residual)
     }
 
-    fn launch<T: OutElement>(
-        &self,
-        stream: &CudaStream,
-        out: &mut CudaSlice<T>,
-        inp: &CudaSlice<u16>,
-        weight: &CudaSlice<u16>,
-        bias: Option<&CudaSlice<T>>,
-        residual: u64,
-    ) -> Result<()> {
+    /// The call with the residual at `residual` (0: none), `a.residual` already checked and folded
+    /// into it.
+    fn launch<T: OutElement>(&self, stream: &CudaStream, a: LinearBf16Args<T>, residual: u64) -> Result<()> {
+        let LinearBf16Args { out, inp, weight, bias, .. } = a;
         let d = self.d;
         require(T::OUTPUT == d.out, "out of the type prepared (out = 32: f32, out = 16: u16 bf16 bits)", || {
             format!("{:?} buffers for {:?}", T::OUTPUT, d.out)
