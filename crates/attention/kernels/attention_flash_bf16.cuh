@@ -1,8 +1,10 @@
 // attention_flash_bf16.cuh: the pieces every bf16 prefill stage (prefill-bf16/) shares once its
 // scores S = Q.K^T of one key tile sit in mma.sync accumulators: the online-softmax step and the
-// epilogue. A warp owns 16 query rows; with g = lane >> 2 and t = lane & 3 a thread holds, for each
-// n-tile n of 8 keys, s[n][0..1] = S[g][8n + 2t .. +1] and s[n][2..3] = S[g + 8][8n + 2t .. +1]
-// (ladder_mma.cuh's accumulator layout), so a row's scores live in the 4 threads of a quad.
+// epilogue; and the mma.sync stages' (prefill-bf16/00, 01, prefill/06) products S = Q.K^T and
+// O += P.V from shared memory. A warp owns 16 query rows; with g = lane >> 2 and t = lane & 3 a
+// thread holds, for each n-tile n of 8 keys, s[n][0..1] = S[g][8n + 2t .. +1] and s[n][2..3] =
+// S[g + 8][8n + 2t .. +1] (ladder_mma.cuh's accumulator layout), so a row's scores live in the 4
+// threads of a quad.
 //
 // Layout of the op: qkv[B, T, 3C] bf16 (q in columns 0..C, k in C..2C, v in 2C..3C, head h owning
 // h*D..(h+1)*D of each), out[B, T, C] bf16, lse[B, NH, T] fp32 (natural log of each row's sum of
@@ -163,6 +165,52 @@ __device__ __forceinline__ void p_fragment(unsigned (&a)[4], const float (&s)[NT
     a[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
     a[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// S = Q.K^T of a warp's 16 query rows and a tile of 8 NT keys in shared memory, with mma.sync:
+// qa the rows' A fragments (16 dims a k-step), key_chunk(key, c, h) the shared address of key row
+// `key`'s 16-byte chunk c + h (dims 8 (c + h) .. + 7) in the stage's layout of the tile, c even and
+// h (0 or 1) the lane's half of an ldmatrix pair: the padded layout adds 8 h, the swizzle XORs c + h.
+template <int NT, int KSTEPS, class KeyChunk>
+__device__ __forceinline__ void qk_mma_sync(float (&s)[NT][4], const unsigned (&qa)[KSTEPS][4],
+                                            const KeyChunk& key_chunk) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            // Keys n*8.. and (n+1)*8.., dims kk*16 + {0, 8}: b0/b1 of n-tile n, then of n+1.
+            unsigned kb4[4];
+            const int key = n * 8 + (lane & 7) + (lane >> 4) * 8;
+            ldmatrix_x4(kb4, key_chunk(key, kk * 2, (lane >> 3) & 1));
+            mma_16816<__nv_bfloat16>(s[n], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb4[0], kb4[1]);
+            mma_16816<__nv_bfloat16>(s[n + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb4[2], kb4[3]);
+        }
+    }
+}
+
+// O += P.V for the tile's 8 NT keys, with mma.sync: P's 16 keys a k-step are two S n-tiles, already
+// in A-fragment order (p_fragment); value_chunk(key, c, h) the shared address of V row `key`'s
+// 16-byte chunk c + h (key_chunk's), read transposed.
+template <int DT, int NT, class ValueChunk>
+__device__ __forceinline__ void pv_mma_sync(float (&o)[DT][4], const float (&s)[NT][4], const ValueChunk& value_chunk) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk) {
+        unsigned a[4];
+        p_fragment(a, s, kk);
+#pragma unroll
+        for (int n = 0; n < DT; n += 2) {
+            // Keys kk*16 + {0, 8}, dims n*8 and (n+1)*8, transposed: b0/b1 of n, then of n+1.
+            unsigned vb4[4];
+            const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            ldmatrix_x4_trans(vb4, value_chunk(key, n, lane >> 4));
+            mma_16816<__nv_bfloat16>(o[n], a[0], a[1], a[2], a[3], vb4[0], vb4[1]);
+            mma_16816<__nv_bfloat16>(o[n + 1], a[0], a[1], a[2], a[3], vb4[2], vb4[3]);
+        }
+    }
 }
 
 // A row's log-sum-exp in natural log from its running max and sum in base 2 (the scores are

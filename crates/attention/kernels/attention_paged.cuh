@@ -183,3 +183,15 @@ __device__ __forceinline__ void paged_attention(T* out, float* lse, float* o_par
         }
     }
 }
+
+// A paged stage's entries, ENTRY(suffix, T, D, BS) for each element type (bf16, f16), head size
+// (64, 128) and block size (16, 32 tokens).
+#define PA_ENTRIES(ENTRY)               \
+    ENTRY(bf16, __nv_bfloat16, 64, 16)  \
+    ENTRY(bf16, __nv_bfloat16, 64, 32)  \
+    ENTRY(bf16, __nv_bfloat16, 128, 16) \
+    ENTRY(bf16, __nv_bfloat16, 128, 32) \
+    ENTRY(f16, __half, 64, 16)          \
+    ENTRY(f16, __half, 64, 32)          \
+    ENTRY(f16, __half, 128, 16)         \
+    ENTRY(f16, __half, 128, 32)

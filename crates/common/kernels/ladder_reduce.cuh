@@ -27,6 +27,15 @@ __device__ __forceinline__ float warp_reduce(float v) {
 __device__ __forceinline__ float warp_sum(float v) { return warp_reduce<LadderSum>(v); }
 __device__ __forceinline__ float warp_max(float v) { return warp_reduce<LadderMax>(v); }
 
+// The mean of a row of len elements held by a warp, each lane's share in v (zeros past the row).
+template <int S>
+__device__ __forceinline__ float warp_mean(const float (&v)[S], int len) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < S; s++) sum += v[s];
+    return warp_sum(sum) / len;
+}
+
 // `scratch` must hold 32 floats; the function synchronises before returning so `scratch` can be
 // reused by the next call.
 template <typename Op>

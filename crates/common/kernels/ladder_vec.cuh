@@ -10,6 +10,24 @@ __device__ __forceinline__ float4 load_f4_stream(const float* p) {
     return __ldcs(reinterpret_cast<const float4*>(p));
 }
 
+// A thread's N float4 chunks of a row x, read streaming into v: chunk k is floats 4 (k stride +
+// first) .. + 3 (first: the thread's place among the `stride` threads sharing the row); a chunk that
+// starts at or past len is zeros, one that starts before it is read whole (the row's storage holds
+// whole chunks).
+template <int N>
+__device__ __forceinline__ void load_f4_chunks_stream(float (&v)[4 * N], const float* x, int first, int stride,
+                                                      int len) {
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        const int i = (k * stride + first) * 4;
+        const float4 f = i < len ? load_f4_stream(x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[4 * k] = f.x;
+        v[4 * k + 1] = f.y;
+        v[4 * k + 2] = f.z;
+        v[4 * k + 3] = f.w;
+    }
+}
+
 __device__ __forceinline__ void store_f4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 // Streaming store (st.global.cs): written once, not read again by this kernel.

@@ -233,6 +233,33 @@ __device__ __forceinline__ void fp8_consume_waited_staged(float (&acc)[64], cons
     for (int kt = 1; kt < ktiles; ++kt) retire(issue(kt), kt);
 }
 
+// Stages 1 and 2's kernel: a block a 128 x 128 tile of the grid (column tile blockIdx.x, row tile
+// blockIdx.y), one producer thread (fp8_produce) and two consumer warpgroups of 64 rows. A consumer
+// runs consume(acc, ring, a_row_bytes, scales, ktiles), its K loop into its zeroed accumulator (its A
+// rows `a_row_bytes` into a stage's A tile), then stores its rows plus the bias.
+template <class Consume>
+__device__ __forceinline__ void fp8_ws_tile(const TmaMap& map_a, const TmaMap& map_b, float* out, const float* a_scales,
+                                            const float* b_scales, const float* bias, int M, int N, int K,
+                                            const Consume& consume) {
+    const Fp8Ring<WG_STAGES> ring = fp8_ring<WG_STAGES>();
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    const int m0 = blockIdx.y * F8_BM, n0 = blockIdx.x * F8_BN;
+    const int ktiles = (K + F8_BK - 1) / F8_BK;
+
+    // Producer: one thread issues every load; a stage is refilled once both consumers let it go.
+    if (!fp8_consumer(ring, wg, [&] { fp8_produce(ring, &map_a, &map_b, m0, n0, ktiles); })) return;
+
+    const int c = wg - 1, warp = (tid >> 5) & 3;
+    const int row0 = m0 + 64 * c + 16 * warp + (lane >> 2);
+    const StepScales scales(a_scales, b_scales, row0, n0, M, ktiles);
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    consume(acc, ring, c * 64 * F8_BK, scales, ktiles);
+    store_m64n128_bias(acc, out, bias, row0, n0, M, N);
+}
+
 // The persistent stages' tile order: this block's tiles are blockIdx.x, + gridDim.x, ... of the
 // row-major order over the output's BM x 128 tiles (columns fastest: the order a 2-D grid of stage 2
 // launches its blocks in). Each yields its row and column origin.

@@ -21,11 +21,4 @@
         paged_attention<T, D, BS, 0>(out, lse, nullptr, nullptr, nullptr, q, kc, vc, block_tables, seq_lens,     \
                                      slopes, HKV, max_blocks, scale);                                            \
     }
-PA_V1_ENTRY(bf16, __nv_bfloat16, 64, 16)
-PA_V1_ENTRY(bf16, __nv_bfloat16, 64, 32)
-PA_V1_ENTRY(bf16, __nv_bfloat16, 128, 16)
-PA_V1_ENTRY(bf16, __nv_bfloat16, 128, 32)
-PA_V1_ENTRY(f16, __half, 64, 16)
-PA_V1_ENTRY(f16, __half, 64, 32)
-PA_V1_ENTRY(f16, __half, 128, 16)
-PA_V1_ENTRY(f16, __half, 128, 32)
+PA_ENTRIES(PA_V1_ENTRY)

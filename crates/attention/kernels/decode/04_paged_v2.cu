@@ -25,14 +25,7 @@
         paged_attention<T, D, BS, PA_PARTITION>(nullptr, nullptr, o_part, m_part, l_part, q, kc, vc, block_tables, \
                                                 seq_lens, slopes, HKV, max_blocks, scale);                       \
     }
-PA_V2_ENTRY(bf16, __nv_bfloat16, 64, 16)
-PA_V2_ENTRY(bf16, __nv_bfloat16, 64, 32)
-PA_V2_ENTRY(bf16, __nv_bfloat16, 128, 16)
-PA_V2_ENTRY(bf16, __nv_bfloat16, 128, 32)
-PA_V2_ENTRY(f16, __half, 64, 16)
-PA_V2_ENTRY(f16, __half, 64, 32)
-PA_V2_ENTRY(f16, __half, 128, 16)
-PA_V2_ENTRY(f16, __half, 128, 32)
+PA_ENTRIES(PA_V2_ENTRY)
 
 #define PA_REDUCE_ENTRY(SUFFIX, T)                                                                                \
     extern "C" __global__ void decode_paged_reduce_##SUFFIX(T* out, float* lse, const float* o_part,              \

@@ -72,6 +72,9 @@ __device__ __forceinline__ void flash_bf16(__nv_bfloat16* out, float* lse, const
     softmax_state_init(m, l, o);
     const int row = q0 + warp * 16 + (lane >> 2);
     const int tiles = causal ? tile + 1 : (T + BC - 1) / BC;
+    // Row key's 16-byte chunk c + h of the padded K and V tiles.
+    const auto key_chunk = [&](int key, int c, int h) { return smem_u32(ks + key * S + c * 8 + h * 8); };
+    const auto value_chunk = [&](int key, int c, int h) { return smem_u32(vs + key * S + c * 8 + h * 8); };
 
     for (int j = 0; j < tiles; ++j) {
         const int k0 = j * BC;
@@ -81,35 +84,10 @@ __device__ __forceinline__ void flash_bf16(__nv_bfloat16* out, float* lse, const
         __syncthreads();
 
         float s[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                unsigned kb4[4];
-                const int key = n * 8 + (lane & 7) + (lane >> 4) * 8;
-                ldmatrix_x4(kb4, smem_u32(ks + key * S + kk * 16 + ((lane >> 3) & 1) * 8));
-                mma_16816<__nv_bfloat16>(s[n], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb4[0], kb4[1]);
-                mma_16816<__nv_bfloat16>(s[n + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb4[2], kb4[3]);
-            }
-        }
+        qk_mma_sync(s, qa, key_chunk);
         const bool check = k0 + BC > T || (causal && j == tile);
         online_softmax_step(s, m, l, o, scale * LOG2E, row, k0, T, causal, check);
-
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-            unsigned a[4];
-            p_fragment(a, s, kk);
-#pragma unroll
-            for (int n = 0; n < DT; n += 2) {
-                unsigned vb4[4];
-                const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4_trans(vb4, smem_u32(vs + key * S + n * 8 + (lane >> 4) * 8));
-                mma_16816<__nv_bfloat16>(o[n], a[0], a[1], a[2], a[3], vb4[0], vb4[1]);
-                mma_16816<__nv_bfloat16>(o[n + 1], a[0], a[1], a[2], a[3], vb4[2], vb4[3]);
-            }
-        }
+        pv_mma_sync(o, s, value_chunk);
     }
     store_rows(out, lse, o, m, l, row, b, h, T, NH);
 }

@@ -102,35 +102,10 @@ __device__ __forceinline__ void flash_bf16(__nv_bfloat16* out, float* lse, const
         const __nv_bfloat16* vt = vs + (j % STAGES) * BC * D;
 
         float s[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                unsigned kb4[4];
-                const int key = n * 8 + (lane & 7) + (lane >> 4) * 8;
-                ldmatrix_x4(kb4, smem_u32(kt + swz<D>(key, kk * 2 + ((lane >> 3) & 1))));
-                mma_16816<__nv_bfloat16>(s[n], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb4[0], kb4[1]);
-                mma_16816<__nv_bfloat16>(s[n + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb4[2], kb4[3]);
-            }
-        }
+        qk_mma_sync(s, qa, [&](int key, int c, int h) { return smem_u32(kt + swz<D>(key, c + h)); });
         const bool check = k0 + BC > T || (causal && k0 + BC > q0);
         online_softmax_step(s, m, l, o, scale * LOG2E, row, k0, T, causal, check);
-
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-            unsigned a[4];
-            p_fragment(a, s, kk);
-#pragma unroll
-            for (int n = 0; n < DT; n += 2) {
-                unsigned vb4[4];
-                const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4_trans(vb4, smem_u32(vt + swz<D>(key, n + (lane >> 4))));
-                mma_16816<__nv_bfloat16>(o[n], a[0], a[1], a[2], a[3], vb4[0], vb4[1]);
-                mma_16816<__nv_bfloat16>(o[n + 1], a[0], a[1], a[2], a[3], vb4[2], vb4[3]);
-            }
-        }
+        pv_mma_sync(o, s, [&](int key, int c, int h) { return smem_u32(vt + swz<D>(key, c + h)); });
         __syncthreads();  // tile j's slot is free for tile j + 2
     }
     store_rows(out, lse, o, m, l, row, b, h, T, NH);

@@ -91,27 +91,15 @@ __device__ __forceinline__ void flash_tc(float* out, float* lse, const float* qk
         __syncthreads();
 
         float s[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                // Keys n*8.. and (n+1)*8.., dims kk*16 + {0, 8}: b0/b1 of n-tile n, then of n+1.
-                unsigned kb4[4];
-                const int key = n * 8 + (lane & 7) + (lane >> 4) * 8;
-                ldmatrix_x4(kb4, smem_u32(ks + key * S + kk * 16 + ((lane >> 3) & 1) * 8));
-                mma_16816<__nv_bfloat16>(s[n], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb4[0], kb4[1]);
-                mma_16816<__nv_bfloat16>(s[n + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb4[2], kb4[3]);
-            }
-        }
+        qk_mma_sync(s, qa, [&](int key, int c, int h) { return smem_u32(ks + key * S + c * 8 + h * 8); });
 
         // The online softmax (attention_flash_bf16.cuh): scores into log2 units, keys past the
         // diagonal (only on it) and past T masked, O rescaled.
         const bool edge = (j == tile) || (k0 + TC_BC > T);
         online_softmax_step(s, m, l, o, sl2, row_g, k0, T, true, edge);
 
-        // O += P.V: P's 16 keys per k-step are two S n-tiles, already in A-fragment order.
+        // O += P.V: P's 16 keys per k-step are two S n-tiles, already in A-fragment order. (This is
+        // pv_mma_sync written out: as a call it moves this stage's register assignment.)
 #pragma unroll
         for (int kk = 0; kk < TC_BC / 16; ++kk) {
             unsigned a[4];

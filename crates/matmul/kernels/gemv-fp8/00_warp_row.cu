@@ -29,8 +29,7 @@ __device__ __forceinline__ void gemv_fp8_warp_row(float* out, const In* inp, con
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;  // warp-uniform
     const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
-    // Row n's scales: its block row's, one per 128 channels, 8 pieces each.
-    const float* row_scales = scales + (size_t)(n / FP8_GROUP) * ((K + FP8_GROUP - 1) / FP8_GROUP);
+    const float* row_scales = fp8_row_scales(scales, n, K);  // 8 pieces a scale
     const int pieces = K / 16;
     for (int m0 = 0; m0 < M; m0 += MT) {
         float acc[MT];

@@ -49,7 +49,7 @@ __device__ __forceinline__ void gemv_fp8_skinny_mma(const Store& store, const In
     const unsigned char* wa_row = w + (size_t)(row_a ? n0 + g : 0) * K;
     const unsigned char* wb_row = w + (size_t)(row_b ? n0 + g + 8 : 0) * K;
     // The block's 16 rows lie in one 128-row block: its row of scales.
-    const float* block_scales = scales + (size_t)(n0 / FP8_GROUP) * ((K + FP8_GROUP - 1) / FP8_GROUP);
+    const float* block_scales = fp8_row_scales(scales, n0, K);
     const int steps = (K + 63) / 64;
     RowStats<MT, LN> stats;
     if constexpr (LN) {

@@ -26,7 +26,7 @@ __device__ __forceinline__ void gemv_fp8_loads_first(float* out, const In* inp, 
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;  // warp-uniform
     const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
-    const float* row_scales = scales + (size_t)(n / FP8_GROUP) * ((K + FP8_GROUP - 1) / FP8_GROUP);
+    const float* row_scales = fp8_row_scales(scales, n, K);
     const int pieces = K / 16;
     for (int m0 = 0; m0 < M; m0 += MT) {
         float acc[MT];

@@ -22,30 +22,18 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: fp8_ring, fp8_consumer with fp8_produce, fp8_consume_waited, store_m64n128_bias.
+// Recipe: fp8_ws_tile (fp8_ring, fp8_consumer with fp8_produce, store_m64n128_bias) with fp8_consume_waited.
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_ws(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                   const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K) {
-    const Fp8Ring<WG_STAGES> ring = fp8_ring<WG_STAGES>();
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
-    const int m0 = blockIdx.y * F8_BM, n0 = blockIdx.x * F8_BN;
-    const int ktiles = (K + F8_BK - 1) / F8_BK;
-
-    // Producer: one thread issues every load; a stage is refilled once both consumers let it go.
-    if (!fp8_consumer(ring, wg, [&] { fp8_produce(ring, &map_a, &map_b, m0, n0, ktiles); })) return;
-
-    const int c = wg - 1, warp = (tid >> 5) & 3;
-    const int row0 = m0 + 64 * c + 16 * warp + (lane >> 2);
-    const StepScales scales(a_scales, b_scales, row0, n0, M, ktiles);
-
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    // The warpgroup's wgmma have read stage s: one arrival for this consumer.
-    const auto release = [&](int, int s) {
-        if ((tid & 127) == 0) mbar_arrive(ring.empty(s));
+    const auto consume = [](float (&acc)[64], const Fp8Ring<WG_STAGES>& ring, unsigned a_row_bytes,
+                            const StepScales& scales, int ktiles) {
+        // The warpgroup's wgmma have read stage s: one arrival for this consumer.
+        const auto release = [&](int, int s) {
+            if ((threadIdx.x & 127) == 0) mbar_arrive(ring.empty(s));
+        };
+        fp8_consume_waited(acc, ring, a_row_bytes, scales, ktiles, release);
     };
-    fp8_consume_waited(acc, ring, c * 64 * F8_BK, scales, ktiles, release);
-    store_m64n128_bias(acc, out, bias, row0, n0, M, N);
+    fp8_ws_tile(map_a, map_b, out, a_scales, b_scales, bias, M, N, K, consume);
 }

@@ -21,25 +21,14 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: fp8_ring, fp8_consumer with fp8_produce, fp8_consume_overlapped, store_m64n128_bias.
+// Recipe: fp8_ws_tile (fp8_ring, fp8_consumer with fp8_produce, store_m64n128_bias) with fp8_consume_overlapped.
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_overlap(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
                        const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K) {
-    const Fp8Ring<WG_STAGES> ring = fp8_ring<WG_STAGES>();
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
-    const int m0 = blockIdx.y * F8_BM, n0 = blockIdx.x * F8_BN;
-    const int ktiles = (K + F8_BK - 1) / F8_BK;
-
-    if (!fp8_consumer(ring, wg, [&] { fp8_produce(ring, &map_a, &map_b, m0, n0, ktiles); })) return;
-
-    const int c = wg - 1, warp = (tid >> 5) & 3;
-    const int row0 = m0 + 64 * c + 16 * warp + (lane >> 2);
-    const StepScales scales(a_scales, b_scales, row0, n0, M, ktiles);
-
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, 0, [] {});
-    store_m64n128_bias(acc, out, bias, row0, n0, M, N);
+    const auto consume = [](float (&acc)[64], const Fp8Ring<WG_STAGES>& ring, unsigned a_row_bytes,
+                            const StepScales& scales, int ktiles) {
+        fp8_consume_overlapped(acc, ring, a_row_bytes, scales, ktiles, 0, [] {});
+    };
+    fp8_ws_tile(map_a, map_b, out, a_scales, b_scales, bias, M, N, K, consume);
 }

@@ -33,19 +33,8 @@ __device__ __forceinline__ void quantize_rows_layernorm(unsigned char* __restric
     if (row >= M) return;  // whole warps only
     const float* __restrict__ xr = x + (size_t)row * K;
     float v[4 * N];
-#pragma unroll
-    for (int k = 0; k < N; k++) {
-        const int i = (k * 32 + lane) * 4;
-        const float4 f = i < K ? load_f4_stream(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        v[4 * k] = f.x;
-        v[4 * k + 1] = f.y;
-        v[4 * k + 2] = f.z;
-        v[4 * k + 3] = f.w;
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < 4 * N; s++) sum += v[s];
-    const float m = warp_sum(sum) / K;
+    load_f4_chunks_stream<N>(v, xr, lane, 32, K);
+    const float m = warp_mean(v, K);
     float sq = 0.0f;
 #pragma unroll
     for (int k = 0; k < N; k++) {

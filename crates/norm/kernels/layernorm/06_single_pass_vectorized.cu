@@ -51,23 +51,12 @@ __device__ __forceinline__ void layernorm_row(out_t* __restrict__ out, float* __
     auto idx = [&](int s) { return vec ? ((s >> 2) * 32 + lane) * 4 + (s & 3) : s * 32 + lane; };
     float v[4 * N];
     if (vec) {
-#pragma unroll
-        for (int k = 0; k < N; k++) {
-            int i = (k * 32 + lane) * 4;
-            float4 f = i < C ? load_f4_stream(x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-            v[4 * k] = f.x;
-            v[4 * k + 1] = f.y;
-            v[4 * k + 2] = f.z;
-            v[4 * k + 3] = f.w;
-        }
+        load_f4_chunks_stream<N>(v, x, lane, 32, C);
     } else {
 #pragma unroll
         for (int s = 0; s < 4 * N; s++) v[s] = idx(s) < C ? __ldcs(x + idx(s)) : 0.0f;
     }
-    float sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < 4 * N; s++) sum += v[s];
-    const float m = warp_sum(sum) / C;
+    const float m = warp_mean(v, C);
     float sq = 0.0f;
 #pragma unroll
     for (int s = 0; s < 4 * N; s++) {

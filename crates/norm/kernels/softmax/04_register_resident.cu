@@ -33,15 +33,7 @@ __device__ __forceinline__ void softmax_row(float* __restrict__ out, const float
     };
     float v[4 * N];
     if (vec) {
-#pragma unroll
-        for (int k = 0; k < N; k++) {
-            int i = (k * SM_THREADS + threadIdx.x) * 4;
-            float4 f = i < len ? load_f4_stream(x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-            v[4 * k] = f.x;
-            v[4 * k + 1] = f.y;
-            v[4 * k + 2] = f.z;
-            v[4 * k + 3] = f.w;
-        }
+        load_f4_chunks_stream<N>(v, x, threadIdx.x, SM_THREADS, len);
     } else {
 #pragma unroll
         for (int s = 0; s < 4 * N; s++) v[s] = idx(s) < len ? __ldcs(x + idx(s)) : 0.0f;
