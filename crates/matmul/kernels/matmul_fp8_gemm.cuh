@@ -265,6 +265,7 @@ __device__ __forceinline__ void fp8_ws_tile(const TmaMap& map_a, const TmaMap& m
 // launches its blocks in). Each yields its row and column origin.
 template <int BM = F8_BM>
 struct Fp8TileStride {
+    static constexpr int ROWS = BM;
     int n_tiles, tiles;
     __device__ __forceinline__ Fp8TileStride(int M, int N)
         : n_tiles((N + F8_BN - 1) / F8_BN), tiles(((M + BM - 1) / BM) * n_tiles) {}
@@ -275,10 +276,34 @@ struct Fp8TileStride {
     __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * F8_BN; }
 };
 
+// Stage 7's tile order: the same stride over a walk that takes GROUP row panels at a time, column by
+// column (linear-bf16's GroupedOrder), so a W tile is read by the group's row panels while it is in
+// L2. With a group of every row panel, W comes from DRAM once; the host fits GROUP to the L2.
+template <int BM, int GROUP>
+struct Fp8TileGrouped {
+    static_assert(GROUP >= 1, "the walk takes at least one row panel at a time");
+    static constexpr int ROWS = BM;
+    int m_tiles, n_tiles, tiles;
+    __device__ __forceinline__ Fp8TileGrouped(int M, int N)
+        : m_tiles((M + BM - 1) / BM), n_tiles((N + F8_BN - 1) / F8_BN), tiles(m_tiles * n_tiles) {}
+    __device__ __forceinline__ int first() const { return blockIdx.x; }
+    __device__ __forceinline__ int next(int t) const { return t + gridDim.x; }
+    __device__ __forceinline__ bool done(int t) const { return t >= tiles; }
+    // Tile t's group starts at row panel `top` and holds `panels` of them (fewer in the last group).
+    __device__ __forceinline__ int m0(int t) const {
+        const int top = (t / (GROUP * n_tiles)) * GROUP, panels = min(m_tiles - top, GROUP);
+        return (top + (t % (GROUP * n_tiles)) % panels) * BM;
+    }
+    __device__ __forceinline__ int n0(int t) const {
+        const int top = (t / (GROUP * n_tiles)) * GROUP, panels = min(m_tiles - top, GROUP);
+        return ((t % (GROUP * n_tiles)) / panels) * F8_BN;
+    }
+};
+
 // The persistent stages' producer (one thread): every K step of this block's tiles, the ring's
 // positions counting on from tile to tile.
-template <int STAGES, int BM>
-__device__ __forceinline__ void fp8_produce_tiles(const Fp8Ring<STAGES, BM>& ring, const Fp8TileStride<BM>& tiles,
+template <int STAGES, int BM, class Tiles>
+__device__ __forceinline__ void fp8_produce_tiles(const Fp8Ring<STAGES, BM>& ring, const Tiles& tiles,
                                                   const TmaMap* map_a, const TmaMap* map_b, int ktiles) {
     int first = 0;
     for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles)
@@ -398,20 +423,22 @@ struct Fp8ConsumersOfRows<192> {
     using type = ThreeWaited;
 };
 
-// The staged-store stages' kernel: one block an SM walks its tiles (Fp8TileStride); a producer thread
+// The staged-store stages' kernel: one block an SM walks its tiles in Order (Fp8TileStride, or stage
+// 7's Fp8TileGrouped, of the Consumers' rows); a producer thread
 // runs the ring on across them; each consumer warpgroup runs Consumers' K loop over its 64 rows and
 // stores the previous tile (Fp8StagedStore) under the next one's first step, the last after the
 // loop. out is Out (fp32, or bf16); map_out its tensor map in boxes of 128 bytes x 64 rows; residual
 // (Out, M x N) is read by the residual tail only.
-template <class Consumers, class Out, int TAIL>
+template <class Consumers, class Order, class Out, int TAIL>
 __device__ __forceinline__ void fp8_staged_tiles(const TmaMap& map_a, const TmaMap& map_b, const float* a_scales,
                                                  const float* b_scales, const float* bias, int M, int N, int K,
                                                  const TmaMap& map_out, const Out* residual) {
     constexpr int TILE_ROWS = 64 * Consumers::CONSUMERS;
+    static_assert(Order::ROWS == TILE_ROWS, "the tile order walks the consumers' tiles");
     using Ring = Fp8Ring<WG_STAGES, TILE_ROWS>;
     const Ring ring = fp8_ring<WG_STAGES, TILE_ROWS>();
     const unsigned staging = (ring.base + Ring::BYTES + 1023) & ~1023u;
-    const Fp8TileStride<TILE_ROWS> tiles(M, N);
+    const Order tiles(M, N);
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     const int ktiles = (K + F8_BK - 1) / F8_BK;
 
@@ -445,19 +472,20 @@ __device__ __forceinline__ void fp8_staged_tiles(const TmaMap& map_a, const TmaM
 
 // One entry of a staged-store stage: `out` is unused (the stores go through map_out), so the argument
 // list is every stage's, then out's map and the residual (Out, M x N; null but for the residual tail).
-#define FP8_STAGED_ENTRY(name, Consumers, Out, TAIL)                                                             \
-    extern "C" __global__ void __launch_bounds__(128 * (1 + Consumers::CONSUMERS), 1)                             \
-        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, void* out,                \
-             const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K,                 \
-             const __grid_constant__ TmaMap map_out, const Out* residual) {                                        \
-        fp8_staged_tiles<Consumers, Out, TAIL>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out, residual); \
+#define FP8_STAGED_ENTRY(name, Consumers, Order, Out, TAIL)                                                           \
+    extern "C" __global__ void __launch_bounds__(128 * (1 + Consumers::CONSUMERS), 1)                                 \
+        name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, void* out,                   \
+             const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K,                    \
+             const __grid_constant__ TmaMap map_out, const Out* residual) {                                           \
+        fp8_staged_tiles<Consumers, Order, Out, TAIL>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out,       \
+                                                      residual);                                                      \
     }
 
 // A staged-store stage's six entries: no tail, GELU, the residual; fp32 out, then bf16 (`_bf16`).
-#define FP8_STAGED_ENTRIES(prefix, Consumers)                                                                      \
-    FP8_STAGED_ENTRY(prefix, Consumers, float, MM_TAIL_NONE)                                                       \
-    FP8_STAGED_ENTRY(prefix##_gelu, Consumers, float, MM_TAIL_GELU)                                                \
-    FP8_STAGED_ENTRY(prefix##_residual, Consumers, float, MM_TAIL_RESIDUAL)                                        \
-    FP8_STAGED_ENTRY(prefix##_bf16, Consumers, __nv_bfloat16, MM_TAIL_NONE)                                        \
-    FP8_STAGED_ENTRY(prefix##_gelu_bf16, Consumers, __nv_bfloat16, MM_TAIL_GELU)                                   \
-    FP8_STAGED_ENTRY(prefix##_residual_bf16, Consumers, __nv_bfloat16, MM_TAIL_RESIDUAL)
+#define FP8_STAGED_ENTRIES(prefix, Consumers, Order)                                                                  \
+    FP8_STAGED_ENTRY(prefix, Consumers, Order, float, MM_TAIL_NONE)                                                   \
+    FP8_STAGED_ENTRY(prefix##_gelu, Consumers, Order, float, MM_TAIL_GELU)                                            \
+    FP8_STAGED_ENTRY(prefix##_residual, Consumers, Order, float, MM_TAIL_RESIDUAL)                                    \
+    FP8_STAGED_ENTRY(prefix##_bf16, Consumers, Order, __nv_bfloat16, MM_TAIL_NONE)                                    \
+    FP8_STAGED_ENTRY(prefix##_gelu_bf16, Consumers, Order, __nv_bfloat16, MM_TAIL_GELU)                               \
+    FP8_STAGED_ENTRY(prefix##_residual_bf16, Consumers, Order, __nv_bfloat16, MM_TAIL_RESIDUAL)

@@ -79,6 +79,8 @@ enum Plan {
     ThreeConsumers,
     /// Stage 4's kernel or stage 5's, whichever tile (128 or 192 rows) fits the waves at the shape.
     WaveFit,
+    /// Stage 6 walking a group of row panels at a time, the group fitted to the L2 at the shape.
+    GroupFit,
     /// cuBLASLt's block-scaled FP8 matmul.
     Lt,
 }
@@ -94,7 +96,8 @@ enum Grid {
 
 /// A kernel stage's launch: its entry, threads, mbarriers a ring stage, grid, whether it stores
 /// through the TMA (a third tensor map, a consumer's 64 x 128 tile of staging), its consumer
-/// warpgroups, one for each 64 rows of its tile, and whether those are chosen per shape (stage 6).
+/// warpgroups, one for each 64 rows of its tile, whether those are chosen per shape (stage 6 on)
+/// and whether its walk's group of row panels is (stage 7).
 struct KernelPlan {
     entry: &'static str,
     threads: u32,
@@ -103,6 +106,7 @@ struct KernelPlan {
     tma_store: bool,
     consumers: u32,
     rows_per_shape: bool,
+    group_per_shape: bool,
 }
 
 /// Stage 6's two tiles, each with its ring depth: stage 5's 192 rows (three stages beside three
@@ -110,6 +114,10 @@ struct KernelPlan {
 const WAVE_FIT_TILES: [(u32, u32); 2] = [(192, 3), (128, 4)];
 /// Stage 6's tile rows where no shape is known (the host sets them per shape).
 static WAVE_FIT_DEFINES: [Define; 1] = [Define::new("F8_TILE_ROWS", "192")];
+/// Stage 7's group where W fits in half the L2, as linear-bf16's declared one.
+const DECLARED_GROUP: u32 = 8;
+/// Stage 7's defines where no shape is known.
+static GROUP_FIT_DEFINES: [Define; 2] = [Define::new("F8_TILE_ROWS", "192"), Define::new("F8_GROUP_M", "8")];
 
 impl KernelPlan {
     /// The rows of the tile (and of A's TMA box).
@@ -117,21 +125,39 @@ impl KernelPlan {
         64 * self.consumers as usize
     }
 
-    /// The plan and the variant to compile at `d` on `sms` SMs. Stage 6 takes the tile whose
-    /// rounds x rows is least ([`wave_fit_rows`]), with that tile's consumers, threads and ring
-    /// depth (`F8_TILE_ROWS`, `WG_STAGES`); every other stage is as declared.
-    fn fitted(self, v: &Variant, d: LinearFp8Dims, sms: u32) -> Result<(KernelPlan, Variant)> {
+    /// The plan and the variant to compile at `d` on `gpu`. Stage 6 on takes the tile whose rounds x
+    /// rows is least ([`wave_fit_rows`]), with that tile's consumers, threads and ring depth
+    /// (`F8_TILE_ROWS`, `WG_STAGES`); stage 7 the group [`group_fit`] fits to the L2 (`F8_GROUP_M`);
+    /// every other stage is as declared.
+    fn fitted(self, v: &Variant, d: LinearFp8Dims, gpu: &Gpu) -> Result<(KernelPlan, Variant)> {
         if !self.rows_per_shape {
             return Ok((self, v.clone()));
         }
-        let rows = wave_fit_rows(d.m, d.n, sms);
+        let rows = wave_fit_rows(d.m, d.n, gpu.info().sm_count);
         let stages = WAVE_FIT_TILES.iter().find(|&&(r, _)| r == rows).map_or(3, |&(_, s)| s);
         let mut compiled = v.clone();
         compiled.set_define("F8_TILE_ROWS", rows)?;
         compiled.set_tunable("WG_STAGES", stages)?;
+        if self.group_per_shape {
+            compiled.set_define("F8_GROUP_M", group_fit(d.m, d.n, d.k, rows, gpu.info().l2_bytes))?;
+        }
         let consumers = rows / 64;
         Ok((KernelPlan { consumers, threads: 128 * (1 + consumers), ..self }, compiled))
     }
+}
+
+/// Stage 7's group of row panels for an M x N x K product of `rows`-row tiles on a GPU of `l2_bytes`
+/// of L2: where W (N x K codes) fits in half the L2, [`DECLARED_GROUP`]; else the most row panels
+/// whose A rows (group x rows x K codes, read again for every column) fit in half the L2, every
+/// panel where they all fit, so W comes from DRAM once. Half, where `linear-bf16`'s fit lets W have
+/// the whole L2: the outputs stream through it too (the LM head's 412 MB of bf16 logits).
+pub fn group_fit(m: usize, n: usize, k: usize, rows: u32, l2_bytes: u64) -> u32 {
+    let half = l2_bytes as usize / 2;
+    if n * k <= half {
+        return DECLARED_GROUP;
+    }
+    let panels = half / (rows as usize * k).max(1);
+    panels.clamp(1, m.div_ceil(rows as usize).max(1)) as u32
 }
 
 /// Stage 6's tile rows for an M x N output on `sms` SMs: of [`WAVE_FIT_TILES`], the rows with the
@@ -149,14 +175,14 @@ impl Plan {
             Plan::Overlapped => ("linear_fp8_overlap", 384, 2, Grid::Tiles, false, 2),
             Plan::Persistent => ("linear_fp8_persistent", 384, 2, Grid::Persistent, false, 2),
             Plan::StagedEpilogue => ("linear_fp8_staged_epilogue", 384, 2, Grid::Persistent, true, 2),
-            Plan::ThreeConsumers | Plan::WaveFit => {
-                let entry = if self == Plan::WaveFit { "linear_fp8_wave_fit" } else { "linear_fp8_three_consumers" };
-                (entry, 512, 2, Grid::Persistent, true, 3)
-            }
+            Plan::ThreeConsumers => ("linear_fp8_three_consumers", 512, 2, Grid::Persistent, true, 3),
+            Plan::WaveFit => ("linear_fp8_wave_fit", 512, 2, Grid::Persistent, true, 3),
+            Plan::GroupFit => ("linear_fp8_group_fit", 512, 2, Grid::Persistent, true, 3),
             Plan::Lt => return None,
         };
-        let rows_per_shape = self == Plan::WaveFit;
-        Some(KernelPlan { entry, threads, barriers, grid, tma_store, consumers, rows_per_shape })
+        let (rows_per_shape, group_per_shape) =
+            (matches!(self, Plan::WaveFit | Plan::GroupFit), self == Plan::GroupFit);
+        Some(KernelPlan { entry, threads, barriers, grid, tma_store, consumers, rows_per_shape, group_per_shape })
     }
 }
 
@@ -219,6 +245,15 @@ fn stages() -> Vec<Variant> {
             "stage 4's kernel (128-row tiles) or stage 5's (192) per shape, whichever has the fewer rounds x rows on the SMs (linear-bf16 stage 11's wave model along M)",
         )
         .with_defines(&WAVE_FIT_DEFINES[..])
+        .with_tunables(&[("WG_STAGES", 3)]),
+        k(
+            7,
+            "group-fit",
+            "linear-fp8/07_group_fit.cu",
+            Plan::GroupFit,
+            "stage 6 walking F8_GROUP_M row panels at a time, column by column, the group fitted to the L2 per shape: W from DRAM once where it overflows half the L2 (the LM head)",
+        )
+        .with_defines(&GROUP_FIT_DEFINES[..])
         .with_tunables(&[("WG_STAGES", 3)]),
         Variant::library(
             FAMILY,
@@ -327,7 +362,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
         let dims = common::lt::LtDims { m: d.m, n: d.n, k: d.k };
         return Ok(Prepared { runner: Runner::Lt(Lt::prepare(gpu, LtOperands::E4m3Blocks, d.out, epi, dims)?), d });
     };
-    let (plan, v) = plan.fitted(v, d, gpu.info().sm_count)?;
+    let (plan, v) = plan.fitted(v, d, gpu)?;
     let v = &v;
     let stages = v.tunable("WG_STAGES")?;
     // An A tile of the tile's rows and a W tile of 128 rows, 128 codes each, a stage, 1 KiB for the
@@ -529,18 +564,20 @@ impl Op for LinearFp8 {
         let bf16 = [0, 1, 2, 3, 5].map(|i| crate::linear_bf16::bf16_out(fp32[i].clone()));
         // The tails GPT-2 fuses: the MLP up's GELU into bf16, the projections adding into the fp32
         // residual stream.
+        // The LM head as the model runs it: the vocabulary padded to 50304, bf16 logits.
+        let head = crate::linear_bf16::bf16_out(shape(4096, 50304, 768, 0));
         let tails = [
             crate::linear_bf16::bf16_out(shape_with_tail(4096, 3072, 768, 1)),
             shape_with_tail(4096, 768, 768, 2),
             shape_with_tail(4096, 768, 3072, 2),
         ];
-        fp32.into_iter().chain(bf16).chain(tails).collect()
+        fp32.into_iter().chain(bf16).chain([head]).chain(tails).collect()
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check_shape(v, LinearFp8Dims::of(s)?)
     }
     fn compiled_variants(&self, gpu: &Gpu, v: &Variant, s: &Shape) -> Vec<Variant> {
-        let fitted = |plan: KernelPlan| plan.fitted(v, LinearFp8Dims::of(s)?, gpu.info().sm_count);
+        let fitted = |plan: KernelPlan| plan.fitted(v, LinearFp8Dims::of(s)?, gpu);
         match v.plan::<Plan>().ok().and_then(Plan::kernel).map(fitted) {
             Some(Ok((_, compiled))) => vec![compiled],
             _ => vec![v.clone()],
@@ -756,6 +793,18 @@ mod tests {
         assert_eq!(wave_fit_rows(8192, 8192, 132), 192);
         assert_eq!(wave_fit_rows(4096, 4096, 132), 128);
         assert_eq!(wave_fit_rows(4096, 50304, 132), 128);
+    }
+
+    /// Stage 7's group on an H100 (50 MB of L2): the declared 8 where W fits in half of it (GPT-2's
+    /// block linears, 4096^3); every row panel for the LM head's 38.6 MB of W; at 8192^3 the 16
+    /// panels of 192 x 8192 codes that fit in 25 MB.
+    #[test]
+    fn group_fit_reads_w_once_where_it_overflows_half_the_l2() {
+        let l2 = 50 << 20;
+        assert_eq!(group_fit(4096, 3072, 768, 192, l2), DECLARED_GROUP);
+        assert_eq!(group_fit(4096, 4096, 4096, 128, l2), DECLARED_GROUP);
+        assert_eq!(group_fit(4096, 50304, 768, 128, l2), 32);
+        assert_eq!(group_fit(8192, 8192, 8192, 192, l2), 16);
     }
 
     /// cuBLASLt's layouts: A's scale (m, kb) at kb·M + m; W's (nb, kb) at nb·L4 + kb, the K groups

@@ -32,4 +32,4 @@
 // Recipe: fp8_staged_tiles with TwoOverlapped (fp8_ring, Fp8TileStride, fp8_consumer with
 // fp8_produce_tiles, fp8_consume_overlapped with Fp8StagedStore of the previous tile under its first
 // step).
-FP8_STAGED_ENTRIES(linear_fp8_staged_epilogue, TwoOverlapped)
+FP8_STAGED_ENTRIES(linear_fp8_staged_epilogue, TwoOverlapped, Fp8TileStride<128>)

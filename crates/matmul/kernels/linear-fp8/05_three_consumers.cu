@@ -30,4 +30,4 @@
 // Recipe: fp8_staged_tiles with ThreeWaited (fp8_ring of 192-row A tiles, Fp8TileStride<192>,
 // fp8_consumer of three warpgroups with fp8_produce_tiles, fp8_consume_waited_staged with
 // Fp8StagedStore of the previous tile under its first step).
-FP8_STAGED_ENTRIES(linear_fp8_three_consumers, ThreeWaited)
+FP8_STAGED_ENTRIES(linear_fp8_three_consumers, ThreeWaited, Fp8TileStride<192>)

@@ -27,4 +27,4 @@
 
 // Recipe: fp8_staged_tiles with TwoOverlapped at 128 rows (stage 4), ThreeWaited at 192 (stage 5).
 using WaveFitConsumers = Fp8ConsumersOfRows<F8_TILE_ROWS>::type;
-FP8_STAGED_ENTRIES(linear_fp8_wave_fit, WaveFitConsumers)
+FP8_STAGED_ENTRIES(linear_fp8_wave_fit, WaveFitConsumers, Fp8TileStride<F8_TILE_ROWS>)
