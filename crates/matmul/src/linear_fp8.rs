@@ -114,10 +114,11 @@ struct KernelPlan {
 const WAVE_FIT_TILES: [(u32, u32); 2] = [(192, 3), (128, 4)];
 /// Stage 6's tile rows where no shape is known (the host sets them per shape).
 static WAVE_FIT_DEFINES: [Define; 1] = [Define::new("F8_TILE_ROWS", "192")];
-/// Stage 7's group where W fits in half the L2, as linear-bf16's declared one.
-const DECLARED_GROUP: u32 = 8;
+/// Stage 7's group where W fits in half the L2: one row panel at a time, stage 6's walk (a group of
+/// 8 measured 1-4% slower at GPT-2's block linears and 4096^3, call S9).
+const DECLARED_GROUP: u32 = 1;
 /// Stage 7's defines where no shape is known.
-static GROUP_FIT_DEFINES: [Define; 2] = [Define::new("F8_TILE_ROWS", "192"), Define::new("F8_GROUP_M", "8")];
+static GROUP_FIT_DEFINES: [Define; 2] = [Define::new("F8_TILE_ROWS", "192"), Define::new("F8_GROUP_M", "1")];
 
 impl KernelPlan {
     /// The rows of the tile (and of A's TMA box).
@@ -795,9 +796,9 @@ mod tests {
         assert_eq!(wave_fit_rows(4096, 50304, 132), 128);
     }
 
-    /// Stage 7's group on an H100 (50 MB of L2): the declared 8 where W fits in half of it (GPT-2's
-    /// block linears, 4096^3); every row panel for the LM head's 38.6 MB of W; at 8192^3 the 16
-    /// panels of 192 x 8192 codes that fit in 25 MB.
+    /// Stage 7's group on an H100 (50 MB of L2): one row panel (stage 6's walk) where W fits in half
+    /// of it (GPT-2's block linears, 4096^3); every row panel for the LM head's 38.6 MB of W; at
+    /// 8192^3 the 16 panels of 192 x 8192 codes that fit in 25 MB.
     #[test]
     fn group_fit_reads_w_once_where_it_overflows_half_the_l2() {
         let l2 = 50 << 20;
