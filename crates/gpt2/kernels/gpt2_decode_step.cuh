@@ -122,17 +122,24 @@ __device__ bool mk_wait_at_least(const unsigned* p, unsigned want, int* error, u
     return true;
 }
 
-// The end of a launch: the last block out zeroes sync[0 .. words) for the next launch (every other
-// block has passed its last wait by then).
-__device__ void mk_exit(const MkArgs& a, int words) {
+// Whether this block is the last of `count` to take a ticket from *ticket (the launch's exits, the
+// argmax merge, a (b, h)'s splits): thread 0 fences the block's writes before its atomicAdd, so the
+// last block, once it fences too, reads every other block's.
+__device__ __forceinline__ bool mk_last_arrival(unsigned* ticket, unsigned count) {
     __shared__ bool last;
     mk_sync();
     if (threadIdx.x == 0) {
         __threadfence();
-        last = atomicAdd(&a.sync[1], 1u) == gridDim.x - 1;
+        last = atomicAdd(ticket, 1u) == count - 1;
     }
     mk_sync();
-    if (!last) return;
+    return last;
+}
+
+// The end of a launch: the last block out zeroes sync[0 .. words) for the next launch (every other
+// block has passed its last wait by then).
+__device__ void mk_exit(const MkArgs& a, int words) {
+    if (!mk_last_arrival(&a.sync[1], gridDim.x)) return;
     for (int i = threadIdx.x; i < words; i += MK_THREADS) a.sync[i] = 0;
     __threadfence();
 }
@@ -374,14 +381,7 @@ __device__ void mk_argmax_merge(const MkArgs& a, MkHeadEpi& epi, const MkSmem& s
             a.best_i[blockIdx.x * MK_BMAX + (idx >> 4)] = i;
         }
     }
-    __shared__ bool last;
-    mk_sync();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(&a.sync[2], 1u) == gridDim.x - 1;
-    }
-    mk_sync();
-    if (!last) return;
+    if (!mk_last_arrival(&a.sync[2], gridDim.x)) return;
     __threadfence();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int b = warp; b < a.B; b += MK_WARPS) {
@@ -509,14 +509,7 @@ __device__ bool mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
         part[MK_HEAD] = m;
         part[MK_HEAD + 1] = acc;
     }
-    __shared__ bool last;
-    mk_sync();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(&a.tickets[bh], 1u) == (unsigned)S - 1;
-    }
-    mk_sync();
-    if (!last) return false;
+    if (!mk_last_arrival(&a.tickets[bh], (unsigned)S)) return false;
     __threadfence();
     if (threadIdx.x < MK_HEAD) a.att[(size_t)b * C + h * MK_HEAD + threadIdx.x] = __float2bfloat16_rn(
             merge_column(SplitRecords{a.part + (size_t)bh * S * (MK_HEAD + 2), MK_HEAD}, S, threadIdx.x, false).value);
