@@ -38,6 +38,20 @@ __device__ __forceinline__ void load_step_rows(float (&x)[R][8], const T* __rest
     }
 }
 
+// decode_block's step loop over rows [first, t_end) of K or V, GROUPS * R rows a block step:
+// a group's R rows loaded together (load_step_rows), then row(x, t) for each, rows t >= t_end
+// included (x unread there) so that the scores' shuffles run with the full warp.
+template <int GROUPS, int R, typename T, typename Row>
+__device__ __forceinline__ void walk_step_rows(const T* __restrict__ rows, size_t stride, int first, int t_end, int gw,
+                                               int gl, const Row& row) {
+    for (int base = first; base < t_end; base += GROUPS * R) {
+        float x[R][8];
+        load_step_rows<GROUPS>(x, rows, stride, base, gw, gl, t_end);
+#pragma unroll
+        for (int r = 0; r < R; ++r) row(x[r], base + r * GROUPS + gw);
+    }
+}
+
 // Output column d of one (sequence, query head) row merged over its S split partials
 // (ladder_split_merge.cuh; o holds the row's S partials of D floats, m and l its S maxima and sums;
 // `normalized`: each o_s is already divided by its l_s); writes out[d], and *lse when d == 0.
@@ -85,7 +99,6 @@ __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float
     constexpr int GPW = 32 / GS;         // groups (rows in flight) per warp
     constexpr int WARPS = THREADS / 32;
     constexpr int GROUPS = WARPS * GPW;  // rows per block step and unroll slot
-    constexpr int STEP = GROUPS * R;
     __shared__ float scratch[32];
     __shared__ float red[WARPS][G][D];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -100,33 +113,27 @@ __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float
     float lmax[G];
 #pragma unroll
     for (int h = 0; h < G; ++h) lmax[h] = -INFINITY;
-    for (int base = t_begin + warp * GPW; base < t_end; base += STEP) {
-        float k[R][8];
-        load_step_rows<GROUPS>(k, kbase, stride, base, gw, gl, t_end);
+    walk_step_rows<GROUPS, R>(kbase, stride, t_begin + warp * GPW, t_end, gw, gl, [&](const float (&k)[8], int t) {
+        float acc[G];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int t = base + r * GROUPS + gw;
-            float acc[G];
+        for (int h = 0; h < G; ++h) {
+            acc[h] = 0.0f;
+            if (t < t_end) {
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
-                acc[h] = 0.0f;
-                if (t < t_end) {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[h] += q[h][i] * k[r][i];
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < G; ++h) {
-#pragma unroll
-                for (int off = GS / 2; off > 0; off >>= 1) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], off);
-                if (t < t_end && gl == 0) {
-                    const float v = acc[h] * scale + decode_alibi(slopes, hq0 + h, t, len);
-                    s[h * n + t - t_begin] = v;
-                    lmax[h] = fmaxf(lmax[h], v);
-                }
+                for (int i = 0; i < 8; ++i) acc[h] += q[h][i] * k[i];
             }
         }
-    }
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int off = GS / 2; off > 0; off >>= 1) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], off);
+            if (t < t_end && gl == 0) {
+                const float v = acc[h] * scale + decode_alibi(slopes, hq0 + h, t, len);
+                s[h * n + t - t_begin] = v;
+                lmax[h] = fmaxf(lmax[h], v);
+            }
+        }
+    });
 #pragma unroll
     for (int h = 0; h < G; ++h) {
         m[h] = block_max(lmax[h], scratch);
@@ -146,22 +153,16 @@ __device__ __forceinline__ void decode_block(float (&o)[G], float (&m)[G], float
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
     }
-    for (int base = t_begin + warp * GPW; base < t_end; base += STEP) {
-        float v[R][8];
-        load_step_rows<GROUPS>(v, vbase, stride, base, gw, gl, t_end);
+    walk_step_rows<GROUPS, R>(vbase, stride, t_begin + warp * GPW, t_end, gw, gl, [&](const float (&v)[8], int t) {
+        if (t < t_end) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int t = base + r * GROUPS + gw;
-            if (t < t_end) {
+            for (int h = 0; h < G; ++h) {
+                const float p = s[h * n + t - t_begin];
 #pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    const float p = s[h * n + t - t_begin];
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[h][i] += p * v[r][i];
-                }
+                for (int i = 0; i < 8; ++i) acc[h][i] += p * v[i];
             }
         }
-    }
+    });
 #pragma unroll
     for (int h = 0; h < G; ++h) {
 #pragma unroll

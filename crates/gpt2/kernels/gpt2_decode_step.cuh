@@ -122,17 +122,24 @@ __device__ bool mk_wait_at_least(const unsigned* p, unsigned want, int* error, u
     return true;
 }
 
-// The end of a launch: the last block out zeroes sync[0 .. words) for the next launch (every other
-// block has passed its last wait by then).
-__device__ void mk_exit(const MkArgs& a, int words) {
+// Whether this block is the last of `count` to take a ticket from *ticket (the launch's exits, the
+// argmax merge, a (b, h)'s splits): thread 0 fences the block's writes before its atomicAdd, so the
+// last block, once it fences too, reads every other block's.
+__device__ __forceinline__ bool mk_last_arrival(unsigned* ticket, unsigned count) {
     __shared__ bool last;
     mk_sync();
     if (threadIdx.x == 0) {
         __threadfence();
-        last = atomicAdd(&a.sync[1], 1u) == gridDim.x - 1;
+        last = atomicAdd(ticket, 1u) == count - 1;
     }
     mk_sync();
-    if (!last) return;
+    return last;
+}
+
+// The end of a launch: the last block out zeroes sync[0 .. words) for the next launch (every other
+// block has passed its last wait by then).
+__device__ void mk_exit(const MkArgs& a, int words) {
+    if (!mk_last_arrival(&a.sync[1], gridDim.x)) return;
     for (int i = threadIdx.x; i < words; i += MK_THREADS) a.sync[i] = 0;
     __threadfence();
 }
@@ -374,14 +381,7 @@ __device__ void mk_argmax_merge(const MkArgs& a, MkHeadEpi& epi, const MkSmem& s
             a.best_i[blockIdx.x * MK_BMAX + (idx >> 4)] = i;
         }
     }
-    __shared__ bool last;
-    mk_sync();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(&a.sync[2], 1u) == gridDim.x - 1;
-    }
-    mk_sync();
-    if (!last) return;
+    if (!mk_last_arrival(&a.sync[2], gridDim.x)) return;
     __threadfence();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int b = warp; b < a.B; b += MK_WARPS) {
@@ -430,6 +430,21 @@ __device__ __forceinline__ void mk_att_load(uint4 (&k)[MK_ATT_ILP], const bf16* 
     }
 }
 
+// A unit's passes over one cache (the scores' K, then P.V's V): each pass issues MK_ATT_ILP tokens'
+// loads a lane (mk_att_load) before using any, then row(kv, t) for each of them, tokens t >= w.t1
+// included (zeros) so that the scores' shuffles run with the whole warp.
+template <typename Row>
+__device__ __forceinline__ void mk_att_walk(const bf16* cache, const MkArgs& a, const MkAttUnit& w, const Row& row) {
+    constexpr int GROUPS = MK_THREADS / 8;
+    const int grp = threadIdx.x >> 3;
+    for (int first = w.t0; first < w.t1; first += GROUPS * MK_ATT_ILP) {
+        uint4 kv[MK_ATT_ILP];
+        mk_att_load(kv, cache, a, w, first);
+#pragma unroll
+        for (int i = 0; i < MK_ATT_ILP; ++i) row(kv[i], first + i * GROUPS + grp);
+    }
+}
+
 // One (sequence b, head h, split) of decode attention over the cache (the new token included):
 // scores of its token range into shared memory, their max and exponentials, P.V; the partial
 // (o, max, sum) to a.part; the (b, h)'s last split to finish merges all of them into a.att
@@ -448,51 +463,38 @@ __device__ bool mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
         qv[4] = q1.x * sc; qv[5] = q1.y * sc; qv[6] = q1.z * sc; qv[7] = q1.w * sc;
     }
     // Every lane runs every pass (the shuffles take the whole warp); lanes past t1 load nothing.
-    // Each pass issues MK_ATT_ILP tokens' loads a lane before using any.
     float mloc = -INFINITY;
-    for (int first = t0; first < t1; first += GROUPS * MK_ATT_ILP) {
-        uint4 kk[MK_ATT_ILP];
-        mk_att_load(kk, L.k, a, w, first);
+    mk_att_walk(L.k, a, w, [&](const uint4& k, int t) {
+        const unsigned kw[4] = {k.x, k.y, k.z, k.w};
+        float d = 0.0f;
 #pragma unroll
-        for (int i = 0; i < MK_ATT_ILP; ++i) {
-            const int t = first + i * GROUPS + grp;
-            const unsigned kw[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
-            float d = 0.0f;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 f = unpack_bf16x2(kw[e]);
-                d += qv[2 * e] * f.x + qv[2 * e + 1] * f.y;
-            }
-            d += __shfl_xor_sync(0xffffffffu, d, 1);
-            d += __shfl_xor_sync(0xffffffffu, d, 2);
-            d += __shfl_xor_sync(0xffffffffu, d, 4);
-            if (t < t1) {
-                if (j == 0) s.score[t - t0] = d;
-                mloc = fmaxf(mloc, d);
-            }
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = unpack_bf16x2(kw[e]);
+            d += qv[2 * e] * f.x + qv[2 * e + 1] * f.y;
         }
-    }
+        d += __shfl_xor_sync(0xffffffffu, d, 1);
+        d += __shfl_xor_sync(0xffffffffu, d, 2);
+        d += __shfl_xor_sync(0xffffffffu, d, 4);
+        if (t < t1) {
+            if (j == 0) s.score[t - t0] = d;
+            mloc = fmaxf(mloc, d);
+        }
+    });
     const float m = mk_block_max(mloc, s.misc);  // synchronises: the scores are visible
     mk_stamp(scores_slot);
     float o[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l = 0.0f;
-    for (int first = t0; first < t1; first += GROUPS * MK_ATT_ILP) {
-        uint4 vv[MK_ATT_ILP];
-        mk_att_load(vv, L.v, a, w, first);
+    mk_att_walk(L.v, a, w, [&](const uint4& v, int t) {
+        if (t >= t1) return;
+        const float p = exp2f(s.score[t - t0] - m);
+        l += p;
+        const unsigned vw[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < MK_ATT_ILP; ++i) {
-            const int t = first + i * GROUPS + grp;
-            if (t >= t1) break;
-            const float p = exp2f(s.score[t - t0] - m);
-            l += p;
-            const unsigned vw[4] = {vv[i].x, vv[i].y, vv[i].z, vv[i].w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 f = unpack_bf16x2(vw[e]);
-                o[2 * e] += p * f.x;
-                o[2 * e + 1] += p * f.y;
-            }
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = unpack_bf16x2(vw[e]);
+            o[2 * e] += p * f.x;
+            o[2 * e + 1] += p * f.y;
         }
-    }
+    });
     // Across the token groups: [GROUPS][64] partial outputs, [GROUPS] partial sums, in s.red.
 #pragma unroll
     for (int e = 0; e < 8; ++e) s.red[grp * MK_HEAD + 8 * j + e] = o[e];
@@ -509,14 +511,7 @@ __device__ bool mk_attention_unit(const MkArgs& a, const MkLayer& L, int u, cons
         part[MK_HEAD] = m;
         part[MK_HEAD + 1] = acc;
     }
-    __shared__ bool last;
-    mk_sync();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(&a.tickets[bh], 1u) == (unsigned)S - 1;
-    }
-    mk_sync();
-    if (!last) return false;
+    if (!mk_last_arrival(&a.tickets[bh], (unsigned)S)) return false;
     __threadfence();
     if (threadIdx.x < MK_HEAD) a.att[(size_t)b * C + h * MK_HEAD + threadIdx.x] = __float2bfloat16_rn(
             merge_column(SplitRecords{a.part + (size_t)bh * S * (MK_HEAD + 2), MK_HEAD}, S, threadIdx.x, false).value);

@@ -257,7 +257,7 @@ __device__ __forceinline__ void fp8_ws_tile(const TmaMap& map_a, const TmaMap& m
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     consume(acc, ring, c * 64 * F8_BK, scales, ktiles);
-    store_m64n128_bias(acc, out, bias, row0, n0, M, N);
+    store_m64_bias<128>(acc, out, bias, row0, n0, M, N);
 }
 
 // The persistent stages' tile order: this block's tiles are blockIdx.x, + gridDim.x, ... of the

@@ -73,6 +73,34 @@ __device__ __forceinline__ void gemv_warp_store(float (&acc)[MT], float* out, co
     }
 }
 
+// A stage's passes over M, MT rows of inp each (M > MT re-reads the row of W, from L2): each pass's
+// lane sums acc[0..MT) start at zero and go to pass(acc, m0), which accumulates and stores them.
+template <int MT, typename Pass>
+__device__ __forceinline__ void gemv_passes(int M, const Pass& pass) {
+    for (int m0 = 0; m0 < M; m0 += MT) {
+        float acc[MT];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
+        pass(acc, m0);
+    }
+}
+
+// The warp-row frame (gemv stage 1, gemv-fp8 stages 0 and 2): warp n of the grid takes row n of W
+// (elements of type Wt, read as 16-byte pieces), a whole warp returning past N; each pass's lane sums
+// come from walk(acc, row, n, m0, lane), the stage's walk over the row's pieces, then gemv_warp_store.
+template <int MT, typename Wt, typename Walk>
+__device__ __forceinline__ void gemv_warp_row_passes(float* out, const Wt* w, const float* bias, const float* residual,
+                                                     int tail, int M, int N, int K, const Walk& walk) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (n >= N) return;  // warp-uniform
+    const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
+    gemv_passes<MT>(M, [&](float (&acc)[MT], int m0) {
+        walk(acc, row, n, m0, lane);
+        gemv_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
+    });
+}
+
 __device__ __forceinline__ float gemv_in(float x) { return x; }
 __device__ __forceinline__ float gemv_in(__nv_bfloat16 x) { return __bfloat162float(x); }
 

@@ -46,16 +46,18 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], unsigned l
     WGMMA_M64N128_SS(".m64n128k32.f32.e4m3.e4m3", "1, 1", d, a, b, accumulate);
 }
 
-// The store of a warpgroup's 64 x 128 fp32 tile d in wgmma's layout (d[4j + 0..1]: row g, columns
+// The store of a warpgroup's 64 x NT fp32 tile d in wgmma's layout (d[4j + 0..1]: row g, columns
 // 8j + 2t and 8j + 2t + 1 of the warp's 16 rows; d[4j + 2..3]: row g + 8) plus the bias: this thread's
 // rows row0 and row0 + 8 of out, columns from n0 + 2t; rows past M and columns past N skipped, pairs
-// stored as float2 when N is even (8-byte aligned rows). linear-bf16 stage 7, linear-fp8 0 and 1.
-__device__ __forceinline__ void store_m64n128_bias(const float (&d)[64], float* out, const float* bias, int row0,
-                                                   int n0, int M, int N) {
+// stored as float2 when N is even (8-byte aligned rows). NT = 128: linear-bf16 stage 7, linear-fp8 0
+// and 1; NT = 256 (m64n256 accumulators): linear-bf16 stage 8.
+template <int NT>
+__device__ __forceinline__ void store_m64_bias(const float (&d)[NT / 2], float* out, const float* bias, int row0,
+                                               int n0, int M, int N) {
     const int t = threadIdx.x & 3;
     const bool pairs = (N & 1) == 0;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < NT / 8; ++j) {
         const int col = n0 + 8 * j + 2 * t;
         if (col >= N) continue;
         const float b0 = bias != nullptr ? bias[col] : 0.0f;

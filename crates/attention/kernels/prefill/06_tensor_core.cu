@@ -98,22 +98,8 @@ __device__ __forceinline__ void flash_tc(float* out, float* lse, const float* qk
         const bool edge = (j == tile) || (k0 + TC_BC > T);
         online_softmax_step(s, m, l, o, sl2, row_g, k0, T, true, edge);
 
-        // O += P.V: P's 16 keys per k-step are two S n-tiles, already in A-fragment order. (This is
-        // pv_mma_sync written out: as a call it moves this stage's register assignment.)
-#pragma unroll
-        for (int kk = 0; kk < TC_BC / 16; ++kk) {
-            unsigned a[4];
-            p_fragment(a, s, kk);
-#pragma unroll
-            for (int n = 0; n < DT; n += 2) {
-                // Keys kk*16 + {0, 8}, dims n*8 and (n+1)*8, transposed: b0/b1 of n, then of n+1.
-                unsigned vb4[4];
-                const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                ldmatrix_x4_trans(vb4, smem_u32(vs + key * S + n * 8 + (lane >> 4) * 8));
-                mma_16816<__nv_bfloat16>(o[n], a[0], a[1], a[2], a[3], vb4[0], vb4[1]);
-                mma_16816<__nv_bfloat16>(o[n + 1], a[0], a[1], a[2], a[3], vb4[2], vb4[3]);
-            }
-        }
+        // O += P.V: P's 16 keys per k-step are two S n-tiles, already in A-fragment order.
+        pv_mma_sync(o, s, [&](int key, int c, int h) { return smem_u32(vs + key * S + c * 8 + h * 8); });
     }
 
     // O / l, and lse = (m + log2 l) * ln 2 in the natural log of the scaled scores.

@@ -5,7 +5,7 @@
 // Why it is here: a decode step that samples greedily then downloads B ints instead of B x V floats
 //   (6.4 MB at B = 32, V = 50257: a third of a fast step over PCIe) and the graph can keep the token.
 // Each thread scans the row with stride 256 (coalesced), keeping its (max, index); a warp merges its
-//   lanes' pairs by shuffles, then warp 0 merges the 8 warps' pairs from shared memory.
+//   lanes' pairs by shuffles, then warp 0 merges the 8 warps' pairs from shared memory (block_argmax).
 // Launch: argmax_rows: grid B, block 256. Constraints: B, V >= 1; ld >= V; B * ld < 2^31.
 // Tolerance: exact (token ids).
 // Limits: B * ld < 2^31; ld >= V
@@ -13,8 +13,6 @@
 #include "gpt2_argmax.cuh"
 
 extern "C" __global__ void argmax_rows(int* ids, const float* logits, int B, int V, int ld) {
-    __shared__ float best_v[8];
-    __shared__ int best_i[8];
     const float* row = logits + (size_t)blockIdx.x * ld;
     float v = -INFINITY;
     int i = 0x7fffffff;
@@ -25,18 +23,7 @@ extern "C" __global__ void argmax_rows(int* ids, const float* logits, int B, int
             i = j;
         }
     }
-    warp_argmax(v, i);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) {
-        best_v[warp] = v;
-        best_i[warp] = i;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < (int)(blockDim.x >> 5) ? best_v[lane] : -INFINITY;
-        i = lane < (int)(blockDim.x >> 5) ? best_i[lane] : 0x7fffffff;
-        warp_argmax(v, i);
-        // A row of -inf and NaN only: index 0, as the host's argmax gives.
-        if (lane == 0) ids[blockIdx.x] = i == 0x7fffffff ? 0 : i;
-    }
+    block_argmax(v, i);
+    // A row of -inf and NaN only: index 0, as the host's argmax gives.
+    if (threadIdx.x == 0) ids[blockIdx.x] = i == 0x7fffffff ? 0 : i;
 }

@@ -20,25 +20,6 @@
 #endif
 static_assert(ARGMAX_SPLITS >= 1 && ARGMAX_SPLITS <= 32, "one warp merges the pieces");
 
-// The block's (max, index) over its threads' pairs, valid in warp 0.
-__device__ __forceinline__ void block_argmax(float& v, int& i) {
-    __shared__ float best_v[32];
-    __shared__ int best_i[32];
-    warp_argmax(v, i);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) {
-        best_v[warp] = v;
-        best_i[warp] = i;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const bool have = lane < (int)(blockDim.x >> 5);
-        v = have ? best_v[lane] : -INFINITY;
-        i = have ? best_i[lane] : 0x7fffffff;
-        warp_argmax(v, i);
-    }
-}
-
 // What the merging lane does after it writes a row's id: nothing (every launch of this stage), or,
 // with ARGMAX_ADVANCE (a host switch of the model's greedy loop on the device), the
 // step's inputs for the next step advanced on the device: the pick recorded at picks[b][pos], the

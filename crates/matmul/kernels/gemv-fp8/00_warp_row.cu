@@ -25,26 +25,18 @@ template <int MT, typename In>
 __device__ __forceinline__ void gemv_fp8_warp_row(float* out, const In* inp, const unsigned char* w,
                                                   const float* scales, const float* bias, const float* residual,
                                                   int tail, int M, int N, int K) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;  // warp-uniform
-    const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
-    const float* row_scales = fp8_row_scales(scales, n, K);  // 8 pieces a scale
-    const int pieces = K / 16;
-    for (int m0 = 0; m0 < M; m0 += MT) {
-        float acc[MT];
+    gemv_warp_row_passes<MT>(out, w, bias, residual, tail, M, N, K,
+                             [&](float (&acc)[MT], const uint4* row, int n, int m0, int lane) {
+                                 const float* row_scales = fp8_row_scales(scales, n, K);  // 8 pieces a scale
+                                 for (int c = lane; c < K / 16; c += 32) {
+                                     float wv[16];
+                                     e4m3x16_to_float(row[c], wv);
+                                     const float scale = row_scales[c / (FP8_GROUP / 16)];
 #pragma unroll
-        for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
-        for (int c = lane; c < pieces; c += 32) {
-            float wv[16];
-            e4m3x16_to_float(row[c], wv);
-            const float scale = row_scales[c / (FP8_GROUP / 16)];
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-                if (m0 + i < M) acc[i] += scale * fp8_dot16(wv, inp + (size_t)(m0 + i) * K + 16 * c);
-        }
-        gemv_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
-    }
+                                     for (int i = 0; i < MT; ++i)
+                                         if (m0 + i < M) acc[i] += scale * fp8_dot16(wv, inp + (size_t)(m0 + i) * K + 16 * c);
+                                 }
+                             });
 }
 
 GEMV_FP8_FMA_ENTRY(m1, gemv_fp8_warp_row<1>)

@@ -22,24 +22,17 @@ template <int MT, int P, typename In>
 __device__ __forceinline__ void gemv_fp8_loads_first(float* out, const In* inp, const unsigned char* w,
                                                      const float* scales, const float* bias, const float* residual,
                                                      int tail, int M, int N, int K) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;  // warp-uniform
-    const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
-    const float* row_scales = fp8_row_scales(scales, n, K);
-    const int pieces = K / 16;
-    for (int m0 = 0; m0 < M; m0 += MT) {
-        float acc[MT];
-#pragma unroll
-        for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
-        for (int c0 = lane; c0 < pieces; c0 += 32 * P) {
-            uint4 q[P];
-            float scale[P];
-            fp8_row_pieces(q, scale, row, row_scales, c0, pieces);
-            fp8_row_dot(acc, q, scale, inp + (size_t)m0 * K, c0, pieces, M - m0, K);
-        }
-        gemv_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
-    }
+    gemv_warp_row_passes<MT>(out, w, bias, residual, tail, M, N, K,
+                             [&](float (&acc)[MT], const uint4* row, int n, int m0, int lane) {
+                                 const float* row_scales = fp8_row_scales(scales, n, K);
+                                 const int pieces = K / 16;
+                                 for (int c0 = lane; c0 < pieces; c0 += 32 * P) {
+                                     uint4 q[P];
+                                     float scale[P];
+                                     fp8_row_pieces(q, scale, row, row_scales, c0, pieces);
+                                     fp8_row_dot(acc, q, scale, inp + (size_t)m0 * K, c0, pieces, M - m0, K);
+                                 }
+                             });
 }
 
 GEMV_FP8_PIECES_ENTRIES(gemv_fp8_loads_first)

@@ -13,18 +13,10 @@
 template <int MT, typename In>
 __device__ __forceinline__ void gemv_warp_row(float* out, const In* inp, const __nv_bfloat16* w,
                                               const float* bias, const float* residual, int tail, int M, int N, int K) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;  // warp-uniform
-    const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
-    const int chunks = K / 8;
-    for (int m0 = 0; m0 < M; m0 += MT) {
-        float acc[MT];
-#pragma unroll
-        for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
-        for (int c = lane; c < chunks; c += 32) gemv_chunk_dot(acc, row[c], inp, c, m0, M, K);
-        gemv_warp_store(acc, out, bias, residual, tail, m0, M, N, n);
-    }
+    gemv_warp_row_passes<MT>(out, w, bias, residual, tail, M, N, K,
+                             [&](float (&acc)[MT], const uint4* row, int, int m0, int lane) {
+                                 for (int c = lane; c < K / 8; c += 32) gemv_chunk_dot(acc, row[c], inp, c, m0, M, K);
+                             });
 }
 
 GEMV_ENTRIES(gemv_warp_row)

@@ -26,10 +26,7 @@ __device__ __forceinline__ void gemv_split_k(float* out, const In* inp, const __
     const int n = blockIdx.x;
     const uint4* row = reinterpret_cast<const uint4*>(w + (size_t)n * K);
     const int chunks = K / 8;
-    for (int m0 = 0; m0 < M; m0 += MT) {
-        float acc[MT];
-#pragma unroll
-        for (int i = 0; i < MT; ++i) acc[i] = 0.0f;
+    gemv_passes<MT>(M, [&](float (&acc)[MT], int m0) {
         for (int c = warp * 32 + lane; c < chunks; c += 32 * GEMV_SPLIT) gemv_chunk_dot(acc, row[c], inp, c, m0, M, K);
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
@@ -47,7 +44,7 @@ __device__ __forceinline__ void gemv_split_k(float* out, const In* inp, const __
             }
         }
         __syncthreads();  // part is rewritten by the next pass
-    }
+    });
 }
 
 GEMV_ENTRIES(gemv_split_k)

@@ -76,5 +76,5 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         if (tid == 0 && kt + WG_STAGES < ktiles) issue(kt + WG_STAGES);
     }
 
-    store_m64n128_bias(d, out, bias, m0 + 64 * wg + 16 * warp + (lane >> 2), n0, M, N);
+    store_m64_bias<128>(d, out, bias, m0 + 64 * wg + 16 * warp + (lane >> 2), n0, M, N);
 }

@@ -87,26 +87,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
     wgmma_wait_all();
 
-    const int warp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
-    const bool pairs = (N & 1) == 0;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        const int col = n0 + 8 * j + 2 * t;
-        if (col >= N) continue;
-        const float b0 = bias != nullptr ? bias[col] : 0.0f;
-        const float b1 = bias != nullptr && col + 1 < N ? bias[col + 1] : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = m0 + 64 * c + 16 * warp + g + 8 * h;
-            if (row >= M) continue;
-            float* o = out + (size_t)row * N + col;
-            const float x = d[4 * j + 2 * h] + b0, y = d[4 * j + 2 * h + 1] + b1;
-            if (pairs) {
-                *reinterpret_cast<float2*>(o) = make_float2(x, y);
-            } else {
-                o[0] = x;
-                if (col + 1 < N) o[1] = y;
-            }
-        }
-    }
+    const int warp = (tid >> 5) & 3;
+    store_m64_bias<256>(d, out, bias, m0 + 64 * c + 16 * warp + (lane >> 2), n0, M, N);
 }

@@ -25,7 +25,7 @@
 #include "matmul_fp8_gemm.cuh"
 
 // Recipe: fp8_ring (its `full` barriers), Fp8Ring::load, fp8_consume_waited with a block barrier and
-// the refill as its release, store_m64n128_bias.
+// the refill as its release, store_m64_bias<128>.
 
 extern "C" __global__ void __launch_bounds__(256, 1)
     linear_fp8_wgmma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
@@ -54,5 +54,5 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     // Warpgroup wg takes rows 64 wg .. 64 wg + 63 of the A tile (8 KiB in: a 1024-byte multiple).
     fp8_consume_waited(acc, ring, wg * 64 * F8_BK, scales, ktiles, release);
 
-    store_m64n128_bias(acc, out, bias, row0, n0, M, N);
+    store_m64_bias<128>(acc, out, bias, row0, n0, M, N);
 }

@@ -22,7 +22,7 @@
 // Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; M <= 65535 * 128; K % 16 == 0; out = 32; epi = 0
 #include "matmul_fp8_gemm.cuh"
 
-// Recipe: fp8_ws_tile (fp8_ring, fp8_consumer with fp8_produce, store_m64n128_bias) with fp8_consume_waited.
+// Recipe: fp8_ws_tile (fp8_ring, fp8_consumer with fp8_produce, store_m64_bias<128>) with fp8_consume_waited.
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_ws(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,

@@ -21,7 +21,7 @@
 #include "matmul_fp8_gemm.cuh"
 
 // Recipe: fp8_ring, Fp8TileStride, fp8_consumer with fp8_produce_tiles, fp8_consume_overlapped at
-// running ring positions, store_m64n128_bias.
+// running ring positions, store_m64_bias<128>.
 
 extern "C" __global__ void __launch_bounds__(384, 1)
     linear_fp8_persistent(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, float* out,
@@ -42,6 +42,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
         fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, first, [] {});
-        store_m64n128_bias(acc, out, bias, row0, n0, M, N);
+        store_m64_bias<128>(acc, out, bias, row0, n0, M, N);
     }
 }

@@ -7,6 +7,7 @@
 // Constraints: as stage 0. Tolerance: fp32, 1e-5.
 // Limits: rows * T < 2^31; rows % T == 0 when causal
 #include "ladder_reduce.cuh"
+#include "norm_softmax.cuh"
 
 #ifndef SM_WARPS
 #error "SM_WARPS (warps per block) is a tunable: the stage list sets it"
@@ -15,17 +16,15 @@
 extern "C" __global__ void __launch_bounds__(32 * SM_WARPS)
 softmax_forward(float* __restrict__ out, const float* __restrict__ inp, int rows, int T,
                 float inv_temperature, int causal) {
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.x * SM_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const float* __restrict__ x = inp + (size_t)row * T;
-    float* __restrict__ o = out + (size_t)row * T;
-    int len = causal ? (row % T) + 1 : T;
-    float mx = -INFINITY;
-    for (int j = lane; j < len; j += 32) mx = fmaxf(mx, x[j]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int j = lane; j < len; j += 32) sum += expf(inv_temperature * (x[j] - mx));
-    float norm = 1.0f / warp_sum(sum);
-    for (int j = lane; j < T; j += 32) o[j] = j < len ? expf(inv_temperature * (x[j] - mx)) * norm : 0.0f;
+    // One warp a row (softmax_warp_row): x, o and len are the warp's row.
+    softmax_warp_row<SM_WARPS>(out, inp, rows, T, causal, [&](const float* __restrict__ x, float* __restrict__ o,
+                                                               int len, int lane) {
+        float mx = -INFINITY;
+        for (int j = lane; j < len; j += 32) mx = fmaxf(mx, x[j]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int j = lane; j < len; j += 32) sum += expf(inv_temperature * (x[j] - mx));
+        float norm = 1.0f / warp_sum(sum);
+        for (int j = lane; j < T; j += 32) o[j] = j < len ? expf(inv_temperature * (x[j] - mx)) * norm : 0.0f;
+    });
 }
