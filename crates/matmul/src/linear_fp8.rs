@@ -96,8 +96,7 @@ enum Grid {
 
 /// A kernel stage's launch: its entry, threads, mbarriers a ring stage, grid, whether it stores
 /// through the TMA (a third tensor map, a consumer's 64 x 128 tile of staging), its consumer
-/// warpgroups, one for each 64 rows of its tile, whether those are chosen per shape (stage 6 on)
-/// and whether its walk's group of row panels is (stage 7).
+/// warpgroups, one for each 64 rows of its tile, and what the host fits to each shape.
 struct KernelPlan {
     entry: &'static str,
     threads: u32,
@@ -105,8 +104,18 @@ struct KernelPlan {
     grid: Grid,
     tma_store: bool,
     consumers: u32,
-    rows_per_shape: bool,
-    group_per_shape: bool,
+    per_shape: PerShape,
+}
+
+/// What the host chooses per shape for a kernel stage.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PerShape {
+    /// Nothing: the stage list's tile and order.
+    Nothing,
+    /// The tile's rows (stage 6).
+    Rows,
+    /// The tile's rows and the walk's group of row panels (stage 7).
+    RowsAndGroup,
 }
 
 /// Stage 6's two tiles, each with its ring depth: stage 5's 192 rows (three stages beside three
@@ -131,7 +140,7 @@ impl KernelPlan {
     /// (`F8_TILE_ROWS`, `WG_STAGES`); stage 7 the group [`group_fit`] fits to the L2 (`F8_GROUP_M`);
     /// every other stage is as declared.
     fn fitted(self, v: &Variant, d: LinearFp8Dims, gpu: &Gpu) -> Result<(KernelPlan, Variant)> {
-        if !self.rows_per_shape {
+        if self.per_shape == PerShape::Nothing {
             return Ok((self, v.clone()));
         }
         let rows = wave_fit_rows(d.m, d.n, gpu.info().sm_count);
@@ -139,7 +148,7 @@ impl KernelPlan {
         let mut compiled = v.clone();
         compiled.set_define("F8_TILE_ROWS", rows)?;
         compiled.set_tunable("WG_STAGES", stages)?;
-        if self.group_per_shape {
+        if self.per_shape == PerShape::RowsAndGroup {
             compiled.set_define("F8_GROUP_M", group_fit(d.m, d.n, d.k, rows, gpu.info().l2_bytes))?;
         }
         let consumers = rows / 64;
@@ -181,9 +190,12 @@ impl Plan {
             Plan::GroupFit => ("linear_fp8_group_fit", 512, 2, Grid::Persistent, true, 3),
             Plan::Lt => return None,
         };
-        let (rows_per_shape, group_per_shape) =
-            (matches!(self, Plan::WaveFit | Plan::GroupFit), self == Plan::GroupFit);
-        Some(KernelPlan { entry, threads, barriers, grid, tma_store, consumers, rows_per_shape, group_per_shape })
+        let per_shape = match self {
+            Plan::WaveFit => PerShape::Rows,
+            Plan::GroupFit => PerShape::RowsAndGroup,
+            _ => PerShape::Nothing,
+        };
+        Some(KernelPlan { entry, threads, barriers, grid, tma_store, consumers, per_shape })
     }
 }
 
@@ -235,7 +247,7 @@ fn stages() -> Vec<Variant> {
             "three-consumers",
             "linear-fp8/05_three_consumers.cu",
             Plan::ThreeConsumers,
-            "stage 4 with a third consumer warpgroup on 192 x 128 tiles (512 threads, 160 registers a consumer): each step waited for, the tensor cores kept busy by the other two",
+            "stage 4 with a third consumer warpgroup on 192 x 128 tiles (512 threads; no registers for a second partial tile, so each step waited for): GPT-2's shapes at M = 4096 fit the SMs' waves",
         )
         .with_tunables(&[("WG_STAGES", 3)]),
         k(
