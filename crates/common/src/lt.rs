@@ -53,6 +53,9 @@ pub enum Output {
     F32,
     /// bf16 (bit patterns in `u16`), rounded to nearest even from the fp32 result of the tail.
     Bf16,
+    /// e4m3 codes (`u8`) with one fp32 scale per row per 128 columns (`matmul::fp8`'s activation
+    /// format): `linear-fp8` stage 7's quantized out, which no cuBLASLt plan here writes.
+    E4m3,
 }
 
 impl Output {
@@ -60,6 +63,7 @@ impl Output {
         match self {
             Output::F32 => 4,
             Output::Bf16 => 2,
+            Output::E4m3 => 1,
         }
     }
 }
@@ -160,6 +164,7 @@ impl Lt {
         let out_type = match self.out {
             Output::F32 => sys::cudaDataType_t::CUDA_R_32F,
             Output::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
+            Output::E4m3 => return Err(Error::constraint("out fp32 or bf16 (cuBLASLt)", "out = e4m3")),
         };
         let (dtype, compute) = match ops {
             LtOperands::Fp32 => (sys::cudaDataType_t::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),

@@ -6,6 +6,7 @@
 // step waited for, or the promotion overlapped with the next step's wgmma) and the persistent
 // stages' tile order; each stage file names its recipe.
 #pragma once
+#include "matmul_fp8_quantize.cuh"
 #include "matmul_tail.cuh"
 #include "matmul_wgmma.cuh"
 
@@ -320,6 +321,7 @@ __device__ __forceinline__ void fp8_produce_tiles(const Fp8Ring<STAGES, BM>& rin
 // with predicated stores, so it can run inside an open wgmma group.
 template <class Out, int TAIL>
 struct Fp8StagedStore {
+    using Side = const Out*;  // the residual (read by the residual tail only)
     static constexpr int SLAB_COLS = 128 / sizeof(Out), SLABS = F8_BN / SLAB_COLS;
     static constexpr unsigned BYTES = SLABS * 64 * 128;  // a warpgroup's staging
     unsigned staging;  // 1024-byte aligned
@@ -399,6 +401,91 @@ struct Fp8StagedStore {
     }
 };
 
+// Stage 7's e4m3 output (out = 8): the tile plus the bias, then TAIL (none or GELU), quantized into
+// matmul::fp8's activation format, so the linear that reads it needs no quantizer pass (the fp8
+// plan's MLP up, whose GELU output the MLP down reads). Each value is first rounded to bf16, as
+// Fp8StagedStore's bf16 out rounds it, and the bf16 pairs replace the accumulator: 32 registers
+// where the fp32 tile needs 64, beside the 64 of the next tile's first step in flight (the 192-row
+// tile's three consumers have 128 registers a thread). The tile's 128 columns of a row are one of
+// its scale groups, quantized with quantize-fp8's arithmetic (matmul_fp8_quantize.cuh) on those
+// bf16 values: amax over the finite magnitudes, the scale amax / 448 to `scales[row][n0 / 128]`,
+// each code e4m3(x * (448 / amax)); so the codes and scales are quantize-fp8's of the bf16 out. A
+// column past N adds nothing to its row's amax (its accumulator is 0: W's rows past N load as
+// zeros; its bias 0; GELU(0) = 0). In wgmma's layout a row's 128 columns are held by the four lanes
+// of a quad, so its amax is two shuffles. The codes go into the warpgroup's 64 x 128-byte staging
+// in the TMA's 128-byte swizzle (one slab) and leave with one TMA store. Straight-line code with
+// predicated stores, as Fp8StagedStore.
+template <int TAIL>
+struct Fp8QuantizedStore {
+    static_assert(TAIL == MM_TAIL_NONE || TAIL == MM_TAIL_GELU, "a residual sum stays fp32 (the stream)");
+    using Side = float*;  // the row scales written, [M, ceil(N / 128)]
+    static constexpr unsigned BYTES = 64 * 128;
+    unsigned staging;  // 1024-byte aligned
+    int barrier;       // the warpgroup's named barrier (128 threads)
+    bool elected;      // the warpgroup's thread 0, which issues and waits for the store
+
+    // Codes of columns col and col + 1 of local row r (two bytes, the first in the low byte).
+    __device__ __forceinline__ void put(int r, int col, unsigned pair) const {
+        const unsigned at = staging + r * 128 + (((col >> 4) ^ (r & 7)) << 4) + (col & 15);
+        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)pair) : "memory");
+    }
+
+    // Row `row`'s scale of the group at n0, where `pred` holds.
+    __device__ __forceinline__ static void put_scale(float* scales, int row, int n0, int N, float amax, bool pred) {
+        float* p = scales + (size_t)row * ((N + F8_BN - 1) / F8_BN) + n0 / F8_BN;
+        asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q st.global.f32 [%0], %1;\n}\n" ::"l"(p),
+                     "f"(__fdiv_rn(amax, QF8_MAX)), "r"((int)pred)
+                     : "memory");
+    }
+
+    // The tile at rows m0.. (the warpgroup's 64) and columns n0.. as codes and scales; stored only if
+    // `store`. acc is zeroed for the next tile. N % 16 == 0, so a pair is in or out whole.
+    __device__ __forceinline__ void operator()(float (&acc)[64], const TmaMap* map_out, const float* bias,
+                                               float* scales, int m0, int n0, int M, int N, bool store) const {
+        const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+        const int r = 16 * warp + (lane >> 2), t = lane & 3;
+        unsigned pairs[32];  // pair 2j + h: columns 8j + 2t and + 1 of row r + 8h, as bf16
+        float amax[2] = {QF8_AMAX_FLOOR, QF8_AMAX_FLOOR};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int col = 8 * j + 2 * t;
+            const bool in = bias != nullptr && n0 + col < N;
+            const float b0 = in ? bias[n0 + col] : 0.0f, b1 = in ? bias[n0 + col + 1] : 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float x = acc[4 * j + 2 * h] + b0, y = acc[4 * j + 2 * h + 1] + b1;
+                if constexpr (TAIL == MM_TAIL_GELU) x = mm_gelu_tanh_approx(x), y = mm_gelu_tanh_approx(y);
+                pairs[2 * j + h] = pack_bf16x2(x, y);
+                const float2 v = unpack_bf16x2(pairs[2 * j + h]);
+                amax[h] = fmaxf(amax[h], fmaxf(qf8_mag(v.x), qf8_mag(v.y)));
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+        }
+        const float mul[2] = {__fdiv_rn(QF8_MAX, amax[0]), __fdiv_rn(QF8_MAX, amax[1])};
+        // The previous store from this buffer has read it; then every thread may write it.
+        tma_store_wait_read();
+        named_barrier(barrier, 128);
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float2 v = unpack_bf16x2(pairs[2 * j + h]);
+                put(r + 8 * h, 8 * j + 2 * t, qf8_pair(v.x, v.y, mul[h]));
+            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) put_scale(scales, m0 + r + 8 * h, n0, N, amax[h], store && t == 0 && m0 + r + 8 * h < M);
+        fence_proxy_async();
+        named_barrier(barrier, 128);
+        tma_store_if(map_out, staging, n0, m0, store && elected && n0 < N);
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    }
+};
+
 // The consumer side of the staged-store stages (4 and 5): warpgroups of 64 rows sharing a tile, the
 // registers each side asks for, and whether a warpgroup promotes step kt while its step kt + 1 runs
 // (fp8_consume_overlapped: two partial tiles) or waits for each step (fp8_consume_waited_staged).
@@ -427,12 +514,13 @@ struct Fp8ConsumersOfRows<192> {
 // 7's Fp8TileGrouped, of the Consumers' rows); a producer thread
 // runs the ring on across them; each consumer warpgroup runs Consumers' K loop over its 64 rows and
 // stores the previous tile (Fp8StagedStore) under the next one's first step, the last after the
-// loop. out is Out (fp32, or bf16); map_out its tensor map in boxes of 128 bytes x 64 rows; residual
-// (Out, M x N) is read by the residual tail only.
-template <class Consumers, class Order, class Out, int TAIL>
+// loop, with Store (Fp8StagedStore: fp32 or bf16 out; Fp8QuantizedStore: e4m3 codes). map_out is
+// out's tensor map in boxes of 128 bytes x 64 rows; `side` is the Store's other buffer (the residual
+// the residual tail reads, or the scales the quantized store writes).
+template <class Consumers, class Order, class Store>
 __device__ __forceinline__ void fp8_staged_tiles(const TmaMap& map_a, const TmaMap& map_b, const float* a_scales,
                                                  const float* b_scales, const float* bias, int M, int N, int K,
-                                                 const TmaMap& map_out, const Out* residual) {
+                                                 const TmaMap& map_out, typename Store::Side side) {
     constexpr int TILE_ROWS = 64 * Consumers::CONSUMERS;
     static_assert(Order::ROWS == TILE_ROWS, "the tile order walks the consumers' tiles");
     using Ring = Fp8Ring<WG_STAGES, TILE_ROWS>;
@@ -447,7 +535,6 @@ __device__ __forceinline__ void fp8_staged_tiles(const TmaMap& map_a, const TmaM
     if (!fp8_consumer<C, Consumers::PRODUCER_REGS, Consumers::CONSUMER_REGS>(ring, wg, produce)) return;
 
     const int c = wg - 1, warp = (tid >> 5) & 3;
-    using Store = Fp8StagedStore<Out, TAIL>;
     const Store store{staging + c * Store::BYTES, 1 + c, (tid & 127) == 0};
     float acc[64];
 #pragma unroll
@@ -459,33 +546,39 @@ __device__ __forceinline__ void fp8_staged_tiles(const TmaMap& map_a, const TmaM
     for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles) {
         const int m0 = tiles.m0(t) + 64 * c, n0 = tiles.n0(t);
         const StepScales scales(a_scales, b_scales, m0 + 16 * warp + (lane >> 2), n0, M, ktiles);
-        const auto store_prev = [&] { store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev); };
+        const auto store_prev = [&] { store(acc, &map_out, bias, side, prev_m0, prev_n0, M, N, have_prev); };
         if constexpr (Consumers::OVERLAPPED)
             fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
         else
             fp8_consume_waited_staged(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
         prev_m0 = m0, prev_n0 = n0, have_prev = true;
     }
-    store(acc, &map_out, bias, residual, prev_m0, prev_n0, M, N, have_prev);
+    store(acc, &map_out, bias, side, prev_m0, prev_n0, M, N, have_prev);
     tma_store_wait();
 }
 
-// One entry of a staged-store stage: `out` is unused (the stores go through map_out), so the argument
-// list is every stage's, then out's map and the residual (Out, M x N; null but for the residual tail).
-#define FP8_STAGED_ENTRY(name, Consumers, Order, Out, TAIL)                                                           \
+// One entry of a staged-store stage with Store (the arguments after Order): `out` is unused (the
+// stores go through map_out), so the argument list is every stage's, then out's map and the Store's
+// side buffer (the residual, null but for the residual tail; or the quantized store's scales).
+#define FP8_STAGED_ENTRY(name, Consumers, Order, ...)                                                                 \
     extern "C" __global__ void __launch_bounds__(128 * (1 + Consumers::CONSUMERS), 1)                                 \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, void* out,                   \
              const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K,                    \
-             const __grid_constant__ TmaMap map_out, const Out* residual) {                                           \
-        fp8_staged_tiles<Consumers, Order, Out, TAIL>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out,       \
-                                                      residual);                                                      \
+             const __grid_constant__ TmaMap map_out, typename __VA_ARGS__::Side side) {                               \
+        fp8_staged_tiles<Consumers, Order, __VA_ARGS__>(map_a, map_b, a_scales, b_scales, bias, M, N, K, map_out,     \
+                                                        side);                                                        \
     }
 
 // A staged-store stage's six entries: no tail, GELU, the residual; fp32 out, then bf16 (`_bf16`).
 #define FP8_STAGED_ENTRIES(prefix, Consumers, Order)                                                                  \
-    FP8_STAGED_ENTRY(prefix, Consumers, Order, float, MM_TAIL_NONE)                                                   \
-    FP8_STAGED_ENTRY(prefix##_gelu, Consumers, Order, float, MM_TAIL_GELU)                                            \
-    FP8_STAGED_ENTRY(prefix##_residual, Consumers, Order, float, MM_TAIL_RESIDUAL)                                    \
-    FP8_STAGED_ENTRY(prefix##_bf16, Consumers, Order, __nv_bfloat16, MM_TAIL_NONE)                                    \
-    FP8_STAGED_ENTRY(prefix##_gelu_bf16, Consumers, Order, __nv_bfloat16, MM_TAIL_GELU)                               \
-    FP8_STAGED_ENTRY(prefix##_residual_bf16, Consumers, Order, __nv_bfloat16, MM_TAIL_RESIDUAL)
+    FP8_STAGED_ENTRY(prefix, Consumers, Order, Fp8StagedStore<float, MM_TAIL_NONE>)                                   \
+    FP8_STAGED_ENTRY(prefix##_gelu, Consumers, Order, Fp8StagedStore<float, MM_TAIL_GELU>)                            \
+    FP8_STAGED_ENTRY(prefix##_residual, Consumers, Order, Fp8StagedStore<float, MM_TAIL_RESIDUAL>)                    \
+    FP8_STAGED_ENTRY(prefix##_bf16, Consumers, Order, Fp8StagedStore<__nv_bfloat16, MM_TAIL_NONE>)                    \
+    FP8_STAGED_ENTRY(prefix##_gelu_bf16, Consumers, Order, Fp8StagedStore<__nv_bfloat16, MM_TAIL_GELU>)               \
+    FP8_STAGED_ENTRY(prefix##_residual_bf16, Consumers, Order, Fp8StagedStore<__nv_bfloat16, MM_TAIL_RESIDUAL>)
+
+// Stage 7's two e4m3 entries (Fp8QuantizedStore): no tail and GELU (`_e4m3`, `_gelu_e4m3`).
+#define FP8_QUANTIZED_ENTRIES(prefix, Consumers, Order)                                                               \
+    FP8_STAGED_ENTRY(prefix##_e4m3, Consumers, Order, Fp8QuantizedStore<MM_TAIL_NONE>)                                \
+    FP8_STAGED_ENTRY(prefix##_gelu_e4m3, Consumers, Order, Fp8QuantizedStore<MM_TAIL_GELU>)

@@ -427,7 +427,8 @@ pub(crate) fn output_of(s: &Shape) -> Result<Output> {
     Ok(match s.get("out").unwrap_or(32) {
         32 => Output::F32,
         16 => Output::Bf16,
-        o => return Err(Error::constraint("out in {32, 16}", format!("out = {o}"))),
+        8 => Output::E4m3,
+        o => return Err(Error::constraint("out in {32, 16, 8}", format!("out = {o}"))),
     })
 }
 
@@ -559,6 +560,8 @@ impl LinearBf16Dims {
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
 const TAIL_FUSED: &str = "epi = 0 (this stage fuses no tail; stage 10 and every later one do)";
 /// `OUT_BF16` is written for the lean store paths only (the kernel's `static_assert`).
+/// e4m3 with row scales is `linear-fp8` stage 7's out, not this op's.
+const OUT_WIDE: &str = "out = 32 or 16";
 const OUT_STORES: &str = "out = 32 (this stage stores fp32; stage 12 on and the library row store bf16 too)";
 
 pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
@@ -567,6 +570,7 @@ pub fn check_shape(v: &Variant, d: LinearBf16Dims) -> Result<()> {
     require(d.tail == Tail::None || d.bias, TAIL_BIAS, || format!("{:?} without a bias", d.tail))?;
     let fuses = plan.fuses_tail();
     require(d.tail == Tail::None || fuses, TAIL_FUSED, || format!("{:?}", d.tail))?;
+    require(d.out != Output::E4m3, OUT_WIDE, || "out = 8".to_string())?;
     let stores_bf16 = plan == Plan::Lt || (matches!(plan, Plan::Persistent { .. }) && Switches::of(v).lean);
     require(d.out == Output::F32 || stores_bf16, OUT_STORES, || "out = 16".to_string())?;
     if matches!(plan, Plan::Mma | Plan::Wgmma | Plan::WarpSpecialized) {
@@ -911,6 +915,7 @@ impl Op for LinearBf16 {
         match d.out {
             Output::F32 => problem::<f32>(gpu, d, seed),
             Output::Bf16 => problem::<u16>(gpu, d, seed),
+            Output::E4m3 => Err(Error::constraint(OUT_WIDE, "out = 8")),
         }
     }
 }
@@ -1114,8 +1119,14 @@ mod tests {
         let kept: Vec<String> = SWITCHES[2..].iter().map(|s| format!("all-{s}")).collect();
         assert_eq!(lean, kept, "without EPI_PREFETCH or EPI_LEAN the store is fp32 only");
         let mut odd = shape(129, 132, 136, 1);
-        odd.set("out", 8);
+        odd.set("out", 12);
         assert!(matches!(LinearBf16Dims::of(&odd), Err(Error::Constraint { .. })));
+        // e4m3 (out = 8) parses, and is linear-fp8 stage 7's: every stage here refuses it.
+        odd.set("out", 8);
+        for v in LinearBf16.variants() {
+            let e = LinearBf16.validate(&v, &odd).unwrap_err();
+            assert!(matches!(&e, Error::Constraint { constraint, .. } if constraint == OUT_WIDE), "{}: {e}", v.id());
+        }
         assert_eq!(LinearBf16Dims::of(&shape(1, 2, 8, 0)).unwrap().out, Output::F32, "fp32 without the key");
     }
 

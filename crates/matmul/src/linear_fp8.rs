@@ -7,7 +7,8 @@
 //!
 //! Shape keys: `M`, `N`, `K`, `bias` (0/1), `epi` (0: the bias only; 1: then GELU; 2: then plus a
 //! residual of out's type; tails need the bias and stage 4), `out` (32: fp32, the default; 16:
-//! bf16, which stage 4 and the library row store).
+//! bf16, which stage 4 and the library row store; 8: e4m3 codes with one scale per row per 128
+//! columns, the format the next linear reads, which stage 7 stores).
 //!
 //! The library row is cuBLASLt's FP8 matmul with the same fine-grained scales (cuBLAS 12.9+ on
 //! sm_90: `BLK128x128_32F` for W, `VEC128_32F` for A) on the same codes; it reads the scales in its
@@ -18,7 +19,7 @@
 //! fp32 promotion meet by two orders) and its ceiling, cuBLASLt's per-tensor e4m3 GEMM rate
 //! ([`common::ceilings::Ceilings::fp8_tflops`]).
 
-use common::check::{compare, SampledRows, Verification};
+use common::check::{compare, compare_scaled, ErrorStats, SampledRows, Verification};
 use common::cudarc::driver::{CudaSlice, CudaStream};
 use common::data::{rotation_copies, Rotated};
 use common::{
@@ -61,6 +62,12 @@ const EPI_NONE: &str = "epi = 0";
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
 /// cuBLASLt's bf16 D rows 16-byte aligned.
 const LT_N_BF16: &str = "N % 8 == 0 (cuBLASLt's block-scaled FP8, bf16 out)";
+/// Stages 4-6 and the library row store fp32 or bf16; stage 7 also e4m3.
+const OUT_WIDE: &str = "out = 32 or 16";
+/// The TMA store's 16-byte row stride of the e4m3 codes.
+const TMA_STORE_N_E4M3: &str = "N % 16 == 0 at out = 8";
+/// A residual sum is the fp32 stream's, never quantized.
+const E4M3_TAIL: &str = "epi < 2 at out = 8";
 
 /// How a stage runs; a kernel's entry, block and grid follow from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,14 +102,16 @@ enum Grid {
 }
 
 /// A kernel stage's launch: its entry, threads, mbarriers a ring stage, grid, whether it stores
-/// through the TMA (a third tensor map, a consumer's 64 x 128 tile of staging), its consumer
-/// warpgroups, one for each 64 rows of its tile, and what the host fits to each shape.
+/// through the TMA (a third tensor map, a consumer's 64 x 128 tile of staging) and whether also as
+/// e4m3 (out = 8), its consumer warpgroups, one for each 64 rows of its tile, and what the host
+/// fits to each shape.
 struct KernelPlan {
     entry: &'static str,
     threads: u32,
     barriers: u32,
     grid: Grid,
     tma_store: bool,
+    e4m3_out: bool,
     consumers: u32,
     per_shape: PerShape,
 }
@@ -156,6 +165,11 @@ impl KernelPlan {
     }
 }
 
+/// Whether stage `v` stores e4m3 (out = 8): stage 7's kernel.
+pub fn stores_e4m3(v: &Variant) -> bool {
+    v.plan::<Plan>().ok().and_then(Plan::kernel).is_some_and(|k| k.e4m3_out)
+}
+
 /// Stage 7's group of row panels for an M x N x K product of `rows`-row tiles on a GPU of `l2_bytes`
 /// of L2: where W (N x K codes) fits in half the L2, [`DECLARED_GROUP`]; else the most row panels
 /// whose A rows (group x rows x K codes, read again for every column) fit in half the L2, every
@@ -195,7 +209,8 @@ impl Plan {
             Plan::GroupFit => PerShape::RowsAndGroup,
             _ => PerShape::Nothing,
         };
-        Some(KernelPlan { entry, threads, barriers, grid, tma_store, consumers, per_shape })
+        let e4m3_out = self == Plan::GroupFit;
+        Some(KernelPlan { entry, threads, barriers, grid, tma_store, e4m3_out, consumers, per_shape })
     }
 }
 
@@ -299,10 +314,19 @@ pub fn check_shape(v: &Variant, d: LinearFp8Dims) -> Result<()> {
         require(d.tail == Tail::None, EPI_NONE, || format!("{:?}", d.tail))?;
     }
     let bf16 = d.out == Output::Bf16;
+    if d.out == Output::E4m3 {
+        // Stage 7 stores it; stages 0-3 refuse it below, as they refuse bf16 (out = 32).
+        let stage_7_or_before_4 = kernel.as_ref().is_some_and(|k| k.e4m3_out || !k.tma_store);
+        require(stage_7_or_before_4, OUT_WIDE, || "out = 8".to_string())?;
+    }
     match &kernel {
+        Some(k) if k.e4m3_out && d.out == Output::E4m3 => {
+            require(d.tail != Tail::Residual, E4M3_TAIL, || "epi = 2".to_string())?;
+            require(d.n.is_multiple_of(16), TMA_STORE_N_E4M3, || format!("N = {}", d.n))?
+        }
         Some(k) if k.tma_store && bf16 => require(d.n.is_multiple_of(8), TMA_STORE_N_BF16, || format!("N = {}", d.n))?,
         Some(k) if k.tma_store => require(d.n.is_multiple_of(4), TMA_STORE_N, || format!("N = {}", d.n))?,
-        Some(_) => require(!bf16, OUT_F32, || "out = 16".to_string())?,
+        Some(_) => require(d.out == Output::F32, OUT_F32, || format!("out = {}", 8 * d.out.bytes()))?,
         None if bf16 => require(d.n.is_multiple_of(8), LT_N_BF16, || format!("N = {}", d.n))?,
         None => {}
     }
@@ -396,7 +420,11 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
         Tail::Gelu => "_gelu",
         Tail::Residual => "_residual",
     };
-    let out = if d.out == Output::Bf16 { "_bf16" } else { "" };
+    let out = match d.out {
+        Output::F32 => "",
+        Output::Bf16 => "_bf16",
+        Output::E4m3 => "_e4m3",
+    };
     let entry = format!("{}{tail}{out}", plan.entry);
     let launch = gpu.prepare_launch(&SOURCES, v, &entry, shape)?;
     Ok(Prepared { runner: Runner::Kernel { launch, tma_store: plan.tma_store, tile_rows }, d })
@@ -415,17 +443,33 @@ pub struct LinearFp8Args<'a> {
     pub residual: Option<ResidualBuf<'a>>,
 }
 
-/// `out`: M·N elements of the call's output type, borrowed mutably for the call.
+/// `out`: M·N elements of the call's output type, borrowed mutably for the call; at out = 8 the
+/// codes and their M·ceil(N / 128) scales ([`fp8::Fp8Rows`]' layout).
 pub struct OutBuf<'a> {
     ptr: u64,
     len: usize,
     output: Output,
+    /// The e4m3 codes' scales: address and length.
+    scales: Option<(u64, usize)>,
     _buf: std::marker::PhantomData<&'a mut ()>,
 }
 
 impl<'a> OutBuf<'a> {
     pub fn new<T: OutElement>(buf: &'a mut CudaSlice<T>) -> OutBuf<'a> {
-        OutBuf { ptr: common::device_ptr(&*buf), len: buf.len(), output: T::OUTPUT, _buf: std::marker::PhantomData }
+        let (ptr, len) = (common::device_ptr(&*buf), buf.len());
+        OutBuf { ptr, len, output: T::OUTPUT, scales: None, _buf: std::marker::PhantomData }
+    }
+
+    /// Whether this is an e4m3 out ([`OutBuf::e4m3`]).
+    pub fn is_e4m3(&self) -> bool {
+        self.output == Output::E4m3
+    }
+
+    /// An e4m3 out (out = 8): `codes` M·N, `scales` M·ceil(N / 128).
+    pub fn e4m3(codes: &'a mut CudaSlice<u8>, scales: &'a mut CudaSlice<f32>) -> OutBuf<'a> {
+        let (ptr, len) = (common::device_ptr(&*codes), codes.len());
+        let scales = Some((common::device_ptr(&*scales), scales.len()));
+        OutBuf { ptr, len, output: Output::E4m3, scales, _buf: std::marker::PhantomData }
     }
 }
 
@@ -506,16 +550,26 @@ impl Prepared {
             }
             None => 0,
         };
+        // The store's side buffer: the residual, or the e4m3 codes' scales.
+        let side = match (d.out, a.out.scales) {
+            (Output::E4m3, Some((ptr, len))) => {
+                require_len("out scales", len, d.m * fp8::groups(d.n))?;
+                ptr
+            }
+            (Output::E4m3, None) => return Err(common::Error::constraint("scales with an e4m3 out", "none")),
+            _ => residual,
+        };
         use common::device_ptr as ptr;
         match &self.runner {
             Runner::Kernel { launch, tma_store, tile_rows } => {
                 let map_a = common::tma::e4m3_map(ptr(a.a_codes), d.m, d.k, *tile_rows as u32)?;
                 let map_b = common::tma::e4m3_map(ptr(a.w_codes), d.n, d.k, TILE as u32)?;
-                // Out in boxes of 32 columns x one warpgroup's 64 rows (N % 4 == 0 at prepare).
+                // Out in boxes of 128 bytes x one warpgroup's 64 rows (16-byte rows checked at prepare).
                 let map_out = match (*tma_store, d.out) {
                     (false, _) => None,
                     (true, Output::F32) => Some(common::tma::f32_map(a.out.ptr, d.m, d.n, 64)?),
                     (true, Output::Bf16) => Some(common::tma::bf16_map(a.out.ptr, d.m, d.n, 64)?),
+                    (true, Output::E4m3) => Some(common::tma::e4m3_map(a.out.ptr, d.m, d.n, 64)?),
                 };
                 let mut args = vec![
                     Arg::value(&map_a),
@@ -530,7 +584,7 @@ impl Prepared {
                 ];
                 if let Some(map) = &map_out {
                     args.push(Arg::value(map));
-                    args.push(Arg::Ptr(residual));
+                    args.push(Arg::Ptr(side));
                 }
                 // SAFETY: the arguments follow every entry's signature; lengths checked above, the
                 // maps cover exactly the codes and out (K % 16 == 0 and, with out's map, N % 4 == 0
@@ -560,6 +614,12 @@ pub fn shape(m: i64, n: i64, k: i64, bias: i64) -> Shape {
     Shape::new(&[("M", m), ("N", n), ("K", k), ("bias", bias)])
 }
 
+/// `s` with an e4m3 output (`out = 8`).
+pub fn e4m3_out(mut s: Shape) -> Shape {
+    s.set("out", 8);
+    s
+}
+
 impl Op for LinearFp8 {
     fn default_shapes(&self) -> Vec<Shape> {
         // GPT-2's four block linears at B = 4, T = 1024, its LM head, and the square 4096^3 and 8192^3;
@@ -579,8 +639,10 @@ impl Op for LinearFp8 {
         // residual stream.
         // The LM head as the model runs it: the vocabulary padded to 50304, bf16 logits.
         let head = crate::linear_bf16::bf16_out(shape(4096, 50304, 768, 0));
+        // The fp8 plan's MLP up stores its GELU output as e4m3 codes for the MLP down (stage 7).
         let tails = [
             crate::linear_bf16::bf16_out(shape_with_tail(4096, 3072, 768, 1)),
+            e4m3_out(shape_with_tail(4096, 3072, 768, 1)),
             shape_with_tail(4096, 768, 768, 2),
             shape_with_tail(4096, 768, 3072, 2),
         ];
@@ -613,6 +675,24 @@ impl Op for LinearFp8 {
                     past: bf16(shape(8, 12, 16, 1)),
                     inside: Some(bf16(shape(8, 16, 16, 1))),
                 });
+                if k.e4m3_out {
+                    l.push(Limit {
+                        constraint: TMA_STORE_N_E4M3,
+                        past: e4m3_out(shape(8, 24, 16, 1)),
+                        inside: Some(e4m3_out(shape(8, 32, 16, 1))),
+                    });
+                    l.push(Limit {
+                        constraint: E4M3_TAIL,
+                        past: e4m3_out(shape_with_tail(8, 32, 16, 2)),
+                        inside: Some(e4m3_out(shape_with_tail(8, 32, 16, 1))),
+                    });
+                } else {
+                    l.push(Limit {
+                        constraint: OUT_WIDE,
+                        past: e4m3_out(shape(8, 32, 16, 1)),
+                        inside: Some(bf16(shape(8, 32, 16, 1))),
+                    });
+                }
             }
             Some(Some(_)) => {
                 l.push(Limit {
@@ -627,6 +707,11 @@ impl Op for LinearFp8 {
                 });
             }
             Some(None) => {
+                l.push(Limit {
+                    constraint: OUT_WIDE,
+                    past: e4m3_out(shape(8, 32, 16, 1)),
+                    inside: Some(bf16(shape(8, 32, 16, 1))),
+                });
                 l.push(Limit {
                     constraint: LT_N_BF16,
                     past: bf16(shape(8, 12, 16, 1)),
@@ -658,68 +743,150 @@ impl Op for LinearFp8 {
         match d.out {
             Output::F32 => problem::<f32>(gpu, d, seed),
             Output::Bf16 => problem::<u16>(gpu, d, seed),
+            Output::E4m3 => problem_e4m3(gpu, d, seed),
         }
     }
 }
 
 /// A call's quantized operands, output copies of type `T` and f64 reference.
 fn problem<T: OutElement>(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<dyn Problem>> {
-    let (x, w, b) = inputs(d.gemm(), seed);
-    let (qa, qw) = (fp8::quantize_rows(&x, d.m, d.k), fp8::quantize_blocks(&w, d.n, d.k));
-    let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
-    let bias = d.bias.then_some(&b[..]);
-    let (qx, qw_wide) = (qa.dequantize(), qw.dequantize());
-    let mut reference = linear_rows(&qx, &qw_wide, bias, d.n, d.k, &rows);
-    let mut exact = linear_rows(&x, &w, bias, d.n, d.k, &rows);
-    // The tail on both: GELU, or the residual (of out's type, as the kernel reads it).
+    // The residual tail's input, of out's type, as the kernel reads it.
     let residual: Option<Vec<T>> = d.tail.residual(d.m, d.n, seed);
-    for values in [&mut reference, &mut exact] {
-        d.tail.apply(values, residual.as_deref(), &rows, d.n);
-    }
-    let format_error = compare("format", &reference, &exact).rel_l2;
-    let magnitude = d.tail.magnitude(&qx, &qw_wide, bias, residual.as_deref(), d.n, d.k, &rows);
-    let residual_bytes = if residual.is_some() { d.out.bytes() * (d.m * d.n) as u64 } else { 0 };
-    let copies =
-        rotation_copies(gpu, (d.m * d.k + d.n * d.k) as u64 + d.out.bytes() * (d.m * d.n) as u64 + residual_bytes);
+    let (operands, sample) = Operands::new(gpu, d, seed, residual.as_deref())?;
     Ok(Box::new(LinearFp8Problem::<T> {
         d,
-        a_codes: Rotated::upload(gpu, &qa.codes, copies)?,
-        a_scales: Rotated::upload(gpu, &qa.scales, copies)?,
-        w_codes: Rotated::upload(gpu, &qw.codes, copies)?,
-        w_scales: Rotated::upload(gpu, &qw.scales, copies)?,
-        bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
-        host_scales: (qa.scales, qw.scales),
-        host_bias: b,
-        lt_operands: None,
         residual: residual.map(|r| gpu.upload(&r)).transpose()?,
-        out: Rotated::outputs(gpu, d.m * d.n, copies)?,
-        sample: SampledRows { rows, reference, magnitude },
-        format_error,
-        copies,
+        out: Rotated::outputs(gpu, d.m * d.n, operands.copies)?,
+        operands,
+        sample,
         prepared: Current::default(),
     }))
 }
 
-struct LinearFp8Problem<T: OutElement> {
-    d: LinearFp8Dims,
+/// The quantized operands of a call (rotated copies), their scales and bias as quantized (for the
+/// library row's layout), and the note on the format's own error.
+struct Operands {
     a_codes: Rotated<u8>,
     a_scales: Rotated<f32>,
     w_codes: Rotated<u8>,
     w_scales: Rotated<f32>,
     bias: Option<CudaSlice<f32>>,
-    /// A's and W's scales and the bias as quantized, for the library row's layout.
     host_scales: (Vec<f32>, Vec<f32>),
     host_bias: Vec<f32>,
     /// The scales and bias in [`OperandLayout::CublasLt`], made when a library row is prepared.
     lt_operands: Option<LtOperandCopies>,
-    residual: Option<CudaSlice<T>>,
-    out: Rotated<T>,
-    /// The f64 product of the dequantized operands on the sampled rows, with the tail: what the
-    /// kernel must match; with a tail, the scale of each element's error ([`magnitude_rows`]).
-    sample: SampledRows,
-    /// That product's relative L2 distance from the layer on unquantized operands.
+    /// The f64 product of the dequantized operands against the layer on unquantized operands.
     format_error: f64,
     copies: usize,
+}
+
+impl Operands {
+    /// Fresh operands at `seed` and the f64 product of the dequantized operands, with the tail
+    /// (`residual`: the residual tail's input), on the sampled rows: what the kernel must match;
+    /// with a tail, the scale of each element's error ([`Tail::magnitude`]).
+    fn new<T: OutElement>(
+        gpu: &Gpu,
+        d: LinearFp8Dims,
+        seed: u64,
+        residual: Option<&[T]>,
+    ) -> Result<(Operands, SampledRows)> {
+        let (x, w, b) = inputs(d.gemm(), seed);
+        let (qa, qw) = (fp8::quantize_rows(&x, d.m, d.k), fp8::quantize_blocks(&w, d.n, d.k));
+        let rows = sampled_rows(d.m, d.n, d.k, seed ^ 4);
+        let bias = d.bias.then_some(&b[..]);
+        let (qx, qw_wide) = (qa.dequantize(), qw.dequantize());
+        let mut reference = linear_rows(&qx, &qw_wide, bias, d.n, d.k, &rows);
+        let mut exact = linear_rows(&x, &w, bias, d.n, d.k, &rows);
+        for values in [&mut reference, &mut exact] {
+            d.tail.apply(values, residual, &rows, d.n);
+        }
+        let format_error = compare("format", &reference, &exact).rel_l2;
+        let magnitude = d.tail.magnitude(&qx, &qw_wide, bias, residual, d.n, d.k, &rows);
+        let out_bytes = d.out.bytes() * (d.m * d.n) as u64 * if residual.is_some() { 2 } else { 1 };
+        let copies = rotation_copies(gpu, (d.m * d.k + d.n * d.k) as u64 + out_bytes);
+        let operands = Operands {
+            a_codes: Rotated::upload(gpu, &qa.codes, copies)?,
+            a_scales: Rotated::upload(gpu, &qa.scales, copies)?,
+            w_codes: Rotated::upload(gpu, &qw.codes, copies)?,
+            w_scales: Rotated::upload(gpu, &qw.scales, copies)?,
+            bias: if d.bias { Some(gpu.upload(&b)?) } else { None },
+            host_scales: (qa.scales, qw.scales),
+            host_bias: b,
+            lt_operands: None,
+            format_error,
+            copies,
+        };
+        Ok((operands, SampledRows { rows, reference, magnitude }))
+    }
+
+    /// Makes the library row's copies of the scales and bias when `p` reads them in its layout.
+    fn prepare(&mut self, gpu: &Gpu, p: &Prepared) -> Result<()> {
+        if p.layout() == OperandLayout::CublasLt && self.lt_operands.is_none() {
+            let (a, w) = OperandLayout::CublasLt.arrange(&self.host_scales.0, &self.host_scales.1, p.d);
+            let bias: Vec<u16> = self.host_bias.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+            self.lt_operands = Some(LtOperandCopies {
+                a_scales: Rotated::upload(gpu, &a, self.copies)?,
+                w_scales: Rotated::upload(gpu, &w, self.copies)?,
+                bias: gpu.upload(&bias)?,
+            });
+        }
+        Ok(())
+    }
+
+    /// `p`'s arguments from rotation `copy`, into `out` (with `residual`).
+    fn enqueue(
+        &self,
+        stream: &CudaStream,
+        p: &Prepared,
+        copy: usize,
+        out: OutBuf,
+        residual: Option<ResidualBuf>,
+    ) -> Result<()> {
+        let (a_scales, w_scales, bias) = match (p.layout(), &self.lt_operands) {
+            (OperandLayout::Fp8, _) => (&self.a_scales, &self.w_scales, self.bias.as_ref().map(Bias::F32)),
+            (OperandLayout::CublasLt, Some(lt)) => {
+                (&lt.a_scales, &lt.w_scales, self.bias.as_ref().map(|_| Bias::Bf16(&lt.bias)))
+            }
+            (OperandLayout::CublasLt, None) => {
+                return Err(common::Error::constraint("the library row's operands made at prepare", "none"))
+            }
+        };
+        let args = LinearFp8Args {
+            out,
+            a_codes: self.a_codes.get(copy),
+            a_scales: a_scales.get(copy),
+            w_codes: self.w_codes.get(copy),
+            w_scales: w_scales.get(copy),
+            bias,
+            residual,
+        };
+        p.enqueue(stream, args)
+    }
+
+    fn note(&self) -> String {
+        format!("format: e4m3 A and W against the unquantized layer, rel L2 {:.2e}", self.format_error)
+    }
+}
+
+/// The bytes a call moves (out written, and read again with the residual tail; an e4m3 out's
+/// scales) and its flops.
+fn workload(d: LinearFp8Dims) -> Workload {
+    let LinearFp8Dims { m, n, k, bias, tail, out } = d;
+    let g = fp8::groups(k);
+    let scales = 4 * (m * g + fp8::groups(n) * g);
+    let out_passes = if tail == Tail::Residual { 2 } else { 1 };
+    let out_scales = if out == Output::E4m3 { 4 * m * fp8::groups(n) } else { 0 };
+    let bytes =
+        m * k + n * k + scales + out_passes * out.bytes() as usize * m * n + out_scales + if bias { 4 * n } else { 0 };
+    Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Compute(Precision::Fp8) }
+}
+
+struct LinearFp8Problem<T: OutElement> {
+    d: LinearFp8Dims,
+    operands: Operands,
+    residual: Option<CudaSlice<T>>,
+    out: Rotated<T>,
+    sample: SampledRows,
     prepared: Current<Prepared>,
 }
 
@@ -732,63 +899,126 @@ struct LtOperandCopies {
 
 impl<T: OutElement> Problem for LinearFp8Problem<T> {
     fn workload(&self) -> Workload {
-        let LinearFp8Dims { m, n, k, bias, tail, out } = self.d;
-        let g = fp8::groups(k);
-        let scales = 4 * (m * g + fp8::groups(n) * g);
-        // out written, and read again as the residual with that tail.
-        let out_passes = if tail == Tail::Residual { 2 } else { 1 };
-        let bytes = m * k + n * k + scales + out_passes * out.bytes() as usize * m * n + if bias { 4 * n } else { 0 };
-        Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Compute(Precision::Fp8) }
+        workload(self.d)
     }
     fn copies(&self) -> usize {
-        self.copies
+        self.operands.copies
     }
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.out.poison(gpu)
     }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
         let p = prepare(gpu, v, self.d)?;
-        if p.layout() == OperandLayout::CublasLt && self.lt_operands.is_none() {
-            let (a, w) = OperandLayout::CublasLt.arrange(&self.host_scales.0, &self.host_scales.1, self.d);
-            let bias: Vec<u16> = self.host_bias.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
-            self.lt_operands = Some(LtOperandCopies {
-                a_scales: Rotated::upload(gpu, &a, self.copies)?,
-                w_scales: Rotated::upload(gpu, &w, self.copies)?,
-                bias: gpu.upload(&bias)?,
-            });
-        }
+        self.operands.prepare(gpu, &p)?;
         Ok(self.prepared.set(v, p))
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
-        let (a_scales, w_scales, bias) = match (p.layout(), &self.lt_operands) {
-            (OperandLayout::Fp8, _) => (&self.a_scales, &self.w_scales, self.bias.as_ref().map(Bias::F32)),
-            (OperandLayout::CublasLt, Some(lt)) => {
-                (&lt.a_scales, &lt.w_scales, self.bias.as_ref().map(|_| Bias::Bf16(&lt.bias)))
-            }
-            (OperandLayout::CublasLt, None) => {
-                return Err(common::Error::constraint("the library row's operands made at prepare", "none"))
-            }
-        };
-        let args = LinearFp8Args {
-            out: OutBuf::new(self.out.get_mut(copy)),
-            a_codes: self.a_codes.get(copy),
-            a_scales: a_scales.get(copy),
-            w_codes: self.w_codes.get(copy),
-            w_scales: w_scales.get(copy),
-            bias,
-            residual: self.residual.as_ref().map(ResidualBuf::new),
-        };
-        p.enqueue(stream, args)
+        let out = OutBuf::new(self.out.get_mut(copy));
+        self.operands.enqueue(stream, p, copy, out, self.residual.as_ref().map(ResidualBuf::new))
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        let d = self.d.gemm();
-        let out = self.out.get(copy);
-        let verification = verify_out(gpu, v, out, &self.sample, d)?;
-        Ok(verification
-            .with_note(format!("format: e4m3 A and W against the unquantized layer, rel L2 {:.2e}", self.format_error)))
+        let verification = verify_out(gpu, v, self.out.get(copy), &self.sample, self.d.gemm())?;
+        Ok(verification.with_note(self.operands.note()))
     }
+}
+
+/// A call with an e4m3 out (out = 8): codes and row scales, checked against e4m3's own rounding.
+fn problem_e4m3(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<dyn Problem>> {
+    let (operands, sample) = Operands::new::<f32>(gpu, d, seed, None)?;
+    Ok(Box::new(E4m3Problem {
+        d,
+        codes: Rotated::outputs(gpu, d.m * d.n, operands.copies)?,
+        scales: Rotated::outputs(gpu, d.m * fp8::groups(d.n), operands.copies)?,
+        operands,
+        sample,
+        prepared: Current::default(),
+    }))
+}
+
+struct E4m3Problem {
+    d: LinearFp8Dims,
+    operands: Operands,
+    codes: Rotated<u8>,
+    scales: Rotated<f32>,
+    sample: SampledRows,
+    prepared: Current<Prepared>,
+}
+
+impl Problem for E4m3Problem {
+    fn workload(&self) -> Workload {
+        workload(self.d)
+    }
+    fn copies(&self) -> usize {
+        self.operands.copies
+    }
+    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+        self.codes.poison(gpu)?;
+        self.scales.poison(gpu)
+    }
+    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
+        let p = prepare(gpu, v, self.d)?;
+        self.operands.prepare(gpu, &p)?;
+        Ok(self.prepared.set(v, p))
+    }
+    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
+        let (_, p) = self.prepared.get()?;
+        let out = OutBuf::e4m3(self.codes.get_mut(copy), self.scales.get_mut(copy));
+        self.operands.enqueue(stream, p, copy, out, None)
+    }
+    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
+        let (v, _) = self.prepared.get()?;
+        let codes = gpu.download(self.codes.get(copy))?;
+        let scales = gpu.download(self.scales.get(copy))?;
+        Ok(verify_e4m3(v.tolerance(), &codes, &scales, &self.sample, self.d.n).with_note(self.operands.note()))
+    }
+}
+
+/// The check of an e4m3 out (`codes` M·N, `scales` M·ceil(N / 128)) against the f64 reference on
+/// the sampled rows:
+/// - each dequantized element's error in units of e4m3's rounding bound at the kernel's scale
+///   ([`fp8::rounding_bound`]), scaled so that `tolerance` is one bound: a kernel that computes the
+///   layer and rounds it to e4m3 is within it (its fp32 error is ~1e-4 of a bound), one that stores a
+///   wrong code, column or scale is not;
+/// - each scale against its reference group's amax / 448;
+/// - every code of every row not the NaN code and every scale finite (the poison is NaN).
+fn verify_e4m3(tolerance: f64, codes: &[u8], scales: &[f32], sample: &SampledRows, n: usize) -> Verification {
+    let g = fp8::groups(n);
+    let (mut values, mut bounds, mut got, mut want) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (i, &row) in sample.rows.iter().enumerate() {
+        let reference = &sample.reference[i * n..(i + 1) * n];
+        for (group, cols) in reference.chunks(fp8::GROUP).enumerate() {
+            let amax = cols.iter().fold(fp8::AMAX_FLOOR as f64, |a, x| a.max(x.abs()));
+            want.push(amax / fp8::E4M3_MAX as f64);
+            got.push(scales.get(row * g + group).copied().unwrap_or(f32::NAN));
+        }
+        for (c, &r) in reference.iter().enumerate() {
+            let scale = scales.get(row * g + c / fp8::GROUP).copied().unwrap_or(f32::NAN);
+            let code = codes.get(row * n + c).map_or(f32::NAN, |&q| fp8::e4m3_value(q));
+            values.push(code * scale);
+            bounds.push(fp8::rounding_bound(r as f32, scale) as f64 / tolerance);
+        }
+    }
+    let nan_codes = codes.iter().filter(|&&q| q & 0x7F == fp8::NAN_CODE).count();
+    let bad_scales = scales.iter().filter(|x| !x.is_finite()).count();
+    let every = ErrorStats {
+        output: "codes and scales of every row (none NaN)".into(),
+        rel_l2: 0.0,
+        max_abs: 0.0,
+        non_finite: nan_codes + bad_scales,
+        first_non_finite: codes.iter().position(|&q| q & 0x7F == fp8::NAN_CODE),
+        count: codes.len() + scales.len(),
+    };
+    Verification::new(tolerance)
+        .add_stats(compare_scaled(
+            "out (e4m3 dequantized, in units of its rounding bound)",
+            &values,
+            &sample.reference,
+            &bounds,
+        ))
+        .add("scales (against the reference rows' amax / 448)", &got, &want)
+        .add_stats(every)
 }
 
 #[cfg(test)]

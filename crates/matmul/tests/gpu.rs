@@ -27,6 +27,66 @@ fn gemv_shape(input: i64, m: i64, n: i64, k: i64, bias: i64, epi: i64) -> Shape 
     }
 }
 
+/// linear-fp8 stage 7's e4m3 out is, byte for byte, `quantize-fp8` stage 1's quantization of the
+/// same stage's bf16 out (its header's claim: the values rounded to bf16, then quantize-fp8's
+/// arithmetic), with and without GELU, at a ragged M, a last scale group of 16 columns and the MLP
+/// up's shape at M = 256; codes and scales poisoned before the run.
+fn linear_fp8_e4m3_out_is_quantized_bf16_out(gpu: &Gpu) {
+    use common::data::uniform;
+    use common::lt::Output;
+    use matmul::fp8::{groups, quantize_blocks, quantize_rows};
+    use matmul::linear_bf16::Tail;
+    use matmul::linear_fp8::{prepare, Bias, LinearFp8, LinearFp8Args, LinearFp8Dims, OutBuf};
+    use matmul::quantize_fp8::{self, QuantizeDims, QuantizeFp8};
+    let stage = LinearFp8.variants().into_iter().find(|v| v.stage == 7).expect("stage 7");
+    let rows_stage = QuantizeFp8.variants().into_iter().find(|v| v.stage == 1).expect("quantize-fp8 stage 1");
+    let stream = gpu.stream().clone();
+    for (i, (m, n, k, tail)) in
+        [(129, 272, 144, Tail::Gelu), (300, 400, 1008, Tail::None), (256, 3072, 768, Tail::Gelu)]
+            .into_iter()
+            .enumerate()
+    {
+        let seed = 0x5eed + i as u64;
+        let (qa, qw) = (
+            quantize_rows(&uniform(m * k, -1.0, 1.0, seed), m, k),
+            quantize_blocks(&uniform(n * k, -0.1, 0.1, seed ^ 1), n, k),
+        );
+        let bias = gpu.upload(&uniform(n, -0.5, 0.5, seed ^ 2)).unwrap();
+        let (a_codes, a_scales) = (gpu.upload(&qa.codes).unwrap(), gpu.upload(&qa.scales).unwrap());
+        let (w_codes, w_scales) = (gpu.upload(&qw.codes).unwrap(), gpu.upload(&qw.scales).unwrap());
+        let run = |out: OutBuf| {
+            let out_type = if out.is_e4m3() { Output::E4m3 } else { Output::Bf16 };
+            let d = LinearFp8Dims { m, n, k, bias: true, tail, out: out_type };
+            let p = prepare(gpu, &stage, d).unwrap();
+            let args = LinearFp8Args {
+                out,
+                a_codes: &a_codes,
+                a_scales: &a_scales,
+                w_codes: &w_codes,
+                w_scales: &w_scales,
+                bias: Some(Bias::F32(&bias)),
+                residual: None,
+            };
+            p.enqueue(&stream, args).unwrap();
+        };
+        let mut bf16: CudaSlice<u16> = gpu.alloc_poisoned(m * n).unwrap();
+        run(OutBuf::new(&mut bf16));
+        let q = quantize_fp8::prepare(gpu, &rows_stage, QuantizeDims { m, k: n, blocks: false, ln: false }).unwrap();
+        let (mut want_codes, mut want_scales) =
+            (gpu.alloc_poisoned::<u8>(m * n).unwrap(), gpu.alloc_poisoned::<f32>(m * groups(n)).unwrap());
+        q.enqueue(&stream, &mut want_codes, &mut want_scales, &bf16).unwrap();
+        let (mut codes, mut scales) =
+            (gpu.alloc_poisoned::<u8>(m * n).unwrap(), gpu.alloc_poisoned::<f32>(m * groups(n)).unwrap());
+        run(OutBuf::e4m3(&mut codes, &mut scales));
+        let (got, want) = (gpu.download(&codes).unwrap(), gpu.download(&want_codes).unwrap());
+        let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "M={m} N={n} K={k} {tail:?}: {differ} of {} codes differ", got.len());
+        let (got, want) = (gpu.download(&scales).unwrap(), gpu.download(&want_scales).unwrap());
+        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "M={m} N={n} K={k} {tail:?}: scales differ");
+    }
+}
+
 /// `ladder timeline` on the persistent stages: at a ragged shape of two or more tiles a block (and,
 /// for the cooperative stage, at one of a tile a block), every block stamps each phase of its
 /// producer and its two consumers, in the order the kernel runs them, inside the run's own event
@@ -386,7 +446,7 @@ fn main() -> std::process::ExitCode {
             // shapes at M = 512 (8192^3 at 8192), then M, N, K not multiples of the 128-wide tile or
             // scale group (K % 16 == 0), M = 1 and N = 1.
             use matmul::linear_bf16::{bf16_out, shape_with_tail};
-            use matmul::linear_fp8::{shape, LinearFp8};
+            use matmul::linear_fp8::{e4m3_out, shape, LinearFp8};
             let stages = LinearFp8.variants();
             for mut s in LinearFp8.default_shapes() {
                 if s.get("K") != Some(8192) {
@@ -405,14 +465,25 @@ fn main() -> std::process::ExitCode {
                 let s = shape_with_tail(m, n, k, e);
                 assert_stages_pass(gpu, &LinearFp8, &if bf16 { bf16_out(s) } else { s }, &stages);
             }
-            // Ragged shapes with every tail and both outputs (stages 4 on take the tails and bf16,
-            // at N % 4 == 0 or N % 8 == 0; the other stages refuse them, and prepare must agree).
-            proptest(16, (1i64..400, 1i64..400, 1i64..40, 0i64..2, 0i64..3, 0i64..2), |(m, n, k16, b, e, o)| {
+            // Stage 7's e4m3 out: GELU at ragged M, no tail with a last scale group of 16 columns
+            // (N = 272) and without a bias, one row of one group.
+            for s in [shape_with_tail(129, 144, 144, 1), shape(300, 272, 1008, 0), shape(1, 16, 16, 1)] {
+                assert_stages_pass(gpu, &LinearFp8, &e4m3_out(s), &stages);
+            }
+            // Ragged shapes with every tail and every output (stages 4 on take the tails and bf16,
+            // at N % 4 == 0 or N % 8 == 0, stage 7 e4m3 at N % 16 == 0; the other stages refuse
+            // them, and prepare must agree).
+            proptest(16, (1i64..400, 1i64..400, 1i64..40, 0i64..2, 0i64..3, 0i64..3), |(m, n, k16, b, e, o)| {
                 let s = if e > 0 { shape_with_tail(m, n, 16 * k16, e) } else { shape(m, n, 16 * k16, b) };
-                let s = if o == 1 { bf16_out(s) } else { s };
+                let s = match o {
+                    1 => bf16_out(s),
+                    2 => e4m3_out(s),
+                    _ => s,
+                };
                 assert_stages_pass(gpu, &LinearFp8, &s, &stages)
             })
         })
+        .gpu("linear_fp8_e4m3_out_is_quantize_fp8_of_its_bf16_out", linear_fp8_e4m3_out_is_quantized_bf16_out)
         .gpu("linear_bf16_modules_compile_and_load", linear_bf16_modules_compile_and_load)
         .gpu("linear_bf16_default_shapes", |gpu| {
             // Every default shape's N, K, tail and output type (the LM head at 50257 and 50304,

@@ -173,44 +173,66 @@ impl PassLinear for linear_bf16::Prepared {
     }
 }
 
-/// A linear of an fp8 plan's pass: its bf16 input quantized to e4m3 with one scale per row per 128
-/// channels (`quantize-fp8`; after a LayerNorm, with a stage that takes it in, the fp32 residual stream
-/// and the LayerNorm instead), then `linear-fp8` on the weight's 128 x 128 blocks with the fp32 bias;
-/// the codes and scales between them are its own.
+/// A linear of an fp8 plan's pass: `linear-fp8` on the weight's 128 x 128 blocks with the fp32 bias,
+/// its input e4m3 with one scale per row per 128 channels: quantized from a bf16 activation by its
+/// own [`Quantizer`] (after a LayerNorm, with a stage that takes it in, from the fp32 residual stream
+/// through the LayerNorm), or, for the MLP down after an MLP up that stores e4m3, as the MLP up
+/// wrote it.
 pub(super) struct Fp8Linear {
-    quantize: quantize_fp8::Prepared,
+    quantizer: Option<Quantizer>,
     linear: linear_fp8::Prepared,
+}
+
+/// `quantize-fp8` on a linear's input, and the codes and scales it writes.
+struct Quantizer {
+    prepared: quantize_fp8::Prepared,
     codes: CudaSlice<u8>,
     scales: CudaSlice<f32>,
 }
 
-/// What an [`Fp8Linear`] quantizes: a bf16 activation, or the residual stream through the LayerNorm
-/// with this gain and shift.
+/// What an [`Fp8Linear`] reads: a bf16 activation or the residual stream through the LayerNorm with
+/// this gain and shift, which its quantizer quantizes; or codes and scales already quantized.
 enum Fp8Input<'a> {
     Bf16(&'a CudaSlice<u16>),
     LayerNorm(&'a CudaSlice<f32>, (&'a CudaSlice<f32>, &'a CudaSlice<f32>)),
+    E4m3(&'a E4m3Act),
+}
+
+/// An activation in e4m3 with one scale per row per 128 channels (`matmul::fp8::Fp8Rows`' layout).
+pub(super) struct E4m3Act {
+    codes: CudaSlice<u8>,
+    scales: CudaSlice<f32>,
+}
+
+impl E4m3Act {
+    fn new(gpu: &Gpu, rows: usize, k: usize) -> Result<E4m3Act> {
+        Ok(E4m3Act { codes: gpu.zeros(rows * k)?, scales: gpu.zeros(rows * matmul::fp8::groups(k))? })
+    }
 }
 
 impl Fp8Linear {
-    /// `after_ln`: the linear reads a LayerNorm's output, which a stage that can takes in.
-    fn prepare(gpu: &Gpu, f: &Fp8Stages, d: LinearFp8Dims, after_ln: bool) -> Result<Fp8Linear> {
-        let ln = after_ln && quantize_fp8::takes_layernorm(&f.quantize);
-        let q = QuantizeDims { m: d.m, k: d.k, blocks: false, ln };
+    /// `after_ln`: the linear reads a LayerNorm's output, which a stage that can takes in; `input`:
+    /// whether it quantizes its input (no: it reads an [`E4m3Act`]).
+    fn prepare(gpu: &Gpu, f: &Fp8Stages, d: LinearFp8Dims, after_ln: bool, input: Output) -> Result<Fp8Linear> {
         let linear = linear_fp8::prepare(gpu, &f.linear, d)?;
         require(
             linear.layout() == OperandLayout::Fp8,
             "a linear-fp8 kernel stage (the quantizer's scale layout)",
             || format!("stage {} reads {:?}", f.linear.stage, linear.layout()),
         )?;
-        Ok(Fp8Linear {
-            quantize: quantize_fp8::prepare(gpu, &f.quantize, q)?,
-            linear,
-            codes: gpu.zeros(d.m * d.k)?,
-            scales: gpu.zeros(q.scales())?,
-        })
+        let quantizer = (input != Output::E4m3)
+            .then(|| -> Result<Quantizer> {
+                let ln = after_ln && quantize_fp8::takes_layernorm(&f.quantize);
+                let q = QuantizeDims { m: d.m, k: d.k, blocks: false, ln };
+                let prepared = quantize_fp8::prepare(gpu, &f.quantize, q)?;
+                Ok(Quantizer { prepared, codes: gpu.zeros(d.m * d.k)?, scales: gpu.zeros(q.scales())? })
+            })
+            .transpose()?;
+        Ok(Fp8Linear { quantizer, linear })
     }
 
-    /// `inp` quantized, then `out = dequant(inp) · dequant(weight)ᵀ (+ bias)` and the prepared tail.
+    /// `inp` quantized (unless it is e4m3 already), then `out = dequant(inp) · dequant(weight)ᵀ
+    /// (+ bias)` and the prepared tail.
     fn enqueue(
         &mut self,
         s: &Arc<CudaStream>,
@@ -219,16 +241,22 @@ impl Fp8Linear {
         weight: &Fp8Weight,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
-        match inp {
-            Fp8Input::Bf16(x) => self.quantize.enqueue(s, &mut self.codes, &mut self.scales, x)?,
-            Fp8Input::LayerNorm(x, ln) => {
-                self.quantize.enqueue_layernorm(s, &mut self.codes, &mut self.scales, x, ln, LN_EPS)?
+        let (a_codes, a_scales) = match (inp, &mut self.quantizer) {
+            (Fp8Input::E4m3(act), _) => (&act.codes, &act.scales),
+            (Fp8Input::Bf16(x), Some(q)) => {
+                q.prepared.enqueue(s, &mut q.codes, &mut q.scales, x)?;
+                (&q.codes, &q.scales)
             }
-        }
+            (Fp8Input::LayerNorm(x, ln), Some(q)) => {
+                q.prepared.enqueue_layernorm(s, &mut q.codes, &mut q.scales, x, ln, LN_EPS)?;
+                (&q.codes, &q.scales)
+            }
+            (_, None) => return Err(Error::constraint("an e4m3 input for a linear without a quantizer", "bf16")),
+        };
         let args = LinearFp8Args {
             out,
-            a_codes: &self.codes,
-            a_scales: &self.scales,
+            a_codes,
+            a_scales,
             w_codes: &weight.codes,
             w_scales: &weight.scales,
             bias: bias.map(Bias::F32),
@@ -268,10 +296,17 @@ impl PassLinear for Fp8Linear {
             }
             BlockLinear::Fc => {
                 let inp = after_ln((&l.ln2_w, &l.ln2_b));
-                self.enqueue(s, (OutBuf::new(&mut a.gelu), None), inp, weight, bias)
+                let out = match &mut a.gelu_e4m3 {
+                    Some(q) => OutBuf::e4m3(&mut q.codes, &mut q.scales),
+                    None => OutBuf::new(&mut a.gelu),
+                };
+                self.enqueue(s, (out, None), inp, weight, bias)
             }
             BlockLinear::Proj => self.enqueue(s, in_place(&mut a.x), Fp8Input::Bf16(&a.att), weight, bias),
-            BlockLinear::FcProj => self.enqueue(s, in_place(&mut a.x), Fp8Input::Bf16(&a.gelu), weight, bias),
+            BlockLinear::FcProj => {
+                let inp = a.gelu_e4m3.as_ref().map_or(Fp8Input::Bf16(&a.gelu), Fp8Input::E4m3);
+                self.enqueue(s, in_place(&mut a.x), inp, weight, bias)
+            }
         }
     }
 
@@ -290,7 +325,7 @@ impl PassLinear for Fp8Linear {
     }
 
     fn takes_layernorm(&self) -> bool {
-        self.quantize.takes_layernorm()
+        self.quantizer.as_ref().is_some_and(|q| q.prepared.takes_layernorm())
     }
 }
 
@@ -397,11 +432,14 @@ pub(super) struct Activations16 {
     att: CudaSlice<u16>,
     att_lse: CudaSlice<f32>,
     gelu: CudaSlice<u16>,
+    /// The MLP up's output in e4m3 instead of `gelu`, where an fp8 plan's MLP up stores it so.
+    gelu_e4m3: Option<E4m3Act>,
     logits: CudaSlice<u16>,
 }
 
 impl Activations16 {
-    fn new(gpu: &Gpu, cfg: &Config, rows: usize) -> Result<Activations16> {
+    /// `gelu_out`: the MLP up's output type (bf16, or e4m3).
+    fn new(gpu: &Gpu, cfg: &Config, rows: usize, gelu_out: Output) -> Result<Activations16> {
         let c = cfg.c;
         Ok(Activations16 {
             x: gpu.zeros(rows * c)?,
@@ -411,7 +449,8 @@ impl Activations16 {
             qkv: gpu.zeros(rows * 3 * c)?,
             att: gpu.zeros(rows * c)?,
             att_lse: gpu.zeros(rows * cfg.heads)?,
-            gelu: gpu.zeros(rows * 4 * c)?,
+            gelu: gpu.zeros(if gelu_out == Output::E4m3 { 0 } else { rows * 4 * c })?,
+            gelu_e4m3: (gelu_out == Output::E4m3).then(|| E4m3Act::new(gpu, rows, 4 * c)).transpose()?,
             logits: gpu.zeros(rows * cfg.padded_vocab())?,
         })
     }
@@ -449,7 +488,7 @@ impl Model {
             let stage = if tail == Tail::Residual { &bf.residual_linear } else { &bf.linear };
             linear_bf16::prepare(gpu, stage, LinearBf16Dims { m, n, k, bias, tail, out })
         };
-        self.prepare_16(gpu, bf, (b, t), encoder, lin)
+        self.prepare_16(gpu, bf, (b, t), encoder, Output::Bf16, lin)
     }
 
     pub(super) fn prepare_fp8(
@@ -460,20 +499,24 @@ impl Model {
         t: usize,
         encoder: encoder::Prepared,
     ) -> Result<Stages16<Fp8Linear>> {
+        // The MLP up stores e4m3 where its stage can, and the MLP down reads it (no quantizer).
+        let gelu_out = if linear_fp8::stores_e4m3(&f8.linear) { Output::E4m3 } else { Output::Bf16 };
         let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output, after_ln: bool| {
-            Fp8Linear::prepare(gpu, f8, LinearFp8Dims { m, n, k, bias, tail, out }, after_ln)
+            let input = if k == 4 * self.cfg.c { gelu_out } else { Output::Bf16 };
+            Fp8Linear::prepare(gpu, f8, LinearFp8Dims { m, n, k, bias, tail, out }, after_ln, input)
         };
-        self.prepare_16(gpu, bf, (b, t), encoder, lin)
+        self.prepare_16(gpu, bf, (b, t), encoder, gelu_out, lin)
     }
 
     /// The bf16 pass's stages with its linears made by `lin(M, N, K, bias, tail, out, after_ln)`
-    /// (`after_ln`: the linear reads a LayerNorm's output).
+    /// (`after_ln`: the linear reads a LayerNorm's output), the MLP up's output of type `gelu_out`.
     fn prepare_16<L>(
         &self,
         gpu: &Gpu,
         bf: &Bf16Stages,
         (b, t): (usize, usize),
         encoder: encoder::Prepared,
+        gelu_out: Output,
         lin: impl Fn(usize, usize, usize, bool, Tail, Output, bool) -> Result<L>,
     ) -> Result<Stages16<L>> {
         let cfg = self.cfg;
@@ -485,12 +528,12 @@ impl Model {
             linears: [
                 lin(m, 3 * c, c, true, Tail::None, Output::Bf16, true)?,
                 lin(m, c, c, true, Tail::Residual, Output::F32, false)?,
-                lin(m, 4 * c, c, true, Tail::Gelu, Output::Bf16, true)?,
+                lin(m, 4 * c, c, true, Tail::Gelu, gelu_out, true)?,
                 lin(m, c, 4 * c, true, Tail::Residual, Output::F32, false)?,
             ],
             lm_head: lin(m, cfg.padded_vocab(), c, false, Tail::None, Output::Bf16, true)?,
             attention: prefill_bf16::prepare(gpu, &bf.attention, dims)?,
-            acts: Activations16::new(gpu, &cfg, m)?,
+            acts: Activations16::new(gpu, &cfg, m, gelu_out)?,
             last: LastLogits::new(gpu, &cfg, b, lin(b, cfg.padded_vocab(), c, false, Tail::None, Output::F32, true)?)?,
         })
     }

@@ -26,7 +26,7 @@
 //   3's arguments, then the residual.
 // Constraints: stage 3's, and 16-byte rows of out for the TMA: N % 4 == 0 (fp32), N % 8 == 0 (bf16).
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16; out = 32 or 16
 #include "matmul_fp8_gemm.cuh"
 
 // Recipe: fp8_staged_tiles with TwoOverlapped (fp8_ring, Fp8TileStride, fp8_consumer with

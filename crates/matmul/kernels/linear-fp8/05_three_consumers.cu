@@ -24,7 +24,7 @@
 //   1 KiB (alignment); stage 4's arguments, A's tensor map in boxes of 192 rows.
 // Constraints: stage 4's.
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16; out = 32 or 16
 #include "matmul_fp8_gemm.cuh"
 
 // Recipe: fp8_staged_tiles with ThreeWaited (fp8_ring of 192-row A tiles, Fp8TileStride<192>,

@@ -18,7 +18,7 @@
 //   stages) at 128 rows, stage 5's (block 512, three) at 192; A's tensor map in boxes of the rows.
 // Constraints: stage 4's.
 // Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16; out = 32 or 16
 #include "matmul_fp8_gemm.cuh"
 
 #ifndef F8_TILE_ROWS

@@ -15,10 +15,21 @@
 //   (1.38x; cuBLASLt 358.0, 0.96x), 8192^3 (16 panels) 0.99x. With the declared group of 8 where W
 //   fits, GPT-2's block linears and 4096^3 were 0.96-0.99x stage 6; the group there is now 1,
 //   stage 6's walk.
-// Launch: linear_fp8_group_fit[_gelu|_residual][_bf16]: stage 6's.
-// Constraints: stage 4's.
-// Tolerance: 1e-2 preset against the f64 product of the dequantized operands.
-// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16
+// Out = 8 (e4m3, the first stage with it): linear_fp8_group_fit[_gelu]_e4m3 store the tile plus
+//   the bias (then GELU) as e4m3 codes with one fp32 scale per row per 128 columns, matmul::fp8's
+//   activation format (Fp8QuantizedStore), so the next linear reads them with no quantizer pass. For
+//   the fp8 plan's MLP up at B = 4, T = 1024 (N = 3072) that replaces a bf16 store (25 MB) and
+//   quantize-fp8's row pass over it (25 MB read, 12.6 MB of codes written, 19.3 us) with a store
+//   of 12.6 MB of codes and the scales: predicted ~19 us (~0.23 ms over the 12 layers) off the
+//   plan's prefill, the linear itself as with a bf16 out.
+// Launch: linear_fp8_group_fit[_gelu|_residual][_bf16] and [_gelu]_e4m3: stage 6's, the e4m3 ones
+//   with 8 KiB of staging a consumer, out's map in boxes of 128 codes x 64 rows and the scales
+//   (M x ceil(N / 128) fp32) as the last argument.
+// Constraints: stage 4's; at out = 8 no residual tail and N % 16 == 0 (16-byte rows of codes).
+// Tolerance: 1e-2 preset against the f64 product of the dequantized operands; at out = 8 each
+//   dequantized element against e4m3's rounding bound at the kernel's scale (fp8::rounding_bound),
+//   the scales against the reference rows' amax / 448.
+// Limits: M * K < 2^31; N * K < 2^31; M * N < 2^31; K % 16 == 0; N % 4 == 0; N % 8 == 0 at out = 16; N % 16 == 0 at out = 8; epi < 2 at out = 8
 #include "matmul_fp8_gemm.cuh"
 
 #ifndef F8_TILE_ROWS
@@ -32,3 +43,4 @@
 using GroupFitConsumers = Fp8ConsumersOfRows<F8_TILE_ROWS>::type;
 using GroupFitOrder = Fp8TileGrouped<F8_TILE_ROWS, F8_GROUP_M>;
 FP8_STAGED_ENTRIES(linear_fp8_group_fit, GroupFitConsumers, GroupFitOrder)
+FP8_QUANTIZED_ENTRIES(linear_fp8_group_fit, GroupFitConsumers, GroupFitOrder)
