@@ -659,69 +659,41 @@ impl Op for LinearFp8 {
         }
     }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
+        // A limit with a shape just inside it.
+        let limit = |constraint, past, inside| Limit { constraint, past, inside: Some(inside) };
         let mut l = vec![
-            Limit { constraint: K_ALIGN, past: shape(8, 40, 40, 1), inside: Some(shape(8, 40, 48, 1)) },
+            limit(K_ALIGN, shape(8, 40, 40, 1), shape(8, 40, 48, 1)),
             Limit { constraint: "M * K < 2^31", past: shape(1 << 16, 8, 1 << 15, 1), inside: None },
             Limit { constraint: "N * K < 2^31", past: shape(8, 1 << 16, 1 << 15, 1), inside: None },
             Limit { constraint: "M * N < 2^31", past: shape(1 << 16, 1 << 15, 16, 1), inside: None },
         ];
         let kernel = v.plan::<Plan>().ok().map(Plan::kernel);
         let bf16 = crate::linear_bf16::bf16_out;
+        // Stages 4-6 and the library row: no e4m3 out.
+        let out_wide = || limit(OUT_WIDE, e4m3_out(shape(8, 32, 16, 1)), bf16(shape(8, 32, 16, 1)));
         match &kernel {
             Some(Some(k)) if k.tma_store => {
-                l.push(Limit { constraint: TMA_STORE_N, past: shape(8, 6, 16, 1), inside: Some(shape(8, 12, 16, 1)) });
-                l.push(Limit {
-                    constraint: TMA_STORE_N_BF16,
-                    past: bf16(shape(8, 12, 16, 1)),
-                    inside: Some(bf16(shape(8, 16, 16, 1))),
-                });
+                l.push(limit(TMA_STORE_N, shape(8, 6, 16, 1), shape(8, 12, 16, 1)));
+                l.push(limit(TMA_STORE_N_BF16, bf16(shape(8, 12, 16, 1)), bf16(shape(8, 16, 16, 1))));
                 if k.e4m3_out {
-                    l.push(Limit {
-                        constraint: TMA_STORE_N_E4M3,
-                        past: e4m3_out(shape(8, 24, 16, 1)),
-                        inside: Some(e4m3_out(shape(8, 32, 16, 1))),
-                    });
-                    l.push(Limit {
-                        constraint: E4M3_TAIL,
-                        past: e4m3_out(shape_with_tail(8, 32, 16, 2)),
-                        inside: Some(e4m3_out(shape_with_tail(8, 32, 16, 1))),
-                    });
+                    l.push(limit(TMA_STORE_N_E4M3, e4m3_out(shape(8, 24, 16, 1)), e4m3_out(shape(8, 32, 16, 1))));
+                    l.push(limit(
+                        E4M3_TAIL,
+                        e4m3_out(shape_with_tail(8, 32, 16, 2)),
+                        e4m3_out(shape_with_tail(8, 32, 16, 1)),
+                    ));
                 } else {
-                    l.push(Limit {
-                        constraint: OUT_WIDE,
-                        past: e4m3_out(shape(8, 32, 16, 1)),
-                        inside: Some(bf16(shape(8, 32, 16, 1))),
-                    });
+                    l.push(out_wide());
                 }
             }
             Some(Some(_)) => {
-                l.push(Limit {
-                    constraint: OUT_F32,
-                    past: bf16(shape(8, 16, 16, 1)),
-                    inside: Some(shape(8, 16, 16, 1)),
-                });
-                l.push(Limit {
-                    constraint: EPI_NONE,
-                    past: shape_with_tail(8, 16, 16, 1),
-                    inside: Some(shape(8, 16, 16, 1)),
-                });
+                l.push(limit(OUT_F32, bf16(shape(8, 16, 16, 1)), shape(8, 16, 16, 1)));
+                l.push(limit(EPI_NONE, shape_with_tail(8, 16, 16, 1), shape(8, 16, 16, 1)));
             }
             Some(None) => {
-                l.push(Limit {
-                    constraint: OUT_WIDE,
-                    past: e4m3_out(shape(8, 32, 16, 1)),
-                    inside: Some(bf16(shape(8, 32, 16, 1))),
-                });
-                l.push(Limit {
-                    constraint: LT_N_BF16,
-                    past: bf16(shape(8, 12, 16, 1)),
-                    inside: Some(bf16(shape(8, 16, 16, 1))),
-                });
-                l.push(Limit {
-                    constraint: EPI_NONE,
-                    past: shape_with_tail(8, 16, 16, 2),
-                    inside: Some(shape(8, 16, 16, 1)),
-                });
+                l.push(out_wide());
+                l.push(limit(LT_N_BF16, bf16(shape(8, 12, 16, 1)), bf16(shape(8, 16, 16, 1))));
+                l.push(limit(EPI_NONE, shape_with_tail(8, 16, 16, 2), shape(8, 16, 16, 1)));
             }
             None => {}
         }
@@ -731,8 +703,8 @@ impl Op for LinearFp8 {
             }
             Some(Some(Grid::Persistent)) => {}
             Some(None) => {
-                l.push(Limit { constraint: LT_M, past: shape(12, 8, 16, 1), inside: Some(shape(16, 8, 16, 1)) });
-                l.push(Limit { constraint: LT_N, past: shape(8, 6, 16, 1), inside: Some(shape(8, 12, 16, 1)) });
+                l.push(limit(LT_M, shape(12, 8, 16, 1), shape(16, 8, 16, 1)));
+                l.push(limit(LT_N, shape(8, 6, 16, 1), shape(8, 12, 16, 1)));
             }
             None => {}
         }
@@ -753,14 +725,11 @@ fn problem<T: OutElement>(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<
     // The residual tail's input, of out's type, as the kernel reads it.
     let residual: Option<Vec<T>> = d.tail.residual(d.m, d.n, seed);
     let (operands, sample) = Operands::new(gpu, d, seed, residual.as_deref())?;
-    Ok(Box::new(LinearFp8Problem::<T> {
-        d,
+    let outputs = WideOut {
         residual: residual.map(|r| gpu.upload(&r)).transpose()?,
         out: Rotated::outputs(gpu, d.m * d.n, operands.copies)?,
-        operands,
-        sample,
-        prepared: Current::default(),
-    }))
+    };
+    Ok(Box::new(LinearFp8Problem { d, operands, outputs, sample, prepared: Current::default() }))
 }
 
 /// The quantized operands of a call (rotated copies), their scales and bias as quantized (for the
@@ -881,11 +850,11 @@ fn workload(d: LinearFp8Dims) -> Workload {
     Workload { bytes: bytes as u64, flops: (2 * m * n * k) as u64, bound: Bound::Compute(Precision::Fp8) }
 }
 
-struct LinearFp8Problem<T: OutElement> {
+/// A call: its operands, where its out goes (`O`), the f64 reference on the sampled rows.
+struct LinearFp8Problem<O: Outputs> {
     d: LinearFp8Dims,
     operands: Operands,
-    residual: Option<CudaSlice<T>>,
-    out: Rotated<T>,
+    outputs: O,
     sample: SampledRows,
     prepared: Current<Prepared>,
 }
@@ -897,66 +866,72 @@ struct LtOperandCopies {
     bias: CudaSlice<u16>,
 }
 
-impl<T: OutElement> Problem for LinearFp8Problem<T> {
-    fn workload(&self) -> Workload {
-        workload(self.d)
-    }
-    fn copies(&self) -> usize {
-        self.operands.copies
-    }
+/// A call's out as the kernels write it: poisoned, handed to a launch, checked.
+trait Outputs {
+    fn poison(&mut self, gpu: &Gpu) -> Result<()>;
+    /// Rotation `copy`'s out, and the residual the tail reads.
+    fn buffers(&mut self, copy: usize) -> (OutBuf<'_>, Option<ResidualBuf<'_>>);
+    fn verify(&self, gpu: &Gpu, run: Run) -> Result<Verification>;
+}
+
+/// What a check of one run compares against: the stage (its tolerance), the rotation, the sampled
+/// reference and the call's sizes.
+struct Run<'a> {
+    v: &'a Variant,
+    copy: usize,
+    sample: &'a SampledRows,
+    d: LinearFp8Dims,
+}
+
+/// fp32 or bf16 out (`T`), and the residual tail's input of the same type.
+struct WideOut<T: OutElement> {
+    out: Rotated<T>,
+    residual: Option<CudaSlice<T>>,
+}
+
+impl<T: OutElement> Outputs for WideOut<T> {
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.out.poison(gpu)
     }
-    fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
-        let p = prepare(gpu, v, self.d)?;
-        self.operands.prepare(gpu, &p)?;
-        Ok(self.prepared.set(v, p))
+    fn buffers(&mut self, copy: usize) -> (OutBuf<'_>, Option<ResidualBuf<'_>>) {
+        (OutBuf::new(self.out.get_mut(copy)), self.residual.as_ref().map(ResidualBuf::new))
     }
-    fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
-        let (_, p) = self.prepared.get()?;
-        let out = OutBuf::new(self.out.get_mut(copy));
-        self.operands.enqueue(stream, p, copy, out, self.residual.as_ref().map(ResidualBuf::new))
-    }
-    fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
-        let (v, _) = self.prepared.get()?;
-        let verification = verify_out(gpu, v, self.out.get(copy), &self.sample, self.d.gemm())?;
-        Ok(verification.with_note(self.operands.note()))
+    fn verify(&self, gpu: &Gpu, run: Run) -> Result<Verification> {
+        verify_out(gpu, run.v, self.out.get(run.copy), run.sample, run.d.gemm())
     }
 }
 
-/// A call with an e4m3 out (out = 8): codes and row scales, checked against e4m3's own rounding.
-fn problem_e4m3(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<dyn Problem>> {
-    let (operands, sample) = Operands::new::<f32>(gpu, d, seed, None)?;
-    Ok(Box::new(E4m3Problem {
-        d,
-        codes: Rotated::outputs(gpu, d.m * d.n, operands.copies)?,
-        scales: Rotated::outputs(gpu, d.m * fp8::groups(d.n), operands.copies)?,
-        operands,
-        sample,
-        prepared: Current::default(),
-    }))
-}
-
-struct E4m3Problem {
-    d: LinearFp8Dims,
-    operands: Operands,
+/// e4m3 out (out = 8): codes and row scales, checked against e4m3's own rounding.
+struct E4m3Out {
     codes: Rotated<u8>,
     scales: Rotated<f32>,
-    sample: SampledRows,
-    prepared: Current<Prepared>,
 }
 
-impl Problem for E4m3Problem {
-    fn workload(&self) -> Workload {
-        workload(self.d)
-    }
-    fn copies(&self) -> usize {
-        self.operands.copies
-    }
+impl Outputs for E4m3Out {
     fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         self.codes.poison(gpu)?;
         self.scales.poison(gpu)
     }
+    fn buffers(&mut self, copy: usize) -> (OutBuf<'_>, Option<ResidualBuf<'_>>) {
+        (OutBuf::e4m3(self.codes.get_mut(copy), self.scales.get_mut(copy)), None)
+    }
+    fn verify(&self, gpu: &Gpu, run: Run) -> Result<Verification> {
+        let codes = gpu.download(self.codes.get(run.copy))?;
+        let scales = gpu.download(self.scales.get(run.copy))?;
+        Ok(verify_e4m3(run.v.tolerance(), &codes, &scales, run.sample, run.d.n))
+    }
+}
+
+impl<O: Outputs> Problem for LinearFp8Problem<O> {
+    fn workload(&self) -> Workload {
+        workload(self.d)
+    }
+    fn copies(&self) -> usize {
+        self.operands.copies
+    }
+    fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+        self.outputs.poison(gpu)
+    }
     fn prepare(&mut self, gpu: &Gpu, v: &Variant) -> Result<Vec<ResourceUse>> {
         let p = prepare(gpu, v, self.d)?;
         self.operands.prepare(gpu, &p)?;
@@ -964,15 +939,24 @@ impl Problem for E4m3Problem {
     }
     fn enqueue(&mut self, stream: &CudaStream, copy: usize) -> Result<()> {
         let (_, p) = self.prepared.get()?;
-        let out = OutBuf::e4m3(self.codes.get_mut(copy), self.scales.get_mut(copy));
-        self.operands.enqueue(stream, p, copy, out, None)
+        let (out, residual) = self.outputs.buffers(copy);
+        self.operands.enqueue(stream, p, copy, out, residual)
     }
     fn verify(&mut self, gpu: &Gpu, copy: usize) -> Result<Verification> {
         let (v, _) = self.prepared.get()?;
-        let codes = gpu.download(self.codes.get(copy))?;
-        let scales = gpu.download(self.scales.get(copy))?;
-        Ok(verify_e4m3(v.tolerance(), &codes, &scales, &self.sample, self.d.n).with_note(self.operands.note()))
+        let verification = self.outputs.verify(gpu, Run { v, copy, sample: &self.sample, d: self.d })?;
+        Ok(verification.with_note(self.operands.note()))
     }
+}
+
+/// A call with an e4m3 out (out = 8).
+fn problem_e4m3(gpu: &Gpu, d: LinearFp8Dims, seed: u64) -> Result<Box<dyn Problem>> {
+    let (operands, sample) = Operands::new::<f32>(gpu, d, seed, None)?;
+    let outputs = E4m3Out {
+        codes: Rotated::outputs(gpu, d.m * d.n, operands.copies)?,
+        scales: Rotated::outputs(gpu, d.m * fp8::groups(d.n), operands.copies)?,
+    };
+    Ok(Box::new(LinearFp8Problem { d, operands, outputs, sample, prepared: Current::default() }))
 }
 
 /// The check of an e4m3 out (`codes` M·N, `scales` M·ceil(N / 128)) against the f64 reference on
