@@ -499,7 +499,8 @@ impl Model {
         t: usize,
         encoder: encoder::Prepared,
     ) -> Result<Stages16<Fp8Linear>> {
-        // The MLP up stores e4m3 where its stage can, and the MLP down reads it (no quantizer).
+        // The MLP up stores e4m3 where its stage can, and the MLP down (the one linear with K = 4C)
+        // reads it with no quantizer of its own.
         let gelu_out = if linear_fp8::stores_e4m3(&f8.linear) { Output::E4m3 } else { Output::Bf16 };
         let lin = |m: usize, n: usize, k: usize, bias: bool, tail: Tail, out: Output, after_ln: bool| {
             let input = if k == 4 * self.cfg.c { gelu_out } else { Output::Bf16 };
