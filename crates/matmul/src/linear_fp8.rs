@@ -460,11 +460,6 @@ impl<'a> OutBuf<'a> {
         OutBuf { ptr, len, output: T::OUTPUT, scales: None, _buf: std::marker::PhantomData }
     }
 
-    /// Whether this is an e4m3 out ([`OutBuf::e4m3`]).
-    pub fn is_e4m3(&self) -> bool {
-        self.output == Output::E4m3
-    }
-
     /// An e4m3 out (out = 8): `codes` M·N, `scales` M·ceil(N / 128).
     pub fn e4m3(codes: &'a mut CudaSlice<u8>, scales: &'a mut CudaSlice<f32>) -> OutBuf<'a> {
         let (ptr, len) = (common::device_ptr(&*codes), codes.len());

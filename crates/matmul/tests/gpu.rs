@@ -54,8 +54,7 @@ fn linear_fp8_e4m3_out_is_quantized_bf16_out(gpu: &Gpu) {
         let bias = gpu.upload(&uniform(n, -0.5, 0.5, seed ^ 2)).unwrap();
         let (a_codes, a_scales) = (gpu.upload(&qa.codes).unwrap(), gpu.upload(&qa.scales).unwrap());
         let (w_codes, w_scales) = (gpu.upload(&qw.codes).unwrap(), gpu.upload(&qw.scales).unwrap());
-        let run = |out: OutBuf| {
-            let out_type = if out.is_e4m3() { Output::E4m3 } else { Output::Bf16 };
+        let run = |out_type: Output, out: OutBuf| {
             let d = LinearFp8Dims { m, n, k, bias: true, tail, out: out_type };
             let p = prepare(gpu, &stage, d).unwrap();
             let args = LinearFp8Args {
@@ -70,14 +69,14 @@ fn linear_fp8_e4m3_out_is_quantized_bf16_out(gpu: &Gpu) {
             p.enqueue(&stream, args).unwrap();
         };
         let mut bf16: CudaSlice<u16> = gpu.alloc_poisoned(m * n).unwrap();
-        run(OutBuf::new(&mut bf16));
+        run(Output::Bf16, OutBuf::new(&mut bf16));
         let q = quantize_fp8::prepare(gpu, &rows_stage, QuantizeDims { m, k: n, blocks: false, ln: false }).unwrap();
         let (mut want_codes, mut want_scales) =
             (gpu.alloc_poisoned::<u8>(m * n).unwrap(), gpu.alloc_poisoned::<f32>(m * groups(n)).unwrap());
         q.enqueue(&stream, &mut want_codes, &mut want_scales, &bf16).unwrap();
         let (mut codes, mut scales) =
             (gpu.alloc_poisoned::<u8>(m * n).unwrap(), gpu.alloc_poisoned::<f32>(m * groups(n)).unwrap());
-        run(OutBuf::e4m3(&mut codes, &mut scales));
+        run(Output::E4m3, OutBuf::e4m3(&mut codes, &mut scales));
         let (got, want) = (gpu.download(&codes).unwrap(), gpu.download(&want_codes).unwrap());
         let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
         assert_eq!(differ, 0, "M={m} N={n} K={k} {tail:?}: {differ} of {} codes differ", got.len());

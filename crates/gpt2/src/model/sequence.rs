@@ -183,11 +183,10 @@ pub(super) struct Fp8Linear {
     linear: linear_fp8::Prepared,
 }
 
-/// `quantize-fp8` on a linear's input, and the codes and scales it writes.
+/// `quantize-fp8` on a linear's input, and the e4m3 activation it writes.
 struct Quantizer {
     prepared: quantize_fp8::Prepared,
-    codes: CudaSlice<u8>,
-    scales: CudaSlice<f32>,
+    out: E4m3Act,
 }
 
 /// What an [`Fp8Linear`] reads: a bf16 activation or the residual stream through the LayerNorm with
@@ -224,8 +223,10 @@ impl Fp8Linear {
             .then(|| -> Result<Quantizer> {
                 let ln = after_ln && quantize_fp8::takes_layernorm(&f.quantize);
                 let q = QuantizeDims { m: d.m, k: d.k, blocks: false, ln };
-                let prepared = quantize_fp8::prepare(gpu, &f.quantize, q)?;
-                Ok(Quantizer { prepared, codes: gpu.zeros(d.m * d.k)?, scales: gpu.zeros(q.scales())? })
+                Ok(Quantizer {
+                    prepared: quantize_fp8::prepare(gpu, &f.quantize, q)?,
+                    out: E4m3Act::new(gpu, d.m, d.k)?,
+                })
             })
             .transpose()?;
         Ok(Fp8Linear { quantizer, linear })
@@ -241,22 +242,22 @@ impl Fp8Linear {
         weight: &Fp8Weight,
         bias: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
-        let (a_codes, a_scales) = match (inp, &mut self.quantizer) {
-            (Fp8Input::E4m3(act), _) => (&act.codes, &act.scales),
+        let a = match (inp, &mut self.quantizer) {
+            (Fp8Input::E4m3(act), _) => act,
             (Fp8Input::Bf16(x), Some(q)) => {
-                q.prepared.enqueue(s, &mut q.codes, &mut q.scales, x)?;
-                (&q.codes, &q.scales)
+                q.prepared.enqueue(s, &mut q.out.codes, &mut q.out.scales, x)?;
+                &q.out
             }
             (Fp8Input::LayerNorm(x, ln), Some(q)) => {
-                q.prepared.enqueue_layernorm(s, &mut q.codes, &mut q.scales, x, ln, LN_EPS)?;
-                (&q.codes, &q.scales)
+                q.prepared.enqueue_layernorm(s, &mut q.out.codes, &mut q.out.scales, x, ln, LN_EPS)?;
+                &q.out
             }
             (_, None) => return Err(Error::constraint("an e4m3 input for a linear without a quantizer", "bf16")),
         };
         let args = LinearFp8Args {
             out,
-            a_codes,
-            a_scales,
+            a_codes: &a.codes,
+            a_scales: &a.scales,
             w_codes: &weight.codes,
             w_scales: &weight.scales,
             bias: bias.map(Bias::F32),
