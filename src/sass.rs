@@ -208,8 +208,8 @@ pub struct Disassembly {
     pub ptx: String,
 }
 
-/// Compiles stage `v` of `sources` for `arch` (uncached, so ptxas's log is there) and disassembles
-/// its cubin: every entry point.
+/// Compiles stage `v` of `sources` for `arch` (or reads it, with ptxas's log, from the cache) and
+/// disassembles its cubin: every entry point.
 pub fn disassemble(tc: &Toolchain, sources: &Sources, v: &Variant, arch: Arch) -> Result<Disassembly> {
     let Source::Kernel(path) = v.source else {
         return Err(Error::constraint("a kernel stage (a library or host row has no code of ours)", v.id()));
@@ -220,8 +220,7 @@ pub fn disassemble(tc: &Toolchain, sources: &Sources, v: &Variant, arch: Arch) -
             arch.name(),
         ));
     }
-    let compiled =
-        tc.uncached().compile(&v.id(), sources.find(path)?, &sources.headers()?, &v.compile_defines(), arch)?;
+    let compiled = tc.compile(&v.id(), sources.find(path)?, &sources.headers()?, &v.compile_defines(), arch)?;
     let file = std::env::temp_dir().join(format!("ladder-sass-{}-{}.cubin", std::process::id(), v.stage));
     std::fs::write(&file, &compiled.image)
         .map_err(|e| Error::constraint("a writable temporary directory", e.to_string()))?;

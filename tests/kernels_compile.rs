@@ -5,6 +5,7 @@
 
 use common::testing::Suite;
 use common::{Arch, Generator, Grid, KernelSource, Source, Variant};
+use rayon::prelude::*;
 
 fn compile_everything(tc: &common::Toolchain) {
     let mut jobs: Vec<(&'static common::Sources, Variant, &'static str, Arch)> = Vec::new();
@@ -37,31 +38,21 @@ fn compile_everything(tc: &common::Toolchain) {
         let Source::Kernel(path) = v.source else { continue };
         jobs.extend([Arch::SM80, Arch::SM90A].map(|arch| (sources, v.clone(), path, arch)));
     }
-    let failures = std::sync::Mutex::new(Vec::new());
-    let compiled = std::sync::atomic::AtomicUsize::new(0);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((sources, v, path, arch)) = jobs.get(i) else { break };
-                let result = sources
-                    .find(path)
-                    .and_then(|src| tc.compile(&v.id(), src, &sources.headers()?, &v.compile_defines(), *arch));
-                match result {
-                    Ok(c) if !c.image.is_empty() => {
-                        compiled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Ok(_) => failures.lock().unwrap().push(format!("{} {arch}: empty image", v.id())),
-                    Err(e) => failures.lock().unwrap().push(format!("{} {arch}: {e}", v.id())),
-                }
-            });
-        }
-    });
-    let failures = failures.into_inner().unwrap();
+    let failures: Vec<String> = jobs
+        .par_iter()
+        .filter_map(|(sources, v, path, arch)| {
+            let result = sources
+                .find(path)
+                .and_then(|src| tc.compile(&v.id(), src, &sources.headers()?, &v.compile_defines(), *arch));
+            match result {
+                Ok(c) if !c.image.is_empty() => None,
+                Ok(_) => Some(format!("{} {arch}: empty image", v.id())),
+                Err(e) => Some(format!("{} {arch}: {e}", v.id())),
+            }
+        })
+        .collect();
     assert!(failures.is_empty(), "{} failed:\n{}", failures.len(), failures.join("\n\n"));
-    println!("kernels_compile: {} variant/arch pairs compiled", compiled.into_inner());
+    println!("kernels_compile: {} variant/arch pairs compiled", jobs.len());
 }
 
 /// The composed decode steps' host-switched builds (dependent launch, the QKV append, the advancing
@@ -167,8 +158,9 @@ fn broken_source_is_a_compile_error_with_the_log(tc: &common::Toolchain) {
 /// The resource report (`ladder resources`) reads ptxas's log of this NVRTC: for the first and the
 /// last kernel stage of every op, one row per entry point of the module's PTX, with a register count
 /// ptxas could have allocated, read from ptxas's own report (not the driver's fallback reading); and
-/// a kernel held to 32 registers that needs more reports its spills, compiled twice (a repeated
-/// compile is what NVRTC's cache, 12.9 and later with a driver, answers without a ptxas report).
+/// a kernel held to 32 registers that needs more reports its spills, compiled twice without this
+/// crate's cache (a repeated compile is what NVRTC's own cache, 12.9 and later with a driver,
+/// answers without a ptxas report).
 fn resource_report_reads_every_entry(tc: &common::Toolchain) {
     for family in kernel_ladder::families() {
         for op in family.ops() {
@@ -210,10 +202,11 @@ fn resource_report_reads_every_entry(tc: &common::Toolchain) {
 }
 ",
     };
-    let e = tc.resources("test/pressed/00-pressed", &pressed, &[], &[], Arch::SM90A).unwrap();
+    let fresh = tc.uncached();
+    let e = fresh.resources("test/pressed/00-pressed", &pressed, &[], &[], Arch::SM90A).unwrap();
     // The same program again: NVRTC 12.9 and later (with a driver present) would serve it from their
     // own cache without running ptxas, and so without a report, unless told not to (`--no-cache`).
-    let again = tc.resources("test/pressed/00-pressed", &pressed, &[], &[], Arch::SM90A);
+    let again = fresh.resources("test/pressed/00-pressed", &pressed, &[], &[], Arch::SM90A);
     assert_eq!(again.as_ref().ok(), Some(&e), "compiled twice: {again:?}");
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(e[0].registers <= 32, "{e:?}");

@@ -95,11 +95,12 @@ impl EntryResources {
     }
 }
 
-/// The options that make NVRTC `version` pass ptxas's resource report into the program log:
-/// `--ptxas-options=-v`, and from NVRTC 12.9 on also `--no-cache`. Those versions keep a cache of
-/// compiled programs (where a CUDA driver is installed: on a CPU-only machine, as in CI, nothing is
-/// cached) and serve a repeated compile of the same source and options from it without running
-/// ptxas, so with an empty log. Older versions do not know `--no-cache` (an invalid option there).
+/// The options that make NVRTC `version` pass ptxas's resource report into the program log, on
+/// every compile: `--ptxas-options=-v`, and from NVRTC 12.9 on also `--no-cache`. Those versions
+/// keep a cache of compiled programs (where a CUDA driver is installed: on a CPU-only machine, as
+/// in CI, nothing is cached) and serve a repeated compile of the same source and options from it
+/// without running ptxas, so with an empty log; this crate's own cache keeps the log instead. Older
+/// versions do not know `--no-cache` (an invalid option there).
 pub fn ptxas_report_options(version: (i32, i32)) -> Vec<String> {
     let mut options = vec!["--ptxas-options=-v".to_string()];
     if version >= (12, 9) {
@@ -154,17 +155,17 @@ pub struct Toolchain {
 }
 
 /// What one compilation produced. `image` is a CUBIN for the exact architecture (no driver JIT);
-/// `ptx` is kept beside it for reading.
+/// `ptx` is kept beside it for reading, and `log` is NVRTC's, with ptxas's resource report and
+/// warnings (the cache keeps all three).
 #[derive(Debug)]
 pub struct Compiled {
     pub image: Vec<u8>,
     pub ptx: String,
     pub log: String,
-    pub from_cache: bool,
 }
 
 impl Compiled {
-    /// The ptxas warnings in the log (none from a cached compile: see [`Toolchain::uncached`]).
+    /// The ptxas warnings in the log.
     /// ptxas serializes wgmma it cannot prove safe to overlap (C7510) and ignores a setmaxnreg it
     /// cannot honour (C7508), each only with a warning.
     pub fn ptxas_warnings(&self) -> Vec<String> {
@@ -277,9 +278,9 @@ impl Toolchain {
         Ok(compiled)
     }
 
-    /// `source` compiled as [`Toolchain::compile`] would (uncached, the image discarded) with ptxas
-    /// reporting ([`ptxas_report_options`]): what it allocated for each entry point, read from the
-    /// log. Needs no GPU. A log without a report is [`Error::NoPtxasReport`].
+    /// `source` compiled as [`Toolchain::compile`] compiles it (the same cache entry): what ptxas
+    /// allocated for each entry point, read from the log. Needs no GPU. A log without a report is
+    /// [`Error::NoPtxasReport`].
     pub fn resources(
         &self,
         variant: &str,
@@ -288,14 +289,12 @@ impl Toolchain {
         defines: &[Define],
         arch: Arch,
     ) -> Result<Vec<EntryResources>> {
-        let mut options = self.options(defines, arch);
-        options.extend(ptxas_report_options(self.version));
-        let compiled = self.compile_uncached(variant, source, headers, &options, arch)?;
-        EntryResources::from_log(&compiled.log, variant, arch, self.version, &options)
+        let compiled = self.compile(variant, source, headers, defines, arch)?;
+        EntryResources::from_log(&compiled.log, variant, arch, self.version, &self.options(defines, arch))
     }
 
-    /// This toolchain without its cache: every compile runs NVRTC and ptxas, so each log is fresh
-    /// (a cached compile has an empty one).
+    /// This toolchain without its cache: every compile runs NVRTC and ptxas (what a test of NVRTC's
+    /// own caching needs).
     pub fn uncached(&self) -> Toolchain {
         Toolchain { include_dir: self.include_dir.clone(), version: self.version, cache_dir: None }
     }
@@ -308,6 +307,7 @@ impl Toolchain {
             "-DNDEBUG".to_string(),
             format!("-I{}", self.include_dir.display()),
         ];
+        options.extend(ptxas_report_options(self.version));
         let mut sorted: Vec<&Define> = defines.iter().collect();
         sorted.sort_by(|a, b| a.name.cmp(&b.name));
         for d in sorted {
@@ -335,24 +335,29 @@ impl Toolchain {
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// An entry is whole once its cubin is there: the log and the PTX are written before it.
     fn cache_read(&self, key: &str) -> Option<Compiled> {
         let dir = self.cache_dir.as_ref()?;
         let image = std::fs::read(dir.join(format!("{key}.cubin"))).ok()?;
-        let ptx = std::fs::read_to_string(dir.join(format!("{key}.ptx"))).unwrap_or_default();
-        Some(Compiled { image, ptx, log: String::new(), from_cache: true })
+        let log = std::fs::read_to_string(dir.join(format!("{key}.log"))).ok()?;
+        let ptx = std::fs::read_to_string(dir.join(format!("{key}.ptx"))).ok()?;
+        Some(Compiled { image, ptx, log })
     }
 
     fn cache_write(&self, key: &str, compiled: &Compiled) {
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let Some(dir) = self.cache_dir.as_ref() else { return };
-        // Write then rename, so a concurrent reader never sees half a file. A failed write only
-        // costs a recompilation next time.
+        // Write then rename, to a name no other process or thread writes, so a concurrent reader
+        // never sees half a file. A failed write only costs a recompilation next time.
         let write = |ext: &str, bytes: &[u8]| {
-            let tmp = dir.join(format!("{key}.{ext}.{}.tmp", std::process::id()));
+            let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = dir.join(format!("{key}.{ext}.{}-{n}.tmp", std::process::id()));
             if std::fs::write(&tmp, bytes).is_ok() {
                 let _ = std::fs::rename(&tmp, dir.join(format!("{key}.{ext}")));
             }
         };
         if std::fs::create_dir_all(dir).is_ok() {
+            write("log", compiled.log.as_bytes());
             write("ptx", compiled.ptx.as_bytes());
             write("cubin", &compiled.image);
         }
@@ -395,7 +400,7 @@ impl Toolchain {
             let result = if status != sys::nvrtcResult::NVRTC_SUCCESS {
                 Err(fail(format!("{status:?}\n{log}\noptions: {}", options.join(" "))))
             } else {
-                get_outputs(prog).map(|(image, ptx)| Compiled { image, ptx, log, from_cache: false }).map_err(fail)
+                get_outputs(prog).map(|(image, ptx)| Compiled { image, ptx, log }).map_err(fail)
             };
             let _ = sys::nvrtcDestroyProgram(&mut prog);
             result
@@ -456,7 +461,7 @@ mod tests {
                    ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized\n\
                    ptxas warning : (C7508) setmaxnreg ignored\n\
                    nvrtc: compiled";
-        let c = Compiled { image: Vec::new(), ptx: String::new(), log: log.to_string(), from_cache: false };
+        let c = Compiled { image: Vec::new(), ptx: String::new(), log: log.to_string() };
         let f = c.ptxas_findings();
         assert_eq!(f.len(), 2, "{f:?}");
         assert!(f[0].contains("C7514") && f[1].contains("C7508"));
