@@ -324,8 +324,11 @@ fn mma_shape(v: &Variant, d: GemvDims) -> Result<(LaunchShape, usize)> {
     // (32-wide steps of K, two rows, 16 bytes a lane) the first pass of a warp covers.
     let pieces = v.tunable("GEMV_UNROLL")?.min((d.k as u32).div_ceil(32).div_ceil(split));
     let staged = if v.has(EARLY_WEIGHTS) { pieces * 2 * 32 * 16 } else { 0 };
-    // Stage 7: a folded LayerNorm's MT rows after the pieces.
-    let rows = if d.ln && v.has(STAGED_ROWS) { mt as u32 * staged_row_bytes(d.k) } else { 0 };
+    // Stage 7: a folded LayerNorm's M rows after the pieces. The tile's padding rows (M .. MT - 1)
+    // are never staged or read, so they take no shared memory: at M = 1 and K = 1600 (gpt2-xl) the
+    // 7 padding rows were 23 KB a block, enough to hold the MLP up's 400 blocks to three an SM and
+    // run 4 of them as a second wave.
+    let rows = if d.ln && v.has(STAGED_ROWS) { d.m as u32 * staged_row_bytes(d.k) } else { 0 };
     Ok((LaunchShape::linear(blocks, 32 * split).with_shared(split * (16 * 8 * 4 + staged) + rows), mt))
 }
 

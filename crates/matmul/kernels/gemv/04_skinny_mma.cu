@@ -65,7 +65,8 @@
 //   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
 //   tiles are reduced one 8-column tile at a time), and with GEMV_EARLY_WEIGHTS split * pieces *
 //   1 KiB more, pieces = min(GEMV_UNROLL, ceil(ceil(K / 32) / split)) (each warp's staged first pass),
-//   and with GEMV_STAGED_ROWS on a folded entry MT rows of staged_row_pitch(K) bf16 after those.
+//   and with GEMV_STAGED_ROWS on a folded entry M rows of staged_row_pitch(K) bf16 after those (the
+//   tile's padding rows M .. MT - 1 are never staged or read).
 // Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte pieces of W and inp); N * K < 2^31; a folded
 //   LayerNorm reads fp32 inp; with GEMV_STAGED_ROWS a folded LayerNorm's K <= 128 * GEMV_STAGED_ROWS
 //   (the host sets ceil(K / 128); past 13, K > 1664, the row's registers spill); the QKV entries: N % 3 == 0, seq and pos within the caches (checked by their owner on the
@@ -155,7 +156,7 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
     // warp of the block has in it), lane by lane: [split][pieces][2][32] uint4 after the tiles.
     const int pieces = min(GEMV_UNROLL, (steps + split - 1) / split);
     uint4* staged = reinterpret_cast<uint4*>(part + split * 128) + warp * pieces * 64;
-    // Stage 7: the folded LayerNorm's MT rows after every warp's pieces.
+    // Stage 7: the folded LayerNorm's M rows after every warp's pieces (the host reserves no more).
     constexpr bool kRowsStaged = kStagedRows && LN;
     __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint4*>(part + split * 128) +
                                                            (kEarlyWeights ? split * pieces * 64 : 0));
