@@ -182,9 +182,10 @@ for s in "$@"; do
         # The README's main job, `ladder run all` with its default timing, from an empty kernel cache
         # (every NVRTC compilation paid), its tables and per-family times saved; with .gpu-old/
         # carried, the same for the older ladder.
-        step runall 330 "s=\$(date +%s%N); LADDER_CACHE_DIR=/tmp/cache-runall-new $bundle/run.sh ladder run all --out $logs/tables/runall; echo wall \$(( (\$(date +%s%N) - s) / 1000000 )) ms"
+        # Its own cache folder, emptied first: a warm machine keeps /tmp between calls.
+        step runall 330 "rm -rf /tmp/cache-runall-new; s=\$(date +%s%N); LADDER_CACHE_DIR=/tmp/cache-runall-new $bundle/run.sh ladder run all --out $logs/tables/runall; echo wall \$(( (\$(date +%s%N) - s) / 1000000 )) ms"
         if [ -x .gpu-old/ladder ]; then
-            step runall-before 400 "s=\$(date +%s%N); LADDER_CACHE_DIR=/tmp/cache-runall-old .gpu-old/run.sh ladder run all; echo wall \$(( (\$(date +%s%N) - s) / 1000000 )) ms"
+            step runall-before 400 "rm -rf /tmp/cache-runall-old; s=\$(date +%s%N); LADDER_CACHE_DIR=/tmp/cache-runall-old .gpu-old/run.sh ladder run all; echo wall \$(( (\$(date +%s%N) - s) / 1000000 )) ms"
         fi
         ;;
     cmp:*)
