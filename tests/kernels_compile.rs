@@ -160,7 +160,7 @@ fn broken_source_is_a_compile_error_with_the_log(tc: &common::Toolchain) {
 /// ptxas could have allocated, read from ptxas's own report (not the driver's fallback reading); and
 /// a kernel held to 32 registers that needs more reports its spills, compiled twice without this
 /// crate's cache (a repeated compile is what NVRTC's own cache, 12.9 and later with a driver,
-/// answers without a ptxas report).
+/// answers without a ptxas report) and twice through it (which keeps the log with the cubin).
 fn resource_report_reads_every_entry(tc: &common::Toolchain) {
     for family in kernel_ladder::families() {
         for op in family.ops() {
@@ -208,6 +208,13 @@ fn resource_report_reads_every_entry(tc: &common::Toolchain) {
     // own cache without running ptxas, and so without a report, unless told not to (`--no-cache`).
     let again = fresh.resources("test/pressed/00-pressed", &pressed, &[], &[], Arch::SM90A);
     assert_eq!(again.as_ref().ok(), Some(&e), "compiled twice: {again:?}");
+    // Through this crate's cache (CI's fresh LADDER_CACHE_DIR): the second compile is read back
+    // from it, with the report.
+    assert!(common::nvrtc::cache_dir().is_some(), "a kernel cache directory (LADDER_CACHE_DIR or HOME)");
+    let compile = || tc.compile("test/pressed/00-pressed", &pressed, &[], &[], Arch::SM90A).unwrap();
+    let (_, second) = (compile(), compile());
+    assert!(second.from_cache, "the second compile was not read from the cache");
+    assert_eq!(common::EntryResources::parse(&second.log), e, "the cached log's report: {}", second.log);
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(e[0].registers <= 32, "{e:?}");
     assert!(e[0].spill_store_bytes > 0 && e[0].spill_load_bytes > 0 && e[0].stack_bytes > 0, "{e:?}");

@@ -162,6 +162,8 @@ pub struct Compiled {
     pub image: Vec<u8>,
     pub ptx: String,
     pub log: String,
+    /// Read back from this crate's cache (log and PTX included), not compiled.
+    pub from_cache: bool,
 }
 
 impl Compiled {
@@ -341,7 +343,7 @@ impl Toolchain {
         let image = std::fs::read(dir.join(format!("{key}.cubin"))).ok()?;
         let log = std::fs::read_to_string(dir.join(format!("{key}.log"))).ok()?;
         let ptx = std::fs::read_to_string(dir.join(format!("{key}.ptx"))).ok()?;
-        Some(Compiled { image, ptx, log })
+        Some(Compiled { image, ptx, log, from_cache: true })
     }
 
     fn cache_write(&self, key: &str, compiled: &Compiled) {
@@ -400,7 +402,7 @@ impl Toolchain {
             let result = if status != sys::nvrtcResult::NVRTC_SUCCESS {
                 Err(fail(format!("{status:?}\n{log}\noptions: {}", options.join(" "))))
             } else {
-                get_outputs(prog).map(|(image, ptx)| Compiled { image, ptx, log }).map_err(fail)
+                get_outputs(prog).map(|(image, ptx)| Compiled { image, ptx, log, from_cache: false }).map_err(fail)
             };
             let _ = sys::nvrtcDestroyProgram(&mut prog);
             result
@@ -461,7 +463,7 @@ mod tests {
                    ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized\n\
                    ptxas warning : (C7508) setmaxnreg ignored\n\
                    nvrtc: compiled";
-        let c = Compiled { image: Vec::new(), ptx: String::new(), log: log.to_string() };
+        let c = Compiled { image: Vec::new(), ptx: String::new(), log: log.to_string(), from_cache: false };
         let f = c.ptxas_findings();
         assert_eq!(f.len(), 2, "{f:?}");
         assert!(f[0].contains("C7514") && f[1].contains("C7508"));
