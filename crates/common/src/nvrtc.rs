@@ -270,12 +270,24 @@ impl Toolchain {
         defines: &[Define],
         arch: Arch,
     ) -> Result<Compiled> {
-        let options = self.options(defines, arch);
-        let key = self.cache_key(source, headers, &options);
+        self.compile_with(variant, source, headers, &self.options(defines, arch), arch)
+    }
+
+    /// [`Toolchain::compile`] with its options already built: read from the cache, or compiled and
+    /// written to it.
+    fn compile_with(
+        &self,
+        variant: &str,
+        source: &KernelSource,
+        headers: &[KernelSource],
+        options: &[String],
+        arch: Arch,
+    ) -> Result<Compiled> {
+        let key = self.cache_key(source, headers, options);
         if let Some(hit) = self.cache_read(&key) {
             return Ok(hit);
         }
-        let compiled = self.compile_uncached(variant, source, headers, &options, arch)?;
+        let compiled = self.compile_uncached(variant, source, headers, options, arch)?;
         self.cache_write(&key, &compiled);
         Ok(compiled)
     }
@@ -291,8 +303,9 @@ impl Toolchain {
         defines: &[Define],
         arch: Arch,
     ) -> Result<Vec<EntryResources>> {
-        let compiled = self.compile(variant, source, headers, defines, arch)?;
-        EntryResources::from_log(&compiled.log, variant, arch, self.version, &self.options(defines, arch))
+        let options = self.options(defines, arch);
+        let compiled = self.compile_with(variant, source, headers, &options, arch)?;
+        EntryResources::from_log(&compiled.log, variant, arch, self.version, &options)
     }
 
     /// This toolchain without its cache: every compile runs NVRTC and ptxas (what a test of NVRTC's
