@@ -122,18 +122,22 @@ impl Summary {
 }
 
 impl Function {
+    /// The index of a branch target's instruction.
+    fn index_of(&self, t: Target) -> Option<usize> {
+        match t {
+            Target::Label(l) => self.labels.get(l).copied(),
+            Target::Address(a) => self.instructions.binary_search_by_key(&a, |i| i.address).ok(),
+        }
+    }
+
     /// The main loop's instructions, as a range of indices: of every backward branch's body (from
     /// its target to the branch), the innermost one with the most tensor-core instructions, or the
     /// longest where there are none. `None` for straight-line code.
     pub fn main_loop(&self) -> Option<std::ops::Range<usize>> {
-        let index = |t: Target| match t {
-            Target::Label(l) => self.labels.get(l).copied(),
-            Target::Address(a) => self.instructions.binary_search_by_key(&a, |i| i.address).ok(),
-        };
         // A backward branch whose body holds no EXIT: a jump back from out-of-line code placed after
         // the kernel's end (a spin wait's slow path) spans everything and is no loop.
         let loops = self.instructions.iter().enumerate().filter_map(|(at, ins)| {
-            let target = index(ins.branch_target()?)?;
+            let target = self.index_of(ins.branch_target()?)?;
             let body = target..at + 1;
             (target <= at && !self.instructions[body.clone()].iter().any(|i| i.base() == "EXIT")).then_some(body)
         });
@@ -145,6 +149,35 @@ impl Function {
             (mma, if mma > 0 { -(r.len() as i64) } else { r.len() as i64 })
         };
         loops.max_by_key(rank)
+    }
+
+    /// The fewest instructions one turn of the loop `body` runs: the shortest way from its first
+    /// instruction through its backward branch, taking every forward branch that lands inside the
+    /// body where that is shorter (a predicated one may fall through; an unpredicated one must
+    /// jump). A branch out of the body (a spin wait's slow path) and a backward one inside it (an
+    /// inner spin) count as falling through. The class counts hold every copy ptxas made of a path
+    /// (a masked and an unmasked row max, say); this is what a turn that takes the cheapest runs.
+    pub fn shortest_turn(&self, body: std::ops::Range<usize>) -> usize {
+        let n = body.len();
+        // rest[k]: the fewest instructions from body instruction k through the back edge.
+        let mut rest = vec![0usize; n + 1];
+        for k in (0..n).rev() {
+            let ins = &self.instructions[body.start + k];
+            let cost = usize::from(ins.base() != "NOP");
+            let jump = ins
+                .branch_target()
+                .and_then(|t| self.index_of(t))
+                .filter(|&t| t > body.start + k && t < body.end)
+                .map(|t| rest[t - body.start]);
+            let fall = rest[k + 1];
+            rest[k] = cost
+                + match jump {
+                    Some(j) if ins.text.starts_with('@') => j.min(fall),
+                    Some(j) => j,
+                    None => fall,
+                };
+        }
+        rest[0]
     }
 }
 
@@ -316,6 +349,34 @@ mod tests {
         let body = toy.main_loop().expect("a backward branch");
         assert_eq!(body, 2..6, "from the label to the branch");
         assert_eq!(parse(SAMPLE)[1].main_loop(), None, "straight-line code has none");
+    }
+
+    #[test]
+    fn the_shortest_turn_jumps_the_forward_branches_inside_the_loop() {
+        // A loop whose body holds two copies of a path: the predicated branch skips the masked one
+        // (3 instructions), the unpredicated one jumps over the unmasked one (2), and a spin wait's
+        // slow path lies outside the body.
+        let listing = "\t\tFunction : twice\n\
+            /*0000*/ S2R R0, SR_TID.X ;\n\
+            /*0010*/ HMMA.16816.F32.BF16 R8, R4, R6, R8 ;\n\
+            /*0020*/ @P0 BRA 0x70 ;\n\
+            /*0030*/ ISETP.GE.AND P1, PT, R0, R2, PT ;\n\
+            /*0040*/ FSEL R8, R8, -INF , !P1 ;\n\
+            /*0050*/ FMNMX R9, R8, R9, !PT ;\n\
+            /*0060*/ BRA 0x90 ;\n\
+            /*0070*/ FMNMX R9, R8, R9, !PT ;\n\
+            /*0080*/ NOP ;\n\
+            /*0090*/ @!P2 BRA 0xc0 ;\n\
+            /*00a0*/ MUFU.EX2 R9, R9 ;\n\
+            /*00b0*/ @!P3 BRA 0x10 ;\n\
+            /*00c0*/ BRA 0xa0 ;\n\
+            /*00d0*/ EXIT ;\n";
+        let f = &parse(listing)[0];
+        let body = f.main_loop().expect("the backward branch at 0xb0");
+        assert_eq!(body, 1..12);
+        assert_eq!(Summary::of(&f.instructions[body.clone()]).total, 10, "both copies counted");
+        // HMMA, the branch, the unmasked FMNMX (the NOP is padding), the spin's branch, MUFU, back edge.
+        assert_eq!(f.shortest_turn(body), 6);
     }
 
     #[test]

@@ -239,6 +239,14 @@ fn sass_reads_a_stage(tc: &common::Toolchain) {
     let f = functions.iter().find(|f| Summary::of(&f.instructions).get("HGMMA") > 0).expect("HGMMA somewhere");
     let body = f.main_loop().expect("a main loop");
     assert!(Summary::of(&f.instructions[body]).get("HGMMA") > 0, "{}: the main loop holds the HGMMAs", f.name);
+    // prefill-bf16 stage 13 compiles its row max twice, with the mask and without, and branches
+    // between them: a turn runs fewer instructions than the loop's static count.
+    let s13 = stage(&attention::prefill_bf16::PrefillBf16, 13);
+    let functions = sass::disassemble(tc, &attention::SOURCES, &s13, Arch::SM90A).unwrap().functions;
+    let f = functions.iter().find(|f| f.name == "attention_bf16_wgmma_hs128").expect("the HS = 128 entry");
+    let body = f.main_loop().expect("the key-tile loop");
+    let (shortest, total) = (f.shortest_turn(body.clone()), Summary::of(&f.instructions[body]).total);
+    assert!(shortest < total, "shortest turn {shortest} of {total}");
 }
 
 fn main() -> std::process::ExitCode {
