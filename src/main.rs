@@ -173,9 +173,9 @@ enum Command {
     /// A stage's SASS without a GPU: NVRTC compiles it, cuobjdump disassembles the cubin, and each
     /// entry point's instructions are counted by class (HGMMA, HMMA, MUFU, FFMA, global and shared
     /// loads and stores, barriers, spills), for the whole function and its main loop (the backward
-    /// branch with the most tensor-core instructions) with the loop's shortest turn (the counts are
-    /// static and hold every copy ptxas made of a path; a turn that takes the forward branches runs
-    /// fewer); then the listing, or with --diff two stages' counts side by side.
+    /// branch with the most tensor-core instructions) with the fewest and the most instructions a
+    /// turn of the loop runs (the counts are static and hold every copy ptxas made of a path; a
+    /// turn runs one); then the listing, or with --diff two stages' counts side by side.
     Sass {
         /// The family of the op.
         family: String,
@@ -910,8 +910,8 @@ fn execute(command: Command) -> common::Result<ExitCode> {
                 if let Some(r) = f.main_loop() {
                     let body = &f.instructions[r.clone()];
                     let (a, b) = (body[0].address, body[body.len() - 1].address);
-                    let shortest = f.shortest_turn(r.clone());
-                    let name = format!("{tag}{}, main loop {a:#06x}..{b:#06x} (shortest turn {shortest})", f.name);
+                    let (fewest, most) = f.turn_lengths(r.clone());
+                    let name = format!("{tag}{}, main loop {a:#06x}..{b:#06x} (a turn runs {fewest}..{most})", f.name);
                     out.push(sass::summary_row(&name, &Summary::of(body)));
                 }
                 out

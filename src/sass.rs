@@ -151,16 +151,16 @@ impl Function {
         loops.max_by_key(rank)
     }
 
-    /// The fewest instructions one turn of the loop `body` runs: the shortest way from its first
-    /// instruction through its backward branch, taking every forward branch that lands inside the
-    /// body where that is shorter (a predicated one may fall through; an unpredicated one must
-    /// jump). A branch out of the body (a spin wait's slow path) and a backward one inside it (an
-    /// inner spin) count as falling through. The class counts hold every copy ptxas made of a path
-    /// (a masked and an unmasked row max, say); this is what a turn that takes the cheapest runs.
-    pub fn shortest_turn(&self, body: std::ops::Range<usize>) -> usize {
+    /// The fewest and the most instructions one turn of the loop `body` runs: the shortest and the
+    /// longest way from its first instruction through its backward branch, where a predicated
+    /// forward branch that lands inside the body may be taken or not and an unpredicated one is
+    /// taken (a branch out of the body, a spin wait's slow path, and a backward one inside it, an
+    /// inner spin, count as falling through). The class counts hold every copy ptxas made of a
+    /// path (a masked and an unmasked row max, say); a turn runs one of them.
+    pub fn turn_lengths(&self, body: std::ops::Range<usize>) -> (usize, usize) {
         let n = body.len();
-        // rest[k]: the fewest instructions from body instruction k through the back edge.
-        let mut rest = vec![0usize; n + 1];
+        // rest[k]: the fewest and the most instructions from body instruction k through the back edge.
+        let mut rest = vec![(0usize, 0usize); n + 1];
         for k in (0..n).rev() {
             let ins = &self.instructions[body.start + k];
             let cost = usize::from(ins.base() != "NOP");
@@ -170,12 +170,12 @@ impl Function {
                 .filter(|&t| t > body.start + k && t < body.end)
                 .map(|t| rest[t - body.start]);
             let fall = rest[k + 1];
-            rest[k] = cost
-                + match jump {
-                    Some(j) if ins.text.starts_with('@') => j.min(fall),
-                    Some(j) => j,
-                    None => fall,
-                };
+            let (lo, hi) = match jump {
+                Some(j) if ins.text.starts_with('@') => (j.0.min(fall.0), j.1.max(fall.1)),
+                Some(j) => j,
+                None => fall,
+            };
+            rest[k] = (cost + lo, cost + hi);
         }
         rest[0]
     }
@@ -352,7 +352,7 @@ mod tests {
     }
 
     #[test]
-    fn the_shortest_turn_jumps_the_forward_branches_inside_the_loop() {
+    fn a_turn_runs_one_copy_of_a_path_compiled_twice() {
         // A loop whose body holds two copies of a path: the predicated branch skips the masked one
         // (3 instructions), the unpredicated one jumps over the unmasked one (2), and a spin wait's
         // slow path lies outside the body.
@@ -375,8 +375,10 @@ mod tests {
         let body = f.main_loop().expect("the backward branch at 0xb0");
         assert_eq!(body, 1..12);
         assert_eq!(Summary::of(&f.instructions[body.clone()]).total, 10, "both copies counted");
-        // HMMA, the branch, the unmasked FMNMX (the NOP is padding), the spin's branch, MUFU, back edge.
-        assert_eq!(f.shortest_turn(body), 6);
+        // Shortest: HMMA, the branch, the unmasked FMNMX (the NOP is padding), the spin's branch,
+        // MUFU, the back edge. Longest: the masked copy (ISETP, FSEL, FMNMX, BRA) instead of the
+        // unmasked FMNMX.
+        assert_eq!(f.turn_lengths(body), (6, 9));
     }
 
     #[test]
