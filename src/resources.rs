@@ -4,7 +4,6 @@
 //! loaded module on a device; this report is the same reading before any device time is spent.
 //! An NVRTC whose log holds no ptxas report is a typed error naming its version and options.
 
-use rayon::prelude::*;
 use serde::Serialize;
 
 use common::family::Op;
@@ -38,10 +37,17 @@ impl StageResources {
 /// Compiles each kernel stage of `variants` (library rows have no kernel of ours and are left out)
 /// for `arch`, in parallel.
 pub fn measure(tc: &Toolchain, op: &dyn Op, variants: &[Variant], arch: Arch) -> Vec<StageResources> {
-    variants
-        .par_iter()
-        .filter_map(|v| {
-            let Source::Kernel(path) = v.source else { return None };
+    let kernels: Vec<(&Variant, &str)> = variants
+        .iter()
+        .filter_map(|v| match v.source {
+            Source::Kernel(path) => Some((v, path)),
+            _ => None,
+        })
+        .collect();
+    common::nvrtc::compile_on_every_core(
+        kernels,
+        |(v, _)| v.stage,
+        |(v, path)| {
             let entries = if v.requires.arch_specific && !arch.arch_specific {
                 Err(format!("n/a: Hopper-only instructions, built for {} alone", Arch::SM90A))
             } else {
@@ -53,7 +59,7 @@ pub fn measure(tc: &Toolchain, op: &dyn Op, variants: &[Variant], arch: Arch) ->
                     })
                     .map_err(|e| e.to_string())
             };
-            Some(StageResources {
+            StageResources {
                 family: v.family.to_string(),
                 op: v.op.to_string(),
                 stage: v.stage,
@@ -67,9 +73,9 @@ pub fn measure(tc: &Toolchain, op: &dyn Op, variants: &[Variant], arch: Arch) ->
                     .collect(),
                 arch: arch.name(),
                 entries,
-            })
-        })
-        .collect()
+            }
+        },
+    )
 }
 
 /// The entry points a PTX module declares (`.visible .entry name(`), in its order.

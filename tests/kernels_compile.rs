@@ -5,7 +5,6 @@
 
 use common::testing::Suite;
 use common::{Arch, Generator, Grid, KernelSource, Source, Variant};
-use rayon::prelude::*;
 
 fn compile_everything(tc: &common::Toolchain) {
     let mut jobs: Vec<(&'static common::Sources, Variant, &'static str, Arch)> = Vec::new();
@@ -38,21 +37,26 @@ fn compile_everything(tc: &common::Toolchain) {
         let Source::Kernel(path) = v.source else { continue };
         jobs.extend([Arch::SM80, Arch::SM90A].map(|arch| (sources, v.clone(), path, arch)));
     }
-    let failures: Vec<String> = jobs
-        .par_iter()
-        .filter_map(|(sources, v, path, arch)| {
+    let count = jobs.len();
+    let failures: Vec<String> = common::nvrtc::compile_on_every_core(
+        jobs,
+        |(_, v, _, _)| v.stage,
+        |(sources, v, path, arch)| {
             let result = sources
                 .find(path)
-                .and_then(|src| tc.compile(&v.id(), src, &sources.headers()?, &v.compile_defines(), *arch));
+                .and_then(|src| tc.compile(&v.id(), src, &sources.headers()?, &v.compile_defines(), arch));
             match result {
                 Ok(c) if !c.image.is_empty() => None,
                 Ok(_) => Some(format!("{} {arch}: empty image", v.id())),
                 Err(e) => Some(format!("{} {arch}: {e}", v.id())),
             }
-        })
-        .collect();
+        },
+    )
+    .into_iter()
+    .flatten()
+    .collect();
     assert!(failures.is_empty(), "{} failed:\n{}", failures.len(), failures.join("\n\n"));
-    println!("kernels_compile: {} variant/arch pairs compiled", jobs.len());
+    println!("kernels_compile: {count} variant/arch pairs compiled");
 }
 
 /// The composed decode steps' host-switched builds (dependent launch, the QKV append, the advancing

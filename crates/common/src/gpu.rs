@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr, CUfunction_attribute_enum as FnAttr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 use cudarc::nvrtc::Ptx;
-use rayon::prelude::*;
 use serde::Serialize;
 
 use cudarc::driver::CudaModule;
@@ -512,6 +511,7 @@ pub(crate) struct ModuleKey {
 struct ModuleJob {
     key: ModuleKey,
     variant: String,
+    stage: u32,
     source: &'static KernelSource,
     headers: Vec<KernelSource>,
     defines: Vec<Define>,
@@ -561,9 +561,12 @@ impl Gpu {
                 }
             }
         }
-        let images: Vec<(ModuleKey, Compiled)> =
-            jobs.into_par_iter().filter_map(|job| Some((job.key.clone(), job.compile(&tc).ok()?))).collect();
-        images.into_iter().map(|(key, image)| self.load_compiled(key, image)).filter(Result::is_ok).count()
+        let images = crate::nvrtc::compile_on_every_core(
+            jobs,
+            |job| job.stage,
+            |job| Some((job.key.clone(), job.compile(&tc).ok()?)),
+        );
+        images.into_iter().flatten().map(|(key, image)| self.load_compiled(key, image)).filter(Result::is_ok).count()
     }
 
     fn module_job(&self, sources: &Sources, variant: &Variant) -> Result<ModuleJob> {
@@ -579,6 +582,7 @@ impl Gpu {
         Ok(ModuleJob {
             key: ModuleKey { family: sources.family, path, defines: defines.clone(), arch },
             variant: variant.id(),
+            stage: variant.stage,
             source: sources.find(path)?,
             headers: sources.headers()?,
             defines,

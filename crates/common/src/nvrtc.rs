@@ -460,6 +460,25 @@ pub fn cache_dir() -> Option<PathBuf> {
     Some(base.join("kernel-ladder"))
 }
 
+/// `compile` run over `jobs` on every core, the results in the jobs' order. Each core takes the next
+/// job as it frees (`par_bridge`), the later stages of a ladder (`stage`) first: a plain parallel
+/// iterator hands each core a run of neighbouring jobs, and a run that holds two of the longest
+/// compiles sets the time of all of them. Later stages first approximates longest first, which
+/// would need each compile's time before it ran: a ladder's later stages carry more code, and its
+/// longest compiles are among them.
+pub fn compile_on_every_core<J: Send, R: Send>(
+    jobs: Vec<J>,
+    stage: impl Fn(&J) -> u32,
+    compile: impl Fn(J) -> R + Sync + Send,
+) -> Vec<R> {
+    use rayon::prelude::*;
+    let mut order: Vec<(usize, J)> = jobs.into_iter().enumerate().collect();
+    order.sort_by_key(|(_, job)| std::cmp::Reverse(stage(job)));
+    let mut done: Vec<(usize, R)> = order.into_iter().par_bridge().map(|(i, job)| (i, compile(job))).collect();
+    done.sort_unstable_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
 /// NVRTC for tests that need no GPU; shared by the process.
 pub fn toolchain() -> Result<Arc<Toolchain>> {
     static TC: std::sync::OnceLock<std::result::Result<Arc<Toolchain>, String>> = std::sync::OnceLock::new();

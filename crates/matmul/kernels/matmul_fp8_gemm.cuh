@@ -27,6 +27,7 @@ struct StepScales {
     const float* a0;
     const float* a1;
     const float* w;
+    __device__ __forceinline__ StepScales() {}
     __device__ __forceinline__ StepScales(const float* a_scales, const float* b_scales, int row0, int n0, int M,
                                           int ktiles)
         : a0(a_scales + (size_t)min(row0, M - 1) * ktiles),
@@ -63,14 +64,14 @@ __device__ __forceinline__ void fp8_promote(float (&acc)[64], const float (&part
     }
 }
 
-// The ring: STAGES stages of an A tile of A_ROWS rows and a W tile at `base` (1024-byte aligned for
-// the swizzle), then a `full` mbarrier a stage (its tiles have landed) and, in the warp-specialized
-// stages, an `empty` one (its consumers are done with it); stage 0 frees a stage with a block
-// barrier instead.
-template <int STAGES, int A_ROWS = F8_BM>
+// The ring: STAGES stages of an A tile of A_ROWS rows and a W tile of B_ROWS rows at `base`
+// (1024-byte aligned for the swizzle), then a `full` mbarrier a stage (its tiles have landed) and, in
+// the warp-specialized stages, an `empty` one (its consumers are done with it); stage 0 frees a stage
+// with a block barrier instead.
+template <int STAGES, int A_ROWS = F8_BM, int B_ROWS = F8_BN>
 struct Fp8Ring {
     unsigned base;
-    static constexpr unsigned A_BYTES = A_ROWS * F8_BK, STEP_BYTES = A_BYTES + F8_TILE_BYTES;
+    static constexpr unsigned A_BYTES = A_ROWS * F8_BK, STEP_BYTES = A_BYTES + B_ROWS * F8_BK;
     static constexpr unsigned BYTES = STAGES * STEP_BYTES + 16 * STAGES;
     __device__ __forceinline__ unsigned a(int s) const { return base + (unsigned)s * STEP_BYTES; }
     __device__ __forceinline__ unsigned b(int s) const { return a(s) + A_BYTES; }
@@ -97,10 +98,10 @@ struct Fp8Ring {
 
 // The ring at the start of dynamic shared memory, rounded up to the swizzle's 1024 bytes (the launch
 // asks for 1 KiB more than the ring).
-template <int STAGES, int A_ROWS = F8_BM>
-__device__ __forceinline__ Fp8Ring<STAGES, A_ROWS> fp8_ring() {
+template <int STAGES, int A_ROWS = F8_BM, int B_ROWS = F8_BN>
+__device__ __forceinline__ Fp8Ring<STAGES, A_ROWS, B_ROWS> fp8_ring() {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    return Fp8Ring<STAGES, A_ROWS>{(smem_u32(smem_raw) + 1023) & ~1023u};
+    return Fp8Ring<STAGES, A_ROWS, B_ROWS>{(smem_u32(smem_raw) + 1023) & ~1023u};
 }
 
 // The warp-specialized stages' split of a block of 128 x (1 + CONSUMERS) threads (this thread in
@@ -108,8 +109,9 @@ __device__ __forceinline__ Fp8Ring<STAGES, A_ROWS> fp8_ring() {
 // it. The producer warpgroup (wg 0) gives its registers away (PRODUCER_REGS a thread) and one thread
 // of it runs produce(); it gets false and leaves. A consumer warpgroup takes CONSUMER_REGS a thread
 // and gets true.
-template <int CONSUMERS = 2, int PRODUCER_REGS = 40, int CONSUMER_REGS = 232, int STAGES, int A_ROWS, class Produce>
-__device__ __forceinline__ bool fp8_consumer(const Fp8Ring<STAGES, A_ROWS>& ring, int wg, Produce produce) {
+template <int CONSUMERS = 2, int PRODUCER_REGS = 40, int CONSUMER_REGS = 232, int STAGES, int A_ROWS, int B_ROWS,
+          class Produce>
+__device__ __forceinline__ bool fp8_consumer(const Fp8Ring<STAGES, A_ROWS, B_ROWS>& ring, int wg, Produce produce) {
     static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the register file");
     const int tid = threadIdx.x;
     if (tid == 0) ring.template init<CONSUMERS>();
@@ -126,8 +128,8 @@ __device__ __forceinline__ bool fp8_consumer(const Fp8Ring<STAGES, A_ROWS>& ring
 // The producer (one thread): K step kt's A and W tiles into ring position first + kt (stage
 // (first + kt) % STAGES) as soon as its `empty` barrier says the previous round's consumers let it
 // go. `first` is how many steps the ring has carried before this tile (0 but in a persistent loop).
-template <int STAGES, int A_ROWS>
-__device__ __forceinline__ void fp8_produce(const Fp8Ring<STAGES, A_ROWS>& ring, const TmaMap* map_a,
+template <int STAGES, int A_ROWS, int B_ROWS>
+__device__ __forceinline__ void fp8_produce(const Fp8Ring<STAGES, A_ROWS, B_ROWS>& ring, const TmaMap* map_a,
                                             const TmaMap* map_b, int m0, int n0, int ktiles, int first = 0) {
     for (int kt = 0; kt < ktiles; ++kt) {
         const int i = first + kt, s = i % STAGES;
@@ -234,6 +236,58 @@ __device__ __forceinline__ void fp8_consume_waited_staged(float (&acc)[64], cons
     for (int kt = 1; kt < ktiles; ++kt) retire(issue(kt), kt);
 }
 
+// Stage 8's consumer: a warpgroup's 64 rows over a tile of two column halves of 128 (each half one W
+// scale block, `scales[h]`) with one partial tile for both: a step's left half, four wgmma into
+// `part`, waited for and promoted into acc[0]; then the right half's four (the W tile's second 128
+// rows), waited for, the ring stage let go, promoted into acc[1]. Two partial tiles beside the 128
+// accumulator registers would be 256; this is 192. While one warpgroup waits for its half and
+// promotes it, the other's wgmma keep the tensor cores busy (DeepGEMM's schedule).
+// `under_first_step(h)` runs while step 0's half h is in flight, before anything is promoted into
+// acc[h] (the previous tile's half h is stored there, one half's registers at a time); step 0 is
+// peeled so no branch sits inside its open groups.
+template <int STAGES, int A_ROWS, int B_ROWS, class UnderFirstStep>
+__device__ __forceinline__ void fp8_consume_halves(float (&acc)[2][64], const Fp8Ring<STAGES, A_ROWS, B_ROWS>& ring,
+                                                   unsigned a_row_bytes, const StepScales (&scales)[2], int ktiles,
+                                                   int first, UnderFirstStep under_first_step) {
+    static_assert(B_ROWS == 2 * F8_BN, "a W tile of two 128-row halves");
+    float part[64];
+    // Step kt's scales (a0, a1, w of the left half, w of the right), loaded before the wait for its
+    // tiles, so they arrive with them.
+    const auto wait_step = [&](int kt) {
+        const int i = first + kt;
+        const float4 scale = make_float4(scales[0].a0[kt], scales[0].a1[kt], scales[0].w[kt], scales[1].w[kt]);
+        mbar_wait(ring.full(i % STAGES), (i / STAGES) & 1);
+        return scale;
+    };
+    const auto issue = [&](int kt, int h) {
+        const int s = (first + kt) % STAGES;
+        fp8_k_issue(part, ring.a(s) + a_row_bytes, ring.b(s) + h * F8_TILE_BYTES);
+    };
+    const auto release = [&](int kt) { mbar_arrive_if(ring.empty((first + kt) % STAGES), (threadIdx.x & 127) == 0); };
+    {
+        const float4 scale = wait_step(0);
+        issue(0, 0);
+        under_first_step(0);
+        wgmma_wait_all();
+        fp8_promote(acc[0], part, scale.x * scale.z, scale.y * scale.z);
+        issue(0, 1);
+        under_first_step(1);
+        wgmma_wait_all();
+        release(0);
+        fp8_promote(acc[1], part, scale.x * scale.w, scale.y * scale.w);
+    }
+    for (int kt = 1; kt < ktiles; ++kt) {
+        const float4 scale = wait_step(kt);
+        issue(kt, 0);
+        wgmma_wait_all();
+        fp8_promote(acc[0], part, scale.x * scale.z, scale.y * scale.z);
+        issue(kt, 1);
+        wgmma_wait_all();
+        release(kt);
+        fp8_promote(acc[1], part, scale.x * scale.w, scale.y * scale.w);
+    }
+}
+
 // Stages 1 and 2's kernel: a block a 128 x 128 tile of the grid (column tile blockIdx.x, row tile
 // blockIdx.y), one producer thread (fp8_produce) and two consumer warpgroups of 64 rows. A consumer
 // runs consume(acc, ring, a_row_bytes, scales, ktiles), its K loop into its zeroed accumulator (its A
@@ -262,31 +316,31 @@ __device__ __forceinline__ void fp8_ws_tile(const TmaMap& map_a, const TmaMap& m
 }
 
 // The persistent stages' tile order: this block's tiles are blockIdx.x, + gridDim.x, ... of the
-// row-major order over the output's BM x 128 tiles (columns fastest: the order a 2-D grid of stage 2
+// row-major order over the output's BM x BN tiles (columns fastest: the order a 2-D grid of stage 2
 // launches its blocks in). Each yields its row and column origin.
-template <int BM = F8_BM>
+template <int BM = F8_BM, int BN = F8_BN>
 struct Fp8TileStride {
-    static constexpr int ROWS = BM;
+    static constexpr int ROWS = BM, COLS = BN;
     int n_tiles, tiles;
     __device__ __forceinline__ Fp8TileStride(int M, int N)
-        : n_tiles((N + F8_BN - 1) / F8_BN), tiles(((M + BM - 1) / BM) * n_tiles) {}
+        : n_tiles((N + BN - 1) / BN), tiles(((M + BM - 1) / BM) * n_tiles) {}
     __device__ __forceinline__ int first() const { return blockIdx.x; }
     __device__ __forceinline__ int next(int t) const { return t + gridDim.x; }
     __device__ __forceinline__ bool done(int t) const { return t >= tiles; }
     __device__ __forceinline__ int m0(int t) const { return (t / n_tiles) * BM; }
-    __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * F8_BN; }
+    __device__ __forceinline__ int n0(int t) const { return (t % n_tiles) * BN; }
 };
 
 // Stage 7's tile order: the same stride over a walk that takes GROUP row panels at a time, column by
 // column (linear-bf16's GroupedOrder), so a W tile is read by the group's row panels while it is in
 // L2. With a group of every row panel, W comes from DRAM once; the host fits GROUP to the L2.
-template <int BM, int GROUP>
+template <int BM, int GROUP, int BN = F8_BN>
 struct Fp8TileGrouped {
     static_assert(GROUP >= 1, "the walk takes at least one row panel at a time");
-    static constexpr int ROWS = BM;
+    static constexpr int ROWS = BM, COLS = BN;
     int m_tiles, n_tiles, tiles;
     __device__ __forceinline__ Fp8TileGrouped(int M, int N)
-        : m_tiles((M + BM - 1) / BM), n_tiles((N + F8_BN - 1) / F8_BN), tiles(m_tiles * n_tiles) {}
+        : m_tiles((M + BM - 1) / BM), n_tiles((N + BN - 1) / BN), tiles(m_tiles * n_tiles) {}
     __device__ __forceinline__ int first() const { return blockIdx.x; }
     __device__ __forceinline__ int next(int t) const { return t + gridDim.x; }
     __device__ __forceinline__ bool done(int t) const { return t >= tiles; }
@@ -297,14 +351,14 @@ struct Fp8TileGrouped {
     }
     __device__ __forceinline__ int n0(int t) const {
         const int top = (t / (GROUP * n_tiles)) * GROUP, panels = min(m_tiles - top, GROUP);
-        return ((t % (GROUP * n_tiles)) / panels) * F8_BN;
+        return ((t % (GROUP * n_tiles)) / panels) * BN;
     }
 };
 
 // The persistent stages' producer (one thread): every K step of this block's tiles, the ring's
 // positions counting on from tile to tile.
-template <int STAGES, int BM, class Tiles>
-__device__ __forceinline__ void fp8_produce_tiles(const Fp8Ring<STAGES, BM>& ring, const Tiles& tiles,
+template <int STAGES, int BM, int BN, class Tiles>
+__device__ __forceinline__ void fp8_produce_tiles(const Fp8Ring<STAGES, BM, BN>& ring, const Tiles& tiles,
                                                   const TmaMap* map_a, const TmaMap* map_b, int ktiles) {
     int first = 0;
     for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles)
@@ -439,7 +493,8 @@ struct Fp8QuantizedStore {
     }
 
     // The tile at rows m0.. (the warpgroup's 64) and columns n0.. as codes and scales; stored only if
-    // `store`. acc is zeroed for the next tile. N % 16 == 0, so a pair is in or out whole.
+    // `store` (and nothing where n0 >= N: stage 8's right half past the last column). acc is zeroed
+    // for the next tile. N % 16 == 0, so a pair is in or out whole.
     __device__ __forceinline__ void operator()(float (&acc)[64], const TmaMap* map_out, const float* bias,
                                                float* scales, int m0, int n0, int M, int N, bool store) const {
         const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
@@ -477,7 +532,8 @@ struct Fp8QuantizedStore {
                 put(r + 8 * h, 8 * j + 2 * t, qf8_pair(v.x, v.y, mul[h]));
             }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) put_scale(scales, m0 + r + 8 * h, n0, N, amax[h], store && t == 0 && m0 + r + 8 * h < M);
+        for (int h = 0; h < 2; ++h)
+            put_scale(scales, m0 + r + 8 * h, n0, N, amax[h], store && t == 0 && m0 + r + 8 * h < M && n0 < N);
         fence_proxy_async();
         named_barrier(barrier, 128);
         tma_store_if(map_out, staging, n0, m0, store && elected && n0 < N);
@@ -486,74 +542,128 @@ struct Fp8QuantizedStore {
     }
 };
 
-// The consumer side of the staged-store stages (4 and 5): warpgroups of 64 rows sharing a tile, the
-// registers each side asks for, and whether a warpgroup promotes step kt while its step kt + 1 runs
-// (fp8_consume_overlapped: two partial tiles) or waits for each step (fp8_consume_waited_staged).
-template <int CONSUMERS_, int PRODUCER_REGS_, int CONSUMER_REGS_, bool OVERLAPPED_>
-struct Fp8Consumers {
-    static constexpr int CONSUMERS = CONSUMERS_, PRODUCER_REGS = PRODUCER_REGS_, CONSUMER_REGS = CONSUMER_REGS_;
-    static constexpr bool OVERLAPPED = OVERLAPPED_;
+// The consumer side of the staged-store stages (4 on): CONSUMERS warpgroups of 64 rows sharing a
+// tile of HALVES x 128 columns; how a block splits into them and its producer (`enter`: false for
+// the producer's threads, one of which has run produce(); `consumer()`: a consumer thread's
+// warpgroup among the consumers); and their K loop (`consume`, one signature for every recipe: the
+// tile's accumulator, its halves' scales, and `under_first_step(h)`, run while step 0 is in flight
+// and before half h of acc is promoted into).
+//
+// A producer warpgroup first, giving its registers to the consumers (setmaxnreg). The entry's
+// register count is the launch bound's (65536 / THREADS: 168 at 384 threads, 128 at 512); ptxas
+// lets the code after the consumers' setmaxnreg.inc use CONSUMER_REGS (stage 8's halves need 192
+// for their two tiles, and spill nothing at 240).
+template <int CONSUMERS_, int PRODUCER_REGS, int CONSUMER_REGS>
+struct Fp8ProducerWarpgroup {
+    static constexpr int CONSUMERS = CONSUMERS_, THREADS = 128 * (1 + CONSUMERS);
+    template <class Ring, class Produce>
+    __device__ __forceinline__ static bool enter(const Ring& ring, Produce produce) {
+        return fp8_consumer<CONSUMERS, PRODUCER_REGS, CONSUMER_REGS>(ring, threadIdx.x >> 7, produce);
+    }
+    __device__ __forceinline__ static int consumer() { return (threadIdx.x >> 7) - 1; }
 };
-// Stage 4: two warpgroups, a 128-row tile, the promotion overlapped.
-using TwoOverlapped = Fp8Consumers<2, 40, 232, true>;
-// Stage 5: three warpgroups, a 192-row tile, in 512 threads: no registers for a second partial tile.
-using ThreeWaited = Fp8Consumers<3, 24, 160, false>;
-// The consumers of a tile of ROWS rows (stage 6 takes the rows per shape).
-template <int ROWS>
-struct Fp8ConsumersOfRows;
+// Stage 4: two warpgroups, a 128 x 128 tile, the promotion overlapped (fp8_consume_overlapped).
+struct TwoOverlapped : Fp8ProducerWarpgroup<2, 40, 232> {
+    static constexpr int HALVES = 1;
+    template <class Ring, class UnderFirstStep>
+    __device__ __forceinline__ static void consume(float (&acc)[1][64], const Ring& ring, unsigned a_row_bytes,
+                                                   const StepScales (&scales)[1], int ktiles, int first,
+                                                   UnderFirstStep under_first_step) {
+        fp8_consume_overlapped(acc[0], ring, a_row_bytes, scales[0], ktiles, first, [&] { under_first_step(0); });
+    }
+};
+// Stage 5: three warpgroups, a 192 x 128 tile, in 512 threads: no registers for a second partial
+// tile, so each step waited for (fp8_consume_waited_staged).
+struct ThreeWaited : Fp8ProducerWarpgroup<3, 24, 160> {
+    static constexpr int HALVES = 1;
+    template <class Ring, class UnderFirstStep>
+    __device__ __forceinline__ static void consume(float (&acc)[1][64], const Ring& ring, unsigned a_row_bytes,
+                                                   const StepScales (&scales)[1], int ktiles, int first,
+                                                   UnderFirstStep under_first_step) {
+        fp8_consume_waited_staged(acc[0], ring, a_row_bytes, scales[0], ktiles, first, [&] { under_first_step(0); });
+    }
+};
+// Stage 8: two warpgroups, a 128 x 256 tile in two halves of 128 columns (fp8_consume_halves: 128
+// accumulator and 64 partial registers a thread), the producer left 24 registers so each consumer
+// has 240.
+struct TwoHalvesWaited : Fp8ProducerWarpgroup<2, 24, 240> {
+    static constexpr int HALVES = 2;
+    template <class Ring, class UnderFirstStep>
+    __device__ __forceinline__ static void consume(float (&acc)[2][64], const Ring& ring, unsigned a_row_bytes,
+                                                   const StepScales (&scales)[2], int ktiles, int first,
+                                                   UnderFirstStep under_first_step) {
+        fp8_consume_halves(acc, ring, a_row_bytes, scales, ktiles, first, under_first_step);
+    }
+};
+// The consumers of a tile of ROWS x COLS (stage 6 takes the rows per shape, stage 8 also the columns).
+template <int ROWS, int COLS = F8_BN>
+struct Fp8ConsumersOfTile;
 template <>
-struct Fp8ConsumersOfRows<128> {
+struct Fp8ConsumersOfTile<128, 128> {
     using type = TwoOverlapped;
 };
 template <>
-struct Fp8ConsumersOfRows<192> {
+struct Fp8ConsumersOfTile<192, 128> {
     using type = ThreeWaited;
 };
+template <>
+struct Fp8ConsumersOfTile<128, 256> {
+    using type = TwoHalvesWaited;
+};
+template <int ROWS>
+using Fp8ConsumersOfRows = Fp8ConsumersOfTile<ROWS, F8_BN>;
 
-// The staged-store stages' kernel: one block an SM walks its tiles in Order (Fp8TileStride, or stage
-// 7's Fp8TileGrouped, of the Consumers' rows); a producer thread
-// runs the ring on across them; each consumer warpgroup runs Consumers' K loop over its 64 rows and
-// stores the previous tile (Fp8StagedStore) under the next one's first step, the last after the
-// loop, with Store (Fp8StagedStore: fp32 or bf16 out; Fp8QuantizedStore: e4m3 codes). map_out is
-// out's tensor map in boxes of 128 bytes x 64 rows; `side` is the Store's other buffer (the residual
-// the residual tail reads, or the scales the quantized store writes).
+// The staged-store stages' kernel: one block an SM walks its tiles in Order (Fp8TileStride, or
+// Fp8TileGrouped, of the Consumers' tile); a producer thread runs the ring on across them; each
+// consumer warpgroup runs Consumers' K loop over its 64 rows and stores the previous tile (a Store
+// call a 128-column half) under the next one's first step, the last after the loop, with Store
+// (Fp8StagedStore: fp32 or bf16 out; Fp8QuantizedStore: e4m3 codes). map_out is out's tensor map in
+// boxes of 128 bytes x 64 rows; `side` is the Store's other buffer (the residual the residual tail
+// reads, or the scales the quantized store writes).
 template <class Consumers, class Order, class Store>
 __device__ __forceinline__ void fp8_staged_tiles(const TmaMap& map_a, const TmaMap& map_b, const float* a_scales,
                                                  const float* b_scales, const float* bias, int M, int N, int K,
                                                  const TmaMap& map_out, typename Store::Side side) {
-    constexpr int TILE_ROWS = 64 * Consumers::CONSUMERS;
-    static_assert(Order::ROWS == TILE_ROWS, "the tile order walks the consumers' tiles");
-    using Ring = Fp8Ring<WG_STAGES, TILE_ROWS>;
-    const Ring ring = fp8_ring<WG_STAGES, TILE_ROWS>();
+    constexpr int TILE_ROWS = 64 * Consumers::CONSUMERS, HALVES = Consumers::HALVES;
+    static_assert(Order::ROWS == TILE_ROWS && Order::COLS == F8_BN * HALVES, "the tile order walks the consumers' tiles");
+    using Ring = Fp8Ring<WG_STAGES, TILE_ROWS, Order::COLS>;
+    const Ring ring = fp8_ring<WG_STAGES, TILE_ROWS, Order::COLS>();
     const unsigned staging = (ring.base + Ring::BYTES + 1023) & ~1023u;
     const Order tiles(M, N);
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31;
     const int ktiles = (K + F8_BK - 1) / F8_BK;
 
-    const auto produce = [&] { fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles); };
-    constexpr int C = Consumers::CONSUMERS;
-    if (!fp8_consumer<C, Consumers::PRODUCER_REGS, Consumers::CONSUMER_REGS>(ring, wg, produce)) return;
+    if (!Consumers::enter(ring, [&] { fp8_produce_tiles(ring, tiles, &map_a, &map_b, ktiles); })) return;
+    const int c = Consumers::consumer();
 
-    const int c = wg - 1, warp = (tid >> 5) & 3;
+    const int warp = (tid >> 5) & 3;
     const Store store{staging + c * Store::BYTES, 1 + c, (tid & 127) == 0};
-    float acc[64];
+    float acc[HALVES][64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     // The tile whose result acc holds (none before the first: its store is predicated off).
     int prev_m0 = 0, prev_n0 = 0;
     bool have_prev = false;
     int first = 0;
     for (int t = tiles.first(); !tiles.done(t); t = tiles.next(t), first += ktiles) {
         const int m0 = tiles.m0(t) + 64 * c, n0 = tiles.n0(t);
-        const StepScales scales(a_scales, b_scales, m0 + 16 * warp + (lane >> 2), n0, M, ktiles);
-        const auto store_prev = [&] { store(acc, &map_out, bias, side, prev_m0, prev_n0, M, N, have_prev); };
-        if constexpr (Consumers::OVERLAPPED)
-            fp8_consume_overlapped(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
-        else
-            fp8_consume_waited_staged(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
+        // Half h's W block is the one at n0 + 128 h; past N, the last block (its columns are zeros,
+        // never stored).
+        StepScales scales[HALVES];
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+            scales[h] = StepScales(a_scales, b_scales, m0 + 16 * warp + (lane >> 2),
+                                   h == 0 ? n0 : min(n0 + F8_BN * h, (N - 1) / F8_BN * F8_BN), M, ktiles);
+        const auto store_prev = [&](int h) {
+            store(acc[h], &map_out, bias, side, prev_m0, prev_n0 + F8_BN * h, M, N, have_prev);
+        };
+        Consumers::consume(acc, ring, c * 64 * F8_BK, scales, ktiles, first, store_prev);
         prev_m0 = m0, prev_n0 = n0, have_prev = true;
     }
-    store(acc, &map_out, bias, side, prev_m0, prev_n0, M, N, have_prev);
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h) store(acc[h], &map_out, bias, side, prev_m0, prev_n0 + F8_BN * h, M, N, have_prev);
     tma_store_wait();
 }
 
@@ -561,7 +671,7 @@ __device__ __forceinline__ void fp8_staged_tiles(const TmaMap& map_a, const TmaM
 // stores go through map_out), so the argument list is every stage's, then out's map and the Store's
 // side buffer (the residual, null but for the residual tail; or the quantized store's scales).
 #define FP8_STAGED_ENTRY(name, Consumers, Order, ...)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128 * (1 + Consumers::CONSUMERS), 1)                                 \
+    extern "C" __global__ void __launch_bounds__(Consumers::THREADS, 1)                                               \
         name(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, void* out,                   \
              const float* a_scales, const float* b_scales, const float* bias, int M, int N, int K,                    \
              const __grid_constant__ TmaMap map_out, typename __VA_ARGS__::Side side) {                               \

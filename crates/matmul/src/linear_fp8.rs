@@ -62,7 +62,7 @@ const EPI_NONE: &str = "epi = 0";
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
 /// cuBLASLt's bf16 D rows 16-byte aligned.
 const LT_N_BF16: &str = "N % 8 == 0 (cuBLASLt's block-scaled FP8, bf16 out)";
-/// Stages 4-6 and the library row store fp32 or bf16; stage 7 also e4m3.
+/// Stages 4-6 and the library row store fp32 or bf16; stages 7-8 also e4m3.
 const OUT_WIDE: &str = "out = 32 or 16";
 /// The TMA store's 16-byte row stride of the e4m3 codes.
 const TMA_STORE_N_E4M3: &str = "N % 16 == 0 at out = 8";
@@ -88,6 +88,8 @@ enum Plan {
     WaveFit,
     /// Stage 6 walking a group of row panels at a time, the group fitted to the L2 at the shape.
     GroupFit,
+    /// Stage 7 with 128 x 256 tiles in two column halves where they read less of the L2 at the shape.
+    WideTile,
     /// cuBLASLt's block-scaled FP8 matmul.
     Lt,
 }
@@ -103,8 +105,8 @@ enum Grid {
 
 /// A kernel stage's launch: its entry, threads, mbarriers a ring stage, grid, whether it stores
 /// through the TMA (a third tensor map, a consumer's 64 x 128 tile of staging) and whether also as
-/// e4m3 (out = 8), its consumer warpgroups, one for each 64 rows of its tile, and what the host
-/// fits to each shape.
+/// e4m3 (out = 8), its consumer warpgroups, one for each 64 rows of its tile, its tile's columns
+/// (W's rows a ring stage), and what the host fits to each shape.
 struct KernelPlan {
     entry: &'static str,
     threads: u32,
@@ -113,6 +115,7 @@ struct KernelPlan {
     tma_store: bool,
     e4m3_out: bool,
     consumers: u32,
+    cols: u32,
     per_shape: PerShape,
 }
 
@@ -125,6 +128,8 @@ enum PerShape {
     Rows,
     /// The tile's rows and the walk's group of row panels (stage 7).
     RowsAndGroup,
+    /// The tile's rows and columns and the walk's group of row panels (stage 8).
+    TileAndGroup,
 }
 
 /// Stage 6's two tiles, each with its ring depth: stage 5's 192 rows (three stages beside three
@@ -137,6 +142,15 @@ static WAVE_FIT_DEFINES: [Define; 1] = [Define::new("F8_TILE_ROWS", "192")];
 const DECLARED_GROUP: u32 = 1;
 /// Stage 7's defines where no shape is known.
 static GROUP_FIT_DEFINES: [Define; 2] = [Define::new("F8_TILE_ROWS", "192"), Define::new("F8_GROUP_M", "1")];
+/// Stage 8's wide tile (rows, columns) and its ring depth: three stages of 48 KiB beside two
+/// consumers' fp32 staging (four leave no room for it).
+const WIDE_TILE: (u32, u32) = (128, 256);
+const WIDE_TILE_STAGES: u32 = 3;
+/// Stage 8's threads at the wide tile: a producer warpgroup and two consumers.
+const WIDE_TILE_THREADS: u32 = 3 * 128;
+/// Stage 8's defines where no shape is known: the wide tile.
+static WIDE_TILE_DEFINES: [Define; 3] =
+    [Define::new("F8_TILE_ROWS", "128"), Define::new("F8_TILE_COLS", "256"), Define::new("F8_GROUP_M", "1")];
 
 impl KernelPlan {
     /// The rows of the tile (and of A's TMA box).
@@ -147,25 +161,44 @@ impl KernelPlan {
     /// The plan and the variant to compile at `d` on `gpu`. Stage 6 on takes the tile whose rounds x
     /// rows is least ([`wave_fit_rows`]), with that tile's consumers, threads and ring depth
     /// (`F8_TILE_ROWS`, `WG_STAGES`); stage 7 the group [`group_fit`] fits to the L2 (`F8_GROUP_M`);
-    /// every other stage is as declared.
+    /// stage 8 also the columns ([`wide_fit`], `F8_TILE_COLS`), and at stage 7's tile stage 7's plan
+    /// and variant; every other stage is as declared.
     fn fitted(self, v: &Variant, d: LinearFp8Dims, gpu: &Gpu) -> Result<(KernelPlan, Variant)> {
         if self.per_shape == PerShape::Nothing {
             return Ok((self, v.clone()));
         }
-        let rows = wave_fit_rows(d.m, d.n, gpu.info().sm_count);
-        let stages = WAVE_FIT_TILES.iter().find(|&&(r, _)| r == rows).map_or(3, |&(_, s)| s);
+        let sms = gpu.info().sm_count;
+        let (rows, cols) = match self.per_shape {
+            PerShape::TileAndGroup => wide_fit(d.m, d.n, sms),
+            _ => (wave_fit_rows(d.m, d.n, sms), TILE as u32),
+        };
+        if self.per_shape == PerShape::TileAndGroup && (rows, cols) != WIDE_TILE {
+            // Stage 7's tile is stage 7's kernel, launched from stage 7's own module: both rows
+            // share one compile of it (from stage 8's file it would be a second one).
+            let stage_7 = stages().into_iter().find(|s| s.plan::<Plan>().ok() == Some(Plan::GroupFit));
+            let missing = || common::Error::MissingSource("linear-fp8's group-fit stage".into());
+            let plan = Plan::GroupFit.kernel().ok_or_else(missing)?;
+            return plan.fitted(&stage_7.ok_or_else(missing)?, d, gpu);
+        }
+        let (stages, threads) = if (rows, cols) == WIDE_TILE {
+            (WIDE_TILE_STAGES, WIDE_TILE_THREADS)
+        } else {
+            (WAVE_FIT_TILES.iter().find(|&&(r, _)| r == rows).map_or(3, |&(_, s)| s), 128 * (1 + rows / 64))
+        };
         let mut compiled = v.clone();
         compiled.set_define("F8_TILE_ROWS", rows)?;
         compiled.set_tunable("WG_STAGES", stages)?;
-        if self.per_shape == PerShape::RowsAndGroup {
+        if self.per_shape != PerShape::Rows {
             compiled.set_define("F8_GROUP_M", group_fit(d.m, d.n, d.k, rows, gpu.info().l2_bytes))?;
         }
-        let consumers = rows / 64;
-        Ok((KernelPlan { consumers, threads: 128 * (1 + consumers), ..self }, compiled))
+        if self.per_shape == PerShape::TileAndGroup {
+            compiled.set_define("F8_TILE_COLS", cols)?;
+        }
+        Ok((KernelPlan { consumers: rows / 64, cols, threads, ..self }, compiled))
     }
 }
 
-/// Whether stage `v` stores e4m3 (out = 8): stage 7's kernel.
+/// Whether stage `v` stores e4m3 (out = 8): stages 7 and 8's kernels.
 pub fn stores_e4m3(v: &Variant) -> bool {
     v.plan::<Plan>().ok().and_then(Plan::kernel).is_some_and(|k| k.e4m3_out)
 }
@@ -191,6 +224,22 @@ pub fn wave_fit_rows(m: usize, n: usize, sms: u32) -> u32 {
     crate::linear_bf16::wave_fit_width(n, m, sms, TILE as u32, &WAVE_FIT_TILES.map(|(rows, _)| rows))
 }
 
+/// Stage 8's tile (rows, columns) for an M x N output on `sms` SMs: [`WIDE_TILE`] where its rounds x
+/// (rows + columns), the A and W bytes an SM reads from L2 a K step over all its rounds, is less than
+/// that of stage 6's tile ([`wave_fit_rows`], 128 columns); else stage 6's.
+pub fn wide_fit(m: usize, n: usize, sms: u32) -> (u32, u32) {
+    let l2_reads = |(rows, cols): (u32, u32)| {
+        let tiles = m.div_ceil(rows as usize) * n.div_ceil(cols as usize);
+        tiles.div_ceil(sms.max(1) as usize) * (rows + cols) as usize
+    };
+    let fitted = (wave_fit_rows(m, n, sms), TILE as u32);
+    if l2_reads(WIDE_TILE) < l2_reads(fitted) {
+        WIDE_TILE
+    } else {
+        fitted
+    }
+}
+
 impl Plan {
     fn kernel(self) -> Option<KernelPlan> {
         let (entry, threads, barriers, grid, tma_store, consumers) = match self {
@@ -202,15 +251,18 @@ impl Plan {
             Plan::ThreeConsumers => ("linear_fp8_three_consumers", 512, 2, Grid::Persistent, true, 3),
             Plan::WaveFit => ("linear_fp8_wave_fit", 512, 2, Grid::Persistent, true, 3),
             Plan::GroupFit => ("linear_fp8_group_fit", 512, 2, Grid::Persistent, true, 3),
+            Plan::WideTile => ("linear_fp8_wide_tile", 512, 2, Grid::Persistent, true, 3),
             Plan::Lt => return None,
         };
         let per_shape = match self {
             Plan::WaveFit => PerShape::Rows,
             Plan::GroupFit => PerShape::RowsAndGroup,
+            Plan::WideTile => PerShape::TileAndGroup,
             _ => PerShape::Nothing,
         };
-        let e4m3_out = self == Plan::GroupFit;
-        Some(KernelPlan { entry, threads, barriers, grid, tma_store, e4m3_out, consumers, per_shape })
+        let e4m3_out = matches!(self, Plan::GroupFit | Plan::WideTile);
+        let cols = TILE as u32;
+        Some(KernelPlan { entry, threads, barriers, grid, tma_store, e4m3_out, consumers, cols, per_shape })
     }
 }
 
@@ -283,6 +335,15 @@ fn stages() -> Vec<Variant> {
         )
         .with_defines(&GROUP_FIT_DEFINES[..])
         .with_tunables(&[("WG_STAGES", 3)]),
+        k(
+            8,
+            "wide-tile",
+            "linear-fp8/08_wide_tile.cu",
+            Plan::WideTile,
+            "stage 7 with 128 x 256 tiles where they read less of the L2 at the shape: a K step in two 128-column halves through one partial tile, each waited for and promoted (240 registers a consumer thread)",
+        )
+        .with_defines(&WIDE_TILE_DEFINES[..])
+        .with_tunables(&[("WG_STAGES", WIDE_TILE_STAGES)]),
         Variant::library(
             FAMILY,
             OP,
@@ -315,7 +376,7 @@ pub fn check_shape(v: &Variant, d: LinearFp8Dims) -> Result<()> {
     }
     let bf16 = d.out == Output::Bf16;
     if d.out == Output::E4m3 {
-        // Stage 7 stores it; stages 0-3 refuse it below, as they refuse bf16 (out = 32).
+        // Stages 7-8 store it; stages 0-3 refuse it below, as they refuse bf16 (out = 32).
         let stage_7_or_before_4 = kernel.as_ref().is_some_and(|k| k.e4m3_out || !k.tma_store);
         require(stage_7_or_before_4, OUT_WIDE, || "out = 8".to_string())?;
     }
@@ -382,6 +443,7 @@ enum Runner {
         launch: Launch,
         tma_store: bool,
         tile_rows: usize,
+        tile_cols: usize,
     },
     Lt(Lt),
 }
@@ -402,14 +464,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
     let (plan, v) = plan.fitted(v, d, gpu)?;
     let v = &v;
     let stages = v.tunable("WG_STAGES")?;
-    // An A tile of the tile's rows and a W tile of 128 rows, 128 codes each, a stage, 1 KiB for the
-    // swizzle's alignment, the barriers; with TMA stores, rounded up to 1 KiB and each consumer's
-    // 64 x 128 staging of out.
-    let tile_rows = plan.tile_rows();
-    let ring = stages * ((tile_rows + TILE) * TILE) as u32 + 8 * plan.barriers * stages;
+    // An A tile of the tile's rows and a W tile of its columns, 128 codes each, a stage, 1 KiB for
+    // the swizzle's alignment, the barriers; with TMA stores, rounded up to 1 KiB and each
+    // consumer's 64 x 128 staging of out (a wide tile's halves take turns in it).
+    let (tile_rows, tile_cols) = (plan.tile_rows(), plan.cols as usize);
+    let ring = stages * ((tile_rows + tile_cols) * TILE) as u32 + 8 * plan.barriers * stages;
     let staging = plan.consumers * 64 * TILE as u32 * d.out.bytes() as u32;
     let shared = 1024 + if plan.tma_store { ring.next_multiple_of(1024) + staging } else { ring };
-    let (row_tiles, col_tiles) = (d.m.div_ceil(tile_rows) as u32, d.n.div_ceil(TILE) as u32);
+    let (row_tiles, col_tiles) = (d.m.div_ceil(tile_rows) as u32, d.n.div_ceil(tile_cols) as u32);
     let grid = match plan.grid {
         Grid::Tiles => (col_tiles, row_tiles, 1),
         Grid::Persistent => ((row_tiles * col_tiles).min(gpu.info().sm_count), 1, 1),
@@ -427,7 +489,7 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
     };
     let entry = format!("{}{tail}{out}", plan.entry);
     let launch = gpu.prepare_launch(&SOURCES, v, &entry, shape)?;
-    Ok(Prepared { runner: Runner::Kernel { launch, tma_store: plan.tma_store, tile_rows }, d })
+    Ok(Prepared { runner: Runner::Kernel { launch, tma_store: plan.tma_store, tile_rows, tile_cols }, d })
 }
 
 /// The buffers of one call: `out` M·N; A's codes M·K ([`fp8::Fp8Rows`]) and W's N·K
@@ -556,9 +618,9 @@ impl Prepared {
         };
         use common::device_ptr as ptr;
         match &self.runner {
-            Runner::Kernel { launch, tma_store, tile_rows } => {
+            Runner::Kernel { launch, tma_store, tile_rows, tile_cols } => {
                 let map_a = common::tma::e4m3_map(ptr(a.a_codes), d.m, d.k, *tile_rows as u32)?;
-                let map_b = common::tma::e4m3_map(ptr(a.w_codes), d.n, d.k, TILE as u32)?;
+                let map_b = common::tma::e4m3_map(ptr(a.w_codes), d.n, d.k, *tile_cols as u32)?;
                 // Out in boxes of 128 bytes x one warpgroup's 64 rows (16-byte rows checked at prepare).
                 let map_out = match (*tma_store, d.out) {
                     (false, _) => None,
@@ -1015,6 +1077,20 @@ mod tests {
         assert_eq!(wave_fit_rows(8192, 8192, 132), 192);
         assert_eq!(wave_fit_rows(4096, 4096, 132), 128);
         assert_eq!(wave_fit_rows(4096, 50304, 132), 128);
+    }
+
+    /// Stage 8's tile on an H100's 132 SMs: 128 x 256 at the square shapes, the MLP up (3 rounds of
+    /// 384 against 4 of 320) and the padded LM head; stage 6's 192 rows at the N = 768 shapes (one
+    /// round of 320 against one of 384) and the QKV (3 rounds of 320 against 3 of 384).
+    #[test]
+    fn wide_fit_reads_the_least_of_the_l2() {
+        for (n, k) in [(4096, 4096), (3072, 768), (50304, 768)] {
+            assert_eq!(wide_fit(4096, n, 132), WIDE_TILE, "N = {n}, K = {k}");
+        }
+        assert_eq!(wide_fit(8192, 8192, 132), WIDE_TILE);
+        for n in [768, 2304] {
+            assert_eq!(wide_fit(4096, n, 132), (192, 128), "N = {n}");
+        }
     }
 
     /// Stage 7's group on an H100 (50 MB of L2): one row panel (stage 6's walk) where W fits in half

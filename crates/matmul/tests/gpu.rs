@@ -453,20 +453,40 @@ fn main() -> std::process::ExitCode {
                 }
                 assert_stages_pass(gpu, &LinearFp8, &s, &stages);
             }
-            for (m, n, k, b) in
-                [(1, 1, 16, 1), (129, 127, 144, 0), (300, 7, 1008, 1), (257, 129, 48, 1), (5, 300, 2064, 0)]
-            {
+            // The last two take stage 8's 128 x 256 tile (wide_fit): a last column tile whose right
+            // half lies wholly past N (3076 = 12 x 256 + 4), and one whose right half is partial.
+            for (m, n, k, b) in [
+                (1, 1, 16, 1),
+                (129, 127, 144, 0),
+                (300, 7, 1008, 1),
+                (257, 129, 48, 1),
+                (5, 300, 2064, 0),
+                (1030, 3076, 272, 1),
+                (520, 6148, 144, 0),
+            ] {
                 assert_stages_pass(gpu, &LinearFp8, &shape(m, n, k, b), &stages);
             }
             // The tails at ragged M and partial tiles and scale groups: GELU into bf16, the residual
             // in fp32 and bf16.
-            for (m, n, k, e, bf16) in [(129, 136, 144, 1, true), (300, 260, 1008, 2, false), (1, 8, 16, 2, true)] {
+            for (m, n, k, e, bf16) in [
+                (129, 136, 144, 1, true),
+                (300, 260, 1008, 2, false),
+                (1, 8, 16, 2, true),
+                (1030, 3076, 272, 1, true),
+                (1030, 3076, 272, 2, false),
+            ] {
                 let s = shape_with_tail(m, n, k, e);
                 assert_stages_pass(gpu, &LinearFp8, &if bf16 { bf16_out(s) } else { s }, &stages);
             }
-            // Stage 7's e4m3 out: GELU at ragged M, no tail with a last scale group of 16 columns
-            // (N = 272) and without a bias, one row of one group.
-            for s in [shape_with_tail(129, 144, 144, 1), shape(300, 272, 1008, 0), shape(1, 16, 16, 1)] {
+            // Stages 7-8's e4m3 out: GELU at ragged M, no tail with a last scale group of 16 columns
+            // (N = 272) and without a bias, one row of one group; GELU on stage 8's wide tile with
+            // the last tile's right half past N (3088 = 12 x 256 + 16).
+            for s in [
+                shape_with_tail(129, 144, 144, 1),
+                shape(300, 272, 1008, 0),
+                shape(1, 16, 16, 1),
+                shape_with_tail(1030, 3088, 272, 1),
+            ] {
                 assert_stages_pass(gpu, &LinearFp8, &e4m3_out(s), &stages);
             }
             // Ragged shapes with every tail and every output (stages 4 on take the tails and bf16,
