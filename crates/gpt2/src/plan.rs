@@ -165,8 +165,9 @@ impl Plan {
     ///   decode step on the tensor-core GEMV with the LayerNorms folded in (05);
     /// - `fp8`: `bf16` with every linear on e4m3 weights in 128 x 128 blocks: in the whole-sequence
     ///   pass each linear's input quantized (`quantize-fp8` 2, which takes the LayerNorms before QKV,
-    ///   the MLP up and the LM head in: no LayerNorm kernel) and `linear-fp8` 7 with the tails, the
-    ///   LM head included; the decode step on `gemv-fp8` 1 with the LayerNorms folded in;
+    ///   the MLP up and the LM head in: no LayerNorm kernel) and `linear-fp8` 8 with the tails (its
+    ///   wide tile at the LM head, stage 7's kernel at the others), the LM head included; the decode
+    ///   step on `gemv-fp8` 1 with the LayerNorms folded in;
     /// - `pdl`: `bf16` with the decode step as a programmatic-dependent chain (`decode-step` 13):
     ///   every kernel after the encoder starts under the one before it and waits for it inside the
     ///   kernel, the GEMVs (stage 8) with their first pass of weights already copied, a folded
@@ -185,7 +186,7 @@ impl Plan {
             "cublas" => [0, 6, 90, 5, 1, 1, 7, 0, OFF, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
             "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
             "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 13, OFF, OFF, OFF],
-            "fp8" => [0, 6, 91, 6, 1, 1, 7, 0, OFF, 1, 0, 0, 7, 16, 16, 13, 2, 7, 1],
+            "fp8" => [0, 6, 91, 6, 1, 1, 7, 0, OFF, 1, 0, 0, 7, 16, 16, 13, 2, 8, 1],
             "pdl" => [0, 6, 91, 6, 1, 1, 9, 0, 8, 1, 0, 13, 7, 16, 16, 13, OFF, OFF, OFF],
             "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 13, OFF, OFF, OFF],
             "fastest" | "fastest-bf16" => {

@@ -185,8 +185,8 @@ fn main() -> std::process::ExitCode {
                 let want_last = last_rows(&want, t, cfg.vocab);
                 let format_last = rel_l2(&last_rows(&quantized, t, cfg.vocab), &want_last);
                 // The LayerNorms taken into the quantizer (quantize-fp8 2), or run apart (1); the MLP
-                // up storing e4m3 for the MLP down (linear-fp8 7), or bf16 that the MLP down's own
-                // quantizer reads (6).
+                // up storing e4m3 for the MLP down (linear-fp8 8, stage 7's kernel there), or bf16
+                // that the MLP down's own quantizer reads (6).
                 for spec in ["fp8", "fp8:quantize-fp8=1", "fp8:linear-fp8=6"] {
                     let (err, err_last) = forward_errors(gpu, cfg, &w, plan_of(spec), &tokens, &want);
                     eprintln!("{spec}, seed {seed}, T = {t}: logits rel L2 {err:.2e} (the format's own {format:.2e})");

@@ -62,7 +62,7 @@ const EPI_NONE: &str = "epi = 0";
 const TAIL_BIAS: &str = "a bias with a GELU or residual tail (epi > 0 needs bias = 1)";
 /// cuBLASLt's bf16 D rows 16-byte aligned.
 const LT_N_BF16: &str = "N % 8 == 0 (cuBLASLt's block-scaled FP8, bf16 out)";
-/// Stages 4-6 and the library row store fp32 or bf16; stages 7-8 also e4m3.
+/// Stages 4-6 and the library row store fp32 or bf16; stages 7-8 also e4m3 (stage 8 with stage 7's kernel).
 const OUT_WIDE: &str = "out = 32 or 16";
 /// The TMA store's 16-byte row stride of the e4m3 codes.
 const TMA_STORE_N_E4M3: &str = "N % 16 == 0 at out = 8";
@@ -161,8 +161,7 @@ impl KernelPlan {
     /// The plan and the variant to compile at `d` on `gpu`. Stage 6 on takes the tile whose rounds x
     /// rows is least ([`wave_fit_rows`]), with that tile's consumers, threads and ring depth
     /// (`F8_TILE_ROWS`, `WG_STAGES`); stage 7 the group [`group_fit`] fits to the L2 (`F8_GROUP_M`);
-    /// stage 8 also the columns ([`wide_fit`], `F8_TILE_COLS`), and at stage 7's tile stage 7's plan
-    /// and variant; every other stage is as declared.
+    /// stage 8 also the columns ([`wide_fit`], `F8_TILE_COLS`); every other stage is as declared.
     fn fitted(self, v: &Variant, d: LinearFp8Dims, gpu: &Gpu) -> Result<(KernelPlan, Variant)> {
         if self.per_shape == PerShape::Nothing {
             return Ok((self, v.clone()));
@@ -172,14 +171,6 @@ impl KernelPlan {
             PerShape::TileAndGroup => wide_fit(d.m, d.n, sms),
             _ => (wave_fit_rows(d.m, d.n, sms), TILE as u32),
         };
-        if self.per_shape == PerShape::TileAndGroup && (rows, cols) != WIDE_TILE {
-            // Stage 7's tile is stage 7's kernel, launched from stage 7's own module: both rows
-            // share one compile of it (from stage 8's file it would be a second one).
-            let stage_7 = stages().into_iter().find(|s| s.plan::<Plan>().ok() == Some(Plan::GroupFit));
-            let missing = || common::Error::MissingSource("linear-fp8's group-fit stage".into());
-            let plan = Plan::GroupFit.kernel().ok_or_else(missing)?;
-            return plan.fitted(&stage_7.ok_or_else(missing)?, d, gpu);
-        }
         let (stages, threads) = if (rows, cols) == WIDE_TILE {
             (WIDE_TILE_STAGES, WIDE_TILE_THREADS)
         } else {
@@ -263,6 +254,27 @@ impl Plan {
         let e4m3_out = matches!(self, Plan::GroupFit | Plan::WideTile);
         let cols = TILE as u32;
         Some(KernelPlan { entry, threads, barriers, grid, tma_store, e4m3_out, consumers, cols, per_shape })
+    }
+
+    /// The earlier stage whose kernel this one runs unchanged at `d` on `sms` SMs, if any: stage 8
+    /// keeps stage 7's where stage 7's tile reads less of the L2 ([`wide_fit`]), and at the e4m3 out,
+    /// where the wide tile's quantized store measured 0.89-0.94x stage 7's at the MLP up (calls W3,
+    /// Y3).
+    fn kept_from(self, d: LinearFp8Dims, sms: u32) -> Option<Plan> {
+        let wide = wide_fit(d.m, d.n, sms) == WIDE_TILE && d.out != Output::E4m3;
+        (self == Plan::WideTile && !wide).then_some(Plan::GroupFit)
+    }
+
+    /// The kernel stage `v` (of this plan) runs at `d` and the variant to compile for it (None for
+    /// the library row): where the stage keeps an earlier stage's kernel ([`Plan::kept_from`]), that
+    /// stage's, launched from that stage's own module, so both rows share one compile of it.
+    fn fitted(self, v: &Variant, d: LinearFp8Dims, gpu: &Gpu) -> Result<Option<(KernelPlan, Variant)>> {
+        if let Some(earlier) = self.kept_from(d, gpu.info().sm_count) {
+            let stage = stages().into_iter().find(|s| s.plan::<Plan>().ok() == Some(earlier));
+            let stage = stage.ok_or_else(|| common::Error::MissingSource(format!("linear-fp8's {earlier:?} stage")))?;
+            return earlier.fitted(&stage, d, gpu);
+        }
+        self.kernel().map(|k| k.fitted(v, d, gpu)).transpose()
     }
 }
 
@@ -456,12 +468,11 @@ pub struct Prepared {
 
 pub fn prepare(gpu: &Gpu, v: &Variant, d: LinearFp8Dims) -> Result<Prepared> {
     check_shape(v, d)?;
-    let Some(plan) = v.plan::<Plan>()?.kernel() else {
+    let Some((plan, v)) = v.plan::<Plan>()?.fitted(v, d, gpu)? else {
         let epi = if d.bias { LtEpilogue::Bias } else { LtEpilogue::None };
         let dims = common::lt::LtDims { m: d.m, n: d.n, k: d.k };
         return Ok(Prepared { runner: Runner::Lt(Lt::prepare(gpu, LtOperands::E4m3Blocks, d.out, epi, dims)?), d });
     };
-    let (plan, v) = plan.fitted(v, d, gpu)?;
     let v = &v;
     let stages = v.tunable("WG_STAGES")?;
     // An A tile of the tile's rows and a W tile of its columns, 128 codes each, a stage, 1 KiB for
@@ -709,9 +720,8 @@ impl Op for LinearFp8 {
         check_shape(v, LinearFp8Dims::of(s)?)
     }
     fn compiled_variants(&self, gpu: &Gpu, v: &Variant, s: &Shape) -> Vec<Variant> {
-        let fitted = |plan: KernelPlan| plan.fitted(v, LinearFp8Dims::of(s)?, gpu);
-        match v.plan::<Plan>().ok().and_then(Plan::kernel).map(fitted) {
-            Some(Ok((_, compiled))) => vec![compiled],
+        match LinearFp8Dims::of(s).and_then(|d| v.plan::<Plan>()?.fitted(v, d, gpu)) {
+            Ok(Some((_, compiled))) => vec![compiled],
             _ => vec![v.clone()],
         }
     }
@@ -1091,6 +1101,18 @@ mod tests {
         for n in [768, 2304] {
             assert_eq!(wide_fit(4096, n, 132), (192, 128), "N = {n}");
         }
+    }
+
+    /// Stage 8 runs its own kernel only where the wide tile fits and the out is fp32 or bf16; else
+    /// stage 7's. No other stage keeps an earlier one's.
+    #[test]
+    fn wide_tile_keeps_stage_7_at_its_tile_and_the_e4m3_out() {
+        let d = |n, out| LinearFp8Dims { m: 4096, n, k: 768, bias: true, tail: Tail::None, out };
+        assert_eq!(Plan::WideTile.kept_from(d(3072, Output::F32), 132), None);
+        assert_eq!(Plan::WideTile.kept_from(d(3072, Output::Bf16), 132), None);
+        assert_eq!(Plan::WideTile.kept_from(d(3072, Output::E4m3), 132), Some(Plan::GroupFit));
+        assert_eq!(Plan::WideTile.kept_from(d(768, Output::Bf16), 132), Some(Plan::GroupFit));
+        assert_eq!(Plan::GroupFit.kept_from(d(768, Output::E4m3), 132), None);
     }
 
     /// Stage 7's group on an H100 (50 MB of L2): one row panel (stage 6's walk) where W fits in half

@@ -478,9 +478,9 @@ fn main() -> std::process::ExitCode {
                 let s = shape_with_tail(m, n, k, e);
                 assert_stages_pass(gpu, &LinearFp8, &if bf16 { bf16_out(s) } else { s }, &stages);
             }
-            // Stages 7-8's e4m3 out: GELU at ragged M, no tail with a last scale group of 16 columns
-            // (N = 272) and without a bias, one row of one group; GELU on stage 8's wide tile with
-            // the last tile's right half past N (3088 = 12 x 256 + 16).
+            // Stage 7's e4m3 out (stage 8's too): GELU at ragged M, no tail with a last scale group of
+            // 16 columns (N = 272) and without a bias, one row of one group; GELU at a shape where
+            // stage 8 would take its wide tile at the other outs (3088 = 12 x 256 + 16).
             for s in [
                 shape_with_tail(129, 144, 144, 1),
                 shape(300, 272, 1008, 0),
