@@ -212,10 +212,15 @@ pub fn select_variants(op: &dyn Op, opts: &RunOptions) -> Result<Vec<Variant>> {
 
 /// Poisons every output, enqueues the prepared stage once on copy 0 and checks it.
 pub fn verify_once(gpu: &Gpu, problem: &mut dyn Problem) -> Result<Verification> {
+    verify_timed(gpu, problem).map(|(verification, _)| verification)
+}
+
+/// [`verify_once`] with the run's device time (ms), between a pair of events around its enqueue.
+pub fn verify_timed(gpu: &Gpu, problem: &mut dyn Problem) -> Result<(Verification, f64)> {
     problem.poison(gpu)?;
-    problem.enqueue(gpu.stream(), 0)?;
+    let ms = timing::time_once(gpu, |stream| problem.enqueue(stream, 0))?;
     gpu.synchronize()?;
-    problem.verify(gpu, 0)
+    Ok((problem.verify(gpu, 0)?, ms))
 }
 
 /// [`verify_once`] with only the stage's launch inside the profiler range (`ladder verify
@@ -311,10 +316,12 @@ pub fn run_variants(
 
 type VariantOutcome = (Status, Option<Timing>, Option<Resources>, Option<Verification>);
 
-/// A stage prepared and past its first check: what its row keeps while it is timed.
+/// A stage prepared and past its first check: what its row keeps while it is timed, and the checked
+/// run's device time (a long stage's first sample, [`timing::sample_after_check`]).
 struct Checked {
     resources: Option<Resources>,
     verification: Verification,
+    checked_ms: f64,
 }
 
 impl Checked {
@@ -342,7 +349,7 @@ fn run_variant(
         Check::Ready(checked) => checked,
         Check::Finished(outcome) => return outcome,
     };
-    match sample_stage(gpu, problem, cfg) {
+    match sample_stage(gpu, problem, cfg, Some(checked.checked_ms)) {
         Ok(samples) => recheck(gpu, problem, Timing::of(samples), checked),
         Err(status) => checked.untimed(status),
     }
@@ -388,7 +395,7 @@ fn run_in_rounds(
                 .prepare(gpu, v)
                 .and_then(|_| problem.poison(gpu))
                 .map_err(|e| Status::Failed(format!("round {}: {}", r + 1, first_line(&e))))
-                .and_then(|_| sample_stage(gpu, problem, &round));
+                .and_then(|_| sample_stage(gpu, problem, &round, None));
             match sampled {
                 Ok(samples) => {
                     pooled.extend(samples.ms);
@@ -427,26 +434,34 @@ fn check_stage(gpu: &Gpu, op: &dyn Op, problem: &mut dyn Problem, v: &Variant, s
             return Check::Finished((status, None, None, None));
         }
     };
-    match verify_once(gpu, problem) {
+    match verify_timed(gpu, problem) {
         Err(e) => Check::Finished((Status::Failed(first_line(&e)), None, resources, None)),
-        Ok(ver) if !ver.passed() => Check::Finished((Status::Failed(ver.summary()), None, resources, Some(ver))),
-        Ok(verification) => Check::Ready(Checked { resources, verification }),
+        Ok((ver, _)) if !ver.passed() => Check::Finished((Status::Failed(ver.summary()), None, resources, Some(ver))),
+        Ok((verification, checked_ms)) => Check::Ready(Checked { resources, verification, checked_ms }),
     }
 }
 
-/// Times the prepared stage under `cfg`; a stage that cannot be captured as a graph is `n/a`.
-fn sample_stage(gpu: &Gpu, problem: &mut dyn Problem, cfg: &TimingConfig) -> std::result::Result<Samples, Status> {
+/// Times the prepared stage under `cfg`, right after its check's run of `checked_ms` where given; a
+/// stage that cannot be captured as a graph is `n/a`.
+fn sample_stage(
+    gpu: &Gpu,
+    problem: &mut dyn Problem,
+    cfg: &TimingConfig,
+    checked_ms: Option<f64>,
+) -> std::result::Result<Samples, Status> {
     let copies = problem.copies();
-    timing::sample(gpu, copies, cfg, |stream, c| problem.enqueue(stream, c)).map_err(|e| match e {
-        Error::Capture(why) => Status::Skipped(format!("cannot be captured as a graph: {why}")),
-        e => Status::Failed(format!("during timing: {}", first_line(&e))),
-    })
+    timing::sample_after_check(gpu, copies, cfg, checked_ms, |stream, c| problem.enqueue(stream, c)).map_err(
+        |e| match e {
+            Error::Capture(why) => Status::Skipped(format!("cannot be captured as a graph: {why}")),
+            e => Status::Failed(format!("during timing: {}", first_line(&e))),
+        },
+    )
 }
 
 /// Checks again what the timed runs left in the copy written last: a kernel that races, or only
 /// works once, fails here.
 fn recheck(gpu: &Gpu, problem: &mut dyn Problem, timing: Timing, checked: Checked) -> VariantOutcome {
-    let Checked { resources, verification } = checked;
+    let Checked { resources, verification, .. } = checked;
     match problem.verify(gpu, timing.last_copy) {
         Err(e) => {
             (Status::Failed(format!("after timing: {}", first_line(&e))), Some(timing), resources, Some(verification))

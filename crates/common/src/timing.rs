@@ -128,15 +128,31 @@ pub fn sample(
     gpu: &Gpu,
     copies: usize,
     cfg: &TimingConfig,
+    run: impl FnMut(&Arc<CudaStream>, usize) -> Result<()>,
+) -> Result<Samples> {
+    sample_after_check(gpu, copies, cfg, None, run)
+}
+
+/// [`sample`] right after a checked run of the same stage on copy 0 that took `checked_ms` on the
+/// device (the runner's first check, [`crate::runner::verify_timed`]): a run over
+/// `long_run_above_ms` is the long run's first sample, so a stage of seconds (the report's naive
+/// attention stages) runs `long_run_reps` times with its check, not once more. Stream launches one
+/// at a time only, as the check's run was: with `graph` or a batch the check is not a sample.
+pub fn sample_after_check(
+    gpu: &Gpu,
+    copies: usize,
+    cfg: &TimingConfig,
+    checked_ms: Option<f64>,
     mut run: impl FnMut(&Arc<CudaStream>, usize) -> Result<()>,
 ) -> Result<Samples> {
     let copies = copies.max(1);
     let stream = gpu.stream();
     if cfg.graph {
         let graphs: Vec<CudaGraph> = (0..copies).map(|c| capture(stream, |s| run(s, c))).collect::<Result<_>>()?;
-        return time_loop(gpu, copies, cfg, |c| graphs[c].launch().ctx("graph launch"));
+        return time_loop(gpu, copies, cfg, None, |c| graphs[c].launch().ctx("graph launch"));
     }
-    time_loop(gpu, copies, cfg, |c| run(stream, c))
+    let long_first = checked_ms.filter(|&ms| ms > cfg.long_run_above_ms && cfg.batch <= 1);
+    time_loop(gpu, copies, cfg, long_first, |c| run(stream, c))
 }
 
 /// The device time (ms) of what `run` enqueues on the harness stream, between one pair of events,
@@ -252,12 +268,36 @@ impl Drop for Gate {
     }
 }
 
+/// A long stage's samples: its first run's `first_ms` (on the copy before `copy`), then the rest of
+/// `long_run_reps`, each between its own pair of events.
+fn long_runs(
+    gpu: &Gpu,
+    copies: usize,
+    cfg: &TimingConfig,
+    first_ms: f64,
+    mut copy: usize,
+    run: &mut impl FnMut(usize) -> Result<()>,
+) -> Result<Samples> {
+    let mut ms = vec![first_ms];
+    for _ in 1..cfg.long_run_reps {
+        ms.push(bracket(gpu, false, |_| run(copy % copies))?);
+        copy += 1;
+    }
+    Ok(Samples { ms, last_copy: (copy + copies - 1) % copies })
+}
+
+/// Samples of `run(copy)` after a warm-up; `long_first`: a long run of copy 0 already timed (the
+/// check's), which ends the warm-up before it starts.
 fn time_loop(
     gpu: &Gpu,
     copies: usize,
     cfg: &TimingConfig,
+    long_first: Option<f64>,
     mut run: impl FnMut(usize) -> Result<()>,
 ) -> Result<Samples> {
+    if let Some(first_ms) = long_first {
+        return long_runs(gpu, copies, cfg, first_ms, 1, &mut run);
+    }
     let ctx = gpu.context();
     let stream = gpu.stream();
     let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
@@ -279,16 +319,7 @@ fn time_loop(
         warm_runs += 1;
         copy += 1;
         if warm_runs == 1 && estimate > cfg.long_run_above_ms {
-            let mut ms = vec![estimate];
-            for _ in 1..cfg.long_run_reps {
-                s.record(stream).ctx("record")?;
-                run(copy % copies)?;
-                e.record(stream).ctx("record")?;
-                e.synchronize().ctx("a long run (a kernel may have faulted)")?;
-                ms.push(s.elapsed_ms(&e).ctx("elapsed")? as f64);
-                copy += 1;
-            }
-            return Ok(Samples { ms, last_copy: (copy - 1) % copies });
+            return long_runs(gpu, copies, cfg, estimate, copy, &mut run);
         }
         if warm_runs >= 1000 {
             break;
