@@ -24,7 +24,8 @@ pub struct TimingConfig {
     /// Warm-up runs are added until this much time has passed (at least one).
     pub warmup_ms: f64,
     /// A first warm-up run longer than this ends the warm-up, and the stage is timed over
-    /// `long_run_reps` runs in all, that one first: a run of a tenth of a second or more (the
+    /// `long_run_reps` runs in all, that one first (or the runner's checked run, where it was this
+    /// long: [`sample_after_check`]): a run of a tenth of a second or more (the
     /// report's naive attention stages take 4 and 7 s at B = 4, T = 1024; the naive LayerNorm and
     /// softmax 150-440 ms) is not worth ten repetitions to rank it, and those runs vary by < 0.1%.
     pub long_run_above_ms: f64,
