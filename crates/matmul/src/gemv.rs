@@ -640,6 +640,12 @@ impl Op for Gemv {
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check_shape(v, dims(s)?)
     }
+    /// Stages 7-8 at a folded LayerNorm are built with their row registers sized to K
+    /// ([`for_shape`]): the module `prepare` asks for, compiled with the family's others instead of
+    /// at the first such table, one after another.
+    fn compiled_variants(&self, _: &Gpu, v: &Variant, s: &Shape) -> Vec<Variant> {
+        vec![dims(s).and_then(|d| for_shape(v, d)).unwrap_or_else(|_| v.clone())]
+    }
     fn limits(&self, v: &Variant) -> Vec<Limit> {
         let mut l = common_limits();
         if matches!(v.plan::<Plan>(), Ok(Plan::Warp { .. } | Plan::SplitK | Plan::Mma)) {
