@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use common::check::{compare, Verification};
 use common::cudarc::driver::CudaStream;
-use common::{require, Bound, Error, Gpu, Limit, Op, Problem, ResourceUse, Result, Shape, Variant, Workload};
+use common::{require, ActType, Bound, Error, Gpu, Limit, Op, Problem, ResourceUse, Result, Shape, Variant, Workload};
+use matmul::gemv::GemvDims;
+use matmul::linear_bf16::Tail;
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -37,11 +39,13 @@ common::declare_op! {
     }
 }
 
-/// The builds a dependent composed step on model plan `spec` makes beyond the stage lists' own (its
-/// stages with the host switches the model turns on: the dependent chain, kv-append in the QKV
-/// epilogue, the argmax that advances the inputs): [`Op::extra_builds`] of those stages, so that a run
-/// compiles them with the family's modules and `kernels_compile` compiles them too.
-fn host_switched_builds(spec: &str) -> Result<Vec<(&'static common::Sources, Variant)>> {
+/// The builds dependent composed step `step` makes at C = `c` beyond the stage lists' own (its model
+/// plan's stages with the host switches the model turns on: the dependent chain, kv-append in the
+/// QKV epilogue, the argmax that advances the inputs; and the folded GEMVs as the engine builds them
+/// per shape): [`Op::extra_builds`] of those stages, so that a run compiles them with the family's
+/// modules and `kernels_compile` compiles them too.
+fn host_switched_builds(step: Plan, c: usize) -> Result<Vec<(&'static common::Sources, Variant)>> {
+    let spec = step.model_plan().ok_or_else(|| Error::constraint("a composed step's model plan", "none"))?;
     let plan = ModelPlan::parse(spec)?;
     let with = |v: &Variant, switches: &[&str]| {
         let mut v = v.clone();
@@ -50,14 +54,26 @@ fn host_switched_builds(spec: &str) -> Result<Vec<(&'static common::Sources, Var
     };
     let dep = common::DEPENDENT_LAUNCH;
     let gemv = plan.gemv.as_ref().ok_or_else(|| Error::constraint("a GEMV in the pdl plan", "none"))?;
-    Ok(vec![
-        (&matmul::SOURCES, with(gemv, &[dep, matmul::gemv::QKV_APPEND])),
+    let gemv = with(gemv, &[dep]);
+    let mut builds = vec![(&matmul::SOURCES, gemv.clone())];
+    if matmul::gemv::folds_layernorm(&gemv) {
+        // The folded GEMVs as the engine prepares them (K = C, the LayerNorm folded in), and the QKV
+        // with the append.
+        let ln = GemvDims { m: 1, n: 3 * c, k: c, bias: true, tail: Tail::None, input: ActType::F32, ln: true };
+        let folded = matmul::gemv::for_shape(&crate::model::folded_gemv(&gemv, step)?, ln)?;
+        if step.append_in_qkv() {
+            builds.push((&matmul::SOURCES, with(&folded, &[matmul::gemv::QKV_APPEND])));
+        }
+        builds.push((&matmul::SOURCES, folded));
+    }
+    builds.extend([
         (&attention::SOURCES, with(&plan.kv_append, &[dep])),
         (&attention::SOURCES, with(&plan.decode, &[dep])),
         (&SOURCES, with(&plan.argmax, &[dep])),
         (&SOURCES, with(&plan.argmax, &[dep, crate::argmax::ADVANCE])),
         (&SOURCES, with(&plan.argmax, &[crate::argmax::ADVANCE])),
-    ])
+    ]);
+    Ok(builds)
 }
 
 /// The sizes of one problem.
@@ -118,11 +134,13 @@ impl Op for DecodeStep {
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check(v, &StepDims::of(s)?)
     }
-    fn extra_builds(&self, v: &Variant, _: &Shape) -> Vec<(&'static common::Sources, Variant)> {
+    fn extra_builds(&self, v: &Variant, shape: &Shape) -> Vec<(&'static common::Sources, Variant)> {
         // A composed step prepares other ladders' stages with host switches on: compiled with the
         // family's modules, not one after another at the first table's composed stages.
         match v.plan::<Plan>() {
-            Ok(p) if p.dependent() => p.model_plan().map(host_switched_builds).and_then(Result::ok).unwrap_or_default(),
+            Ok(p) if p.dependent() => {
+                StepDims::of(shape).and_then(|d| host_switched_builds(p, d.cfg.c)).unwrap_or_default()
+            }
             _ => Vec::new(),
         }
     }

@@ -55,6 +55,16 @@ fn composed_steps_preload_their_host_switched_builds() {
                 v.id()
             );
         }
+        // The folded GEMVs as the engine builds them at the shape's C = 768: a staged-rows stage's
+        // rows sized to K (6 pieces of 128), not the stage list's.
+        let gemv = model.gemv.as_ref().unwrap();
+        if matmul::gemv::folds_layernorm(gemv) && gemv.define("GEMV_STAGED_ROWS").is_some() {
+            assert!(
+                extra.iter().any(|(_, b)| b.op == "gemv" && b.define("GEMV_STAGED_ROWS") == Some("6")),
+                "stage {}: no folded GEMV built for K = 768",
+                v.id()
+            );
+        }
     }
 }
 

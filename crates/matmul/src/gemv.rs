@@ -138,8 +138,9 @@ const EARLY_OPERANDS: &str = "GEMV_EARLY_OPERANDS";
 const STAGED_ROWS: &str = "GEMV_STAGED_ROWS";
 const STAGED_ROWS_MAX: &str = "13";
 
-/// Stage `v` as it is built for `d`: stage 7's row registers sized to a folded LayerNorm's K.
-fn for_shape(v: &Variant, d: GemvDims) -> Result<Variant> {
+/// Stage `v` as it is built for `d`: stage 7's row registers sized to a folded LayerNorm's K (what
+/// `prepare` compiles, and what a composed step that prepares it names to be compiled ahead).
+pub fn for_shape(v: &Variant, d: GemvDims) -> Result<Variant> {
     let mut v = v.clone();
     if d.ln && v.has(STAGED_ROWS) {
         v.set_define(STAGED_ROWS, d.k.div_ceil(128) as u32)?;

@@ -33,6 +33,18 @@ use crate::sampling::Sampling;
 /// its stage list): 8 warps a block at GPT-2's QKV, MLP up and LM head.
 const NARROW_GEMV_WARPS: u32 = 1024;
 
+/// The stage of the composed step's folded GEMVs (QKV, the MLP up, the LM head), from its GEMV stage
+/// `gemv` (already a link of the chain where the step is one): at `decode-step` 12-13
+/// [`NARROW_GEMV_WARPS`] a block, so that the next link's blocks, and their weight copies, fit on the
+/// SMs beside them; else `gemv`. `DecodeStep`'s `extra_builds` compiles what this gives.
+pub(crate) fn folded_gemv(gemv: &common::Variant, step: step::Plan) -> Result<common::Variant> {
+    let mut v = gemv.clone();
+    if step.narrow_folded_gemvs() {
+        v.set_tunable("GEMV_WARPS", NARROW_GEMV_WARPS)?;
+    }
+    Ok(v)
+}
+
 /// A decode step's linear: the plan's GEMM on the fp32 weights, or a GEMV (on their bf16 copies, or
 /// an fp8 plan's on their e4m3 blocks) with the block's tail fused (GELU after the MLP up, the
 /// residual add after the projections) and, for the attention projection, the attention's bf16
@@ -265,16 +277,7 @@ impl Model {
             v
         };
         let gemv_stage = p.gemv.as_ref().map(link);
-        // `decode-step` 12-13: the folded GEMVs at 8 warps a block (a target of 1024 warps in flight),
-        // so that the next link's blocks, and their weight copies, fit on the SMs beside them.
-        let folded_stage = match (&gemv_stage, step_plan.narrow_folded_gemvs()) {
-            (Some(v), true) => {
-                let mut v = v.clone();
-                v.set_tunable("GEMV_WARPS", NARROW_GEMV_WARPS)?;
-                Some(v)
-            }
-            _ => gemv_stage.clone(),
-        };
+        let folded_stage = gemv_stage.as_ref().map(|v| folded_gemv(v, step_plan)).transpose()?;
         let lin = |n: usize, k: usize, bias: bool, tail: Tail, input: Input| -> Result<DecodeLinear> {
             let ln = fold && input == Input::LayerNorm;
             let gemv_stage = if ln { &folded_stage } else { &gemv_stage };

@@ -40,6 +40,7 @@ mod harness;
 mod profile;
 mod sequence;
 
+pub(crate) use decode_engine::folded_gemv;
 use decode_engine::DecodeStep;
 use device_weights::{padded_head, Bf16Weights, DeviceWeights, Fp8Weights};
 pub use harness::StepOutputs;
