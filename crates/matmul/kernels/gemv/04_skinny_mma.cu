@@ -75,6 +75,7 @@
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
 #include "matmul_gemv_mma.cuh"
 #include "ladder_dependent.cuh"
+#include "ladder_split_merge.cuh"
 
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
@@ -138,9 +139,45 @@ struct StoreQkvAppend {
     }
 };
 
-template <int MT, bool LN = false, typename In, typename Store>
+// Where inp's rows come from: as they lie in memory (RowsInMemory; a folded LayerNorm's are then
+// staged or read twice, above), or merged from split-K attention's partials (MergedSplits,
+// GEMV_MERGE_SPLITS): the decode step's attention projection merges the splits of the attention
+// before it, in its own prologue, where the attention's last block would have.
+struct RowsInMemory {
+    static constexpr bool kMerged = false;
+};
+struct MergedSplits {
+    static constexpr bool kMerged = true;
+    // Decode attention's partials of row m * heads + h (ladder_split_merge.cuh's SplitArrays): o
+    // [rows][splits][D] unnormalized, m and l [rows][splits], written by the previous kernel.
+    const float* o;
+    const float* m;
+    const float* l;
+    int splits, heads;
+};
+
+// Rows m < M of the attention output [M, heads * D] merged from the split partials (the decode
+// attention's own merge, merge_column_batched: up to 8 splits, as at GPT-2's batch 1, the same sums
+// as its 16 a round trip, so the same bf16 values its last block would have stored) into
+// rows[m * pitch ...], as bf16 for the fragments. Every split's m, l and o of a chunk are requested
+// together: one L2 round trip. 8, not 16: a 16-split chunk's 48 values took the entry to 128
+// registers, past what 32 warps a block can hold.
+constexpr int kMergeChunk = 8;
+__device__ __forceinline__ void stage_merged_rows(__nv_bfloat16* staged, const MergedSplits& p, int M, int K) {
+    const int pitch = staged_row_pitch(K), D = K / p.heads;
+    for (int idx = threadIdx.x; idx < M * K; idx += blockDim.x) {
+        const int m = idx / K, k = idx - m * K, h = k / D, d = k - h * D;
+        const size_t row = (size_t)m * p.heads + h;
+        // Through L2 (__ldcg): the kernel before wrote them, and this one may have started beside it.
+        const SplitArrays</*same launch*/ true> parts{p.o + row * p.splits * D, p.m + row * p.splits,
+                                                      p.l + row * p.splits, D};
+        staged[(size_t)m * pitch + k] = __float2bfloat16_rn(merge_column_batched<kMergeChunk>(parts, p.splits, d, false).value);
+    }
+}
+
+template <int MT, bool LN = false, typename In, typename Store, typename Rows = RowsInMemory>
 __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* inp, const __nv_bfloat16* w, int M,
-                                                int N, int K) {
+                                                int N, int K, const Rows& merged = Rows{}) {
     LADDER_CHAIN_BLOCK();
     constexpr int TILES = MT / 8;
     extern __shared__ float part[];  // [split][16][8]; stage 6: then [split][pieces][2][32] uint4
@@ -156,8 +193,9 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
     // warp of the block has in it), lane by lane: [split][pieces][2][32] uint4 after the tiles.
     const int pieces = min(GEMV_UNROLL, (steps + split - 1) / split);
     uint4* staged = reinterpret_cast<uint4*>(part + split * 128) + warp * pieces * 64;
-    // Stage 7: the folded LayerNorm's M rows after every warp's pieces (the host reserves no more).
-    constexpr bool kRowsStaged = kStagedRows && LN;
+    // Stage 7: the folded LayerNorm's M rows after every warp's pieces (the host reserves no more);
+    // the merged rows of attention's splits in the same place.
+    constexpr bool kRowsStaged = (kStagedRows && LN) || Rows::kMerged;
     __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint4*>(part + split * 128) +
                                                            (kEarlyWeights ? split * pieces * 64 : 0));
     const int pitch = staged_row_pitch(K);
@@ -190,6 +228,11 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
         }
         __syncthreads();
         stats = {mean, rstd};
+        ladder_chain_mark(0);
+    }
+    if constexpr (Rows::kMerged) {
+        stage_merged_rows(rows, merged, M, K);
+        __syncthreads();
         ladder_chain_mark(0);
     }
     if constexpr (kEarlyWeights) {
@@ -287,6 +330,24 @@ GEMV_MMA_LN_ENTRY(8)
 GEMV_MMA_LN_ENTRY(16)
 GEMV_MMA_LN_ENTRY(32)
 GEMV_MMA_LN_ENTRY(64)
+#endif
+
+#if defined(GEMV_MERGE_SPLITS) && defined(GEMV_STAGED_ROWS)
+// The attention projection reading decode attention's split partials (MergedSplits): out = merge(o,
+// m, l) . W^T + bias, then the tail; K = heads * D.
+#define GEMV_MMA_MERGE_ENTRY(MT)                                                                            \
+    extern "C" __global__ void GEMV_LN_BOUNDS(MT) gemv_mma_merge_m##MT(float* out, const float* o_part, const float* m_part,   \
+                                                    const float* l_part, int splits, int heads,             \
+                                                    const __nv_bfloat16* w, const float* bias,              \
+                                                    const float* residual, int tail, int M, int N, int K) { \
+        const MergedSplits merged{o_part, m_part, l_part, splits, heads};                                   \
+        gemv_skinny_mma<MT>(StoreRows{out, bias, residual, tail, N}, (const __nv_bfloat16*)nullptr, w, M, N, \
+                            K, merged);                                                                     \
+    }
+GEMV_MMA_MERGE_ENTRY(8)
+GEMV_MMA_MERGE_ENTRY(16)
+GEMV_MMA_MERGE_ENTRY(32)
+GEMV_MMA_MERGE_ENTRY(64)
 #endif
 
 #if defined(GEMV_QKV_APPEND) && defined(GEMV_LN_FOLD)
