@@ -418,7 +418,10 @@ common::single_launch_stage!(QkvAppend);
 /// The host switch that adds the `gemv_mma_merge_m*` entries to a staging stage's file (7-8).
 pub const MERGE_SPLITS: &str = "GEMV_MERGE_SPLITS";
 const MERGE_STAGE: &str = "a stage that stages its rows (gemv 7-8) for a merging GEMV";
-const MERGE_HEADS: &str = "K % heads == 0 for a merging GEMV (K = heads * D)";
+const MERGE_HEADS: &str = "K = heads * D with D % 32 == 0 for a merging GEMV (a warp's columns in one head)";
+/// A warp's lanes hold a row's splits' maxima and sums (`WarpSplits` of `04_skinny_mma.cu`).
+const MERGE_SPLITS_MAX: usize = 32;
+const MERGE_SPLITS_LIMIT: &str = "splits <= 32 for a merging GEMV";
 
 /// The decode step's attention projection reading split-K decode attention's partials
 /// ([`MERGE_SPLITS`]): `out = merge(partials) · Wᵀ + bias (+ out)`, the merge decode attention's
@@ -434,8 +437,10 @@ pub struct MergingGemv {
 pub fn prepare_merging(gpu: &Gpu, v: &Variant, d: GemvDims, heads: usize, splits: usize) -> Result<MergingGemv> {
     check_shape(v, d)?;
     require(v.has(STAGED_ROWS) && !d.ln, MERGE_STAGE, || format!("{}, ln = {}", v.id(), d.ln as u8))?;
-    require(heads >= 1 && d.k.is_multiple_of(heads), MERGE_HEADS, || format!("K = {}, heads = {heads}", d.k))?;
+    let head_dim_fits = heads >= 1 && d.k.is_multiple_of(heads) && (d.k / heads).is_multiple_of(32);
+    require(head_dim_fits, MERGE_HEADS, || format!("K = {}, heads = {heads}", d.k))?;
     require(splits >= 1, "splits >= 1", || format!("splits = {splits}"))?;
+    require(splits <= MERGE_SPLITS_MAX, MERGE_SPLITS_LIMIT, || format!("splits = {splits}"))?;
     let mut v = v.clone();
     v.switch_on(MERGE_SPLITS);
     let (shape, mt) = mma_shape(&v, d)?;

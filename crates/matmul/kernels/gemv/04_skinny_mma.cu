@@ -57,6 +57,11 @@
 //   others: the residual's L2 round trip waits behind the sums. Predicted: ~0.7 us off each of the
 //   24 residual GEMVs and a little off the others' bias (~-17 us a step at B = 1); alone, nothing
 //   (the trip overlaps other warps' work there, gemv-fp8's notes).
+// GEMV_MERGE_SPLITS (a host switch of stages 7-8, the decode step's attention projection at
+//   `decode-step` 14) adds the gemv_mma_merge_m* entries: inp is split-K decode attention's partials
+//   (o, m, l per row, head and split), merged by every block into its staged bf16 rows, so the
+//   attention needs no ticket or merging block. Constraints: D = K / heads a multiple of 32, splits
+//   <= 32.
 // GEMV_QKV_APPEND (a host switch of the decode step's QKV linear, `decode-step` stage 7) adds the
 //   gemv_mma_ln_qkv_m* entries: the folded QKV linear whose epilogue does kv-append's work (q to a
 //   bf16 row, k and v into the cache cell of each row's sequence and position), so the step runs one
@@ -156,22 +161,39 @@ struct MergedSplits {
     int splits, heads;
 };
 
-// Rows m < M of the attention output [M, heads * D] merged from the split partials (the decode
-// attention's own merge, merge_column_batched: up to 8 splits, as at GPT-2's batch 1, the same sums
-// as its 16 a round trip, so the same bf16 values its last block would have stored) into
-// rows[m * pitch ...], as bf16 for the fragments. Every split's m, l and o of a chunk are requested
-// together: one L2 round trip. 8, not 16: a 16-split chunk's 48 values took the entry to 128
-// registers, past what 32 warps a block can hold.
+// A warp's row of partials: lane s holds split s's maximum and sum, which the merge takes by
+// shuffles. Every warp of every block reads each split's m and l, and as plain loads those are a
+// few L2 lines that every warp of the grid asks for at once, a request a split each; this way a warp
+// makes two requests (one line of m, one of l), issued with its o loads. All 32 lanes must be in the
+// same row and head (D % 32 == 0) and splits <= 32 (checked on the host).
+struct WarpSplits {
+    const float* o;
+    float m_lane, l_lane;
+    int D;
+    __device__ __forceinline__ float m(int s) const { return __shfl_sync(0xffffffffu, m_lane, s); }
+    __device__ __forceinline__ float l(int s) const { return __shfl_sync(0xffffffffu, l_lane, s); }
+    // Through L2 (__ldcg): the kernel before wrote them, and this one may have started beside it.
+    __device__ __forceinline__ float o_at(int s, int d) const { return __ldcg(o + (size_t)s * D + d); }
+    __device__ __forceinline__ static float weight(float ms, float mx) { return __expf(ms - mx); }
+    static constexpr bool zeros_when_empty = false;
+};
+
+// Rows m < M of the attention output [M, heads * D] merged from the split partials into rows[m *
+// pitch ...], as bf16 for the fragments: decode attention's own merge (merge_column_batched, the
+// same sums as its 16 splits a round trip for up to 8 splits, as at GPT-2's batch 1, so the same
+// bf16 values its last block would have stored). A chunk's loads are requested together: one L2
+// round trip. 8, not 16: a 16-split chunk's 48 values took the entry to 128 registers, past what 32
+// warps a block can hold. Whole warps take 32 consecutive columns (K % 32 == 0).
 constexpr int kMergeChunk = 8;
 __device__ __forceinline__ void stage_merged_rows(__nv_bfloat16* staged, const MergedSplits& p, int M, int K) {
-    const int pitch = staged_row_pitch(K), D = K / p.heads;
+    const int pitch = staged_row_pitch(K), D = K / p.heads, lane = threadIdx.x & 31;
     for (int idx = threadIdx.x; idx < M * K; idx += blockDim.x) {
         const int m = idx / K, k = idx - m * K, h = k / D, d = k - h * D;
         const size_t row = (size_t)m * p.heads + h;
-        // Through L2 (__ldcg): the kernel before wrote them, and this one may have started beside it.
-        const SplitArrays</*same launch*/ true> parts{p.o + row * p.splits * D, p.m + row * p.splits,
-                                                      p.l + row * p.splits, D};
-        staged[(size_t)m * pitch + k] = __float2bfloat16_rn(merge_column_batched<kMergeChunk>(parts, p.splits, d, false).value);
+        const bool mine = lane < p.splits;
+        const WarpSplits split{p.o + row * p.splits * D, mine ? __ldcg(p.m + row * p.splits + lane) : -INFINITY,
+                               mine ? __ldcg(p.l + row * p.splits + lane) : 0.0f, D};
+        staged[(size_t)m * pitch + k] = __float2bfloat16_rn(merge_column_batched<kMergeChunk>(split, p.splits, d, false).value);
     }
 }
 
