@@ -706,6 +706,14 @@ enum Stage {
         l: CudaSlice<f32>,
         parts: usize,
     },
+    /// A split kernel that leaves its partials for the next kernel to merge ([`PARTIALS_OUT`]).
+    Partials {
+        kernel: Launch,
+        o: CudaSlice<f32>,
+        m: CudaSlice<f32>,
+        l: CudaSlice<f32>,
+        parts: usize,
+    },
     /// A split kernel whose last block per (sequence, KV head) merges; `tickets` count the splits done.
     SplitFused {
         kernel: Launch,
@@ -715,6 +723,19 @@ enum Stage {
         tickets: CudaSlice<i32>,
         parts: usize,
     },
+}
+
+/// The host switch of stages 7-9 that makes a split launch leave its partials unmerged (the
+/// `decode_tc_partials_*` entries): the decode step's attention projection merges them
+/// ([`Prepared::partials`]). With one split the stage writes its output as without it.
+pub const PARTIALS_OUT: &str = "DECODE_PARTIALS_OUT";
+
+/// A split launch's unmerged partials ([`Prepared::partials`]).
+pub struct SplitPartials<'a> {
+    pub o: &'a CudaSlice<f32>,
+    pub m: &'a CudaSlice<f32>,
+    pub l: &'a CudaSlice<f32>,
+    pub splits: usize,
 }
 
 /// A decode stage prepared for one size: its kernels, the split count it resolved, its workspace.
@@ -810,6 +831,15 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
                 // arguments.
                 let shape = shape.with_cluster((d.splits as u32, 1, 1));
                 Stage::Fused(launch(&format!("decode_tc_cluster_{ty}_d{dim}"), shape)?)
+            } else if v.has(PARTIALS_OUT) {
+                let rows = d.b * hq * d.splits;
+                Stage::Partials {
+                    kernel: launch(&format!("decode_tc_partials_{ty}_d{dim}"), shape)?,
+                    o: gpu.zeros(rows * dim)?,
+                    m: gpu.zeros(rows)?,
+                    l: gpu.zeros(rows)?,
+                    parts: d.splits,
+                }
             } else {
                 let rows = d.b * hq * d.splits;
                 Stage::SplitFused {
@@ -844,8 +874,18 @@ impl Prepared {
     /// The split (or partition) count the stage runs with; 1 for the single-pass stages.
     pub fn splits(&self) -> usize {
         match &self.stage {
-            Stage::Split { parts, .. } | Stage::SplitFused { parts, .. } => *parts,
+            Stage::Split { parts, .. } | Stage::SplitFused { parts, .. } | Stage::Partials { parts, .. } => *parts,
             _ => 1,
+        }
+    }
+
+    /// The split partials a [`PARTIALS_OUT`] build leaves unmerged (o `[B, HQ, splits, D]`, m and l
+    /// `[B, HQ, splits]`, ladder_split_merge.cuh's `SplitArrays`), for the kernel after it to merge;
+    /// none where the stage writes the output itself (one split, or the switch off).
+    pub fn partials(&self) -> Option<SplitPartials<'_>> {
+        match &self.stage {
+            Stage::Partials { o, m, l, parts, .. } => Some(SplitPartials { o, m, l, splits: *parts }),
+            _ => None,
         }
     }
 
@@ -908,6 +948,10 @@ impl Prepared {
                     l.enqueue(stream, &[out, lse, q, kc, vc, lens, slopes, tmax, Arg::int(d.group()), scale])
                 }
                 (Stage::Fused(l), None) => l.enqueue(stream, &[out, lse, q, kc, vc, lens, slopes, tmax, hkv_a, scale]),
+                (Stage::Partials { kernel, o, m, l, .. }, _) => {
+                    let (o, m, l, g) = (Arg::buf(o), Arg::buf(m), Arg::buf(l), Arg::int(d.group()));
+                    kernel.enqueue(stream, &[o, m, l, q, kc, vc, lens, slopes, tmax, g, scale])
+                }
                 (Stage::SplitFused { kernel, o, m, l, tickets, .. }, _) => {
                     let (o, m, l, t, g) =
                         (Arg::buf(o), Arg::buf(m), Arg::buf(l), Arg::buf(tickets), Arg::int(d.group()));
@@ -943,7 +987,7 @@ impl PreparedStage for Prepared {
             Stage::Naive { scores, softmax, pv, .. } => vec![scores, softmax, pv],
             Stage::Fused(l) => vec![l],
             Stage::Split { split, combine, .. } => vec![split, combine],
-            Stage::SplitFused { kernel, .. } => vec![kernel],
+            Stage::SplitFused { kernel, .. } | Stage::Partials { kernel, .. } => vec![kernel],
         };
         launches.into_iter().map(|l| l.resources().clone()).collect()
     }

@@ -81,12 +81,15 @@ __device__ __forceinline__ SplitMerged merge_column_batched(const Layout& p, int
     float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
     for (int s0 = 0; s0 < splits; s0 += CHUNK) {
         float ms[CHUNK], ls[CHUNK], os[CHUNK];
+        // The columns first: a layout whose m and l come by shuffle (gemv's WarpSplits) then has
+        // its o loads out before the shuffles wait for the lanes' maxima.
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) os[j] = s0 + j < splits ? p.o_at(s0 + j, d) : 0.0f;
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
             const bool in = s0 + j < splits;
             ms[j] = in ? p.m(s0 + j) : -INFINITY;
             ls[j] = in ? p.l(s0 + j) : 0.0f;
-            os[j] = in ? p.o_at(s0 + j, d) : 0.0f;
         }
         float cmx = mx;
 #pragma unroll

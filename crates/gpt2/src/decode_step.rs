@@ -41,8 +41,8 @@ common::declare_op! {
 
 /// The builds dependent composed step `step` makes at C = `c` beyond the stage lists' own (its model
 /// plan's stages with the host switches the model turns on: the dependent chain, kv-append in the
-/// QKV epilogue, the argmax that advances the inputs; and the folded GEMVs as the engine builds them
-/// per shape): [`Op::extra_builds`] of those stages, so that a run compiles them with the family's
+/// QKV epilogue, the argmax that advances the inputs, the split merge in the projection; and the
+/// folded GEMVs as the engine builds them per shape): [`Op::extra_builds`] of those stages, so that a run compiles them with the family's
 /// modules and `kernels_compile` compiles them too.
 fn host_switched_builds(step: Plan, c: usize) -> Result<Vec<(&'static common::Sources, Variant)>> {
     let spec = step.model_plan().ok_or_else(|| Error::constraint("a composed step's model plan", "none"))?;
@@ -65,6 +65,11 @@ fn host_switched_builds(step: Plan, c: usize) -> Result<Vec<(&'static common::So
             builds.push((&matmul::SOURCES, with(&folded, &[matmul::gemv::QKV_APPEND])));
         }
         builds.push((&matmul::SOURCES, folded));
+    }
+    if step.merges_in_projection() {
+        // Decode attention leaving its partials, and the projection merging them.
+        builds.push((&attention::SOURCES, with(&plan.decode, &[dep, attention::decode::PARTIALS_OUT])));
+        builds.push((&matmul::SOURCES, with(&gemv, &[matmul::gemv::MERGE_SPLITS])));
     }
     builds.extend([
         (&attention::SOURCES, with(&plan.kv_append, &[dep])),

@@ -61,6 +61,9 @@ pub enum Plan {
     /// [`Plan::CoResident`] on decode attention 9: each split's cached K/V rows requested before
     /// its wait.
     EarlyCache,
+    /// [`Plan::EarlyCache`] with the attention's split merge in the projection's prologue: the
+    /// attention leaves its partials, no ticket or merging block.
+    MergeInProjection,
 
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
@@ -177,6 +180,16 @@ pub(crate) fn stages() -> Vec<Variant> {
             "stage 12 with decode attention 9: each split's first K/V tiles (at B = 1 the whole split) are requested before the block waits for the QKV GEMV, since no kernel of the step writes the cached rows; q and the step's own row are read after the wait",
         )
         .with_plan(Plan::EarlyCache),
+        Variant::host(
+            FAMILY,
+            OP,
+            14,
+            "merge-in-projection",
+            "stage 13 with decode attention's split merge done by the attention projection as it stages its input",
+            Precision::Bf16,
+            "stage 13 with decode attention leaving its split partials (no fence, ticket or merging block) and the attention projection's GEMV merging them into its staged bf16 rows (the same merge, by every block): where attention splits (B = 1 at GPT-2), the attention link loses its ticket and merge, the projection gains one L2 round trip of partials in place of its input's",
+        )
+        .with_plan(Plan::MergeInProjection),
         Variant::kernel(
             FAMILY,
             OP,
@@ -204,7 +217,7 @@ impl Plan {
             Plan::StagedRows => Some("pdl:gemv=7,decode=7"),
             Plan::BatchedMerge => Some("pdl:gemv=7,decode=8"),
             Plan::EarlyOperands | Plan::CoResident => Some("pdl:gemv=8,decode=8"),
-            Plan::EarlyCache => Some("pdl:gemv=8,decode=9"),
+            Plan::EarlyCache | Plan::MergeInProjection => Some("pdl:gemv=8,decode=9"),
             Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
@@ -220,6 +233,7 @@ impl Plan {
                 | Plan::EarlyOperands
                 | Plan::CoResident
                 | Plan::EarlyCache
+                | Plan::MergeInProjection
         )
     }
 
@@ -233,12 +247,18 @@ impl Plan {
                 | Plan::EarlyOperands
                 | Plan::CoResident
                 | Plan::EarlyCache
+                | Plan::MergeInProjection
         )
     }
 
     /// Whether the folded GEMVs run at 8 warps a block (stages 12-13).
     pub fn narrow_folded_gemvs(self) -> bool {
-        matches!(self, Plan::CoResident | Plan::EarlyCache)
+        matches!(self, Plan::CoResident | Plan::EarlyCache | Plan::MergeInProjection)
+    }
+
+    /// Whether decode attention leaves its split partials for the attention projection to merge.
+    pub fn merges_in_projection(self) -> bool {
+        self == Plan::MergeInProjection
     }
 }
 

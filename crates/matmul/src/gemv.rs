@@ -329,7 +329,9 @@ fn mma_shape(v: &Variant, d: GemvDims) -> Result<(LaunchShape, usize)> {
     // are never staged or read, so they take no shared memory: at M = 1 and K = 1600 (gpt2-xl) the
     // 7 padding rows were 23 KB a block, enough to hold the MLP up's 400 blocks to three an SM and
     // run 4 of them as a second wave.
-    let rows = if d.ln && v.has(STAGED_ROWS) { d.m as u32 * staged_row_bytes(d.k) } else { 0 };
+    // A merging GEMV ([`MERGE_SPLITS`]) stages its merged rows in the same place.
+    let staged_rows = (d.ln || v.has(MERGE_SPLITS)) && v.has(STAGED_ROWS);
+    let rows = if staged_rows { d.m as u32 * staged_row_bytes(d.k) } else { 0 };
     Ok((LaunchShape::linear(blocks, 32 * split).with_shared(split * (16 * 8 * 4 + staged) + rows), mt))
 }
 
@@ -412,6 +414,87 @@ impl QkvAppend {
 }
 
 common::single_launch_stage!(QkvAppend);
+
+/// The host switch that adds the `gemv_mma_merge_m*` entries to a staging stage's file (7-8).
+pub const MERGE_SPLITS: &str = "GEMV_MERGE_SPLITS";
+const MERGE_STAGE: &str = "a stage that stages its rows (gemv 7-8) for a merging GEMV";
+const MERGE_HEADS: &str = "K = heads * D with D % 32 == 0 for a merging GEMV (a warp's columns in one head)";
+/// A warp's lanes hold a row's splits' maxima and sums (`WarpSplits` of `04_skinny_mma.cu`).
+const MERGE_SPLITS_MAX: usize = 32;
+const MERGE_SPLITS_LIMIT: &str = "splits <= 32 for a merging GEMV";
+
+/// The decode step's attention projection reading split-K decode attention's partials
+/// ([`MERGE_SPLITS`]): `out = merge(partials) · Wᵀ + bias (+ out)`, the merge decode attention's
+/// own (the same bf16 rows its last block would store), done by every block as it stages its rows.
+/// `d` is the projection's own size (`K` = heads · D, the input bf16).
+pub struct MergingGemv {
+    launch: Launch,
+    d: GemvDims,
+    heads: usize,
+    splits: usize,
+}
+
+pub fn prepare_merging(gpu: &Gpu, v: &Variant, d: GemvDims, heads: usize, splits: usize) -> Result<MergingGemv> {
+    check_shape(v, d)?;
+    require(v.has(STAGED_ROWS) && !d.ln, MERGE_STAGE, || format!("{}, ln = {}", v.id(), d.ln as u8))?;
+    let head_dim_fits = heads >= 1 && d.k.is_multiple_of(heads) && (d.k / heads).is_multiple_of(32);
+    require(head_dim_fits, MERGE_HEADS, || format!("K = {}, heads = {heads}", d.k))?;
+    require(splits >= 1, "splits >= 1", || format!("splits = {splits}"))?;
+    require(splits <= MERGE_SPLITS_MAX, MERGE_SPLITS_LIMIT, || format!("splits = {splits}"))?;
+    let mut v = v.clone();
+    v.switch_on(MERGE_SPLITS);
+    let (shape, mt) = mma_shape(&v, d)?;
+    Ok(MergingGemv {
+        launch: gpu.prepare_launch(&SOURCES, &v, &format!("gemv_mma_merge_m{mt}"), shape)?,
+        d,
+        heads,
+        splits,
+    })
+}
+
+/// One call of [`MergingGemv`] with the residual in place: `out` M·N fp32 (read as the residual,
+/// then written), the partials o `[M, heads, splits, D]`, m and l `[M, heads, splits]`.
+pub struct MergingArgs<'a> {
+    pub out: &'a mut CudaSlice<f32>,
+    pub o: &'a CudaSlice<f32>,
+    pub m: &'a CudaSlice<f32>,
+    pub l: &'a CudaSlice<f32>,
+    pub weight: &'a CudaSlice<u16>,
+    pub bias: Option<&'a CudaSlice<f32>>,
+}
+
+impl MergingGemv {
+    pub fn enqueue_residual_in_place(&self, stream: &CudaStream, a: MergingArgs) -> Result<()> {
+        let d = self.d;
+        d.require_residual_tail()?;
+        let rows = d.m * self.heads * self.splits;
+        require_len("out", a.out.len(), d.m * d.n)?;
+        require_len("o partials", a.o.len(), rows * (d.k / self.heads))?;
+        require_len("m partials", a.m.len(), rows)?;
+        require_len("l partials", a.l.len(), rows)?;
+        require_len("weight", a.weight.len(), d.n * d.k)?;
+        let (bias, residual) = (d.bias_ptr(a.bias)?, common::device_ptr(a.out));
+        let args = [
+            Arg::buf(a.out),
+            Arg::buf(a.o),
+            Arg::buf(a.m),
+            Arg::buf(a.l),
+            Arg::int(self.splits),
+            Arg::int(self.heads),
+            Arg::buf(a.weight),
+            Arg::Ptr(bias),
+            Arg::Ptr(residual),
+            Arg::I32(d.tail.code()),
+            Arg::int(d.m),
+            Arg::int(d.n),
+            Arg::int(d.k),
+        ];
+        // SAFETY: the arguments follow gemv_mma_merge_m*'s signature, every length checked above.
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+}
+
+common::single_launch_stage!(MergingGemv);
 
 /// A GEMV's weights as its kernels take them, in the format its stage was prepared for.
 #[derive(Clone, Copy)]

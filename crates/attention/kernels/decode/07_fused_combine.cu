@@ -123,6 +123,24 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
         tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::Final, SplitCache>(out, lse, nullptr, nullptr, nullptr, q, k, v, \
                                                                          seq_lens, slopes, Tmax, G, scale);       \
     }
+#ifdef DECODE_PARTIALS_OUT
+// DECODE_PARTIALS_OUT (a host switch of the decode step's attention, `decode-step` 14): several
+// splits, each writing its partial and nothing else: no fence, ticket or merging block. The next
+// kernel, the attention projection (gemv's GEMV_MERGE_SPLITS), merges them as it stages its input.
+#define PARTIALS_ENTRY(SUFFIX, T, D)                                                                             \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_partials_##SUFFIX##_d##D(             \
+        float* o_part, float* m_part, float* l_part, const T* q, const T* k, const T* v, const int* seq_lens,   \
+        const float* slopes, int Tmax, int G, float scale) {                                                     \
+        LADDER_CHAIN_BLOCK();                                                                                    \
+        decode_entry_prerequisites();                                                                            \
+        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::GlobalPartials, SplitCache>(                   \
+            nullptr, nullptr, o_part, m_part, l_part, q, k, v, seq_lens, slopes, Tmax, G, scale);                \
+        ladder_chain_mark(0);                                                                                    \
+    }
+PARTIALS_ENTRY(bf16, __nv_bfloat16, 64)
+PARTIALS_ENTRY(bf16, __nv_bfloat16, 128)
+#endif
+
 FUSED_ENTRY(bf16, __nv_bfloat16, 64)
 FUSED_ENTRY(bf16, __nv_bfloat16, 128)
 FUSED_ENTRY(f16, __half, 64)

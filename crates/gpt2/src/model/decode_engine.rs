@@ -127,6 +127,9 @@ pub(super) struct DecodeStep {
     /// The QKV GEMV with kv-append in its epilogue (`decode-step` 7, 9-11): then no kv-append kernel runs.
     qkv_append: Option<gemv::QkvAppend>,
     attention: attn_decode::Prepared,
+    /// The attention projection merging the attention's split partials (`decode-step` 14, where the
+    /// attention splits): then it runs instead of `linears`' projection.
+    proj_merge: Option<gemv::MergingGemv>,
     gelu: pointwise::Prepared,
     residual: pointwise::Prepared,
     pub(super) acts: Activations,
@@ -318,6 +321,24 @@ impl Model {
                 ))
             }
         };
+        // `decode-step` 14: decode attention leaves its split partials and the projection merges
+        // them; where the attention does not split, it writes its output as before.
+        let mut attention_stage = link(&p.decode);
+        if step_plan.merges_in_projection() {
+            attention_stage.switch_on(attn_decode::PARTIALS_OUT);
+        }
+        let attention = attn_decode::prepare(gpu, &attention_stage, dd)?;
+        let proj_merge = match (attention.partials(), &gemv_stage) {
+            (None, _) => None,
+            (Some(parts), Some(v)) => {
+                let d =
+                    GemvDims { m: b, n: c, k: c, bias: true, tail: Tail::Residual, input: ActType::Bf16, ln: false };
+                Some(gemv::prepare_merging(gpu, v, d, cfg.heads, parts.splits)?)
+            }
+            (Some(_), None) => {
+                return Err(Error::constraint("a GEMV stage to merge decode attention's partials", "no GEMV"))
+            }
+        };
         // A bf16 plan's GEMVs read its bf16 LayerNorm's output; otherwise the plan's fp32 one's.
         let step = DecodeStep {
             encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
@@ -332,7 +353,8 @@ impl Model {
             folds_ln: fold,
             kv: kv_append::prepare(gpu, &link(&p.kv_append), kv_dims)?,
             qkv_append,
-            attention: attn_decode::prepare(gpu, &link(&p.decode), dd)?,
+            attention,
+            proj_merge,
             gelu: pointwise::prepare(gpu, &p.gelu, Kind::Gelu, b * 4 * c)?,
             residual: pointwise::prepare(gpu, &p.residual, Kind::Residual, b * c)?,
             acts: Activations::new(gpu, &cfg, b)?,
@@ -667,6 +689,16 @@ impl Step<'_> {
         }
         let folded = op.folds_ln && matches!(which, BlockLinear::Qkv | BlockLinear::Fc);
         let (weight, bias) = self.w.step_linear(Some((which, layer)), Some(l), folded);
+        if let (Some(merge), BlockLinear::Proj) = (&op.proj_merge, which) {
+            // The attention's split partials merged as the projection stages its input.
+            let parts = op.attention.partials().ok_or_else(|| {
+                Error::constraint("decode attention's partials for the merging projection", "an unsplit attention")
+            })?;
+            let weight = weight.bf16.ok_or_else(|| Error::constraint("bf16 weights for a GEMV plan", "none made"))?;
+            let args = gemv::MergingArgs { out: &mut op.acts.x, o: parts.o, m: parts.m, l: parts.l, weight, bias };
+            merge.enqueue_residual_in_place(s, args)?;
+            return (self.mark)("linear proj + split merge");
+        }
         if folded {
             // The LayerNorm folded in: the raw residual stream, W' and bias'.
             let a = &mut op.acts;

@@ -57,6 +57,11 @@
 //   others: the residual's L2 round trip waits behind the sums. Predicted: ~0.7 us off each of the
 //   24 residual GEMVs and a little off the others' bias (~-17 us a step at B = 1); alone, nothing
 //   (the trip overlaps other warps' work there, gemv-fp8's notes).
+// GEMV_MERGE_SPLITS (a host switch of stages 7-8, the decode step's attention projection at
+//   `decode-step` 14) adds the gemv_mma_merge_m* entries: inp is split-K decode attention's partials
+//   (o, m, l per row, head and split), merged by every block into its staged bf16 rows, so the
+//   attention needs no ticket or merging block. Constraints: D = K / heads a multiple of 32, splits
+//   <= 32.
 // GEMV_QKV_APPEND (a host switch of the decode step's QKV linear, `decode-step` stage 7) adds the
 //   gemv_mma_ln_qkv_m* entries: the folded QKV linear whose epilogue does kv-append's work (q to a
 //   bf16 row, k and v into the cache cell of each row's sequence and position), so the step runs one
@@ -75,6 +80,7 @@
 // Limits: M <= 64; N * K < 2^31; K % 8 == 0
 #include "matmul_gemv_mma.cuh"
 #include "ladder_dependent.cuh"
+#include "ladder_split_merge.cuh"
 
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
@@ -138,9 +144,62 @@ struct StoreQkvAppend {
     }
 };
 
-template <int MT, bool LN = false, typename In, typename Store>
+// Where inp's rows come from: as they lie in memory (RowsInMemory; a folded LayerNorm's are then
+// staged or read twice, above), or merged from split-K attention's partials (MergedSplits,
+// GEMV_MERGE_SPLITS): the decode step's attention projection merges the splits of the attention
+// before it, in its own prologue, where the attention's last block would have.
+struct RowsInMemory {
+    static constexpr bool kMerged = false;
+};
+struct MergedSplits {
+    static constexpr bool kMerged = true;
+    // Decode attention's partials of row m * heads + h (ladder_split_merge.cuh's SplitArrays): o
+    // [rows][splits][D] unnormalized, m and l [rows][splits], written by the previous kernel.
+    const float* o;
+    const float* m;
+    const float* l;
+    int splits, heads;
+};
+
+// A warp's row of partials: lane s holds split s's maximum and sum, which the merge takes by
+// shuffles. Every warp of every block reads each split's m and l, and as plain loads those are a
+// few L2 lines that every warp of the grid asks for at once, a request a split each; this way a warp
+// makes two requests (one line of m, one of l), issued with its o loads. All 32 lanes must be in the
+// same row and head (D % 32 == 0) and splits <= 32 (checked on the host).
+struct WarpSplits {
+    const float* o;
+    float m_lane, l_lane;
+    int D;
+    __device__ __forceinline__ float m(int s) const { return __shfl_sync(0xffffffffu, m_lane, s); }
+    __device__ __forceinline__ float l(int s) const { return __shfl_sync(0xffffffffu, l_lane, s); }
+    // Through L2 (__ldcg): the kernel before wrote them, and this one may have started beside it.
+    __device__ __forceinline__ float o_at(int s, int d) const { return __ldcg(o + (size_t)s * D + d); }
+    __device__ __forceinline__ static float weight(float ms, float mx) { return __expf(ms - mx); }
+    static constexpr bool zeros_when_empty = false;
+};
+
+// Rows m < M of the attention output [M, heads * D] merged from the split partials into rows[m *
+// pitch ...], as bf16 for the fragments: decode attention's own merge (merge_column_batched, the
+// same sums as its 16 splits a round trip for up to 8 splits, as at GPT-2's batch 1, so the same
+// bf16 values its last block would have stored). A chunk's loads are requested together: one L2
+// round trip. 8, not 16: a 16-split chunk's 48 values took the entry to 128 registers, past what 32
+// warps a block can hold. Whole warps take 32 consecutive columns (K % 32 == 0).
+constexpr int kMergeChunk = 8;
+__device__ __forceinline__ void stage_merged_rows(__nv_bfloat16* staged, const MergedSplits& p, int M, int K) {
+    const int pitch = staged_row_pitch(K), D = K / p.heads, lane = threadIdx.x & 31;
+    for (int idx = threadIdx.x; idx < M * K; idx += blockDim.x) {
+        const int m = idx / K, k = idx - m * K, h = k / D, d = k - h * D;
+        const size_t row = (size_t)m * p.heads + h;
+        const bool mine = lane < p.splits;
+        const WarpSplits split{p.o + row * p.splits * D, mine ? __ldcg(p.m + row * p.splits + lane) : -INFINITY,
+                               mine ? __ldcg(p.l + row * p.splits + lane) : 0.0f, D};
+        staged[(size_t)m * pitch + k] = __float2bfloat16_rn(merge_column_batched<kMergeChunk>(split, p.splits, d, false).value);
+    }
+}
+
+template <int MT, bool LN = false, typename In, typename Store, typename Rows = RowsInMemory>
 __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* inp, const __nv_bfloat16* w, int M,
-                                                int N, int K) {
+                                                int N, int K, const Rows& merged = Rows{}) {
     LADDER_CHAIN_BLOCK();
     constexpr int TILES = MT / 8;
     extern __shared__ float part[];  // [split][16][8]; stage 6: then [split][pieces][2][32] uint4
@@ -156,8 +215,9 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
     // warp of the block has in it), lane by lane: [split][pieces][2][32] uint4 after the tiles.
     const int pieces = min(GEMV_UNROLL, (steps + split - 1) / split);
     uint4* staged = reinterpret_cast<uint4*>(part + split * 128) + warp * pieces * 64;
-    // Stage 7: the folded LayerNorm's M rows after every warp's pieces (the host reserves no more).
-    constexpr bool kRowsStaged = kStagedRows && LN;
+    // Stage 7: the folded LayerNorm's M rows after every warp's pieces (the host reserves no more);
+    // the merged rows of attention's splits in the same place.
+    constexpr bool kRowsStaged = (kStagedRows && LN) || Rows::kMerged;
     __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint4*>(part + split * 128) +
                                                            (kEarlyWeights ? split * pieces * 64 : 0));
     const int pitch = staged_row_pitch(K);
@@ -190,6 +250,11 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
         }
         __syncthreads();
         stats = {mean, rstd};
+        ladder_chain_mark(0);
+    }
+    if constexpr (Rows::kMerged) {
+        stage_merged_rows(rows, merged, M, K);
+        __syncthreads();
         ladder_chain_mark(0);
     }
     if constexpr (kEarlyWeights) {
@@ -287,6 +352,24 @@ GEMV_MMA_LN_ENTRY(8)
 GEMV_MMA_LN_ENTRY(16)
 GEMV_MMA_LN_ENTRY(32)
 GEMV_MMA_LN_ENTRY(64)
+#endif
+
+#if defined(GEMV_MERGE_SPLITS) && defined(GEMV_STAGED_ROWS)
+// The attention projection reading decode attention's split partials (MergedSplits): out = merge(o,
+// m, l) . W^T + bias, then the tail; K = heads * D.
+#define GEMV_MMA_MERGE_ENTRY(MT)                                                                            \
+    extern "C" __global__ void GEMV_LN_BOUNDS(MT) gemv_mma_merge_m##MT(float* out, const float* o_part, const float* m_part,   \
+                                                    const float* l_part, int splits, int heads,             \
+                                                    const __nv_bfloat16* w, const float* bias,              \
+                                                    const float* residual, int tail, int M, int N, int K) { \
+        const MergedSplits merged{o_part, m_part, l_part, splits, heads};                                   \
+        gemv_skinny_mma<MT>(StoreRows{out, bias, residual, tail, N}, (const __nv_bfloat16*)nullptr, w, M, N, \
+                            K, merged);                                                                     \
+    }
+GEMV_MMA_MERGE_ENTRY(8)
+GEMV_MMA_MERGE_ENTRY(16)
+GEMV_MMA_MERGE_ENTRY(32)
+GEMV_MMA_MERGE_ENTRY(64)
 #endif
 
 #if defined(GEMV_QKV_APPEND) && defined(GEMV_LN_FOLD)
