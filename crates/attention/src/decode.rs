@@ -831,24 +831,20 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
                 // arguments.
                 let shape = shape.with_cluster((d.splits as u32, 1, 1));
                 Stage::Fused(launch(&format!("decode_tc_cluster_{ty}_d{dim}"), shape)?)
-            } else if v.has(PARTIALS_OUT) {
-                let rows = d.b * hq * d.splits;
-                Stage::Partials {
-                    kernel: launch(&format!("decode_tc_partials_{ty}_d{dim}"), shape)?,
-                    o: gpu.zeros(rows * dim)?,
-                    m: gpu.zeros(rows)?,
-                    l: gpu.zeros(rows)?,
-                    parts: d.splits,
-                }
             } else {
                 let rows = d.b * hq * d.splits;
-                Stage::SplitFused {
-                    kernel: launch(&format!("decode_tc_fused_{ty}_d{dim}"), shape)?,
-                    o: gpu.zeros(rows * dim)?,
-                    m: gpu.zeros(rows)?,
-                    l: gpu.zeros(rows)?,
-                    tickets: gpu.zeros(d.b * hkv)?,
-                    parts: d.splits,
+                let (o, m, l, parts) = (gpu.zeros(rows * dim)?, gpu.zeros(rows)?, gpu.zeros(rows)?, d.splits);
+                if v.has(PARTIALS_OUT) {
+                    Stage::Partials {
+                        kernel: launch(&format!("decode_tc_partials_{ty}_d{dim}"), shape)?,
+                        o,
+                        m,
+                        l,
+                        parts,
+                    }
+                } else {
+                    let kernel = launch(&format!("decode_tc_fused_{ty}_d{dim}"), shape)?;
+                    Stage::SplitFused { kernel, o, m, l, tickets: gpu.zeros(d.b * hkv)?, parts }
                 }
             }
         }

@@ -75,22 +75,23 @@ pub enum Plan {
 }
 
 pub(crate) fn stages() -> Vec<Variant> {
+    // A composed step: the model plan's kernels with the host switches its plan turns on.
+    let composed = |stage, name, summary, description, plan: Plan| {
+        Variant::host(FAMILY, OP, stage, name, summary, Precision::Bf16, description).with_plan(plan)
+    };
     let mk = |stage, name, plan, summary| {
         Variant::kernel(FAMILY, OP, stage, name, "decode-step/02_megakernel.cu", Precision::Bf16, summary)
             .with_plan(plan)
             .with_tunables(&[("MK_THREADS", THREADS), ("MK_BLOCKS_PER_SM", 1)])
     };
     vec![
-        Variant::host(
-            FAMILY,
-            OP,
+        composed(
             0,
             "composed-graph",
             "the bf16 plan's step as a CUDA graph",
-            Precision::Bf16,
             "the model's own step under the bf16 plan (GEMVs with the LayerNorm folded in and the tails fused, kv-append, split-K decode attention, argmax), replayed as one CUDA graph",
-        )
-        .with_plan(Plan::Composed),
+            Plan::Composed,
+        ),
         mk(
             2,
             "layer-launches",
@@ -110,86 +111,62 @@ pub(crate) fn stages() -> Vec<Variant> {
             "each block's first unit of a phase has its weights loaded into registers before the barrier that precedes the phase: the loads' latency overlaps the wait and the LayerNorm rows' staging",
         )
         .with_defines(vec![Define::on("MK_EARLY_WEIGHTS")]),
-        Variant::host(
-            FAMILY,
-            OP,
+        composed(
             6,
             "dependent-launch",
             "stage 0's graph as a programmatic-dependent chain",
-            Precision::Bf16,
             "stage 0 with every kernel after the encoder launched as a programmatic dependent of the one before it (each starts under its predecessor's tail and waits for it in the kernel), the GEMVs copying their first pass of weights into shared memory before that wait (gemv 6)",
-        )
-        .with_plan(Plan::ComposedDependent),
-        Variant::host(
-            FAMILY,
-            OP,
+            Plan::ComposedDependent,
+        ),
+        composed(
             7,
             "append-in-qkv",
             "stage 6 with kv-append in the QKV GEMV's epilogue",
-            Precision::Bf16,
             "stage 6 with kv-append done by the QKV GEMV's epilogue (q to bf16, k and v straight into the cache cells): 5 kernels a layer instead of 6, 63 a step",
-        )
-        .with_plan(Plan::AppendInQkv),
-        Variant::host(
-            FAMILY,
-            OP,
+            Plan::AppendInQkv,
+        ),
+        composed(
             9,
             "staged-rows",
             "stage 7 with the folded GEMVs' rows read once (gemv 7)",
-            Precision::Bf16,
             "stage 7 with the folded GEMVs (QKV, MLP up, LM head) on gemv 7: each LayerNorm row read from memory once, its statistics from registers, the row less its mean staged in shared memory for the fragments",
-        )
-        .with_plan(Plan::StagedRows),
-        Variant::host(
-            FAMILY,
-            OP,
+            Plan::StagedRows,
+        ),
+        composed(
             10,
             "batched-merge",
             "stage 9 with decode attention's split merge in one round trip (decode 8)",
-            Precision::Bf16,
             "stage 9 with decode attention 8: the last split's block requests every split's max, sum and output at once instead of one split after another",
-        )
-        .with_plan(Plan::BatchedMerge),
-        Variant::host(
-            FAMILY,
-            OP,
+            Plan::BatchedMerge,
+        ),
+        composed(
             11,
             "early-operands",
             "stage 10 with the GEMVs' bias and residual read right after their wait (gemv 8)",
-            Precision::Bf16,
             "stage 10 with every GEMV on gemv 8: the epilogue's bias and residual read into the storing threads' registers right after the wait, before the products",
-        )
-        .with_plan(Plan::EarlyOperands),
-        Variant::host(
-            FAMILY,
-            OP,
+            Plan::EarlyOperands,
+        ),
+        composed(
             12,
             "co-resident",
             "stage 11 with the folded GEMVs at 8 warps a block, so that the next link's blocks fit beside them",
-            Precision::Bf16,
             "stage 11 with QKV, the MLP up and the LM head launched at 8 warps a block instead of 16: a block of the projection or the MLP down (32 warps) then fits on an SM beside one of them, so it copies its weights and waits under the running kernel instead of after it",
-        )
-        .with_plan(Plan::CoResident),
-        Variant::host(
-            FAMILY,
-            OP,
+            Plan::CoResident,
+        ),
+        composed(
             13,
             "early-cache",
             "stage 12 with decode attention's cached K/V rows requested before its wait (decode 9)",
-            Precision::Bf16,
             "stage 12 with decode attention 9: each split's first K/V tiles (at B = 1 the whole split) are requested before the block waits for the QKV GEMV, since no kernel of the step writes the cached rows; q and the step's own row are read after the wait",
-        )
-        .with_plan(Plan::EarlyCache),
-        Variant::host(
-            FAMILY,
-            OP,
+            Plan::EarlyCache,
+        ),
+        composed(
             14,
             "merge-in-projection",
             "stage 13 with decode attention's split merge done by the attention projection as it stages its input",
-            Precision::Bf16,
             "stage 13 with decode attention leaving its split partials (no fence, ticket or merging block) and the attention projection's GEMV merging them into its staged bf16 rows (the same merge, by every block): where attention splits (B = 1 at GPT-2), the attention link loses its ticket and merge, the projection gains one L2 round trip of partials in place of its input's",
-        )
-        .with_plan(Plan::MergeInProjection),
+            Plan::MergeInProjection,
+        ),
         Variant::kernel(
             FAMILY,
             OP,
@@ -224,17 +201,8 @@ impl Plan {
 
     /// Whether a composed step's kernels after the encoder are launched as programmatic dependents.
     pub fn dependent(self) -> bool {
-        matches!(
-            self,
-            Plan::ComposedDependent
-                | Plan::AppendInQkv
-                | Plan::StagedRows
-                | Plan::BatchedMerge
-                | Plan::EarlyOperands
-                | Plan::CoResident
-                | Plan::EarlyCache
-                | Plan::MergeInProjection
-        )
+        // Every stage from the append on builds on stage 6's chain.
+        self == Plan::ComposedDependent || self.append_in_qkv()
     }
 
     /// Whether the QKV GEMV appends to the cache itself (no kv-append kernel).
@@ -251,7 +219,7 @@ impl Plan {
         )
     }
 
-    /// Whether the folded GEMVs run at 8 warps a block (stages 12-13).
+    /// Whether the folded GEMVs run at 8 warps a block (stages 12-14).
     pub fn narrow_folded_gemvs(self) -> bool {
         matches!(self, Plan::CoResident | Plan::EarlyCache | Plan::MergeInProjection)
     }
