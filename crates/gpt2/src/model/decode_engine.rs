@@ -34,7 +34,7 @@ use crate::sampling::Sampling;
 const NARROW_GEMV_WARPS: u32 = 1024;
 
 /// The stage of the composed step's folded GEMVs (QKV, the MLP up, the LM head), from its GEMV stage
-/// `gemv` (already a link of the chain where the step is one): at `decode-step` 12-13
+/// `gemv` (already a link of the chain where the step is one): at `decode-step` 12-14
 /// [`NARROW_GEMV_WARPS`] a block, so that the next link's blocks, and their weight copies, fit on the
 /// SMs beside them; else `gemv`. `DecodeStep`'s `extra_builds` compiles what this gives.
 pub(crate) fn folded_gemv(gemv: &common::Variant, step: step::Plan) -> Result<common::Variant> {
@@ -124,7 +124,7 @@ pub(super) struct DecodeStep {
     linears: [DecodeLinear; 4],
     lm_head: DecodeLinear,
     kv: kv_append::Prepared,
-    /// The QKV GEMV with kv-append in its epilogue (`decode-step` 7, 9-11): then no kv-append kernel runs.
+    /// The QKV GEMV with kv-append in its epilogue (`decode-step` 7, 9-14): then no kv-append kernel runs.
     qkv_append: Option<gemv::QkvAppend>,
     attention: attn_decode::Prepared,
     /// The attention projection merging the attention's split partials (`decode-step` 14, where the
@@ -267,7 +267,7 @@ impl Model {
         // A GEMV that folds the LayerNorm in (`gemv` 5-8; `gemv-fp8` 1) takes QKV, the MLP up and the
         // LM head with it: they read the residual stream (fp32) and add the folded shift as a bias.
         let fold = step_gemv.is_some_and(StepGemv::folds_layernorm);
-        // A dependent-launch step (`decode-step` 6, 7, 9-13): the GEMVs, kv-append, decode attention and the
+        // A dependent-launch step (`decode-step` 6, 7, 9-14): the GEMVs, kv-append, decode attention and the
         // argmax are built as links of a chain (each waits for the kernel before it inside the
         // kernel) and launched as programmatic dependents; the encoder, first, is not.
         let step_plan = p.step.plan::<step::Plan>()?;
@@ -307,7 +307,7 @@ impl Model {
         };
         let kv_dims = self.kv_dims(b, b, ActType::F32)?;
         let argmax_dims = ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() };
-        // `decode-step` 7, 9-12: the QKV GEMV appends to the (contiguous) cache in its epilogue.
+        // `decode-step` 7, 9-14: the QKV GEMV appends to the (contiguous) cache in its epilogue.
         let qkv_append = match (&folded_stage, step_plan.append_in_qkv()) {
             (_, false) => None,
             (Some(v), true) if fold && attn_decode::layout_of(&p.decode)? == Layout::Contiguous => {
