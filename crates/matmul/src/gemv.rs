@@ -262,6 +262,19 @@ impl GemvDims {
         }
         Ok(bias.map_or(0, common::device_ptr))
     }
+
+    /// The tensor-core and FMA entries' arguments after the weights: bias, residual (device
+    /// addresses, 0 without), tail, M, N, K.
+    pub(crate) fn epilogue_args(self, bias: u64, residual: u64) -> [Arg<'static>; 6] {
+        [
+            Arg::Ptr(bias),
+            Arg::Ptr(residual),
+            Arg::I32(self.tail.code()),
+            Arg::int(self.m),
+            Arg::int(self.n),
+            Arg::int(self.k),
+        ]
+    }
 }
 
 /// The limits of every GEMV format: M <= 64 and N·K < 2^31.
@@ -393,20 +406,9 @@ impl QkvAppend {
             "k and v caches of [B, tmax, C] each",
             || format!("{} and {} elements, tmax = {}, C = {c}", a.k_cache.len(), a.v_cache.len(), a.tmax),
         )?;
-        let args = [
-            Arg::buf(a.q_out),
-            Arg::buf(a.k_cache),
-            Arg::buf(a.v_cache),
-            Arg::buf(a.seq),
-            Arg::buf(a.pos),
-            Arg::int(a.tmax),
-            Arg::buf(a.inp),
-            Arg::buf(a.weight),
-            Arg::buf(a.bias),
-            Arg::int(d.m),
-            Arg::int(d.n),
-            Arg::int(d.k),
-        ];
+        let mut args = vec![Arg::buf(a.q_out), Arg::buf(a.k_cache), Arg::buf(a.v_cache), Arg::buf(a.seq)];
+        args.extend([Arg::buf(a.pos), Arg::int(a.tmax), Arg::buf(a.inp), Arg::buf(a.weight), Arg::buf(a.bias)]);
+        args.extend([Arg::int(d.m), Arg::int(d.n), Arg::int(d.k)]);
         // SAFETY: the arguments follow gemv_mma_ln_qkv_m*'s signature, lengths checked above; the
         // cells are the caller's promise.
         unsafe { self.launch.enqueue(stream, &args) }
@@ -474,21 +476,9 @@ impl MergingGemv {
         require_len("l partials", a.l.len(), rows)?;
         require_len("weight", a.weight.len(), d.n * d.k)?;
         let (bias, residual) = (d.bias_ptr(a.bias)?, common::device_ptr(a.out));
-        let args = [
-            Arg::buf(a.out),
-            Arg::buf(a.o),
-            Arg::buf(a.m),
-            Arg::buf(a.l),
-            Arg::int(self.splits),
-            Arg::int(self.heads),
-            Arg::buf(a.weight),
-            Arg::Ptr(bias),
-            Arg::Ptr(residual),
-            Arg::I32(d.tail.code()),
-            Arg::int(d.m),
-            Arg::int(d.n),
-            Arg::int(d.k),
-        ];
+        let mut args = vec![Arg::buf(a.out), Arg::buf(a.o), Arg::buf(a.m), Arg::buf(a.l)];
+        args.extend([Arg::int(self.splits), Arg::int(self.heads), Arg::buf(a.weight)]);
+        args.extend(d.epilogue_args(bias, residual));
         // SAFETY: the arguments follow gemv_mma_merge_m*'s signature, every length checked above.
         unsafe { self.launch.enqueue(stream, &args) }
     }
@@ -587,15 +577,7 @@ impl Prepared {
         require_len("inp", inp.len(), d.m * d.k)?;
         let mut args = vec![Arg::buf(out), Arg::Ptr(inp.ptr())];
         weight.push_args(d, &mut args)?;
-        let bias = d.bias_ptr(bias)?;
-        args.extend([
-            Arg::Ptr(bias),
-            Arg::Ptr(residual),
-            Arg::I32(d.tail.code()),
-            Arg::int(d.m),
-            Arg::int(d.n),
-            Arg::int(d.k),
-        ]);
+        args.extend(d.epilogue_args(d.bias_ptr(bias)?, residual));
         // SAFETY: the arguments follow every entry's signature (out, inp, the weights: W, or codes
         // and scales, then bias, residual, tail, M, N, K) of the format the stage was prepared for;
         // lengths checked above (the residual's by the callers: M·N, or out itself); K is a multiple
