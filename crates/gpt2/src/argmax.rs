@@ -140,6 +140,87 @@ pub struct AdvanceArgs<'a> {
     pub tmax: usize,
 }
 
+impl AdvanceArgs<'_> {
+    /// The advancing entries' last six arguments (picks, tokens, pos, cell_pos, lens, Tmax), their
+    /// lengths checked for `b` rows.
+    fn args(&self, b: usize) -> Result<[Arg<'static>; 6]> {
+        require_len("picks", self.picks.len(), b * self.tmax)?;
+        for (name, buf) in
+            [("tokens", &*self.tokens), ("pos", &*self.pos), ("cell_pos", &*self.cell_pos), ("lens", &*self.lens)]
+        {
+            require_len(name, buf.len(), b)?;
+        }
+        Ok([
+            Arg::buf(self.picks),
+            Arg::buf(self.tokens),
+            Arg::buf(self.pos),
+            Arg::buf(self.cell_pos),
+            Arg::buf(self.lens),
+            Arg::int(self.tmax),
+        ])
+    }
+}
+
+/// The host switch that adds `argmax_picks` (and, with [`ADVANCE`], `argmax_picks_advance`) to the
+/// split stage's file: the ids from the pick words a picking LM head merged (`matmul::gemv::PICKS`).
+pub const FROM_PICKS: &str = "ARGMAX_FROM_PICKS";
+
+/// The decode step's argmax after a picking LM head: a thread a row reads its pick word, resets it
+/// and writes the id (and, `advance`, moves the step's inputs on as [`Prepared::enqueue_advance`]).
+pub struct PickReader {
+    launch: Launch,
+    b: usize,
+    advance: bool,
+}
+
+pub fn prepare_pick_reader(gpu: &Gpu, variant: &Variant, b: usize, advance: bool) -> Result<PickReader> {
+    require(advances(variant), "a split-row argmax stage (1) to read pick words", || {
+        format!("stage {}", variant.stage)
+    })?;
+    require(b >= 1 && b < 1 << 31, "1 <= B < 2^31", || format!("B = {b}"))?;
+    let mut v = variant.clone();
+    v.switch_on(FROM_PICKS);
+    if advance {
+        v.switch_on(ADVANCE);
+    }
+    let entry = if advance { "argmax_picks_advance" } else { "argmax_picks" };
+    let launch = gpu.prepare_launch(&SOURCES, &v, entry, LaunchShape::linear((b as u32).div_ceil(32), 32))?;
+    Ok(PickReader { launch, b, advance })
+}
+
+impl PickReader {
+    pub fn enqueue(&self, stream: &CudaStream, ids: &mut CudaSlice<i32>, words: &mut CudaSlice<u64>) -> Result<()> {
+        require(!self.advance, "a plain pick reader (enqueue_advance for an advancing one)", || {
+            "an advancing one".into()
+        })?;
+        require_len("ids", ids.len(), self.b)?;
+        require_len("pick words", words.len(), self.b)?;
+        // SAFETY: argmax_picks(ids, words, B), both of B elements (checked above).
+        unsafe { self.launch.enqueue(stream, &[Arg::buf(ids), Arg::buf(words), Arg::int(self.b)]) }
+    }
+
+    /// # Safety
+    /// As [`Prepared::enqueue_advance`]: every `pos[b]` in `0..tmax` when the kernel runs.
+    pub unsafe fn enqueue_advance(
+        &self,
+        stream: &CudaStream,
+        ids: &mut CudaSlice<i32>,
+        words: &mut CudaSlice<u64>,
+        a: AdvanceArgs,
+    ) -> Result<()> {
+        require(self.advance, "a pick reader prepared to advance", || "a plain one".into())?;
+        require_len("ids", ids.len(), self.b)?;
+        require_len("pick words", words.len(), self.b)?;
+        let mut args = vec![Arg::buf(ids), Arg::buf(words), Arg::int(self.b)];
+        args.extend(a.args(self.b)?);
+        // SAFETY: argmax_picks_advance's signature, lengths checked above; the positions are the
+        // caller's promise.
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+}
+
+common::single_launch_stage!(PickReader);
+
 pub fn prepare(gpu: &Gpu, variant: &Variant, d: ArgmaxDims) -> Result<Prepared> {
     prepare_entry(gpu, variant, d, "argmax_rows")
 }
@@ -182,27 +263,10 @@ impl Prepared {
         require(self.advance, "an argmax prepared to advance (prepare_advance)", || "a plain one".into())?;
         require_len("ids", ids.len(), b)?;
         require_len("logits", logits.len(), b * ld)?;
-        require_len("picks", a.picks.len(), b * a.tmax)?;
-        for (name, buf) in [("tokens", &*a.tokens), ("pos", &*a.pos), ("cell_pos", &*a.cell_pos), ("lens", &*a.lens)] {
-            require_len(name, buf.len(), b)?;
-        }
         let w = self.workspace.as_ref().expect("a split stage has its workspace");
-        let args = [
-            Arg::buf(ids),
-            Arg::buf(&w.part_v),
-            Arg::buf(&w.part_i),
-            Arg::buf(&w.tickets),
-            Arg::buf(logits),
-            Arg::int(b),
-            Arg::int(v),
-            Arg::int(ld),
-            Arg::buf(a.picks),
-            Arg::buf(a.tokens),
-            Arg::buf(a.pos),
-            Arg::buf(a.cell_pos),
-            Arg::buf(a.lens),
-            Arg::int(a.tmax),
-        ];
+        let mut args = vec![Arg::buf(ids), Arg::buf(&w.part_v), Arg::buf(&w.part_i), Arg::buf(&w.tickets)];
+        args.extend([Arg::buf(logits), Arg::int(b), Arg::int(v), Arg::int(ld)]);
+        args.extend(a.args(b)?);
         // SAFETY: the arguments follow argmax_rows_advance's signature, lengths checked above; the
         // positions are the caller's promise.
         unsafe { self.launch.enqueue(stream, &args) }

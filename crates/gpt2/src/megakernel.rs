@@ -64,6 +64,9 @@ pub enum Plan {
     /// [`Plan::EarlyCache`] with the attention's split merge in the projection's prologue: the
     /// attention leaves its partials, no ticket or merging block.
     MergeInProjection,
+    /// [`Plan::MergeInProjection`] with the greedy picks in the LM head's epilogue: the argmax
+    /// after it reads B words.
+    PicksInLmHead,
 
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
@@ -167,6 +170,13 @@ pub(crate) fn stages() -> Vec<Variant> {
             "stage 13 with decode attention leaving its split partials (no fence, ticket or merging block) and the attention projection's GEMV merging them into its staged bf16 rows (the same merge, by every block): where attention splits (B = 1 at GPT-2), the attention link loses its ticket and merge, the projection gains one L2 round trip of partials in place of its input's",
             Plan::MergeInProjection,
         ),
+        composed(
+            15,
+            "picks-in-lm-head",
+            "stage 14 with the greedy picks made in the LM head's epilogue (one atomicMax of a 64-bit word a block and row)",
+            "stage 14 with the LM head's GEMV (gemv 8 with GEMV_PICKS) merging each row's argmax over the vocabulary into a 64-bit word (value order, then the lower index) with one atomicMax a block and row, so the argmax kernel after it only reads the B words: the chain's last link is one L2 read instead of a scan of the logits, a fence, a ticket and a merge",
+            Plan::PicksInLmHead,
+        ),
         Variant::kernel(
             FAMILY,
             OP,
@@ -194,7 +204,7 @@ impl Plan {
             Plan::StagedRows => Some("pdl:gemv=7,decode=7"),
             Plan::BatchedMerge => Some("pdl:gemv=7,decode=8"),
             Plan::EarlyOperands | Plan::CoResident => Some("pdl:gemv=8,decode=8"),
-            Plan::EarlyCache | Plan::MergeInProjection => Some("pdl:gemv=8,decode=9"),
+            Plan::EarlyCache | Plan::MergeInProjection | Plan::PicksInLmHead => Some("pdl:gemv=8,decode=9"),
             Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
@@ -216,17 +226,23 @@ impl Plan {
                 | Plan::CoResident
                 | Plan::EarlyCache
                 | Plan::MergeInProjection
+                | Plan::PicksInLmHead
         )
     }
 
-    /// Whether the folded GEMVs run at 8 warps a block (stages 12-14).
+    /// Whether the folded GEMVs run at 8 warps a block (stages 12-15).
     pub fn narrow_folded_gemvs(self) -> bool {
-        matches!(self, Plan::CoResident | Plan::EarlyCache | Plan::MergeInProjection)
+        matches!(self, Plan::CoResident | Plan::EarlyCache | Plan::MergeInProjection | Plan::PicksInLmHead)
     }
 
     /// Whether decode attention leaves its split partials for the attention projection to merge.
     pub fn merges_in_projection(self) -> bool {
-        self == Plan::MergeInProjection
+        matches!(self, Plan::MergeInProjection | Plan::PicksInLmHead)
+    }
+
+    /// Whether a greedy step's LM head makes the picks and the argmax only reads them.
+    pub fn picks_in_lm_head(self) -> bool {
+        self == Plan::PicksInLmHead
     }
 }
 

@@ -307,6 +307,9 @@ fn main() -> std::process::ExitCode {
                 ("megakernel:decode-step=8", true),
                 ("pdl", false),
                 ("pdl", true),
+                // The greedy steps' picks made by the LM head, the others' logits by its plain form.
+                ("pdl:decode-step=15", false),
+                ("pdl:decode-step=15", true),
             ] {
                 let mut m = Model::new(gpu, cfg, &w, plan_of(plan)).unwrap();
                 m.set_graph(graph);
@@ -345,14 +348,14 @@ fn main() -> std::process::ExitCode {
         .gpu("greedy_loop_on_the_device_decodes_like_the_host_loop", |gpu| {
             // Ragged prompts; six greedy steps one host round trip at a time, and the same six as the
             // loop on the device (chunks of 4 and 2): the same tokens, the same lengths, and caches
-            // that give the same next logits. The composed bf16 step eager and graph-replayed, and the
-            // dependent chain with the append in the QKV epilogue.
+            // that give the same next logits. The composed bf16 step eager and graph-replayed, the
+            // dependent chain with the append in the QKV epilogue, and with the picks in the LM head.
             let cfg = Config { layers: 2, heads: 4, c: 256, vocab: 101, max_t: 40 };
             let w = Weights::random(&cfg, 11);
             let seqs: Vec<Vec<i32>> =
                 [4usize, 9, 15].iter().map(|&n| (0..n).map(|t| ((t * 17 + n) % 101) as i32).collect()).collect();
-            for (plan, graph) in [("bf16", false), ("bf16", true), ("pdl", true)] {
-                let mut m = Model::new(gpu, cfg, &w, Plan::named(plan).unwrap()).unwrap();
+            for (plan, graph) in [("bf16", false), ("bf16", true), ("pdl", true), ("pdl:decode-step=15", true)] {
+                let mut m = Model::new(gpu, cfg, &w, plan_of(plan)).unwrap();
                 assert!(m.has_device_loop().unwrap(), "{plan}");
                 m.set_graph(graph);
                 let mut caches = [m.new_cache(gpu, seqs.len()).unwrap(), m.new_cache(gpu, seqs.len()).unwrap()];

@@ -155,13 +155,16 @@ __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const __nv_bf
 }
 
 // Where the block's outputs go. StoreRows: out[m][n] with the bias and the tail (every stage).
+// Each store returns the value it stored; a store with kPicks also takes part in a pick over the
+// tile's columns after it (StorePicking, gemv/04_skinny_mma.cu).
 struct StoreRows {
+    static constexpr bool kPicks = false;
     float* out;
     const float* bias;
     const float* residual;
     int tail, N;
-    __device__ __forceinline__ void operator()(int m, int n, float s) const {
-        out[(size_t)m * N + n] = gemv_out(s, bias, residual, tail, n, (size_t)m * N + n);
+    __device__ __forceinline__ float operator()(int m, int n, float s) const {
+        return out[(size_t)m * N + n] = gemv_out(s, bias, residual, tail, n, (size_t)m * N + n);
     }
     // The epilogue in two halves (gemv stage 8): what output (m, n) reads besides its sum, bias[n]
     // and the residual element (0 where absent), then the store from those. The residual may be out
@@ -170,8 +173,8 @@ struct StoreRows {
         const size_t idx = (size_t)m * N + n;
         return make_float2(bias != nullptr ? bias[n] : 0.0f, tail == MM_TAIL_RESIDUAL ? residual[idx] : 0.0f);
     }
-    __device__ __forceinline__ void operator()(int m, int n, float s, float2 ops) const {
-        out[(size_t)m * N + n] = gemv_tail(s, ops.x, ops.y, tail);
+    __device__ __forceinline__ float operator()(int m, int n, float s, float2 ops) const {
+        return out[(size_t)m * N + n] = gemv_tail(s, ops.x, ops.y, tail);
     }
 };
 
@@ -212,7 +215,8 @@ __device__ __forceinline__ EarlyOperands<MT> early_operands(const Store& store, 
 // memory: acc[i] holds out^T rows g and g + 8 (rows n0 + g and n0 + g + 8 of W), columns 8i + 2t and
 // 8i + 2t + 1 (rows of inp). One 8-column tile at a time through shared memory (so the split can
 // grow without the buffer growing with M); each sum times its row's rstd (1 without a folded
-// LayerNorm), then stored with its operands read there or early (`early`).
+// LayerNorm), then stored with its operands read there or early (`early`); a picking store then
+// offers the values it stored (whole warps: the storing threads are warps 0-3).
 template <int MT, bool LN, typename Store, typename Early = NoEarlyOperands>
 __device__ __forceinline__ void gemv_mma_reduce(const float (&acc)[MT / 8][4], float* part,
                                                 const RowStats<MT, LN>& stats, const Store& store, int n0, int M,
@@ -230,16 +234,19 @@ __device__ __forceinline__ void gemv_mma_reduce(const float (&acc)[MT / 8][4], f
         // Thread (c, r), r fastest: 16 consecutive outputs of a row of out per 16 threads.
         if (threadIdx.x < 128) {
             const int c = threadIdx.x / 16, r = threadIdx.x % 16, m = 8 * i + c, n = n0 + r;
-            if (m < M && n < N) {
+            const bool valid = m < M && n < N;
+            float stored = 0.0f;
+            if (valid) {
                 float s = 0.0f;
 #pragma unroll
                 for (int p = 0; p < split; ++p) s += part[p * 128 + r * 8 + c];
                 if constexpr (Early::kEarly) {
-                    store(m, n, s * stats.rstd(m), early.ops[i]);
+                    stored = store(m, n, s * stats.rstd(m), early.ops[i]);
                 } else {
-                    store(m, n, s * stats.rstd(m));
+                    stored = store(m, n, s * stats.rstd(m));
                 }
             }
+            if constexpr (Store::kPicks) store.pick(m, n, valid, stored);
         }
         __syncthreads();  // part is rewritten by the next tile
     }

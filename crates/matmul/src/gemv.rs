@@ -486,6 +486,63 @@ impl MergingGemv {
 
 common::single_launch_stage!(MergingGemv);
 
+/// The host switch that adds the `gemv_mma_ln_pick_m*` entries to a folding stage's file (5-8).
+pub const PICKS: &str = "GEMV_PICKS";
+const PICKS_LN: &str = "ln = 1 for a picking GEMV (the LM head with ln_f folded in)";
+const PICKS_V: &str = "1 <= V <= N for a picking GEMV";
+const PICKS_TAIL: &str = "no residual tail on a picking GEMV";
+
+/// The decode step's LM head with the greedy picks in its epilogue ([`PICKS`]): `out = LayerNorm(x)
+/// · Wᵀ + bias` as the folded GEMV's, and each row's argmax over its first `V` columns merged into a
+/// 64-bit word of `picks` (`ladder_pick.cuh`: the larger value, the lower index among equals), which
+/// the argmax after it reads and resets. `d` is the LM head's own size (`ln` = 1, `N` the padded
+/// vocabulary).
+pub struct PickingGemv {
+    launch: Launch,
+    d: GemvDims,
+    vocab: usize,
+}
+
+pub fn prepare_picking(gpu: &Gpu, v: &Variant, d: GemvDims, vocab: usize) -> Result<PickingGemv> {
+    check_shape(v, d)?;
+    require(d.ln, PICKS_LN, || "ln = 0".into())?;
+    require(vocab >= 1 && vocab <= d.n, PICKS_V, || format!("V = {vocab}, N = {}", d.n))?;
+    require(d.tail != Tail::Residual, PICKS_TAIL, || "epi = 2".into())?;
+    let mut v = for_shape(v, d)?;
+    v.switch_on(PICKS);
+    let (shape, mt) = mma_shape(&v, d)?;
+    Ok(PickingGemv { launch: gpu.prepare_launch(&SOURCES, &v, &format!("gemv_mma_ln_pick_m{mt}"), shape)?, d, vocab })
+}
+
+/// One call of [`PickingGemv`]: `out` M·N fp32, `picks` M words (zero, or left so by the reader
+/// of the last call), `inp` the residual stream M·K, the folded weight and bias.
+pub struct PickingArgs<'a> {
+    pub out: &'a mut CudaSlice<f32>,
+    pub picks: &'a mut CudaSlice<u64>,
+    pub inp: &'a CudaSlice<f32>,
+    pub weight: &'a CudaSlice<u16>,
+    pub bias: Option<&'a CudaSlice<f32>>,
+}
+
+impl PickingGemv {
+    pub fn enqueue(&self, stream: &CudaStream, a: PickingArgs) -> Result<()> {
+        let d = self.d;
+        require_len("out", a.out.len(), d.m * d.n)?;
+        require_len("picks", a.picks.len(), d.m)?;
+        require_len("inp", a.inp.len(), d.m * d.k)?;
+        require_len("weight", a.weight.len(), d.n * d.k)?;
+        let bias = d.bias_ptr(a.bias)?;
+        let mut args = vec![Arg::buf(a.out), Arg::buf(a.picks), Arg::int(self.vocab), Arg::buf(a.inp)];
+        args.push(Arg::buf(a.weight));
+        args.extend(d.epilogue_args(bias, 0));
+        // SAFETY: the arguments follow gemv_mma_ln_pick_m*'s signature, every length checked above
+        // (no residual is read: the tail is not the residual one).
+        unsafe { self.launch.enqueue(stream, &args) }
+    }
+}
+
+common::single_launch_stage!(PickingGemv);
+
 /// A GEMV's weights as its kernels take them, in the format its stage was prepared for.
 #[derive(Clone, Copy)]
 pub enum GemvWeight<'a> {

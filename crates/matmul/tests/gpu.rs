@@ -332,6 +332,89 @@ fn linear_bf16_modules_compile_and_load(gpu: &Gpu) {
     }
 }
 
+/// The picking LM head (`gemv::PICKS` on each folding stage): its logits bit for bit the plain
+/// folded GEMV's, and each row's pick word the argmax of its own stored logits over the first V
+/// columns, the lowest index among equal values. Rows at and past V are made to hold the largest
+/// values (a pick that reads them fails), and in the tie cases W's rows 3, 4 and 19 (another
+/// block) are one row that dominates every other, so three columns tie exactly at the maximum.
+/// GPT-2's LM head at M = 1 and 3, and ragged N, V, K at M = 33 and 64 (several column tiles).
+fn gemv_picks_are_the_argmax_of_the_stored_rows(gpu: &Gpu) {
+    use common::data::uniform;
+    use half::bf16;
+    use matmul::gemv::{self, Gemv, GemvArgs, GemvDims, GemvWeight, PickingArgs};
+    use matmul::linear_bf16::Tail;
+    let folding: Vec<_> = Gemv.variants().into_iter().filter(gemv::folds_layernorm).collect();
+    assert!(folding.len() >= 4, "gemv 5-8 fold the LayerNorm");
+    for (m, n, v, k, ties) in [
+        (1, 50304, 50257, 768, false),
+        (3, 50304, 50257, 768, true),
+        (33, 300, 289, 136, true),
+        (64, 300, 1, 64, false),
+    ] {
+        let seed = (m * 31 + k) as u64;
+        // Every row of x the same in the tie cases, so that one row of W dominates in all of them.
+        let mut x = uniform(m * k, -1.0, 1.0, seed);
+        if ties {
+            let first = x[..k].to_vec();
+            x.chunks_mut(k).for_each(|r| r.copy_from_slice(&first));
+        }
+        let mut w = uniform(n * k, -1.0, 1.0, seed + 1);
+        let mut bias = uniform(n, -1.0, 1.0, seed + 2);
+        if ties {
+            let mean = x[..k].iter().sum::<f32>() / k as f32;
+            let top: Vec<f32> = x[..k].iter().map(|&xi| if xi >= mean { 4.0 } else { -4.0 }).collect();
+            for r in [3, 4, 19] {
+                w[r * k..(r + 1) * k].copy_from_slice(&top);
+                bias[r] = 0.5;
+            }
+        }
+        for r in v..n {
+            bias[r] = 1e4;
+        }
+        let wb: Vec<u16> = w.iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
+        let (dx, dw, db) = (gpu.upload(&x).unwrap(), gpu.upload(&wb).unwrap(), gpu.upload(&bias).unwrap());
+        let d = GemvDims { m, n, k, bias: true, tail: Tail::None, input: common::ActType::F32, ln: true };
+        for stage in &folding {
+            let id = stage.id();
+            let plain = gemv::prepare(gpu, stage, d).unwrap();
+            let picking = gemv::prepare_picking(gpu, stage, d, v).unwrap();
+            let (mut want, mut got) =
+                (gpu.alloc_poisoned::<f32>(m * n).unwrap(), gpu.alloc_poisoned::<f32>(m * n).unwrap());
+            let mut words = gpu.zeros::<u64>(m).unwrap();
+            let s = gpu.stream();
+            let weight = GemvWeight::Bf16(&dw);
+            plain
+                .enqueue(
+                    s,
+                    GemvArgs { out: &mut want, inp: common::Act::F32(&dx), weight, bias: Some(&db), residual: None },
+                )
+                .unwrap();
+            picking
+                .enqueue(s, PickingArgs { out: &mut got, picks: &mut words, inp: &dx, weight: &dw, bias: Some(&db) })
+                .unwrap();
+            gpu.synchronize().unwrap();
+            let (want, got, words) =
+                (gpu.download(&want).unwrap(), gpu.download(&got).unwrap(), gpu.download(&words).unwrap());
+            assert!(
+                want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{id}: the logits differ from the plain GEMV's"
+            );
+            for (row, (logits, &word)) in got.chunks(n).zip(&words).enumerate() {
+                let expect = logits[..v]
+                    .iter()
+                    .enumerate()
+                    .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+                    .0;
+                let index = if word == 0 { 0 } else { (0xFFFF_FFFFu64 - (word & 0xFFFF_FFFF)) as usize };
+                assert_eq!(index, expect, "{id}, M = {m}, N = {n}, V = {v}, row {row}");
+                if ties {
+                    assert_eq!(index, 3, "{id}: the tie goes to the lowest index");
+                }
+            }
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     Suite::new()
         .gpu("linear_gpt2_shapes_m64", |gpu| {
@@ -392,6 +475,7 @@ fn main() -> std::process::ExitCode {
                 assert_stages_pass(gpu, &Gemv, &s, &Gemv.variants());
             })
         })
+        .gpu("gemv_picks_are_the_argmax_of_the_stored_rows", gemv_picks_are_the_argmax_of_the_stored_rows)
         .gpu("quantize_fp8_default_and_ragged", |gpu| {
             // Byte for byte against the CPU quantizer: GPT-2's shapes, then rows and channels that
             // are not multiples of 4, 32 or 128 (a partial last group or block), M = 1 and K = 1.

@@ -123,6 +123,10 @@ pub(super) struct DecodeStep {
     /// A block's linears, in [`BlockLinear`] order.
     linears: [DecodeLinear; 4],
     lm_head: DecodeLinear,
+    /// The LM head making a greedy step's picks in its epilogue (`decode-step` 15), the words it
+    /// merges them into (zero between steps) and the argmax that reads them (plain and advancing):
+    /// a greedy step runs these instead of `lm_head` and the argmax.
+    head_picks: Option<LmHeadPicks>,
     kv: kv_append::Prepared,
     /// The QKV GEMV with kv-append in its epilogue (`decode-step` 7, 9-14): then no kv-append kernel runs.
     qkv_append: Option<gemv::QkvAppend>,
@@ -162,6 +166,14 @@ pub(super) struct DecodeStep {
     /// (but `sample`), reading the step's inputs from the same buffers and writing `acts.logits`,
     /// `acts.x` and `next`.
     pub(super) mega: Option<MegaStep>,
+}
+
+/// `decode-step` 15's end of a greedy step: the picking LM head and the argmax reading its words.
+struct LmHeadPicks {
+    lm_head: gemv::PickingGemv,
+    words: CudaSlice<u64>,
+    reader: argmax::PickReader,
+    reader_advance: argmax::PickReader,
 }
 
 /// How a decode step ends: with the logits on the device, or with each sequence's next token picked
@@ -339,6 +351,33 @@ impl Model {
                 return Err(Error::constraint("a GEMV stage to merge decode attention's partials", "no GEMV"))
             }
         };
+        // `decode-step` 15: a greedy step's LM head makes the picks, the argmax reads them.
+        let head_picks = match (step_plan.picks_in_lm_head(), &folded_stage) {
+            (false, _) => None,
+            (true, Some(v)) if fold => {
+                let d = GemvDims {
+                    m: b,
+                    n: cfg.padded_vocab(),
+                    k: c,
+                    bias: true,
+                    tail: Tail::None,
+                    input: ActType::F32,
+                    ln: true,
+                };
+                Some(LmHeadPicks {
+                    lm_head: gemv::prepare_picking(gpu, v, d, cfg.vocab)?,
+                    words: gpu.zeros(b)?,
+                    reader: argmax::prepare_pick_reader(gpu, &link(&p.argmax), b, false)?,
+                    reader_advance: argmax::prepare_pick_reader(gpu, &link(&p.argmax), b, true)?,
+                })
+            }
+            _ => {
+                return Err(Error::constraint(
+                    "a folding GEMV stage for the picks in the LM head (decode-step 15)",
+                    format!("gemv {:?}", p.gemv.as_ref().map(|v| v.stage)),
+                ))
+            }
+        };
         // A bf16 plan's GEMVs read its bf16 LayerNorm's output; otherwise the plan's fp32 one's.
         let step = DecodeStep {
             encoder: encoder::prepare(gpu, &p.encoder, EncoderDims { b, t: 1, c, vocab: cfg.vocab, max_t: cfg.max_t })?,
@@ -350,6 +389,7 @@ impl Model {
                 lin(c, 4 * c, true, Tail::Residual, Input::Act(ActType::F32))?,
             ],
             lm_head: lin(cfg.padded_vocab(), c, false, Tail::None, Input::LayerNorm)?,
+            head_picks,
             folds_ln: fold,
             kv: kv_append::prepare(gpu, &link(&p.kv_append), kv_dims)?,
             qkv_append,
@@ -612,17 +652,34 @@ pub(super) fn enqueue_decode(
             }
         };
     }
-    let mut step = Step { op, w: weights, cache, mark };
+    let mut step = Step { op, w: weights, cache, mark, end };
     forward(s, &mut step, &weights.p)?;
     let Step { op, mark, .. } = step;
     let a = &mut op.acts;
-    match end {
-        StepEnd::Logits => Ok(()),
-        StepEnd::GreedyOnDevice => {
+    let tmax = op.cells.bounds().1;
+    match (end, &mut op.head_picks) {
+        (StepEnd::Logits, _) => Ok(()),
+        (StepEnd::GreedyOnDevice, Some(p)) => {
+            let args = argmax::AdvanceArgs {
+                picks: &mut op.picks,
+                tokens: op.ids.device_mut(),
+                pos: op.pos.device_mut(),
+                cell_pos: op.cells.positions_mut(),
+                lens: op.lens.device_mut(),
+                tmax,
+            };
+            // SAFETY: as the advancing argmax's below.
+            unsafe { p.reader_advance.enqueue_advance(s, &mut op.next, &mut p.words, args)? };
+            mark("argmax from picks + advance")
+        }
+        (StepEnd::Greedy, Some(p)) => {
+            p.reader.enqueue(s, &mut op.next, &mut p.words)?;
+            mark("argmax from picks")
+        }
+        (StepEnd::GreedyOnDevice, None) => {
             let adv = op.argmax_advance.as_ref().ok_or_else(|| {
                 Error::constraint("an argmax stage that advances the inputs (split-row) for the device loop", "none")
             })?;
-            let tmax = op.cells.bounds().1;
             let args = argmax::AdvanceArgs {
                 picks: &mut op.picks,
                 tokens: op.ids.device_mut(),
@@ -636,11 +693,11 @@ pub(super) fn enqueue_decode(
             unsafe { adv.enqueue_advance(s, &mut op.next, &a.logits, args)? };
             mark("argmax + advance")
         }
-        StepEnd::Greedy => {
+        (StepEnd::Greedy, None) => {
             op.argmax.enqueue(s, &mut op.next, &a.logits)?;
             mark("argmax")
         }
-        StepEnd::Sample(sampling) => {
+        (StepEnd::Sample(sampling), _) => {
             op.sample.enqueue(s, &mut op.next, &a.logits, &op.uniforms, &sampling)?;
             mark("sample")
         }
@@ -653,6 +710,8 @@ struct Step<'a> {
     w: &'a DeviceWeights,
     cache: &'a mut KvCache,
     mark: &'a mut dyn FnMut(&'static str) -> Result<()>,
+    /// How the step ends: a greedy one's LM head makes the picks where the plan has it do so.
+    end: StepEnd,
 }
 
 impl Step<'_> {
@@ -816,6 +875,16 @@ impl Pass for Step<'_> {
             Some(ln) => Act::Bf16(ln),
             None => Act::F32(&a.ln),
         };
+        let greedy = matches!(self.end, StepEnd::Greedy | StepEnd::GreedyOnDevice);
+        if let (Some(p), true) = (&mut op.head_picks, greedy) {
+            // Prepared only on a folding GEMV, whose LM head reads the fp32 residual stream.
+            let (Act::F32(x), Some(w)) = (inp, weight.bf16) else {
+                return Err(Error::constraint("the folded LM head's inputs for its picks", "another form"));
+            };
+            p.lm_head
+                .enqueue(s, gemv::PickingArgs { out: &mut a.logits, picks: &mut p.words, inp: x, weight: w, bias })?;
+            return (self.mark)("linear lm-head + picks");
+        }
         op.lm_head.enqueue(s, &mut a.logits, inp, weight, bias)?;
         (self.mark)("linear lm-head")
     }

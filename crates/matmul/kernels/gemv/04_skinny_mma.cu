@@ -66,6 +66,13 @@
 //   gemv_mma_ln_qkv_m* entries: the folded QKV linear whose epilogue does kv-append's work (q to a
 //   bf16 row, k and v into the cache cell of each row's sequence and position), so the step runs one
 //   kernel fewer a layer and the fp32 QKV row never reaches memory.
+// GEMV_PICKS (a host switch of a folding stage, the decode step's LM head at `decode-step` 15) adds
+//   the gemv_mma_ln_pick_m* entries: the epilogue also takes each row's greedy pick over its first V
+//   columns as a 64-bit word (ladder_pick.cuh) and merges it into picks[m] with one atomicMax a block
+//   and row, so the argmax after it reads B words, not B rows of 50257 logits. Why: in the decode
+//   step's chain the argmax is a link of ~5-6 us (its own scan, a fence and ticket, the merge); with
+//   the picks made by the LM head that link is one L2 read. Constraints: V <= N, picks zero before
+//   the launch (the reader resets them).
 // Launch: gemv_mma_m{8,16,32,64} and gemv_mma_bf16_m{...} (fp32 / bf16 inp; MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
 //   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
 //   tiles are reduced one 8-column tile at a time), and with GEMV_EARLY_WEIGHTS split * pieces *
@@ -81,6 +88,7 @@
 #include "matmul_gemv_mma.cuh"
 #include "ladder_dependent.cuh"
 #include "ladder_split_merge.cuh"
+#include "ladder_pick.cuh"
 
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
@@ -122,6 +130,7 @@ constexpr bool kEarlyOperands = false;
 // pos[m]) of the contiguous [B, Tmax, C] caches: what kv-append stage 0 does with the fp32 row, the
 // same roundings, without the row ever reaching memory.
 struct StoreQkvAppend {
+    static constexpr bool kPicks = false;
     __nv_bfloat16* q_out;
     __nv_bfloat16* k_cache;
     __nv_bfloat16* v_cache;
@@ -129,10 +138,10 @@ struct StoreQkvAppend {
     const int* pos;
     const float* bias;
     int C, Tmax;
-    __device__ __forceinline__ void operator()(int m, int n, float s) const { (*this)(m, n, s, operands(m, n)); }
+    __device__ __forceinline__ float operator()(int m, int n, float s) const { return (*this)(m, n, s, operands(m, n)); }
     // Stage 8's halves (StoreRows'): the bias read ahead, then the stores.
     __device__ __forceinline__ float2 operands(int, int n) const { return make_float2(bias[n], 0.0f); }
-    __device__ __forceinline__ void operator()(int m, int n, float s, float2 ops) const {
+    __device__ __forceinline__ float operator()(int m, int n, float s, float2 ops) const {
         const __nv_bfloat16 x = __float2bfloat16_rn(s + ops.x);
         const int part = n / C, c = n - part * C;
         if (part == 0) {
@@ -141,6 +150,22 @@ struct StoreQkvAppend {
             const size_t cell = ((size_t)seq[m] * Tmax + pos[m]) * C + c;
             (part == 1 ? k_cache : v_cache)[cell] = x;
         }
+        return __bfloat162float(x);
+    }
+};
+
+// StorePicking (GEMV_PICKS, the decode step's LM head): StoreRows' stores, and each row m of out's
+// greedy pick over its columns n < V merged into picks[m] (ladder_pick.cuh's words, zero before the
+// launch): a tile column's 16 stored values by shuffles, then one atomicMax a block and row, which
+// nothing waits for. The kernel after it reads B words instead of scanning B rows of logits.
+struct StorePicking : StoreRows {
+    static constexpr bool kPicks = true;
+    unsigned long long* picks;
+    int V;
+    __device__ __forceinline__ void pick(int m, int n, bool valid, float v) const {
+        const bool offer = valid && n < V && pick_candidate(v);
+        const unsigned long long best = pick_max16(offer ? pick_word(v, n) : 0ull);
+        if ((threadIdx.x & 15) == 0 && best != 0) atomicMax(picks + m, best);
     }
 };
 
@@ -370,6 +395,23 @@ GEMV_MMA_MERGE_ENTRY(8)
 GEMV_MMA_MERGE_ENTRY(16)
 GEMV_MMA_MERGE_ENTRY(32)
 GEMV_MMA_MERGE_ENTRY(64)
+#endif
+
+#if defined(GEMV_PICKS) && defined(GEMV_LN_FOLD)
+// The LM head with ln_f folded in and the greedy picks in the epilogue (StorePicking): out as
+// gemv_mma_ln_m*'s, and picks[m] the word of row m's argmax over its first V columns.
+#define GEMV_MMA_PICK_ENTRY(MT)                                                                             \
+    extern "C" __global__ void GEMV_LN_BOUNDS(MT) gemv_mma_ln_pick_m##MT(float* out, unsigned long long* picks, int V,        \
+                                                      const float* inp, const __nv_bfloat16* w,             \
+                                                      const float* bias, const float* residual, int tail,   \
+                                                      int M, int N, int K) {                                \
+        const StorePicking store{{out, bias, residual, tail, N}, picks, V};                                 \
+        gemv_skinny_mma<MT, true>(store, inp, w, M, N, K);                                                  \
+    }
+GEMV_MMA_PICK_ENTRY(8)
+GEMV_MMA_PICK_ENTRY(16)
+GEMV_MMA_PICK_ENTRY(32)
+GEMV_MMA_PICK_ENTRY(64)
 #endif
 
 #if defined(GEMV_QKV_APPEND) && defined(GEMV_LN_FOLD)
