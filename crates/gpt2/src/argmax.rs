@@ -13,6 +13,7 @@ use common::{
 };
 
 use crate::{FAMILY, SOURCES};
+use matmul::gemv::PICK_WORDS_PER_ROW;
 
 const OP: &str = "argmax";
 
@@ -165,8 +166,8 @@ impl AdvanceArgs<'_> {
 /// split stage's file: the ids from the pick words a picking LM head merged (`matmul::gemv::PICKS`).
 pub const FROM_PICKS: &str = "ARGMAX_FROM_PICKS";
 
-/// The decode step's argmax after a picking LM head: a thread a row reads its pick word, resets it
-/// and writes the id (and, `advance`, moves the step's inputs on as [`Prepared::enqueue_advance`]).
+/// The decode step's argmax after a picking LM head: a warp a row reads its pick words
+/// ([`PICK_WORDS_PER_ROW`] a row), resets them and writes the id (and, `advance`, moves the step's inputs on as [`Prepared::enqueue_advance`]).
 pub struct PickReader {
     launch: Launch,
     b: usize,
@@ -177,14 +178,15 @@ pub fn prepare_pick_reader(gpu: &Gpu, variant: &Variant, b: usize, advance: bool
     require(advances(variant), "a split-row argmax stage (1) to read pick words", || {
         format!("stage {}", variant.stage)
     })?;
-    require(b >= 1 && b < 1 << 31, "1 <= B < 2^31", || format!("B = {b}"))?;
+    require(b >= 1, "B >= 1", || format!("B = {b}"))?;
+    require(b <= 65535, GRID_Y, || format!("B = {b}"))?;
     let mut v = variant.clone();
     v.switch_on(FROM_PICKS);
     if advance {
         v.switch_on(ADVANCE);
     }
     let entry = if advance { "argmax_picks_advance" } else { "argmax_picks" };
-    let launch = gpu.prepare_launch(&SOURCES, &v, entry, LaunchShape::linear((b as u32).div_ceil(32), 32))?;
+    let launch = gpu.prepare_launch(&SOURCES, &v, entry, LaunchShape::linear(b as u32, 32))?;
     Ok(PickReader { launch, b, advance })
 }
 
@@ -194,9 +196,9 @@ impl PickReader {
             "an advancing one".into()
         })?;
         require_len("ids", ids.len(), self.b)?;
-        require_len("pick words", words.len(), self.b)?;
-        // SAFETY: argmax_picks(ids, words, B), both of B elements (checked above).
-        unsafe { self.launch.enqueue(stream, &[Arg::buf(ids), Arg::buf(words), Arg::int(self.b)]) }
+        require_len("pick words", words.len(), self.b * PICK_WORDS_PER_ROW)?;
+        // SAFETY: argmax_picks(ids, words): B ids and B rows of pick words (checked above).
+        unsafe { self.launch.enqueue(stream, &[Arg::buf(ids), Arg::buf(words)]) }
     }
 
     /// # Safety
@@ -210,8 +212,8 @@ impl PickReader {
     ) -> Result<()> {
         require(self.advance, "a pick reader prepared to advance", || "a plain one".into())?;
         require_len("ids", ids.len(), self.b)?;
-        require_len("pick words", words.len(), self.b)?;
-        let mut args = vec![Arg::buf(ids), Arg::buf(words), Arg::int(self.b)];
+        require_len("pick words", words.len(), self.b * PICK_WORDS_PER_ROW)?;
+        let mut args = vec![Arg::buf(ids), Arg::buf(words)];
         args.extend(a.args(self.b)?);
         // SAFETY: argmax_picks_advance's signature, lengths checked above; the positions are the
         // caller's promise.

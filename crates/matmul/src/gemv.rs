@@ -486,6 +486,10 @@ impl MergingGemv {
 
 common::single_launch_stage!(MergingGemv);
 
+/// A row's pick words (`ladder_pick.cuh`: kPickSlots = 32 words, each on its own 128-byte line of
+/// kPickStride = 16): a [`PickingGemv`]'s `picks` hold M rows of them.
+pub const PICK_WORDS_PER_ROW: usize = 32 * 16;
+
 /// The host switch that adds the `gemv_mma_ln_pick_m*` entries to a folding stage's file (5-8).
 pub const PICKS: &str = "GEMV_PICKS";
 const PICKS_LN: &str = "ln = 1 for a picking GEMV (the LM head with ln_f folded in)";
@@ -514,8 +518,8 @@ pub fn prepare_picking(gpu: &Gpu, v: &Variant, d: GemvDims, vocab: usize) -> Res
     Ok(PickingGemv { launch: gpu.prepare_launch(&SOURCES, &v, &format!("gemv_mma_ln_pick_m{mt}"), shape)?, d, vocab })
 }
 
-/// One call of [`PickingGemv`]: `out` M·N fp32, `picks` M words (zero, or left so by the reader
-/// of the last call), `inp` the residual stream M·K, the folded weight and bias.
+/// One call of [`PickingGemv`]: `out` M·N fp32, `picks` M rows of [`PICK_WORDS_PER_ROW`] words
+/// (zero, or left so by the reader of the last call), `inp` the residual stream M·K, the folded weight and bias.
 pub struct PickingArgs<'a> {
     pub out: &'a mut CudaSlice<f32>,
     pub picks: &'a mut CudaSlice<u64>,
@@ -528,7 +532,7 @@ impl PickingGemv {
     pub fn enqueue(&self, stream: &CudaStream, a: PickingArgs) -> Result<()> {
         let d = self.d;
         require_len("out", a.out.len(), d.m * d.n)?;
-        require_len("picks", a.picks.len(), d.m)?;
+        require_len("picks", a.picks.len(), d.m * PICK_WORDS_PER_ROW)?;
         require_len("inp", a.inp.len(), d.m * d.k)?;
         require_len("weight", a.weight.len(), d.n * d.k)?;
         let bias = d.bias_ptr(a.bias)?;

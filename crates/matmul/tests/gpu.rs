@@ -380,7 +380,7 @@ fn gemv_picks_are_the_argmax_of_the_stored_rows(gpu: &Gpu) {
             let picking = gemv::prepare_picking(gpu, stage, d, v).unwrap();
             let (mut want, mut got) =
                 (gpu.alloc_poisoned::<f32>(m * n).unwrap(), gpu.alloc_poisoned::<f32>(m * n).unwrap());
-            let mut words = gpu.zeros::<u64>(m).unwrap();
+            let mut words = gpu.zeros::<u64>(m * gemv::PICK_WORDS_PER_ROW).unwrap();
             let s = gpu.stream();
             let weight = GemvWeight::Bf16(&dw);
             plain
@@ -399,7 +399,13 @@ fn gemv_picks_are_the_argmax_of_the_stored_rows(gpu: &Gpu) {
                 want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{id}: the logits differ from the plain GEMV's"
             );
-            for (row, (logits, &word)) in got.chunks(n).zip(&words).enumerate() {
+            for (row, (logits, slots)) in got.chunks(n).zip(words.chunks(gemv::PICK_WORDS_PER_ROW)).enumerate() {
+                // The row's slots, one a line, merged as the reader merges them.
+                let word = slots.iter().step_by(16).copied().max().unwrap();
+                assert!(
+                    slots.iter().enumerate().all(|(i, &w)| i % 16 == 0 || w == 0),
+                    "{id}: a word off its slot's line"
+                );
                 let expect = logits[..v]
                     .iter()
                     .enumerate()

@@ -188,3 +188,15 @@ fn gemv_fp8_validation_names_the_constraint() {
     bf16_ln.set("ln", 1);
     assert!(constraint(GemvFp8.validate(mma, &bf16_ln)).contains("ln = 1 with fp32 inp"));
 }
+
+/// `gemv::PICK_WORDS_PER_ROW` is `ladder_pick.cuh`'s layout: kPickSlots words a row, kPickStride apart.
+#[test]
+fn pick_words_per_row_is_the_headers_layout() {
+    let header =
+        common::common_sources().iter().find(|s| s.path.ends_with("ladder_pick.cuh")).expect("ladder_pick.cuh");
+    let value = |name: &str| -> usize {
+        let line = header.text.lines().find(|l| l.starts_with(&format!("constexpr int {name} = "))).expect(name);
+        line.split('=').nth(1).unwrap().split(';').next().unwrap().trim().parse().unwrap()
+    };
+    assert_eq!(matmul::gemv::PICK_WORDS_PER_ROW, value("kPickSlots") * value("kPickStride"));
+}

@@ -10,10 +10,10 @@
 //   Built with LADDER_DEPENDENT (the last link of the decode step's dependent chain,
 //   ladder_dependent.cuh) the kernel waits for the LM head before anything else.
 // ARGMAX_FROM_PICKS (a host switch, the decode step's last link at `decode-step` 15) adds
-//   argmax_picks (and argmax_picks_advance): the LM head before it merged each row's pick into a
-//   64-bit word (gemv's GEMV_PICKS, ladder_pick.cuh), so a thread a row reads the word, resets it for
-//   the next launch, and writes the id (and advances the inputs) as the merging lane does. Launch:
-//   grid ceil(B / 32), block 32. Why: the chain's last link becomes one L2 read instead of a scan of
+//   argmax_picks (and argmax_picks_advance): the LM head before it merged each row's pick into
+//   64-bit words (gemv's GEMV_PICKS, ladder_pick.cuh: kPickSlots a row), so a warp a row reads them,
+//   resets them for the next launch, takes their maximum by shuffles and writes the id (and
+//   advances the inputs) as the merging lane does. Launch: grid B, block 32. Why: the chain's last link becomes one L2 read instead of a scan of
 //   the logits, a fence, a ticket and a merge (~5-6 us of the decode step at B = 1).
 // Tolerance: exact (token ids).
 // Limits: B * ld < 2^31; ld >= V; B <= 65535
@@ -111,30 +111,33 @@ extern "C" __global__ void argmax_rows_advance(int* ids, float* part_v, int* par
 #endif
 
 #ifdef ARGMAX_FROM_PICKS
-// Row b's id from its pick word, the word reset to 0 (every launch of the LM head before it finds
-// them so; graph replays included).
+// Row b's id from its pick words (block b, lane s reading slot s), the words reset to 0 (every
+// launch of the LM head before it finds them so; graph replays included).
+static_assert(kPickSlots == 32, "a warp reads a row's slots");
 template <typename Then>
-__device__ __forceinline__ void argmax_from_words(int* ids, unsigned long long* words, int B, const Then& then) {
+__device__ __forceinline__ void argmax_from_words(int* ids, unsigned long long* words, const Then& then) {
     LADDER_CHAIN_BLOCK();
     ladder_wait_prerequisites();
     ladder_launch_dependents();
-    const int b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= B) return;
-    const int id = pick_index(__ldcg(words + b));
-    words[b] = 0;
+    const int b = blockIdx.x, lane = threadIdx.x;
+    unsigned long long* word = words + pick_slot(b, lane);
+    const unsigned long long best = pick_max<32>(__ldcg(word));
+    *word = 0;
+    if (lane != 0) return;
+    const int id = pick_index(best);
     ids[b] = id;
     ladder_chain_mark(0);
     then(b, id);
 }
 
-extern "C" __global__ void argmax_picks(int* ids, unsigned long long* words, int B) {
-    argmax_from_words(ids, words, B, KeepInputs{});
+extern "C" __global__ void argmax_picks(int* ids, unsigned long long* words) {
+    argmax_from_words(ids, words, KeepInputs{});
 }
 
 #ifdef ARGMAX_ADVANCE
-extern "C" __global__ void argmax_picks_advance(int* ids, unsigned long long* words, int B, int* picks, int* tokens,
+extern "C" __global__ void argmax_picks_advance(int* ids, unsigned long long* words, int* picks, int* tokens,
                                                 int* pos, int* cell_pos, int* lens, int Tmax) {
-    argmax_from_words(ids, words, B, AdvanceInputs{picks, tokens, pos, cell_pos, lens, Tmax});
+    argmax_from_words(ids, words, AdvanceInputs{picks, tokens, pos, cell_pos, lens, Tmax});
 }
 #endif
 #endif

@@ -366,7 +366,7 @@ impl Model {
                 };
                 Some(LmHeadPicks {
                     lm_head: gemv::prepare_picking(gpu, v, d, cfg.vocab)?,
-                    words: gpu.zeros(b)?,
+                    words: gpu.zeros(b * gemv::PICK_WORDS_PER_ROW)?,
                     reader: argmax::prepare_pick_reader(gpu, &link(&p.argmax), b, false)?,
                     reader_advance: argmax::prepare_pick_reader(gpu, &link(&p.argmax), b, true)?,
                 })

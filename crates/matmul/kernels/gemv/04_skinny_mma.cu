@@ -68,11 +68,12 @@
 //   kernel fewer a layer and the fp32 QKV row never reaches memory.
 // GEMV_PICKS (a host switch of a folding stage, the decode step's LM head at `decode-step` 15) adds
 //   the gemv_mma_ln_pick_m* entries: the epilogue also takes each row's greedy pick over its first V
-//   columns as a 64-bit word (ladder_pick.cuh) and merges it into picks[m] with one atomicMax a block
-//   and row, so the argmax after it reads B words, not B rows of 50257 logits. Why: in the decode
+//   columns as a 64-bit word (ladder_pick.cuh) and merges it into one of row m's kPickSlots words
+//   with one atomicMax a block and row, so the argmax after it reads B rows of 32 words, not B rows
+//   of 50257 logits. Why: in the decode
 //   step's chain the argmax is a link of ~5-6 us (its own scan, a fence and ticket, the merge); with
 //   the picks made by the LM head that link is one L2 read. Constraints: V <= N, picks zero before
-//   the launch (the reader resets them).
+//   the launch (the reader resets them), M * kPickSlots * kPickStride of them.
 // Launch: gemv_mma_m{8,16,32,64} and gemv_mma_bf16_m{...} (fp32 / bf16 inp; MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
 //   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
 //   tiles are reduced one 8-column tile at a time), and with GEMV_EARLY_WEIGHTS split * pieces *
@@ -155,17 +156,18 @@ struct StoreQkvAppend {
 };
 
 // StorePicking (GEMV_PICKS, the decode step's LM head): StoreRows' stores, and each row m of out's
-// greedy pick over its columns n < V merged into picks[m] (ladder_pick.cuh's words, zero before the
-// launch): a tile column's 16 stored values by shuffles, then one atomicMax a block and row, which
-// nothing waits for. The kernel after it reads B words instead of scanning B rows of logits.
+// greedy pick over its columns n < V merged into row m's pick words (ladder_pick.cuh: the block's
+// slot of kPickSlots, zero before the launch): a tile column's 16 stored values by shuffles, then
+// one atomicMax a block and row, which nothing waits for. The kernel after it reads B rows of
+// kPickSlots words instead of scanning B rows of logits.
 struct StorePicking : StoreRows {
     static constexpr bool kPicks = true;
     unsigned long long* picks;
     int V;
     __device__ __forceinline__ void pick(int m, int n, bool valid, float v) const {
         const bool offer = valid && n < V && pick_candidate(v);
-        const unsigned long long best = pick_max16(offer ? pick_word(v, n) : 0ull);
-        if ((threadIdx.x & 15) == 0 && best != 0) atomicMax(picks + m, best);
+        const unsigned long long best = pick_max<16>(offer ? pick_word(v, n) : 0ull);
+        if ((threadIdx.x & 15) == 0 && best != 0) atomicMax(picks + pick_slot(m, blockIdx.x % kPickSlots), best);
     }
 };
 
