@@ -173,8 +173,8 @@ pub(crate) fn stages() -> Vec<Variant> {
         composed(
             15,
             "picks-in-lm-head",
-            "stage 14 with the greedy picks made in the LM head's epilogue (one atomicMax of a 64-bit word a block and row)",
-            "stage 14 with the LM head's GEMV (gemv 8 with GEMV_PICKS) merging each row's argmax over the vocabulary into a 64-bit word (value order, then the lower index) with one atomicMax a block and row, so the argmax kernel after it only reads the B words: the chain's last link is one L2 read instead of a scan of the logits, a fence, a ticket and a merge",
+            "stage 14 with the greedy picks made in the LM head's epilogue (one atomicMax of a 64-bit word a block and row, into 32 slots a row)",
+            "stage 14 with the LM head's GEMV (gemv 8 with GEMV_PICKS) merging each row's argmax over the vocabulary into 64-bit words (value order, then the lower index) with one atomicMax a block and row, into the block's slot of 32 a row, so the argmax kernel after it reads and resets B rows of 32 words: the chain's last link is one L2 round trip instead of a scan of the logits, a fence, a ticket and a merge",
             Plan::PicksInLmHead,
         ),
         Variant::kernel(
