@@ -368,9 +368,7 @@ fn gemv_picks_are_the_argmax_of_the_stored_rows(gpu: &Gpu) {
                 bias[r] = 0.5;
             }
         }
-        for r in v..n {
-            bias[r] = 1e4;
-        }
+        bias[v..].fill(1e4);
         let wb: Vec<u16> = w.iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
         let (dx, dw, db) = (gpu.upload(&x).unwrap(), gpu.upload(&wb).unwrap(), gpu.upload(&bias).unwrap());
         let d = GemvDims { m, n, k, bias: true, tail: Tail::None, input: common::ActType::F32, ln: true };
