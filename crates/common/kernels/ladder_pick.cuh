@@ -6,9 +6,8 @@
 //                 flipped for < 0), -0 taken as +0 first so that the two are equal as in a compare;
 //   low 32 bits:  ~index, so that the lower index is the larger word.
 // Where the words live: kPickSlots words a row, each on its own 128-byte line, producer block k
-// merging into slot k % kPickSlots. One word a row took every producer's atomic on one address: the
-// decode step's LM head (3144 blocks) measured 2.2 us slower with them, the atomics queued at one L2
-// slice. The reader merges a row's slots (a warp a row).
+// merging into slot k % kPickSlots, so that no address takes every producer's atomic (the decode
+// step's LM head has 3144 blocks). The reader merges a row's slots (a warp a row).
 // Only values above -inf are offered (NaN and -inf never win a compare either), so every offered
 // word is above 0, and a word left at 0 means no candidate: index 0, as the host's rule for a row of
 // -inf and NaN only.
