@@ -656,10 +656,10 @@ pub(super) fn enqueue_decode(
     forward(s, &mut step, &weights.p)?;
     let Step { op, mark, .. } = step;
     let a = &mut op.acts;
-    let tmax = op.cells.bounds().1;
     match (end, &mut op.head_picks) {
         (StepEnd::Logits, _) => Ok(()),
-        (StepEnd::GreedyOnDevice, Some(p)) => {
+        (StepEnd::GreedyOnDevice, head_picks) => {
+            let tmax = op.cells.bounds().1;
             let args = argmax::AdvanceArgs {
                 picks: &mut op.picks,
                 tokens: op.ids.device_mut(),
@@ -668,30 +668,21 @@ pub(super) fn enqueue_decode(
                 lens: op.lens.device_mut(),
                 tmax,
             };
-            // SAFETY: as the advancing argmax's below.
-            unsafe { p.reader_advance.enqueue_advance(s, &mut op.next, &mut p.words, args)? };
-            mark("argmax from picks + advance")
+            // SAFETY (both): the positions were checked below the context when written
+            // (begin_step), and the kernel moves them on only while they stay below it.
+            if let Some(p) = head_picks {
+                unsafe { p.reader_advance.enqueue_advance(s, &mut op.next, &mut p.words, args)? };
+                return mark("argmax from picks + advance");
+            }
+            let adv = op.argmax_advance.as_ref().ok_or_else(|| {
+                Error::constraint("an argmax stage that advances the inputs (split-row) for the device loop", "none")
+            })?;
+            unsafe { adv.enqueue_advance(s, &mut op.next, &a.logits, args)? };
+            mark("argmax + advance")
         }
         (StepEnd::Greedy, Some(p)) => {
             p.reader.enqueue(s, &mut op.next, &mut p.words)?;
             mark("argmax from picks")
-        }
-        (StepEnd::GreedyOnDevice, None) => {
-            let adv = op.argmax_advance.as_ref().ok_or_else(|| {
-                Error::constraint("an argmax stage that advances the inputs (split-row) for the device loop", "none")
-            })?;
-            let args = argmax::AdvanceArgs {
-                picks: &mut op.picks,
-                tokens: op.ids.device_mut(),
-                pos: op.pos.device_mut(),
-                cell_pos: op.cells.positions_mut(),
-                lens: op.lens.device_mut(),
-                tmax,
-            };
-            // SAFETY: the positions were checked below the context when written (begin_step), and the
-            // kernel moves them on only while they stay below it.
-            unsafe { adv.enqueue_advance(s, &mut op.next, &a.logits, args)? };
-            mark("argmax + advance")
         }
         (StepEnd::Greedy, None) => {
             op.argmax.enqueue(s, &mut op.next, &a.logits)?;
