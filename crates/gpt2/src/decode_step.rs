@@ -68,6 +68,9 @@ fn host_switched_builds(step: Plan, c: usize) -> Result<Vec<(&'static common::So
         if step.picks_in_lm_head() {
             builds.push((&matmul::SOURCES, with(&folded, &[matmul::gemv::PICKS])));
         }
+        if step.resident_lm_head() {
+            builds.push((&matmul::SOURCES, with(&folded, &[matmul::gemv::PICKS, matmul::gemv::RESIDENT_TILES])));
+        }
         builds.push((&matmul::SOURCES, folded));
     }
     if step.merges_in_projection() {

@@ -67,6 +67,9 @@ pub enum Plan {
     /// [`Plan::MergeInProjection`] with the greedy picks in the LM head's epilogue: the argmax
     /// after it reads B words.
     PicksInLmHead,
+    /// [`Plan::PicksInLmHead`] with the picking LM head on `gemv` 9's resident blocks, each walking
+    /// row tiles and offering its picks once.
+    ResidentLmHead,
 
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
@@ -177,6 +180,13 @@ pub(crate) fn stages() -> Vec<Variant> {
             "stage 14 with the LM head's GEMV (gemv 8 with GEMV_PICKS) merging each row's argmax over the vocabulary into 64-bit words (value order, then the lower index) with one atomicMax a block and row, into the block's slot of 32 a row, so the argmax kernel after it reads and resets B rows of 32 words: the chain's last link is one L2 round trip instead of a scan of the logits, a fence, a ticket and a merge",
             Plan::PicksInLmHead,
         ),
+        composed(
+            16,
+            "resident-lm-head",
+            "stage 15 with the picking LM head on gemv 9: as many blocks as fit at once, each walking row tiles with the next tile's weights in flight, its picks offered once",
+            "stage 15 with the LM head's picking GEMV on gemv 9 (GEMV_RESIDENT_TILES on stage 8's recipe): as many blocks as fit on the GPU at once instead of one per 16 rows (524 of six tiles each at B = 1, against 3144 in six waves), the next tile's first pass of weights copied under the current one's products and epilogue, the LayerNorm rows staged once a block and each row's pick merged once a block; the step's other GEMVs stay on gemv 8",
+            Plan::ResidentLmHead,
+        ),
         Variant::kernel(
             FAMILY,
             OP,
@@ -204,7 +214,9 @@ impl Plan {
             Plan::StagedRows => Some("pdl:gemv=7,decode=7"),
             Plan::BatchedMerge => Some("pdl:gemv=7,decode=8"),
             Plan::EarlyOperands | Plan::CoResident => Some("pdl:gemv=8,decode=8"),
-            Plan::EarlyCache | Plan::MergeInProjection | Plan::PicksInLmHead => Some("pdl:gemv=8,decode=9"),
+            Plan::EarlyCache | Plan::MergeInProjection | Plan::PicksInLmHead | Plan::ResidentLmHead => {
+                Some("pdl:gemv=8,decode=9")
+            }
             Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
@@ -227,22 +239,31 @@ impl Plan {
                 | Plan::EarlyCache
                 | Plan::MergeInProjection
                 | Plan::PicksInLmHead
+                | Plan::ResidentLmHead
         )
     }
 
-    /// Whether the folded GEMVs run at 8 warps a block (stages 12-15).
+    /// Whether the folded GEMVs run at 8 warps a block (stages 12-16).
     pub fn narrow_folded_gemvs(self) -> bool {
-        matches!(self, Plan::CoResident | Plan::EarlyCache | Plan::MergeInProjection | Plan::PicksInLmHead)
+        matches!(
+            self,
+            Plan::CoResident | Plan::EarlyCache | Plan::MergeInProjection | Plan::PicksInLmHead | Plan::ResidentLmHead
+        )
     }
 
     /// Whether decode attention leaves its split partials for the attention projection to merge.
     pub fn merges_in_projection(self) -> bool {
-        matches!(self, Plan::MergeInProjection | Plan::PicksInLmHead)
+        matches!(self, Plan::MergeInProjection | Plan::PicksInLmHead | Plan::ResidentLmHead)
     }
 
     /// Whether a greedy step's LM head makes the picks and the argmax only reads them.
     pub fn picks_in_lm_head(self) -> bool {
-        self == Plan::PicksInLmHead
+        matches!(self, Plan::PicksInLmHead | Plan::ResidentLmHead)
+    }
+
+    /// Whether the picking LM head runs on resident blocks that walk row tiles (`gemv` 9's switch).
+    pub fn resident_lm_head(self) -> bool {
+        self == Plan::ResidentLmHead
     }
 }
 

@@ -307,7 +307,9 @@ fn main() -> std::process::ExitCode {
                 ("megakernel:decode-step=8", true),
                 ("pdl", false),
                 ("pdl", true),
-                // The greedy steps' picks made by the LM head, the others' logits by its plain form.
+                // `pdl` (decode-step 16) has its picking LM head on resident blocks that walk row
+                // tiles; stage 15 the one-tile blocks. The greedy steps' picks made by the LM head,
+                // the others' logits by its plain form.
                 ("pdl:decode-step=15", false),
                 ("pdl:decode-step=15", true),
             ] {

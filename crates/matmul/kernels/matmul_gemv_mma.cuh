@@ -7,6 +7,7 @@
 #pragma once
 #include "matmul_gemv.cuh"
 #include "ladder_mma.cuh"
+#include "ladder_pick.cuh"
 
 #define GEMV_LN_EPS 1e-5f
 
@@ -155,8 +156,8 @@ __device__ __forceinline__ void inp_fragments(unsigned (&b)[2][2], const __nv_bf
 }
 
 // Where the block's outputs go. StoreRows: out[m][n] with the bias and the tail (every stage).
-// Each store returns the value it stored; a store with kPicks also takes part in a pick over the
-// tile's columns after it (StorePicking, gemv/04_skinny_mma.cu).
+// Each store returns the value it stored; a store with kPicks also offers it as a greedy pick
+// (StorePicking, gemv/04_skinny_mma.cu; HeldPicks below).
 struct StoreRows {
     static constexpr bool kPicks = false;
     float* out;
@@ -211,16 +212,36 @@ __device__ __forceinline__ EarlyOperands<MT> early_operands(const Store& store, 
     return e;
 }
 
+// A picking store's offers as the storing threads hold them (ladder_pick.cuh's words): thread (c, r)
+// of the first 128 keeps the best word of row 8i + c over the columns it stored, tile after tile, and
+// merge() takes the best of a row's 16 threads by shuffles and merges it into the block's slot of the
+// row with one atomicMax (called by whole warps, after the block's last tile: nothing waits for it).
+template <int MT>
+struct HeldPicks {
+    unsigned long long best[MT / 8] = {};
+    __device__ __forceinline__ void keep(int i, unsigned long long word) { best[i] = word > best[i] ? word : best[i]; }
+    __device__ __forceinline__ void merge(unsigned long long* picks) const {
+#pragma unroll
+        for (int i = 0; i < MT / 8; ++i) {
+            const unsigned long long row_best = pick_max<16>(best[i]);
+            if (threadIdx.x < 128 && (threadIdx.x & 15) == 0 && row_best != 0) {
+                atomicMax(picks + pick_slot(8 * i + threadIdx.x / 16, blockIdx.x % kPickSlots), row_best);
+            }
+        }
+    }
+};
+
 // The block's outputs from its warps' partial tiles, `part` the [split][16][8] floats of shared
 // memory: acc[i] holds out^T rows g and g + 8 (rows n0 + g and n0 + g + 8 of W), columns 8i + 2t and
 // 8i + 2t + 1 (rows of inp). One 8-column tile at a time through shared memory (so the split can
 // grow without the buffer growing with M); each sum times its row's rstd (1 without a folded
-// LayerNorm), then stored with its operands read there or early (`early`); a picking store then
-// offers the values it stored (whole warps: the storing threads are warps 0-3).
-template <int MT, bool LN, typename Store, typename Early = NoEarlyOperands>
+// LayerNorm), then stored with its operands read there or early (`early`); a picking store's word
+// for each value it stored is kept in `held` (HeldPicks), which its owner merges when the block's
+// tiles are done.
+template <int MT, bool LN, typename Store, typename Early = NoEarlyOperands, typename Held = HeldPicks<MT>>
 __device__ __forceinline__ void gemv_mma_reduce(const float (&acc)[MT / 8][4], float* part,
                                                 const RowStats<MT, LN>& stats, const Store& store, int n0, int M,
-                                                int N, const Early& early = Early{}) {
+                                                int N, const Early& early = Early{}, Held* held = nullptr) {
     const int split = blockDim.x >> 5, warp = threadIdx.x >> 5;
     const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     float* mine = part + warp * 128;
@@ -246,7 +267,7 @@ __device__ __forceinline__ void gemv_mma_reduce(const float (&acc)[MT / 8][4], f
                     stored = store(m, n, s * stats.rstd(m));
                 }
             }
-            if constexpr (Store::kPicks) store.pick(m, n, valid, stored);
+            if constexpr (Store::kPicks) held->keep(i, store.offer(m, n, valid, stored));
         }
         __syncthreads();  // part is rewritten by the next tile
     }

@@ -125,8 +125,19 @@ fn stages() -> Vec<Variant> {
             "stage 7 with the epilogue's bias and residual read right after the wait, before the products, by the threads that store",
             &[Define::new(STAGED_ROWS, STAGED_ROWS_MAX), Define::on(EARLY_OPERANDS)],
         ),
+        link(
+            9,
+            "resident-tiles",
+            "stage 8 with as many blocks as fit at once, each walking row tiles: the next tile's first pass of W copied under the current one's products and epilogue, the LayerNorm rows staged once a block, a picking store's words merged once a block",
+            &[Define::new(STAGED_ROWS, STAGED_ROWS_MAX), Define::on(EARLY_OPERANDS), Define::on(RESIDENT_TILES)],
+        ),
     ]
 }
+
+/// Stage 9's switch of stage 4's file: blocks resident over the row tiles, the grid as many as fit at
+/// once ([`prepare_mma`]); the decode step's picking LM head turns it on over stage 8 (`decode-step`
+/// 16), which makes stage 9's build.
+pub const RESIDENT_TILES: &str = "GEMV_RESIDENT_TILES";
 
 /// Stage 8's switch of stage 4's file: the epilogue's operands read right after the wait.
 const EARLY_OPERANDS: &str = "GEMV_EARLY_OPERANDS";
@@ -159,7 +170,7 @@ const EARLY_WEIGHTS: &str = "GEMV_EARLY_WEIGHTS";
 
 /// Stage 5's switch of stage 4's file: the `gemv_mma_ln_m*` entries.
 const LN_FOLD: &str = "GEMV_LN_FOLD";
-const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (5-8)";
+const LN_STAGE: &str = "ln = 1 on a stage that folds the LayerNorm (5-9)";
 pub(crate) const LN_ARGS: &str = "ln = 1 with fp32 inp (the residual stream) and bias = 1 (the folded shift)";
 
 /// Whether stage `v` can fold the LayerNorm before it (`ln` = 1).
@@ -322,22 +333,45 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
         Plan::Thread => LaunchShape::linear(((d.m * d.n) as u32).div_ceil(256), 256),
         Plan::Warp { rows_per_warp } => LaunchShape::linear((d.n as u32).div_ceil(4 * rows_per_warp), 128),
         Plan::SplitK => LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?),
-        Plan::Mma => mma_shape(v, d)?.0,
+        Plan::Mma => {
+            return Ok(Prepared { launch: prepare_mma(gpu, &for_shape(v, d)?, entry, d)?, d, weights: Precision::Bf16 })
+        }
     };
     let launch = gpu.prepare_launch(&SOURCES, &for_shape(v, d)?, &format!("{entry}{mt}"), shape)?;
     Ok(Prepared { launch, d, weights: Precision::Bf16 })
 }
 
+/// A tensor-core stage's entry `{entry}{MT}` prepared for `d` ([`mma_shape`]); with stage 9's resident
+/// tiles the grid is as many blocks as fit on the GPU at once (the entry's blocks an SM, from the
+/// driver, times the SMs), at most the tiles, and balanced: the fewest blocks that walk the tiles in
+/// as many turns.
+fn prepare_mma(gpu: &Gpu, v: &Variant, entry: &str, d: GemvDims) -> Result<Launch> {
+    let (shape, mt) = mma_shape(v, d, 1)?;
+    let entry = format!("{entry}{mt}");
+    let launch = gpu.prepare_launch(&SOURCES, v, &entry, shape)?;
+    let resident = |l: &Launch| gpu.info().sm_count * l.resources().blocks_per_sm;
+    let tiles = shape.grid.0;
+    if !v.has(RESIDENT_TILES) || tiles <= resident(&launch) {
+        return Ok(launch);
+    }
+    // Blocks that walk more than one tile hold a second buffer of W's first pass.
+    let (walking, _) = mma_shape(v, d, 2)?;
+    let probe = gpu.prepare_launch(&SOURCES, v, &entry, walking)?;
+    let turns = tiles.div_ceil(resident(&probe).max(1));
+    gpu.prepare_launch(&SOURCES, v, &entry, LaunchShape { grid: (tiles.div_ceil(turns), 1, 1), ..walking })
+}
+
 /// The tensor-core stages' launch and tile width MT (M rounded up to a power of two, at least 8):
-/// a block of `split` warps per 16 rows of W.
-fn mma_shape(v: &Variant, d: GemvDims) -> Result<(LaunchShape, usize)> {
+/// a block of `split` warps per 16 rows of W, with `buffers` of each warp's first pass (stage 9's
+/// walk: 2).
+fn mma_shape(v: &Variant, d: GemvDims, buffers: u32) -> Result<(LaunchShape, usize)> {
     let mt = d.m.next_power_of_two().max(8);
     let blocks = (d.n as u32).div_ceil(16);
     let split = mma_split(blocks, mt as u32, v.tunable("GEMV_WARPS")?);
     // Each warp's partial 16 x 8 tile in shared memory, and its staged first pass of W: the pieces
     // (32-wide steps of K, two rows, 16 bytes a lane) the first pass of a warp covers.
     let pieces = v.tunable("GEMV_UNROLL")?.min((d.k as u32).div_ceil(32).div_ceil(split));
-    let staged = if v.has(EARLY_WEIGHTS) { pieces * 2 * 32 * 16 } else { 0 };
+    let staged = if v.has(EARLY_WEIGHTS) { buffers * pieces * 2 * 32 * 16 } else { 0 };
     // Stage 7: a folded LayerNorm's M rows after the pieces. The tile's padding rows (M .. MT - 1)
     // are never staged or read, so they take no shared memory: at M = 1 and K = 1600 (gpt2-xl) the
     // 7 padding rows were 23 KB a block, enough to hold the MLP up's 400 blocks to three an SM and
@@ -368,8 +402,7 @@ pub fn prepare_qkv_append(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<QkvAppe
     require(d.n.is_multiple_of(3), QKV_N, || format!("N = {}", d.n))?;
     let mut v = for_shape(v, d)?;
     v.switch_on(QKV_APPEND);
-    let (shape, mt) = mma_shape(&v, d)?;
-    Ok(QkvAppend { launch: gpu.prepare_launch(&SOURCES, &v, &format!("gemv_mma_ln_qkv_m{mt}"), shape)?, d })
+    Ok(QkvAppend { launch: prepare_mma(gpu, &v, "gemv_mma_ln_qkv_m", d)?, d })
 }
 
 /// One call of [`QkvAppend`]: `q_out` M·C bf16, the caches `[B, tmax, C]` bf16 each, `seq` and `pos`
@@ -417,9 +450,9 @@ impl QkvAppend {
 
 common::single_launch_stage!(QkvAppend);
 
-/// The host switch that adds the `gemv_mma_merge_m*` entries to a staging stage's file (7-8).
+/// The host switch that adds the `gemv_mma_merge_m*` entries to a staging stage's file (7-9).
 pub const MERGE_SPLITS: &str = "GEMV_MERGE_SPLITS";
-const MERGE_STAGE: &str = "a stage that stages its rows (gemv 7-8) for a merging GEMV";
+const MERGE_STAGE: &str = "a stage that stages its rows (gemv 7-9) for a merging GEMV";
 const MERGE_HEADS: &str = "K = heads * D with D % 32 == 0 for a merging GEMV (a warp's columns in one head)";
 /// A warp's lanes hold a row's splits' maxima and sums (`WarpSplits` of `04_skinny_mma.cu`).
 const MERGE_SPLITS_MAX: usize = 32;
@@ -445,13 +478,7 @@ pub fn prepare_merging(gpu: &Gpu, v: &Variant, d: GemvDims, heads: usize, splits
     require(splits <= MERGE_SPLITS_MAX, MERGE_SPLITS_LIMIT, || format!("splits = {splits}"))?;
     let mut v = v.clone();
     v.switch_on(MERGE_SPLITS);
-    let (shape, mt) = mma_shape(&v, d)?;
-    Ok(MergingGemv {
-        launch: gpu.prepare_launch(&SOURCES, &v, &format!("gemv_mma_merge_m{mt}"), shape)?,
-        d,
-        heads,
-        splits,
-    })
+    Ok(MergingGemv { launch: prepare_mma(gpu, &v, "gemv_mma_merge_m", d)?, d, heads, splits })
 }
 
 /// One call of [`MergingGemv`] with the residual in place: `out` M·N fp32 (read as the residual,
@@ -490,7 +517,7 @@ common::single_launch_stage!(MergingGemv);
 /// kPickStride = 16): a [`PickingGemv`]'s `picks` hold M rows of them.
 pub const PICK_WORDS_PER_ROW: usize = 32 * 16;
 
-/// The host switch that adds the `gemv_mma_ln_pick_m*` entries to a folding stage's file (5-8).
+/// The host switch that adds the `gemv_mma_ln_pick_m*` entries to a folding stage's file (5-9).
 pub const PICKS: &str = "GEMV_PICKS";
 const PICKS_LN: &str = "ln = 1 for a picking GEMV (the LM head with ln_f folded in)";
 const PICKS_V: &str = "1 <= V <= N for a picking GEMV";
@@ -514,8 +541,7 @@ pub fn prepare_picking(gpu: &Gpu, v: &Variant, d: GemvDims, vocab: usize) -> Res
     require(d.tail != Tail::Residual, PICKS_TAIL, || "epi = 2".into())?;
     let mut v = for_shape(v, d)?;
     v.switch_on(PICKS);
-    let (shape, mt) = mma_shape(&v, d)?;
-    Ok(PickingGemv { launch: gpu.prepare_launch(&SOURCES, &v, &format!("gemv_mma_ln_pick_m{mt}"), shape)?, d, vocab })
+    Ok(PickingGemv { launch: prepare_mma(gpu, &v, "gemv_mma_ln_pick_m", d)?, d, vocab })
 }
 
 /// One call of [`PickingGemv`]: `out` M·N fp32, `picks` M rows of [`PICK_WORDS_PER_ROW`] words
@@ -762,12 +788,15 @@ impl Op for Gemv {
             shape_ln(1, 3072, 768, 1),
             shape_ln(32, 3072, 768, 1),
             shape_ln(1, 50257, 768, 0),
+            // The LM head at 32 sequences: where stage 9's blocks stage the rows once for their
+            // tiles instead of once a tile (96 KB of rows against 24 KB of weights a tile).
+            shape_ln(32, 50257, 768, 0),
         ]
     }
     fn validate(&self, v: &Variant, s: &Shape) -> Result<()> {
         check_shape(v, dims(s)?)
     }
-    /// Stages 7-8 at a folded LayerNorm are built with their row registers sized to K
+    /// Stages 7-9 at a folded LayerNorm are built with their row registers sized to K
     /// ([`for_shape`]): the module `prepare` asks for, compiled with the family's others instead of
     /// at the first such table, one after another.
     fn compiled_variants(&self, _: &Gpu, v: &Variant, s: &Shape) -> Vec<Variant> {

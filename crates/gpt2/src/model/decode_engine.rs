@@ -364,8 +364,13 @@ impl Model {
                     input: ActType::F32,
                     ln: true,
                 };
+                // `decode-step` 16: the picking LM head on resident blocks (gemv 9's switch).
+                let mut v = v.clone();
+                if step_plan.resident_lm_head() {
+                    v.switch_on(gemv::RESIDENT_TILES);
+                }
                 Some(LmHeadPicks {
-                    lm_head: gemv::prepare_picking(gpu, v, d, cfg.vocab)?,
+                    lm_head: gemv::prepare_picking(gpu, &v, d, cfg.vocab)?,
                     words: gpu.zeros(b * gemv::PICK_WORDS_PER_ROW)?,
                     reader: argmax::prepare_pick_reader(gpu, &link(&p.argmax), b, false)?,
                     reader_advance: argmax::prepare_pick_reader(gpu, &link(&p.argmax), b, true)?,

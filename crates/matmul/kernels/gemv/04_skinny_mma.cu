@@ -57,7 +57,26 @@
 //   others: the residual's L2 round trip waits behind the sums. Predicted: ~0.7 us off each of the
 //   24 residual GEMVs and a little off the others' bias (~-17 us a step at B = 1); alone, nothing
 //   (the trip overlaps other warps' work there, gemv-fp8's notes).
-// GEMV_MERGE_SPLITS (a host switch of stages 7-8, the decode step's attention projection at
+// Stage 9 (GEMV_RESIDENT_TILES): stage 8 with blocks resident over the row tiles. The grid is as many
+//   blocks as fit on the GPU at once (at most the tiles, balanced so that every block walks the same
+//   number), block b takes tiles b, b + gridDim.x, ..., the first pass of W of the tile after the
+//   current one is copied into a second buffer (cp.async) under the current one's products and
+//   epilogue, a folded LayerNorm's rows are staged once a block, and a picking store's words are held
+//   in registers until the block's last tile (one atomicMax a block and row, not a tile and row). Why:
+//   the decode step's LM head (3144 tiles at 8 warps and 60 registers: 4 blocks an SM, six waves) pays
+//   each block's own start, row statistics and epilogue with no weights in flight, and a slot passes
+//   to the next wave only when its block returns, so every wave starts after the slowest epilogue
+//   of the one before (docs/notes/gpt2.md, decode-step 15: 2.3 us of its 23.7 us link at B = 1). A
+//   resident block keeps a tile's bytes in flight through all of that. Predicted: the LM head alone
+//   1.05-1.10x stage 8, every GEMV of fewer tiles than fit at once (the step's others) the same, and
+//   the batch-1 decode step ~3 us less (decode-step 16). Measured (H200): the LM head alone 0.94x
+//   (26.3 against 24.7 us; DRAM 65% against 69% of peak, the walk's per-tile block barriers the
+//   largest stall), the others 0.98x (the walk's code, not run, costs 6 registers); in the decode step
+//   (decode-step 16) the LM head's link after its wait 22.1 -> 20.7 us at B = 1, but its release
+//   1.5 -> 2.1 us: the step 1.00x at B = 1 and 8, and 1.04x at B = 32 (876.7 -> 843.2 us), where a
+//   tile's 32 staged LayerNorm rows (96 KB read from L2) outweigh its 24 KB of weights and a
+//   resident block reads them once for its 24 tiles instead of once a tile.
+// GEMV_MERGE_SPLITS (a host switch of stages 7-9, the decode step's attention projection at
 //   `decode-step` 14) adds the gemv_mma_merge_m* entries: inp is split-K decode attention's partials
 //   (o, m, l per row, head and split), merged by every block into its staged bf16 rows, so the
 //   attention needs no ticket or merging block. Constraints: D = K / heads a multiple of 32, splits
@@ -74,10 +93,11 @@
 //   step's chain the argmax is a link of ~5-6 us (its own scan, a fence and ticket, the merge); with
 //   the picks made by the LM head that link is one L2 read. Constraints: V <= N, picks zero before
 //   the launch (the reader resets them), M * kPickSlots * kPickStride of them.
-// Launch: gemv_mma_m{8,16,32,64} and gemv_mma_bf16_m{...} (fp32 / bf16 inp; MT = M rounded up to a power of two, >= 8): grid ceil(N / 16),
+// Launch: gemv_mma_m{8,16,32,64} and gemv_mma_bf16_m{...} (fp32 / bf16 inp; MT = M rounded up to a power of two, >= 8): grid ceil(N / 16)
+//   (stage 9: ceil(tiles / ceil(tiles / resident)), resident = the entry's blocks an SM times the SMs),
 //   block 32 * split (4 <= split <= 32); dynamic shared memory split * 16 * 8 floats (the partial
 //   tiles are reduced one 8-column tile at a time), and with GEMV_EARLY_WEIGHTS split * pieces *
-//   1 KiB more, pieces = min(GEMV_UNROLL, ceil(ceil(K / 32) / split)) (each warp's staged first pass),
+//   1 KiB more (stage 9: twice where the grid is smaller than the tiles), pieces = min(GEMV_UNROLL, ceil(ceil(K / 32) / split)) (each warp's staged first pass),
 //   and with GEMV_STAGED_ROWS on a folded entry M rows of staged_row_pitch(K) bf16 after those (the
 //   tile's padding rows M .. MT - 1 are never staged or read).
 // Constraints: 1 <= M <= 64; K % 8 == 0 (16-byte pieces of W and inp); N * K < 2^31; a folded
@@ -117,6 +137,15 @@ constexpr bool kEarlyOperands = true;
 #else
 constexpr bool kEarlyOperands = false;
 #endif
+// Stage 9's part: blocks resident over the row tiles. The host launches as many blocks as fit on the
+// GPU at once (no more than the tiles), block b takes tiles b, b + gridDim.x, ..., and the next tile's
+// first pass of W is copied into a second buffer while this one's is in use.
+#ifdef GEMV_RESIDENT_TILES
+constexpr bool kResidentTiles = true;
+#else
+constexpr bool kResidentTiles = false;
+#endif
+
 // A folded entry of stage 7 holds a row's registers besides the fragments'; the bound keeps the
 // narrow tiles (MT <= 16, up to 32 warps a block) launchable at 1024 threads and at two blocks of
 // 16 warps an SM (64 registers), the wide ones (at most 8 warps) as they are.
@@ -124,6 +153,13 @@ constexpr bool kEarlyOperands = false;
 #define GEMV_LN_BOUNDS(MT) __launch_bounds__((MT) <= 16 ? 1024 : 256)
 #else
 #define GEMV_LN_BOUNDS(MT)
+#endif
+// Stage 9's walk holds a tile's state across the loop (84 registers at MT = 8 unbounded), and the host
+// launches the narrow tiles at up to 32 warps: every entry takes the folded ones' bound.
+#if defined(GEMV_RESIDENT_TILES)
+#define GEMV_BOUNDS(MT) GEMV_LN_BOUNDS(MT)
+#else
+#define GEMV_BOUNDS(MT)
 #endif
 
 // StoreQkvAppend (GEMV_QKV_APPEND, the decode step's QKV linear): kv-append in the epilogue. Row m
@@ -157,17 +193,16 @@ struct StoreQkvAppend {
 
 // StorePicking (GEMV_PICKS, the decode step's LM head): StoreRows' stores, and each row m of out's
 // greedy pick over its columns n < V merged into row m's pick words (ladder_pick.cuh: the block's
-// slot of kPickSlots, zero before the launch): a tile column's 16 stored values by shuffles, then
-// one atomicMax a block and row, which nothing waits for. The kernel after it reads B rows of
-// kPickSlots words instead of scanning B rows of logits.
+// slot of kPickSlots, zero before the launch): each stored value offered as a word (0: none), the
+// words held by the storing threads (HeldPicks), then one atomicMax a block and row, which nothing
+// waits for. The kernel after it reads B rows of kPickSlots words instead of scanning B rows of
+// logits.
 struct StorePicking : StoreRows {
     static constexpr bool kPicks = true;
     unsigned long long* picks;
     int V;
-    __device__ __forceinline__ void pick(int m, int n, bool valid, float v) const {
-        const bool offer = valid && n < V && pick_candidate(v);
-        const unsigned long long best = pick_max<16>(offer ? pick_word(v, n) : 0ull);
-        if ((threadIdx.x & 15) == 0 && best != 0) atomicMax(picks + pick_slot(m, blockIdx.x % kPickSlots), best);
+    __device__ __forceinline__ unsigned long long offer(int, int n, bool valid, float v) const {
+        return valid && n < V && pick_candidate(v) ? pick_word(v, n) : 0ull;
     }
 };
 
@@ -229,44 +264,66 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
                                                 int N, int K, const Rows& merged = Rows{}) {
     LADDER_CHAIN_BLOCK();
     constexpr int TILES = MT / 8;
-    extern __shared__ float part[];  // [split][16][8]; stage 6: then [split][pieces][2][32] uint4
+    static_assert(!kResidentTiles || kEarlyWeights, "stage 9's walk copies each tile's first pass ahead");
+    extern __shared__ float part[];  // [split][16][8]; stage 6: then [buffers][split][pieces][2][32] uint4
     const int split = blockDim.x >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * 16;
-    const bool row_a = n0 + g < N, row_b = n0 + g + 8 < N;
-    const __nv_bfloat16* wa_row = w + (size_t)(row_a ? n0 + g : 0) * K;
-    const __nv_bfloat16* wb_row = w + (size_t)(row_b ? n0 + g + 8 : 0) * K;
     const int steps = (K + 31) / 32;
+    // The block's row tiles of 16: blockIdx.x alone, or with stage 9's walk every gridDim.x-th after it.
+    const int row_tiles = (N + 15) / 16;
+    const int tile_stride = kResidentTiles ? gridDim.x : row_tiles;
     // Stage 6: piece u < pieces of rows g and g + 8 of this warp's first pass (the most steps any
-    // warp of the block has in it), lane by lane: [split][pieces][2][32] uint4 after the tiles.
+    // warp of the block has in it), lane by lane, in one buffer (stage 9: two, a tile's each).
     const int pieces = min(GEMV_UNROLL, (steps + split - 1) / split);
-    uint4* staged = reinterpret_cast<uint4*>(part + split * 128) + warp * pieces * 64;
-    // Stage 7: the folded LayerNorm's M rows after every warp's pieces (the host reserves no more);
-    // the merged rows of attention's splits in the same place.
-    constexpr bool kRowsStaged = (kStagedRows && LN) || Rows::kMerged;
-    __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint4*>(part + split * 128) +
-                                                           (kEarlyWeights ? split * pieces * 64 : 0));
-    const int pitch = staged_row_pitch(K);
-    if constexpr (kEarlyWeights) {
+    uint4* const first_pass = reinterpret_cast<uint4*>(part + split * 128);
+    auto buffer = [&](int b) { return first_pass + (b * split + warp) * pieces * 64; };
+    // A tile's rows of W (a row past N reads row 0, and its pieces are zero-filled or never loaded).
+    struct TileRows {
+        int n0;
+        bool a, b;
+        const __nv_bfloat16* wa;
+        const __nv_bfloat16* wb;
+    };
+    auto tile_rows = [&](int tile) {
+        const int n0 = tile * 16;
+        const bool a = n0 + g < N, b = n0 + g + 8 < N;
+        return TileRows{n0, a, b, w + (size_t)(a ? n0 + g : 0) * K, w + (size_t)(b ? n0 + g + 8 : 0) * K};
+    };
+    // Stage 6's copy of a tile's first pass into a buffer, one cp.async group a call (empty past the
+    // last tile, so that every tile of the walk has its group).
+    auto copy_first_pass = [&](uint4* staged, int tile) {
+        if (tile < row_tiles) {
+            const TileRows r = tile_rows(tile);
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            if (u < pieces) {
-                const int k = 32 * (warp + u * split) + 8 * t;
-                const bool valid = warp + u * split < steps && k < K;
-                const unsigned a = (unsigned)__cvta_generic_to_shared(staged + (2 * u) * 32 + lane);
-                cp_async_16(a, wa_row + (valid ? k : 0), valid && row_a);
-                cp_async_16(a + 32 * 16, wb_row + (valid ? k : 0), valid && row_b);
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                if (u < pieces) {
+                    const int k = 32 * (warp + u * split) + 8 * t;
+                    const bool valid = warp + u * split < steps && k < K;
+                    const unsigned a = (unsigned)__cvta_generic_to_shared(staged + (2 * u) * 32 + lane);
+                    cp_async_16(a, r.wa + (valid ? k : 0), valid && r.a);
+                    cp_async_16(a + 32 * 16, r.wb + (valid ? k : 0), valid && r.b);
+                }
             }
         }
         cp_async_commit();
-    }
+    };
+    // Stage 7: the folded LayerNorm's M rows after every warp's pieces (the host reserves no more);
+    // the merged rows of attention's splits in the same place. Stage 9 has the second buffer only
+    // where a block walks more than one tile (the host's grid: fewer blocks than tiles).
+    constexpr bool kRowsStaged = (kStagedRows && LN) || Rows::kMerged;
+    const int buffers = kResidentTiles && tile_stride < row_tiles ? 2 : 1;
+    __nv_bfloat16* rows =
+        reinterpret_cast<__nv_bfloat16*>(first_pass + (kEarlyWeights ? buffers * split * pieces * 64 : 0));
+    const int pitch = staged_row_pitch(K);
+    int tile = blockIdx.x;
+    if constexpr (kEarlyWeights) copy_first_pass(buffer(0), tile);
     // The next kernel may launch once this one runs (not before: a chain launched ahead of itself
     // would hold the SMs and the memory system for kernels far down the step).
     ladder_wait_prerequisites();
     ladder_launch_dependents();
     typename EarlyOperandsFor<kEarlyOperands, MT>::type early{};
-    if constexpr (kEarlyOperands) early = early_operands<MT>(store, n0, M, N);
+    if constexpr (kEarlyOperands) early = early_operands<MT>(store, tile * 16, M, N);
     RowStats<MT, LN> stats;
     if constexpr (LN) {
         __shared__ float mean[MT], rstd[MT];
@@ -284,80 +341,99 @@ __device__ __forceinline__ void gemv_skinny_mma(const Store& store, const In* in
         __syncthreads();
         ladder_chain_mark(0);
     }
-    if constexpr (kEarlyWeights) {
-        // Each lane reads back only the pieces it copied itself: its own wait is enough (and every
-        // thread waits, so none leaves with a copy into shared memory in flight).
-        cp_async_wait<0>();
-        asm volatile("" ::: "memory");
-    }
-    float acc[TILES][4];
-#pragma unroll
-    for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-
-    // One pass: GEMV_UNROLL 32-wide steps of K from s0 on, their pieces of W in wa / wb.
-    auto pass = [&](const uint4 (&wa)[GEMV_UNROLL], const uint4 (&wb)[GEMV_UNROLL], int s0) {
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int k = 32 * (s0 + u * split) + 8 * t;
-            const bool valid = s0 + u * split < steps && k < K;
-#pragma unroll
-            for (int i = 0; i < TILES; ++i) {
-                unsigned b[2][2];
-                if constexpr (kRowsStaged) {
-                    inp_fragments(b, static_cast<const __nv_bfloat16*>(rows), 8 * i + g, M, k, valid, pitch);
-                } else if constexpr (LN) {
-                    inp_fragments(b, inp, 8 * i + g, M, k, valid, K, stats.mean(8 * i + g));
-                } else {
-                    inp_fragments(b, inp, 8 * i + g, M, k, valid, K);
-                }
-                // k16 step 0 takes elements 0-3 of the piece, step 1 elements 4-7.
-                mma_16816<__nv_bfloat16>(acc[i], wa[u].x, wb[u].x, wa[u].y, wb[u].y, b[0][0], b[0][1]);
-                mma_16816<__nv_bfloat16>(acc[i], wa[u].z, wb[u].z, wa[u].w, wb[u].w, b[1][0], b[1][1]);
-            }
+    // Stage 9: the second tile's copy after the wait and the rows, not before: a block's copies are
+    // issued in order, and 48 KB of them ahead of the wait held its first wait left 2 us behind the
+    // previous kernel's end in the decode step (the row loads would queue behind them too).
+    if constexpr (kResidentTiles) copy_first_pass(buffer(1), tile + tile_stride);
+    HeldPicks<MT> held;
+    for (int turn = 0; tile < row_tiles; ++turn, tile += tile_stride) {
+        const TileRows r = tile_rows(tile);
+        if constexpr (kEarlyWeights) {
+            // Each lane reads back only the pieces it copied itself: its own wait is enough (and every
+            // thread waits, so none leaves with a copy into shared memory in flight). Stage 9 leaves
+            // the next tile's group in flight (an empty group past the last tile, so the count holds).
+            cp_async_wait<kResidentTiles ? 1 : 0>();
+            asm volatile("" ::: "memory");
         }
-    };
-    int first = warp;
-    if constexpr (kEarlyWeights) {
-        if (first < steps) {
-            uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
+        float acc[TILES][4];
+#pragma unroll
+        for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+        // One pass: GEMV_UNROLL 32-wide steps of K from s0 on, their pieces of W in wa / wb.
+        auto pass = [&](const uint4 (&wa)[GEMV_UNROLL], const uint4 (&wb)[GEMV_UNROLL], int s0) {
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; ++u) {
-                const uint4 zero = make_uint4(0, 0, 0, 0);
-                wa[u] = u < pieces ? staged[(2 * u) * 32 + lane] : zero;
-                wb[u] = u < pieces ? staged[(2 * u + 1) * 32 + lane] : zero;
-            }
-            pass(wa, wb, first);
-        }
-        first += split * GEMV_UNROLL;
-    }
-    for (int s0 = first; s0 < steps; s0 += split * GEMV_UNROLL) {
-        uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
-        // All of this pass's loads of W first: they are what the kernel waits on.
+                const int k = 32 * (s0 + u * split) + 8 * t;
+                const bool valid = s0 + u * split < steps && k < K;
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int k = 32 * (s0 + u * split) + 8 * t;
-            const bool valid = s0 + u * split < steps && k < K;
-            const uint4 zero = make_uint4(0, 0, 0, 0);
-            wa[u] = valid && row_a ? *reinterpret_cast<const uint4*>(wa_row + k) : zero;
-            wb[u] = valid && row_b ? *reinterpret_cast<const uint4*>(wb_row + k) : zero;
+                for (int i = 0; i < TILES; ++i) {
+                    unsigned b[2][2];
+                    if constexpr (kRowsStaged) {
+                        inp_fragments(b, static_cast<const __nv_bfloat16*>(rows), 8 * i + g, M, k, valid, pitch);
+                    } else if constexpr (LN) {
+                        inp_fragments(b, inp, 8 * i + g, M, k, valid, K, stats.mean(8 * i + g));
+                    } else {
+                        inp_fragments(b, inp, 8 * i + g, M, k, valid, K);
+                    }
+                    // k16 step 0 takes elements 0-3 of the piece, step 1 elements 4-7.
+                    mma_16816<__nv_bfloat16>(acc[i], wa[u].x, wb[u].x, wa[u].y, wb[u].y, b[0][0], b[0][1]);
+                    mma_16816<__nv_bfloat16>(acc[i], wa[u].z, wb[u].z, wa[u].w, wb[u].w, b[1][0], b[1][1]);
+                }
+            }
+        };
+        int first = warp;
+        if constexpr (kEarlyWeights) {
+            const uint4* staged = buffer(turn % 2);
+            if (first < steps) {
+                uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; ++u) {
+                    const uint4 zero = make_uint4(0, 0, 0, 0);
+                    wa[u] = u < pieces ? staged[(2 * u) * 32 + lane] : zero;
+                    wb[u] = u < pieces ? staged[(2 * u + 1) * 32 + lane] : zero;
+                }
+                pass(wa, wb, first);
+            }
+            first += split * GEMV_UNROLL;
+            // Stage 9: the buffer's pieces are in the products' registers, so it takes the tile after
+            // next, whose copy runs under this tile's remaining passes and epilogue and the next tile.
+            if constexpr (kResidentTiles) copy_first_pass(buffer(turn % 2), tile + 2 * tile_stride);
         }
-        pass(wa, wb, s0);
+        for (int s0 = first; s0 < steps; s0 += split * GEMV_UNROLL) {
+            uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
+            // All of this pass's loads of W first: they are what the kernel waits on.
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = 32 * (s0 + u * split) + 8 * t;
+                const bool valid = s0 + u * split < steps && k < K;
+                const uint4 zero = make_uint4(0, 0, 0, 0);
+                wa[u] = valid && r.a ? *reinterpret_cast<const uint4*>(r.wa + k) : zero;
+                wb[u] = valid && r.b ? *reinterpret_cast<const uint4*>(r.wb + k) : zero;
+            }
+            pass(wa, wb, s0);
+        }
+        ladder_chain_mark(1);
+        if constexpr (kEarlyOperands) {
+            gemv_mma_reduce(acc, part, stats, store, r.n0, M, N, early, &held);
+            // Stage 9: the next tile's operands, requested before its products as the first tile's were.
+            if (kResidentTiles && tile + tile_stride < row_tiles) {
+                early = early_operands<MT>(store, (tile + tile_stride) * 16, M, N);
+            }
+        } else {
+            gemv_mma_reduce(acc, part, stats, store, r.n0, M, N, NoEarlyOperands{}, &held);
+        }
+        if constexpr (!kResidentTiles) break;  // stages 4-8: the block's one tile
     }
-    ladder_chain_mark(1);
-    if constexpr (kEarlyOperands) {
-        gemv_mma_reduce(acc, part, stats, store, n0, M, N, early);
-    } else {
-        gemv_mma_reduce(acc, part, stats, store, n0, M, N);
-    }
+    if constexpr (Store::kPicks) held.merge(store.picks);
 }
 
 #define GEMV_MMA_ENTRY(MT)                                                                                  \
-    extern "C" __global__ void gemv_mma_m##MT(float* out, const float* inp, const __nv_bfloat16* w,         \
+    extern "C" __global__ void GEMV_BOUNDS(MT) gemv_mma_m##MT(float* out, const float* inp, const __nv_bfloat16* w,         \
                                               const float* bias, const float* residual, int tail, int M,    \
                                               int N, int K) {                                               \
         gemv_skinny_mma<MT>(StoreRows{out, bias, residual, tail, N}, inp, w, M, N, K);                      \
     }                                                                                                       \
-    extern "C" __global__ void gemv_mma_bf16_m##MT(float* out, const __nv_bfloat16* inp,                    \
+    extern "C" __global__ void GEMV_BOUNDS(MT) gemv_mma_bf16_m##MT(float* out, const __nv_bfloat16* inp,                    \
                                                    const __nv_bfloat16* w, const float* bias,               \
                                                    const float* residual, int tail, int M, int N, int K) {  \
         gemv_skinny_mma<MT>(StoreRows{out, bias, residual, tail, N}, inp, w, M, N, K);                      \
