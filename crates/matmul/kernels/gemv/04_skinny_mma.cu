@@ -71,7 +71,8 @@
 //   1.05-1.10x stage 8, every GEMV of fewer tiles than fit at once (the step's others) the same, and
 //   the batch-1 decode step ~3 us less (decode-step 16). Measured (H200): the LM head alone 0.94x
 //   (26.3 against 24.7 us; DRAM 65% against 69% of peak, the walk's per-tile block barriers the
-//   largest stall), the others 0.98x (the walk's code, not run, costs 6 registers); in the decode step
+//   largest stall), 2.07x at M = 32 (43.8 against 90.6 us: the rows, below), the others 0.98x (the
+//   walk's code, not run, costs 6 registers); in the decode step
 //   (decode-step 16) the LM head's link after its wait 22.1 -> 20.7 us at B = 1, but its release
 //   1.5 -> 2.1 us: the step 1.00x at B = 1 and 8, and 1.04x at B = 32 (876.7 -> 843.2 us), where a
 //   tile's 32 staged LayerNorm rows (96 KB read from L2) outweigh its 24 KB of weights and a
