@@ -66,10 +66,9 @@ fn host_switched_builds(step: Plan, c: usize) -> Result<Vec<(&'static common::So
             builds.push((&matmul::SOURCES, with(&folded, &[matmul::gemv::QKV_APPEND])));
         }
         if step.picks_in_lm_head() {
-            builds.push((&matmul::SOURCES, with(&folded, &[matmul::gemv::PICKS])));
-        }
-        if step.resident_lm_head() {
-            builds.push((&matmul::SOURCES, with(&folded, &[matmul::gemv::PICKS, matmul::gemv::RESIDENT_TILES])));
+            // Stage 16's on resident blocks (gemv 9's switch), as the engine prepares it.
+            let resident: &[&str] = if step.resident_lm_head() { &[matmul::gemv::RESIDENT_TILES] } else { &[] };
+            builds.push((&matmul::SOURCES, with(&folded, &[&[matmul::gemv::PICKS], resident].concat())));
         }
         builds.push((&matmul::SOURCES, folded));
     }

@@ -221,51 +221,58 @@ impl Plan {
         }
     }
 
+    /// Whether this composed stage has `rung`'s idea: the composed stages are cumulative, each
+    /// adding one idea to the one before it ([`COMPOSED_RUNGS`]); a megakernel stage has none.
+    fn builds_on(self, rung: Plan) -> bool {
+        let at = |p: Plan| COMPOSED_RUNGS.iter().position(|&r| r == p);
+        matches!((at(self), at(rung)), (Some(s), Some(r)) if s >= r)
+    }
+
     /// Whether a composed step's kernels after the encoder are launched as programmatic dependents.
     pub fn dependent(self) -> bool {
-        // Every stage from the append on builds on stage 6's chain.
-        self == Plan::ComposedDependent || self.append_in_qkv()
+        self.builds_on(Plan::ComposedDependent)
     }
 
     /// Whether the QKV GEMV appends to the cache itself (no kv-append kernel).
     pub fn append_in_qkv(self) -> bool {
-        matches!(
-            self,
-            Plan::AppendInQkv
-                | Plan::StagedRows
-                | Plan::BatchedMerge
-                | Plan::EarlyOperands
-                | Plan::CoResident
-                | Plan::EarlyCache
-                | Plan::MergeInProjection
-                | Plan::PicksInLmHead
-                | Plan::ResidentLmHead
-        )
+        self.builds_on(Plan::AppendInQkv)
     }
 
     /// Whether the folded GEMVs run at 8 warps a block (stages 12-16).
     pub fn narrow_folded_gemvs(self) -> bool {
-        matches!(
-            self,
-            Plan::CoResident | Plan::EarlyCache | Plan::MergeInProjection | Plan::PicksInLmHead | Plan::ResidentLmHead
-        )
+        self.builds_on(Plan::CoResident)
     }
 
     /// Whether decode attention leaves its split partials for the attention projection to merge.
     pub fn merges_in_projection(self) -> bool {
-        matches!(self, Plan::MergeInProjection | Plan::PicksInLmHead | Plan::ResidentLmHead)
+        self.builds_on(Plan::MergeInProjection)
     }
 
     /// Whether a greedy step's LM head makes the picks and the argmax only reads them.
     pub fn picks_in_lm_head(self) -> bool {
-        matches!(self, Plan::PicksInLmHead | Plan::ResidentLmHead)
+        self.builds_on(Plan::PicksInLmHead)
     }
 
     /// Whether the picking LM head runs on resident blocks that walk row tiles (`gemv` 9's switch).
     pub fn resident_lm_head(self) -> bool {
-        self == Plan::ResidentLmHead
+        self.builds_on(Plan::ResidentLmHead)
     }
 }
+
+/// The composed stages in ladder order (0, 6, 7, 9-16): each keeps every idea of those before it.
+const COMPOSED_RUNGS: [Plan; 11] = [
+    Plan::Composed,
+    Plan::ComposedDependent,
+    Plan::AppendInQkv,
+    Plan::StagedRows,
+    Plan::BatchedMerge,
+    Plan::EarlyOperands,
+    Plan::CoResident,
+    Plan::EarlyCache,
+    Plan::MergeInProjection,
+    Plan::PicksInLmHead,
+    Plan::ResidentLmHead,
+];
 
 /// The megakernel's view of one layer: `MkLayer` of `02_megakernel.cu`, field for field.
 #[repr(C)]
@@ -549,5 +556,31 @@ impl MegaStep {
 
     pub(crate) fn resources(&self) -> ResourceUse {
         self.launch.resources().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each composed stage has the ideas of the stages before it, by stage number: the chain from 6,
+    /// the append from 7, narrow folded GEMVs from 12, the merge in the projection from 14, the picks
+    /// in the LM head from 15, the resident LM head from 16; a megakernel stage none of them.
+    #[test]
+    fn composed_stages_keep_the_ideas_before_them() {
+        for v in stages() {
+            let p = v.plan::<Plan>().unwrap();
+            let composed = p.model_plan().is_some();
+            let from = |stage: u32| composed && v.stage >= stage;
+            let got = [
+                p.dependent(),
+                p.append_in_qkv(),
+                p.narrow_folded_gemvs(),
+                p.merges_in_projection(),
+                p.picks_in_lm_head(),
+                p.resident_lm_head(),
+            ];
+            assert_eq!(got, [from(6), from(7), from(12), from(14), from(15), from(16)], "stage {}", v.stage);
+        }
     }
 }

@@ -329,15 +329,14 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: GemvDims) -> Result<Prepared> {
         let split = v.tunable("GEMV_SPLIT")?;
         require((1..=32).contains(&split), "1 <= GEMV_SPLIT <= 32", || format!("GEMV_SPLIT = {split}"))?;
     }
-    let shape = match plan {
-        Plan::Thread => LaunchShape::linear(((d.m * d.n) as u32).div_ceil(256), 256),
-        Plan::Warp { rows_per_warp } => LaunchShape::linear((d.n as u32).div_ceil(4 * rows_per_warp), 128),
-        Plan::SplitK => LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?),
-        Plan::Mma => {
-            return Ok(Prepared { launch: prepare_mma(gpu, &for_shape(v, d)?, entry, d)?, d, weights: Precision::Bf16 })
-        }
+    let v = for_shape(v, d)?;
+    let fma = |shape| gpu.prepare_launch(&SOURCES, &v, &format!("{entry}{mt}"), shape);
+    let launch = match plan {
+        Plan::Thread => fma(LaunchShape::linear(((d.m * d.n) as u32).div_ceil(256), 256))?,
+        Plan::Warp { rows_per_warp } => fma(LaunchShape::linear((d.n as u32).div_ceil(4 * rows_per_warp), 128))?,
+        Plan::SplitK => fma(LaunchShape::linear(d.n as u32, 32 * v.tunable("GEMV_SPLIT")?))?,
+        Plan::Mma => prepare_mma(gpu, &v, entry, d)?,
     };
-    let launch = gpu.prepare_launch(&SOURCES, &for_shape(v, d)?, &format!("{entry}{mt}"), shape)?;
     Ok(Prepared { launch, d, weights: Precision::Bf16 })
 }
 
