@@ -416,6 +416,19 @@ fn stages() -> Vec<Variant> {
         )
         .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)])
         .with_requirements(Requirements::SM90),
+        k(
+            11,
+            "warps-by-shape",
+            "decode/07_fused_combine.cu",
+            Plan::FusedCombine,
+            "stage 9 with 8 or 16 warps a block where each warp keeps two tiles of its split and every block stays resident: 2-4x the K/V bytes in flight where few blocks run (GPT-2's B = 8)",
+        )
+        .with_tunables(&[("TC_WARPS", 4), ("TC_STAGES", 3)])
+        .with_defines(vec![
+            Define::on("DECODE_BATCHED_MERGE"),
+            Define::on("DECODE_EARLY_CACHE"),
+            Define::on("DECODE_WARPS_BY_SHAPE"),
+        ]),
     ]
 }
 
@@ -730,6 +743,14 @@ enum Stage {
 /// ([`Prepared::partials`]). With one split the stage writes its output as without it.
 pub const PARTIALS_OUT: &str = "DECODE_PARTIALS_OUT";
 
+/// The switch of stage 11: entries at 4, 8 and 16 warps a block, the launch at the most warps that
+/// leave each warp two tiles of its split and every block resident at once (else TC_WARPS).
+pub const WARPS_BY_SHAPE: &str = "DECODE_WARPS_BY_SHAPE";
+/// Stage 11's warp counts, most first; the last is the stage's TC_WARPS.
+const WARP_CHOICES: [u32; 3] = [16, 8, 4];
+/// Tokens a warp's tile holds (`TC_TILE` in attention_decode_mma.cuh).
+const TC_TILE: usize = 16;
+
 /// A split launch's unmerged partials ([`Prepared::partials`]).
 pub struct SplitPartials<'a> {
     pub o: &'a CudaSlice<f32>,
@@ -822,10 +843,31 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
         }
         Plan::FusedCombine | Plan::ClusterMerge => {
             let (warps, stages) = (v.tunable("TC_WARPS")?, v.tunable("TC_STAGES")?);
-            let smem = warps * stages * 2 * 16 * dim as u32 * 2;
-            let shape = LaunchShape::new((d.splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem);
+            let shape_at = |warps: u32| {
+                let smem = warps * stages * 2 * 16 * dim as u32 * 2;
+                LaunchShape::new((d.splits as u32, hkv as u32, b), (32 * warps, 1, 1)).with_shared(smem)
+            };
+            let shape = shape_at(warps);
+            // Stage 11: the entry at the warp count the shape takes (`_w4`, `_w8`, `_w16`).
+            let at_warps = |entry: &str| -> Result<Launch> {
+                if !v.has(WARPS_BY_SHAPE) {
+                    return launch(entry, shape);
+                }
+                let keys = d.tmax.div_ceil(d.splits);
+                let blocks = d.splits * hkv * d.b;
+                let optin = gpu.info().shared_memory_per_block_optin;
+                // At D = 128 a 16-warp ring is 384 KB: no such entry.
+                for w in WARP_CHOICES.into_iter().filter(|&w| shape_at(w).dynamic_shared_bytes <= optin) {
+                    let at = launch(&format!("{entry}_w{w}"), shape_at(w))?;
+                    let resident = gpu.info().sm_count as usize * at.resources().blocks_per_sm as usize;
+                    if w == warps || (keys >= 2 * TC_TILE * w as usize && blocks <= resident) {
+                        return Ok(at);
+                    }
+                }
+                Err(Error::constraint("stage 11's fewest warps equal to TC_WARPS", format!("TC_WARPS = {warps}")))
+            };
             if d.splits == 1 {
-                Stage::Fused(launch(&format!("decode_tc_single_{ty}_d{dim}"), shape)?)
+                Stage::Fused(at_warps(&format!("decode_tc_single_{ty}_d{dim}"))?)
             } else if plan == Plan::ClusterMerge {
                 // A (sequence, KV head)'s splits are one cluster; the entry takes the single split's
                 // arguments.
@@ -835,15 +877,9 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
                 let rows = d.b * hq * d.splits;
                 let (o, m, l, parts) = (gpu.zeros(rows * dim)?, gpu.zeros(rows)?, gpu.zeros(rows)?, d.splits);
                 if v.has(PARTIALS_OUT) {
-                    Stage::Partials {
-                        kernel: launch(&format!("decode_tc_partials_{ty}_d{dim}"), shape)?,
-                        o,
-                        m,
-                        l,
-                        parts,
-                    }
+                    Stage::Partials { kernel: at_warps(&format!("decode_tc_partials_{ty}_d{dim}"))?, o, m, l, parts }
                 } else {
-                    let kernel = launch(&format!("decode_tc_fused_{ty}_d{dim}"), shape)?;
+                    let kernel = at_warps(&format!("decode_tc_fused_{ty}_d{dim}"))?;
                     Stage::SplitFused { kernel, o, m, l, tickets: gpu.zeros(d.b * hkv)?, parts }
                 }
             }
@@ -872,6 +908,15 @@ impl Prepared {
         match &self.stage {
             Stage::Split { parts, .. } | Stage::SplitFused { parts, .. } | Stage::Partials { parts, .. } => *parts,
             _ => 1,
+        }
+    }
+
+    /// The split kernel's launch (the one kernel of stages 7-11), for a caller that reports or
+    /// checks what ran; none where a stage runs several kernels.
+    pub fn split_launch(&self) -> Option<&Launch> {
+        match &self.stage {
+            Stage::Fused(l) | Stage::Partials { kernel: l, .. } | Stage::SplitFused { kernel: l, .. } => Some(l),
+            _ => None,
         }
     }
 

@@ -232,6 +232,41 @@ fn main() -> std::process::ExitCode {
                 ] {
                     assert_stages_pass(gpu, &Decode, &s, &all);
                 }
+                // Two splits of blocks that do not fill the SMs, so that stage 11 launches its
+                // merging entries at 16 warps (D = 64) and 8 (D = 128); one split takes its single
+                // entries there at the default shapes.
+                for mut s in [
+                    decode_shape(4, 12, 12, 64, 1024, 1, bs, dtype, alibi),
+                    decode_shape(2, 32, 32, 128, 700, 1, bs, dtype, alibi),
+                ] {
+                    s.set("splits", 2);
+                    assert_stages_pass(gpu, &Decode, &s, &all);
+                }
+            }
+        })
+        .gpu("decode_stage_11_launches_warps_by_shape", |gpu| {
+            // 16 warps where GPT-2's 96 unsplit blocks leave SMs idle, 8 at D = 128 (a 16-warp ring
+            // does not fit), stage 9's 4 where the splits are short (B = 1) or the blocks many.
+            let v = Decode.variants().into_iter().find(|v| v.stage == 11).unwrap();
+            let sms = gpu.info().sm_count as usize;
+            let dims = |b, hq, hkv, d, tmax| DecodeDims {
+                b,
+                heads: Heads { hq, hkv, d },
+                tmax,
+                dtype: Dtype::Bf16,
+                block_size: 16,
+                splits: 0,
+            };
+            for (d, warps) in [
+                (dims(8, 12, 12, 64, 1024), if sms >= 96 { 16 } else { 4 }),
+                (dims(1, 12, 12, 64, 1024), 4),
+                (dims(32, 12, 12, 64, 1024), 4),
+                (dims(32, 32, 4, 128, 8192), if sms >= 128 { 8 } else { 4 }),
+            ] {
+                let p = decode::prepare(gpu, &v, d).unwrap();
+                let launch = p.split_launch().unwrap();
+                assert_eq!(launch.shape().block.0, 32 * warps, "{d:?}: {}", launch.name());
+                assert!(launch.name().ends_with(&format!("_w{warps}")), "{d:?}: {}", launch.name());
             }
         })
         .gpu("decode_stages_pass_ragged", |gpu| {

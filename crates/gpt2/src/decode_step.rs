@@ -5,8 +5,9 @@
 //!
 //! Shape keys: `B` sequences, `len` cached positions before the step (the new token goes to
 //! position `len`), `ragged` (1: each sequence's length drawn in [len/2, len]), the model's `L`
-//! layers, `C` channels and `H` heads (GPT-2's vocabulary and context), and `grid` (blocks of a
-//! megakernel launch; 0: the SMs times its blocks per SM).
+//! layers, `C` channels and `H` heads (GPT-2's vocabulary and context), `grid` (blocks of a
+//! megakernel launch; 0: the SMs times its blocks per SM) and `splits` (a composed step's decode
+//! attention splits per sequence and head; 0 or absent: the attention stage's heuristic).
 //!
 //! The check: random weights and a random cache, the step's logits, each layer's appended k and v,
 //! and the picked ids against the model in f64 on the CPU ([`reference`]); an id passes when its
@@ -25,7 +26,7 @@ use rayon::prelude::*;
 use crate::config::Config;
 pub use crate::megakernel::OP;
 use crate::megakernel::{check_megakernel, stages, Plan, B_LIMIT, C_LIMIT, C_MULTIPLE, HEAD_LIMIT};
-use crate::model::{splitmix, HostCache, Model};
+use crate::model::{splitmix, HostCache, Model, StepLaunch};
 use crate::plan::Plan as ModelPlan;
 use crate::weights::Weights;
 use crate::{pointwise, SOURCES};
@@ -34,7 +35,7 @@ common::declare_op! {
     pub struct DecodeStep {
         name: OP,
         description: "one greedy decode step of the whole model over the bf16 KV cache (ids in, logits and next ids out)",
-        shape_keys: ["B", "len", "ragged", "L", "C", "H", "grid"],
+        shape_keys: ["B", "len", "ragged", "L", "C", "H", "grid", "splits"],
         stages: stages,
     }
 }
@@ -99,7 +100,7 @@ struct StepDims {
     b: usize,
     len: usize,
     ragged: bool,
-    grid: Option<u32>,
+    launch: StepLaunch,
 }
 
 impl StepDims {
@@ -120,9 +121,13 @@ impl StepDims {
             None | Some(0) => None,
             Some(_) => Some(s.dim("grid", 1 << 16)? as u32),
         };
+        let splits = match s.get("splits") {
+            None | Some(0) => None,
+            Some(_) => Some(s.dim("splits", attention::decode::MAX_SPLITS as i64)?),
+        };
         let ragged = s.get("ragged").unwrap_or(0);
         require((0..=1).contains(&ragged), "ragged in {0, 1}", || format!("ragged = {ragged}"))?;
-        Ok(StepDims { cfg, b, len, ragged: ragged == 1, grid })
+        Ok(StepDims { cfg, b, len, ragged: ragged == 1, launch: StepLaunch { grid, splits } })
     }
 
     /// Each sequence's cached length: `len`, or ragged in [len/2, len].
@@ -134,9 +139,13 @@ impl StepDims {
 fn check(v: &Variant, d: &StepDims) -> Result<()> {
     if v.plan::<Plan>()?.model_plan().is_none() {
         check_megakernel(&d.cfg, d.b)?;
+        // A megakernel's attention phase splits by its own grid, not by decode attention's.
+        require(d.launch.splits.is_none(), SPLITS_COMPOSED, || format!("splits = {:?}", d.launch.splits))?;
     }
     Ok(())
 }
+
+const SPLITS_COMPOSED: &str = "splits = 0 except on a composed step (a megakernel splits by its grid)";
 
 fn shape(b: i64, len: i64, l: i64, c: i64, h: i64) -> Shape {
     Shape::new(&[("B", b), ("len", len), ("ragged", 0), ("L", l), ("C", c), ("H", h), ("grid", 0)])
@@ -303,7 +312,7 @@ impl Problem for StepProblem {
         // A composed stage runs its model plan's ops; a megakernel stage replaces them.
         let plan = v.plan::<Plan>()?.model_plan().unwrap_or("bf16");
         self.model.set_plan(ModelPlan::parse(plan)?)?;
-        self.model.set_step_stage(v.clone(), self.d.grid);
+        self.model.set_step_stage(v.clone(), self.d.launch);
         self.model.prepare_step(gpu, &self.cache, &self.tokens)
     }
     fn enqueue(&mut self, _: &CudaStream, _: usize) -> Result<()> {

@@ -70,6 +70,9 @@ pub enum Plan {
     /// [`Plan::PicksInLmHead`] with the picking LM head on `gemv` 9's resident blocks, each walking
     /// row tiles and offering its picks once.
     ResidentLmHead,
+    /// [`Plan::ResidentLmHead`] on decode attention 11: 8 or 16 warps a block where few blocks run,
+    /// 2-4x the cached rows in flight.
+    AttentionWarps,
 
     /// The megakernel launched once per layer (the phases of one block).
     PerLayer,
@@ -187,6 +190,13 @@ pub(crate) fn stages() -> Vec<Variant> {
             "stage 15 with the LM head's picking GEMV on gemv 9 (GEMV_RESIDENT_TILES on stage 8's recipe): as many blocks as fit on the GPU at once instead of one per 16 rows (524 of six tiles each at B = 1, against 3144 in six waves), the next tile's first pass of weights copied under the current one's products and epilogue, the LayerNorm rows staged once a block and each row's pick merged once a block; the step's other GEMVs stay on gemv 8",
             Plan::ResidentLmHead,
         ),
+        composed(
+            17,
+            "attention-warps",
+            "stage 16 with decode attention 11: 16 warps a block where its blocks do not fill the SMs (B = 8), 4x the cached K/V bytes in flight",
+            "stage 16 with decode attention 11: a block of the unsplit attention at B = 8 (96 blocks on 132 SMs) runs 16 warps instead of 4, each warp a quarter of the keys with its two tiles in flight, merged in shared memory, so a block keeps 64 KB of the cache in flight instead of 16 KB; at B = 1 (8 splits of 128 keys) and B = 32 (384 blocks) the attention launches stage 9's 4 warps",
+            Plan::AttentionWarps,
+        ),
         Variant::kernel(
             FAMILY,
             OP,
@@ -217,6 +227,7 @@ impl Plan {
             Plan::EarlyCache | Plan::MergeInProjection | Plan::PicksInLmHead | Plan::ResidentLmHead => {
                 Some("pdl:gemv=8,decode=9")
             }
+            Plan::AttentionWarps => Some("pdl:gemv=8,decode=11"),
             Plan::PerLayer | Plan::WholeStep | Plan::Streamed => None,
         }
     }
@@ -259,8 +270,8 @@ impl Plan {
     }
 }
 
-/// The composed stages in ladder order (0, 6, 7, 9-16): each keeps every idea of those before it.
-const COMPOSED_RUNGS: [Plan; 11] = [
+/// The composed stages in ladder order (0, 6, 7, 9-17): each keeps every idea of those before it.
+const COMPOSED_RUNGS: [Plan; 12] = [
     Plan::Composed,
     Plan::ComposedDependent,
     Plan::AppendInQkv,
@@ -272,6 +283,7 @@ const COMPOSED_RUNGS: [Plan; 11] = [
     Plan::MergeInProjection,
     Plan::PicksInLmHead,
     Plan::ResidentLmHead,
+    Plan::AttentionWarps,
 ];
 
 /// The megakernel's view of one layer: `MkLayer` of `02_megakernel.cu`, field for field.

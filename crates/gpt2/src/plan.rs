@@ -168,13 +168,14 @@ impl Plan {
     ///   the MLP up and the LM head in: no LayerNorm kernel) and `linear-fp8` 8 with the tails (its
     ///   wide tile at the LM head, stage 7's kernel at the others), the LM head included; the decode
     ///   step on `gemv-fp8` 1 with the LayerNorms folded in;
-    /// - `pdl`: `bf16` with the decode step as a programmatic-dependent chain (`decode-step` 16):
+    /// - `pdl`: `bf16` with the decode step as a programmatic-dependent chain (`decode-step` 17):
     ///   every kernel after the encoder starts under the one before it and waits for it inside the
     ///   kernel, the GEMVs (stage 8) with their first pass of weights already copied, a folded
     ///   LayerNorm's rows read once and the epilogue's operands read before the products, the
     ///   folded ones at 8 warps a block so that the next link fits beside them, kv-append in the QKV
-    ///   GEMV's epilogue, decode attention 9 (the cached K/V rows requested before the wait) with
-    ///   its split merge done by the attention projection as it stages its input, and a greedy
+    ///   GEMV's epilogue, decode attention 11 (the cached K/V rows requested before the wait, 16
+    ///   warps a block where its blocks do not fill the SMs) with its split merge done by the
+    ///   attention projection as it stages its input, and a greedy
     ///   step's picks made in the LM head's epilogue, that LM head on resident blocks walking row
     ///   tiles (`gemv` 9's switch);
     /// - `megakernel`: `bf16` with the decode step as one persistent kernel (`decode-step` 5).
@@ -189,7 +190,7 @@ impl Plan {
             "cublas-gemv" => [0, 6, 91, 5, 1, 1, 7, 0, 1, 0, 0, 0, OFF, OFF, OFF, OFF, OFF, OFF, OFF],
             "bf16" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 0, 7, 16, 16, 13, OFF, OFF, OFF],
             "fp8" => [0, 6, 91, 6, 1, 1, 7, 0, OFF, 1, 0, 0, 7, 16, 16, 13, 2, 8, 1],
-            "pdl" => [0, 6, 91, 6, 1, 1, 9, 0, 8, 1, 0, 16, 7, 16, 16, 13, OFF, OFF, OFF],
+            "pdl" => [0, 6, 91, 6, 1, 1, 11, 0, 8, 1, 0, 17, 7, 16, 16, 13, OFF, OFF, OFF],
             "megakernel" => [0, 6, 91, 6, 1, 1, 7, 0, 5, 1, 0, 5, 7, 16, 16, 13, OFF, OFF, OFF],
             "fastest" | "fastest-bf16" => {
                 return Err(Error::constraint(

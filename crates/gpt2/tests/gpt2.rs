@@ -183,7 +183,7 @@ mod model {
         assert_eq!(p.clone().with_overrides("linear=0,gelu=0").unwrap().linear.stage, 0);
         // A paged decode stage (vLLM v1 and v2) gives the model a paged cache.
         assert_eq!(p.clone().with_overrides("decode=3").unwrap().decode.stage, 3);
-        assert!(p.clone().with_overrides("decode=11").is_err());
+        assert!(p.clone().with_overrides("decode=12").is_err());
         // The bf16 pass's three ops go on and off together.
         let e = p.clone().with_overrides("linear-bf16=16").unwrap_err().to_string();
         assert!(e.contains("all on (a bf16 pass) or all off"), "{e}");
@@ -318,4 +318,29 @@ mod generation {
             assert!(Sampler::new(bad).is_err(), "{bad:?}");
         }
     }
+}
+
+#[test]
+fn decode_step_splits_apply_to_composed_stages_only() {
+    // `splits` forces a composed step's decode attention splits; a megakernel, whose attention
+    // phase splits by its grid, refuses it with a typed error, and so does a count past the limit.
+    use common::Op;
+    let op = gpt2::decode_step::DecodeStep;
+    let at = |splits: i64| {
+        common::Shape::new(&[("B", 8), ("len", 1000), ("L", 12), ("C", 768), ("H", 12), ("splits", splits)])
+    };
+    let max = attention::decode::MAX_SPLITS as i64;
+    let mut composed = 0;
+    for v in op.variants() {
+        let is_composed = v.plan::<gpt2::megakernel::Plan>().unwrap().model_plan().is_some();
+        composed += is_composed as usize;
+        assert!(op.validate(&v, &at(0)).is_ok(), "stage {} at splits = 0", v.id());
+        let forced = op.validate(&v, &at(4));
+        assert_eq!(forced.is_ok(), is_composed, "stage {} at splits = 4: {forced:?}", v.id());
+        if !is_composed {
+            assert!(matches!(forced, Err(common::Error::Constraint { .. })), "stage {}", v.id());
+        }
+        assert!(matches!(op.validate(&v, &at(max + 1)), Err(common::Error::Constraint { .. })), "stage {}", v.id());
+    }
+    assert!(composed >= 2, "composed stages: {composed}");
 }

@@ -272,13 +272,20 @@ fn main() -> std::process::ExitCode {
             }
         })
         .gpu("decode_step_ragged_and_smaller_grids", |gpu| {
-            // Ragged lengths, batches that are not multiples of 8, and grids far below the SMs (units
-            // strided over fewer blocks; the barriers count the blocks there are).
+            // Ragged lengths, batches that are not multiples of 8, grids far below the SMs (units
+            // strided over fewer blocks; the barriers count the blocks there are), and decode
+            // attention's splits forced on the composed stages (the megakernels refuse them).
             let op = &gpt2::decode_step::DecodeStep;
             proptest(
                 6,
-                (1i64..=32, 2i64..=1022, 0i64..=1, prop_oneof![Just(0i64), 1i64..=40]),
-                |(b, len, ragged, grid)| {
+                (
+                    1i64..=32,
+                    2i64..=1022,
+                    0i64..=1,
+                    prop_oneof![Just(0i64), 1i64..=40],
+                    prop_oneof![Just(0i64), 1i64..=9],
+                ),
+                |(b, len, ragged, grid, splits)| {
                     let shape = Shape::new(&[
                         ("B", b),
                         ("len", len),
@@ -287,6 +294,7 @@ fn main() -> std::process::ExitCode {
                         ("C", 768),
                         ("H", 12),
                         ("grid", grid),
+                        ("splits", splits),
                     ]);
                     assert_stages_pass(gpu, op, &shape, &op.variants());
                 },
@@ -307,7 +315,7 @@ fn main() -> std::process::ExitCode {
                 ("megakernel:decode-step=8", true),
                 ("pdl", false),
                 ("pdl", true),
-                // `pdl` (decode-step 16) has its picking LM head on resident blocks that walk row
+                // `pdl` (decode-step 17) has its picking LM head on resident blocks that walk row
                 // tiles; stage 15 the one-tile blocks. The greedy steps' picks made by the LM head,
                 // the others' logits by its plain form.
                 ("pdl:decode-step=15", false),

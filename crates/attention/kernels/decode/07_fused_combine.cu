@@ -35,6 +35,16 @@
 //   only the first two tiles a warp, ~0.5 us a layer. Measured (H100, decode-step 13): the link
 //   8.1 -> 6.2 us, the step 259.8 -> 246.2 / 368.4 -> 349.9 / 1027 -> 991 us at B = 1 / 8 / 32;
 //   alone, with no kernel before it to hide under, 0.95x stage 8 at B = 1 (one more trip).
+// Stage 11 (DECODE_WARPS_BY_SHAPE): every entry also at 8 and 16 warps a block (`_w4`, `_w8`, `_w16`),
+//   and the host launches the most warps that leave each warp two 16-token tiles of its split and
+//   every block of the launch resident at once. Why: a warp keeps STAGES - 1 = 2 tile pairs in flight,
+//   4 KB each at D = 64, so a 4-warp block has 16 KB in flight; at ~1 us of loaded DRAM latency that
+//   is 16 GB/s a block, and GPT-2's B = 8 (96 unsplit blocks on 96 SMs) reads its 25 MB at 1.8 TB/s
+//   (13.5 us from the wait in the decode step's chain, H200; 15.4 us alone on an H100, 54% of copy).
+//   Splitting further costs a merge (in the step, the projection's merge grew to 11 us at 4 splits);
+//   more warps a block keep the merge in shared memory and 4x the bytes in flight. Predicted: B = 8
+//   ~6-7 us in the chain (the bytes at ~4 TB/s), the step ~70 us shorter; B = 1 and B >= 32 (where the
+//   splits or the blocks already fill the SMs) unchanged.
 // Launch: decode_tc_single_{bf16,f16}_d{64,128} (one split) or decode_tc_fused_* (several): grid
 //   (splits, HKV, B), block 32*TC_WARPS, dynamic shared memory TC_WARPS*TC_STAGES*2*16*D*2 bytes;
 //   the fused entry takes a zeroed int ticket per (sequence, KV head).
@@ -77,13 +87,14 @@ __device__ __forceinline__ void decode_entry_prerequisites() {
 }
 
 // Several splits: each writes its partial; the last of a (sequence, KV head) to finish merges.
-template <typename T, int D>
+template <typename T, int D, int W>
 __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* o_part, float* m_part, float* l_part,
                                                      int* tickets, const T* q, const T* k, const T* v,
                                                      const int* seq_lens, const float* slopes, int Tmax, int G,
                                                      float scale) {
-    tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::GlobalPartials, SplitCache>(nullptr, nullptr, o_part, m_part, l_part, q, k,
-                                                                      v, seq_lens, slopes, Tmax, G, scale);
+    tensor_core_decode<T, D, W, TC_STAGES, DecodeOut::GlobalPartials, SplitCache>(nullptr, nullptr, o_part, m_part,
+                                                                               l_part, q, k, v, seq_lens, slopes,
+                                                                               Tmax, G, scale);
     ladder_chain_mark(0);
     __shared__ int last;
     __threadfence();  // this block's partials are visible device-wide before its ticket is drawn
@@ -106,42 +117,59 @@ __device__ __forceinline__ void fused_combine_decode(T* out, float* lse, float* 
     }
 }
 
-#define FUSED_ENTRY(SUFFIX, T, D)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_fused_##SUFFIX##_d##D(                \
+// The entries of one dtype, head size and warp count W, named with NAME after the head size.
+#define FUSED_ENTRY(SUFFIX, T, D, W, NAME)                                                                        \
+    extern "C" __global__ void __launch_bounds__(W * 32) decode_tc_fused_##SUFFIX##_d##D##NAME(                   \
         T* out, float* lse, float* o_part, float* m_part, float* l_part, int* tickets, const T* q, const T* k,   \
         const T* v, const int* seq_lens, const float* slopes, int Tmax, int G, float scale) {                    \
         LADDER_CHAIN_BLOCK();                                                                                    \
         decode_entry_prerequisites();                                                                            \
-        fused_combine_decode<T, D>(out, lse, o_part, m_part, l_part, tickets, q, k, v, seq_lens, slopes, Tmax, G, \
-                                   scale);                                                                       \
+        fused_combine_decode<T, D, W>(out, lse, o_part, m_part, l_part, tickets, q, k, v, seq_lens, slopes, Tmax, \
+                                      G, scale);                                                                 \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_single_##SUFFIX##_d##D(               \
+    extern "C" __global__ void __launch_bounds__(W * 32) decode_tc_single_##SUFFIX##_d##D##NAME(                  \
         T* out, float* lse, const T* q, const T* k, const T* v, const int* seq_lens, const float* slopes, int Tmax, \
         int G, float scale) {                                                                                     \
         LADDER_CHAIN_BLOCK();                                                                                     \
         decode_entry_prerequisites();                                                                             \
-        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::Final, SplitCache>(out, lse, nullptr, nullptr, nullptr, q, k, v, \
-                                                                         seq_lens, slopes, Tmax, G, scale);       \
-    }
+        tensor_core_decode<T, D, W, TC_STAGES, DecodeOut::Final, SplitCache>(out, lse, nullptr, nullptr, nullptr, q, \
+                                                                            k, v, seq_lens, slopes, Tmax, G, scale); \
+    }                                                                                                             \
+    PARTIALS_ENTRY(SUFFIX, T, D, W, NAME)
 #ifdef DECODE_PARTIALS_OUT
 // DECODE_PARTIALS_OUT (a host switch of the decode step's attention, `decode-step` 14): several
 // splits, each writing its partial and nothing else: no fence, ticket or merging block. The next
 // kernel, the attention projection (gemv's GEMV_MERGE_SPLITS), merges them as it stages its input.
-#define PARTIALS_ENTRY(SUFFIX, T, D)                                                                             \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32) decode_tc_partials_##SUFFIX##_d##D(             \
+#define PARTIALS_ENTRY(SUFFIX, T, D, W, NAME)                                                                    \
+    extern "C" __global__ void __launch_bounds__(W * 32) decode_tc_partials_##SUFFIX##_d##D##NAME(                \
         float* o_part, float* m_part, float* l_part, const T* q, const T* k, const T* v, const int* seq_lens,   \
         const float* slopes, int Tmax, int G, float scale) {                                                     \
         LADDER_CHAIN_BLOCK();                                                                                    \
         decode_entry_prerequisites();                                                                            \
-        tensor_core_decode<T, D, TC_WARPS, TC_STAGES, DecodeOut::GlobalPartials, SplitCache>(                   \
+        tensor_core_decode<T, D, W, TC_STAGES, DecodeOut::GlobalPartials, SplitCache>(                          \
             nullptr, nullptr, o_part, m_part, l_part, q, k, v, seq_lens, slopes, Tmax, G, scale);                \
         ladder_chain_mark(0);                                                                                    \
     }
-PARTIALS_ENTRY(bf16, __nv_bfloat16, 64)
-PARTIALS_ENTRY(bf16, __nv_bfloat16, 128)
+#else
+#define PARTIALS_ENTRY(SUFFIX, T, D, W, NAME)
 #endif
 
-FUSED_ENTRY(bf16, __nv_bfloat16, 64)
-FUSED_ENTRY(bf16, __nv_bfloat16, 128)
-FUSED_ENTRY(f16, __half, 64)
-FUSED_ENTRY(f16, __half, 128)
+// Every dtype at head size D and W warps a block.
+#define ENTRIES_AT(D, W, NAME)                    \
+    FUSED_ENTRY(bf16, __nv_bfloat16, D, W, NAME)  \
+    FUSED_ENTRY(f16, __half, D, W, NAME)
+
+#ifdef DECODE_WARPS_BY_SHAPE
+// Stage 11's part: the warp counts the host chooses from (decode.rs's WARP_CHOICES), the fewest being
+// the stage's TC_WARPS.
+// At D = 128 a 16-warp block's ring (384 KB) does not fit shared memory: 4 and 8 warps only.
+static_assert(TC_WARPS == 4, "stage 11's entries are 4, 8 and 16 warps a block");
+ENTRIES_AT(64, 4, _w4)
+ENTRIES_AT(64, 8, _w8)
+ENTRIES_AT(64, 16, _w16)
+ENTRIES_AT(128, 4, _w4)
+ENTRIES_AT(128, 8, _w8)
+#else
+ENTRIES_AT(64, TC_WARPS, )
+ENTRIES_AT(128, TC_WARPS, )
+#endif

@@ -315,7 +315,7 @@ impl Model {
             tmax: cfg.max_t,
             dtype: Dtype::Bf16,
             block_size: PAGED_BLOCK,
-            splits: 0,
+            splits: self.step_launch.splits.unwrap_or(0),
         };
         let kv_dims = self.kv_dims(b, b, ActType::F32)?;
         let argmax_dims = ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() };
@@ -430,7 +430,7 @@ impl Model {
                         "a contiguous cache for a megakernel step",
                         || format!("decode stage {} reads the paged layout", p.decode.stage),
                     )?;
-                    Some(MegaStep::prepare(gpu, &p.step, cfg, b, self.mega_grid)?)
+                    Some(MegaStep::prepare(gpu, &p.step, cfg, b, self.step_launch.grid)?)
                 }
             },
         };

@@ -7,7 +7,7 @@ use common::cudarc::driver::CudaStream;
 use common::{require, DriverContext, Error, Gpu, Result};
 
 use super::decode_engine::{enqueue_step, StepEnd};
-use super::Model;
+use super::{Model, StepLaunch};
 use crate::cache::{KvCache, LayerCache};
 use crate::config::Config;
 use crate::megakernel::MegaStep;
@@ -16,11 +16,11 @@ use rayon::prelude::*;
 /// The decode step as `gpt2/decode-step` drives it: a stage set, a cache filled from the host, the
 /// greedy step replayed without advancing, its outputs read back.
 impl Model {
-    /// Runs the decode step with `decode-step` stage `v` (re-prepared at the next step), a
-    /// megakernel on `grid` blocks (`None`: its default).
-    pub fn set_step_stage(&mut self, v: common::Variant, grid: Option<u32>) {
+    /// Runs the decode step with `decode-step` stage `v` (re-prepared at the next step) and the
+    /// launch settings `launch`.
+    pub fn set_step_stage(&mut self, v: common::Variant, launch: StepLaunch) {
         self.plan.step = v;
-        self.mega_grid = grid;
+        self.step_launch = launch;
         self.decode = None;
     }
 

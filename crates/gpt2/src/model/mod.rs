@@ -59,8 +59,18 @@ pub struct Model {
     decode: Option<(usize, DecodeStep)>,
     /// Replay the decode step from a CUDA graph captured once per batch size and cache.
     graph: bool,
-    /// Blocks of a megakernel step's launch (`None`: its stage's default, every SM).
-    mega_grid: Option<u32>,
+    /// The decode step's launch settings that `gpt2/decode-step`'s shape keys set.
+    step_launch: StepLaunch,
+}
+
+/// Launch settings of the decode step that its ladder sweeps (`grid` and `splits` shape keys);
+/// `None` takes the stage's own choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepLaunch {
+    /// Blocks of a megakernel step's launch (default: its blocks per SM times the SMs).
+    pub grid: Option<u32>,
+    /// Splits of a composed step's decode attention (default: the attention stage's heuristic).
+    pub splits: Option<usize>,
 }
 
 impl Model {
@@ -82,7 +92,15 @@ impl Model {
         let bf16 = forms.bf16.then(|| Bf16Weights::new(gpu, weights, &lm_head, forms.folded)).transpose()?;
         let fp8 = forms.fp8.then(|| Fp8Weights::new(gpu, &cfg, weights, &lm_head, forms.fp8_folded)).transpose()?;
         let weights = DeviceWeights { p: weights.map(|w| gpu.upload(w))?, lm_head: gpu.upload(&lm_head)?, bf16, fp8 };
-        Ok(Model { cfg, plan, weights, prepared: HashMap::new(), decode: None, graph: false, mega_grid: None })
+        Ok(Model {
+            cfg,
+            plan,
+            weights,
+            prepared: HashMap::new(),
+            decode: None,
+            graph: false,
+            step_launch: StepLaunch::default(),
+        })
     }
 
     /// Runs `plan` from now on, over the weights already on the device: it must read the same
