@@ -38,7 +38,7 @@ common::declare_op! {
         description: "decode attention (one query token) over a bf16/fp16 KV cache, contiguous [B,Tmax,HKV,D] and \
                       paged (vLLM layout); MHA/GQA/MQA, ALiBi (alibi=1), lse; seq = Tmax, ragged=1 draws lengths in \
                       [seq/2, seq]",
-        shape_keys: ["B", "HQ", "HKV", "D", "seq", "ragged", "bs", "dtype", "alibi", "splits"],
+        shape_keys: ["B", "HQ", "HKV", "D", "seq", "ragged", "bs", "dtype", "alibi", "splits", "warps"],
         stages: stages,
     }
 }
@@ -449,6 +449,8 @@ pub struct DecodeDims {
     pub block_size: usize,
     /// Split count of the split stages; 0 = the heuristic.
     pub splits: usize,
+    /// Stage 11's warps a block, one of 4, 8 and 16 (16 only at D = 64); 0 = its choice by shape.
+    pub warps: usize,
 }
 
 impl DecodeDims {
@@ -487,6 +489,11 @@ pub fn check_shape(v: &Variant, d: DecodeDims) -> Result<()> {
     let plan = v.plan::<Plan>()?;
     let Heads { hq, hkv, d: dim } = d.heads;
     require(dim == 64 || dim == 128, HEAD_DIM, || format!("D = {dim}"))?;
+    if d.warps != 0 {
+        require(v.has(WARPS_BY_SHAPE), WARPS_STAGE, || format!("warps = {}", d.warps))?;
+        let built = WARP_CHOICES.contains(&(d.warps as u32)) && (dim == 64 || d.warps <= 8);
+        require(built, WARPS_BUILT, || format!("warps = {}, D = {dim}", d.warps))?;
+    }
     require(hq >= 1 && hkv >= 1 && hq.is_multiple_of(hkv), GROUPS, || format!("HQ = {hq}, HKV = {hkv}"))?;
     require(d.b >= 1 && d.tmax >= 1, "B >= 1 and Tmax >= 1", || format!("B = {}, Tmax = {}", d.b, d.tmax))?;
     require(d.b <= 65535, GRID_B, || format!("B = {}", d.b))?;
@@ -748,6 +755,8 @@ pub const PARTIALS_OUT: &str = "DECODE_PARTIALS_OUT";
 pub const WARPS_BY_SHAPE: &str = "DECODE_WARPS_BY_SHAPE";
 /// Stage 11's warp counts, most first; the last is the stage's TC_WARPS.
 const WARP_CHOICES: [u32; 3] = [16, 8, 4];
+const WARPS_STAGE: &str = "warps = 0 except on stage 11 (warps-by-shape)";
+const WARPS_BUILT: &str = "warps in {4, 8, 16}, 16 only at D = 64";
 /// Tokens a warp's tile holds (`TC_TILE` in attention_decode_mma.cuh).
 const TC_TILE: usize = 16;
 
@@ -855,6 +864,9 @@ pub fn prepare(gpu: &Gpu, v: &Variant, d: DecodeDims) -> Result<Prepared> {
                 }
                 let keys = d.tmax.div_ceil(d.splits);
                 let blocks = d.splits * hkv * d.b;
+                if d.warps != 0 {
+                    return launch(&format!("{entry}_w{}", d.warps), shape_at(d.warps as u32));
+                }
                 let optin = gpu.info().shared_memory_per_block_optin;
                 // At D = 128 a 16-warp ring is 384 KB: no such entry.
                 for w in WARP_CHOICES.into_iter().filter(|&w| shape_at(w).dynamic_shared_bytes <= optin) {
@@ -1070,6 +1082,8 @@ impl DecodeShape {
         };
         let splits = s.get("splits").unwrap_or(0);
         require(splits >= 0, "splits >= 0 (0 = heuristic)", || format!("splits = {splits}"))?;
+        let warps = s.get("warps").unwrap_or(0);
+        require((0..=16).contains(&warps), "warps in 0..=16 (0 = by shape)", || format!("warps = {warps}"))?;
         let dims = DecodeDims {
             b: s.dim("B", big)?,
             heads: Heads { hq: s.dim("HQ", big)?, hkv: s.dim("HKV", big)?, d: s.dim("D", big)? },
@@ -1077,6 +1091,7 @@ impl DecodeShape {
             dtype: Dtype::from_key(s.get("dtype").unwrap_or(0))?,
             block_size: s.dim("bs", big)?,
             splits: splits as usize,
+            warps: warps as usize,
         };
         Ok(DecodeShape { dims, ragged: flag("ragged")?, alibi: flag("alibi")? })
     }

@@ -124,7 +124,7 @@ pub struct OffloadDims {
 
 impl OffloadDims {
     fn decode(&self, tmax: usize) -> DecodeDims {
-        DecodeDims { b: self.b, heads: self.heads, tmax, dtype: Dtype::Bf16, block_size: 16, splits: 0 }
+        DecodeDims { b: self.b, heads: self.heads, tmax, dtype: Dtype::Bf16, block_size: 16, splits: 0, warps: 0 }
     }
 
     /// Chunk c's tokens `[c*seq/chunks, (c+1)*seq/chunks)`: balanced, none empty when chunks <= seq.

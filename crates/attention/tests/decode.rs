@@ -70,6 +70,7 @@ fn paged_layout_holds_the_same_rows() {
         dtype: Dtype::Bf16,
         block_size: 16,
         splits: 0,
+        warps: 0,
     };
     let lens = [50, 1, 17];
     let k = decode::contiguous_cache(&d, &lens, 1);

@@ -77,7 +77,7 @@ fn decode_heads() -> impl Strategy<Value = (i64, i64, i64)> {
 
 fn decode_bad_input(gpu: &Gpu) {
     let heads = Heads { hq: 4, hkv: 2, d: 64 };
-    let dims = DecodeDims { b: 2, heads, tmax: 40, dtype: Dtype::Bf16, block_size: 16, splits: 0 };
+    let dims = DecodeDims { b: 2, heads, tmax: 40, dtype: Dtype::Bf16, block_size: 16, splits: 0, warps: 0 };
     let lens = [40usize, 7];
     let k = decode::contiguous_cache(&dims, &lens, 1);
     let v = decode::contiguous_cache(&dims, &lens, 2);
@@ -256,6 +256,7 @@ fn main() -> std::process::ExitCode {
                 dtype: Dtype::Bf16,
                 block_size: 16,
                 splits: 0,
+                warps: 0,
             };
             for (d, warps) in [
                 (dims(8, 12, 12, 64, 1024), if sms >= 96 { 16 } else { 4 }),
@@ -268,6 +269,14 @@ fn main() -> std::process::ExitCode {
                 assert_eq!(launch.shape().block.0, 32 * warps, "{d:?}: {}", launch.name());
                 assert!(launch.name().ends_with(&format!("_w{warps}")), "{d:?}: {}", launch.name());
             }
+            // A forced count (the `warps` shape key) is the one launched, and checked where built.
+            let forced = DecodeDims { warps: 8, ..dims(8, 12, 12, 64, 1024) };
+            let p = decode::prepare(gpu, &v, forced).unwrap();
+            assert!(p.split_launch().unwrap().name().ends_with("_w8"));
+            let unbuilt = DecodeDims { warps: 16, ..dims(8, 12, 12, 128, 1024) };
+            assert_constraint(decode::prepare(gpu, &v, unbuilt).map(|_| ()), "16 only at D = 64");
+            let other = Decode.variants().into_iter().find(|v| v.stage == 9).unwrap();
+            assert_constraint(decode::prepare(gpu, &other, forced).map(|_| ()), "stage 11");
         })
         .gpu("decode_stages_pass_ragged", |gpu| {
             let strategy = (

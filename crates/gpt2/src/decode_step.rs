@@ -6,8 +6,10 @@
 //! Shape keys: `B` sequences, `len` cached positions before the step (the new token goes to
 //! position `len`), `ragged` (1: each sequence's length drawn in [len/2, len]), the model's `L`
 //! layers, `C` channels and `H` heads (GPT-2's vocabulary and context), `grid` (blocks of a
-//! megakernel launch; 0: the SMs times its blocks per SM) and `splits` (a composed step's decode
-//! attention splits per sequence and head; 0 or absent: the attention stage's heuristic).
+//! megakernel launch; 0: the SMs times its blocks per SM), `splits` (a composed step's decode
+//! attention splits per sequence and head; 0 or absent: the attention stage's heuristic) and `warps`
+//! (warps a block of a composed step's decode attention where that is stage 11; 0 or absent: by
+//! shape).
 //!
 //! The check: random weights and a random cache, the step's logits, each layer's appended k and v,
 //! and the picked ids against the model in f64 on the CPU ([`reference`]); an id passes when its
@@ -35,7 +37,7 @@ common::declare_op! {
     pub struct DecodeStep {
         name: OP,
         description: "one greedy decode step of the whole model over the bf16 KV cache (ids in, logits and next ids out)",
-        shape_keys: ["B", "len", "ragged", "L", "C", "H", "grid", "splits"],
+        shape_keys: ["B", "len", "ragged", "L", "C", "H", "grid", "splits", "warps"],
         stages: stages,
     }
 }
@@ -125,9 +127,13 @@ impl StepDims {
             None | Some(0) => None,
             Some(_) => Some(s.dim("splits", attention::decode::MAX_SPLITS as i64)?),
         };
+        let attention_warps = match s.get("warps") {
+            None | Some(0) => None,
+            Some(_) => Some(s.dim("warps", 16)?),
+        };
         let ragged = s.get("ragged").unwrap_or(0);
         require((0..=1).contains(&ragged), "ragged in {0, 1}", || format!("ragged = {ragged}"))?;
-        Ok(StepDims { cfg, b, len, ragged: ragged == 1, launch: StepLaunch { grid, splits } })
+        Ok(StepDims { cfg, b, len, ragged: ragged == 1, launch: StepLaunch { grid, splits, attention_warps } })
     }
 
     /// Each sequence's cached length: `len`, or ragged in [len/2, len].
@@ -137,15 +143,23 @@ impl StepDims {
 }
 
 fn check(v: &Variant, d: &StepDims) -> Result<()> {
-    if v.plan::<Plan>()?.model_plan().is_none() {
+    let Some(spec) = v.plan::<Plan>()?.model_plan() else {
         check_megakernel(&d.cfg, d.b)?;
         // A megakernel's attention phase splits by its own grid, not by decode attention's.
         require(d.launch.splits.is_none(), SPLITS_COMPOSED, || format!("splits = {:?}", d.launch.splits))?;
+        return require(d.launch.attention_warps.is_none(), WARPS_STAGE, || format!("{:?}", d.launch.attention_warps));
+    };
+    if let Some(warps) = d.launch.attention_warps {
+        let decode = ModelPlan::parse(spec)?.decode;
+        require(decode.has(attention::decode::WARPS_BY_SHAPE), WARPS_STAGE, || {
+            format!("warps = {warps}, decode attention {}", decode.stage)
+        })?;
     }
     Ok(())
 }
 
 const SPLITS_COMPOSED: &str = "splits = 0 except on a composed step (a megakernel splits by its grid)";
+const WARPS_STAGE: &str = "warps = 0 except on a composed step whose decode attention is stage 11 (warps-by-shape)";
 
 fn shape(b: i64, len: i64, l: i64, c: i64, h: i64) -> Shape {
     Shape::new(&[("B", b), ("len", len), ("ragged", 0), ("L", l), ("C", c), ("H", h), ("grid", 0)])

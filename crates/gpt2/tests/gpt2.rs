@@ -321,7 +321,7 @@ mod generation {
 }
 
 #[test]
-fn decode_step_splits_apply_to_composed_stages_only() {
+fn decode_step_splits_and_warps_apply_to_composed_stages_only() {
     // `splits` forces a composed step's decode attention splits; a megakernel, whose attention
     // phase splits by its grid, refuses it with a typed error, and so does a count past the limit.
     use common::Op;
@@ -341,6 +341,15 @@ fn decode_step_splits_apply_to_composed_stages_only() {
             assert!(matches!(forced, Err(common::Error::Constraint { .. })), "stage {}", v.id());
         }
         assert!(matches!(op.validate(&v, &at(max + 1)), Err(common::Error::Constraint { .. })), "stage {}", v.id());
+        // `warps` forces decode attention 11's warps a block: only a composed step on that stage.
+        let mut forced = at(0);
+        forced.set("warps", 8);
+        let on_eleven =
+            v.plan::<gpt2::megakernel::Plan>().unwrap().model_plan().is_some_and(|spec| {
+                gpt2::plan::Plan::parse(spec).unwrap().decode.has(attention::decode::WARPS_BY_SHAPE)
+            });
+        let checked = op.validate(&v, &forced);
+        assert_eq!(checked.is_ok(), on_eleven, "stage {} at warps = 8: {checked:?}", v.id());
     }
     assert!(composed >= 2, "composed stages: {composed}");
 }

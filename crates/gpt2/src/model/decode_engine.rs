@@ -316,6 +316,7 @@ impl Model {
             dtype: Dtype::Bf16,
             block_size: PAGED_BLOCK,
             splits: self.step_launch.splits.unwrap_or(0),
+            warps: self.step_launch.attention_warps.unwrap_or(0),
         };
         let kv_dims = self.kv_dims(b, b, ActType::F32)?;
         let argmax_dims = ArgmaxDims { b, v: cfg.vocab, ld: cfg.padded_vocab() };

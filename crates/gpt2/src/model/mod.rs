@@ -63,7 +63,7 @@ pub struct Model {
     step_launch: StepLaunch,
 }
 
-/// Launch settings of the decode step that its ladder sweeps (`grid` and `splits` shape keys);
+/// Launch settings of the decode step that its ladder sweeps (`grid`, `splits` and `warps` shape keys);
 /// `None` takes the stage's own choice.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepLaunch {
@@ -71,6 +71,8 @@ pub struct StepLaunch {
     pub grid: Option<u32>,
     /// Splits of a composed step's decode attention (default: the attention stage's heuristic).
     pub splits: Option<usize>,
+    /// Warps a block of a composed step's decode attention, on its stage 11 (default: by shape).
+    pub attention_warps: Option<usize>,
 }
 
 impl Model {
