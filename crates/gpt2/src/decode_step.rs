@@ -119,21 +119,21 @@ impl StepDims {
         require(b >= 1 && cfg.layers >= 1 && cfg.heads >= 1, "B, L, H >= 1", || format!("{s}"))?;
         require(cfg.c.is_multiple_of(cfg.heads), "C % H == 0", || format!("C = {}, H = {}", cfg.c, cfg.heads))?;
         require(len >= 1 && len < cfg.max_t, &format!("1 <= len < context {}", cfg.max_t), || format!("len = {len}"))?;
-        let grid = match s.get("grid") {
-            None | Some(0) => None,
-            Some(_) => Some(s.dim("grid", 1 << 16)? as u32),
+        // A launch setting: absent or 0 leaves the stage's own choice.
+        let setting = |k: &str, max: i64| -> Result<Option<usize>> {
+            match s.get(k) {
+                None | Some(0) => Ok(None),
+                Some(_) => s.dim(k, max).map(Some),
+            }
         };
-        let splits = match s.get("splits") {
-            None | Some(0) => None,
-            Some(_) => Some(s.dim("splits", attention::decode::MAX_SPLITS as i64)?),
-        };
-        let attention_warps = match s.get("warps") {
-            None | Some(0) => None,
-            Some(_) => Some(s.dim("warps", 16)?),
+        let launch = StepLaunch {
+            grid: setting("grid", 1 << 16)?.map(|g| g as u32),
+            splits: setting("splits", attention::decode::MAX_SPLITS as i64)?,
+            attention_warps: setting("warps", 16)?,
         };
         let ragged = s.get("ragged").unwrap_or(0);
         require((0..=1).contains(&ragged), "ragged in {0, 1}", || format!("ragged = {ragged}"))?;
-        Ok(StepDims { cfg, b, len, ragged: ragged == 1, launch: StepLaunch { grid, splits, attention_warps } })
+        Ok(StepDims { cfg, b, len, ragged: ragged == 1, launch })
     }
 
     /// Each sequence's cached length: `len`, or ragged in [len/2, len].
