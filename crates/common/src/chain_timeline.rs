@@ -9,7 +9,9 @@
 //! For each kernel: `resident` is how long its first block had started before the kernel ahead of it
 //! returned its last block (the launch hidden under the previous kernel); `release` is from that last
 //! return to this kernel's first block leaving its wait (the grid's completion reaching the
-//! dependent); the marks and returns are from this kernel's first block leaving its wait.
+//! dependent); the marks and returns are from this kernel's first block leaving its wait. Three more
+//! read a kernel's tail: when its last block started, when 90% of its blocks had returned, and when
+//! the first SM had returned all of its blocks (blocks that started late against SMs that ran slow).
 
 use serde::Serialize;
 
@@ -66,6 +68,11 @@ pub struct LaunchRun {
     pub marks: [Option<f64>; 2],
     pub mean_done: f64,
     pub last_done: u64,
+    /// The last block's start, the 90th-percentile return and the earliest time an SM had returned
+    /// all of its blocks, in ns after `first_wait_left` (the start may be before it).
+    pub last_start: f64,
+    pub p90_done: f64,
+    pub first_sm_done: f64,
 }
 
 /// A module's records in ticket order, cut into launches by their grid sizes: an error where a
@@ -90,9 +97,19 @@ pub fn launches(module: &str, records: &[BlockRecord]) -> Result<Vec<LaunchRun>>
             let reached: Vec<f64> = launch.iter().filter(|r| r.marks[i] != 0).map(|r| after(r.marks[i])).collect();
             (!reached.is_empty()).then(|| reached.iter().sum::<f64>() / reached.len() as f64)
         };
+        let mut done: Vec<f64> = launch.iter().map(|r| after(r.done)).collect();
+        done.sort_by(f64::total_cmp);
+        let mut sm_done = std::collections::BTreeMap::new();
+        for r in launch {
+            let last = sm_done.entry(r.sm).or_insert(0);
+            *last = r.done.max(*last);
+        }
         out.push(LaunchRun {
             module: module.to_string(),
             blocks: n,
+            last_start: launch.iter().map(|r| r.start).max().unwrap_or(0) as f64 - t0 as f64,
+            p90_done: done[(done.len() - 1) * 9 / 10],
+            first_sm_done: sm_done.values().min().map_or(0.0, |&t| after(t)),
             first_start: launch.iter().map(|r| r.start).min().unwrap_or(0),
             first_wait_left: t0,
             last_wait_left: launch.iter().map(|r| r.wait_left).max().unwrap_or(0),
@@ -120,6 +137,11 @@ pub struct ChainKernel {
     pub marks_us: [f64; 2],
     pub mean_done_us: f64,
     pub last_done_us: f64,
+    /// From the first block leaving its wait: the last block's start, the 90th-percentile return,
+    /// the first SM to have returned all of its blocks.
+    pub last_start_us: f64,
+    pub p90_done_us: f64,
+    pub first_sm_done_us: f64,
 }
 
 /// The kernels of one module with one grid size, their per-kernel medians averaged.
@@ -185,6 +207,9 @@ pub fn kernels(runs: &[Vec<LaunchRun>]) -> Result<Vec<ChainKernel>> {
                 marks_us: [0, 1].map(|m| pick(&|l, _| l.marks[m].map_or(f64::NAN, us))),
                 mean_done_us: pick(&|l, _| us(l.mean_done)),
                 last_done_us: pick(&|l, _| us((l.last_done - l.first_wait_left) as f64)),
+                last_start_us: pick(&|l, _| us(l.last_start)),
+                p90_done_us: pick(&|l, _| us(l.p90_done)),
+                first_sm_done_us: pick(&|l, _| us(l.first_sm_done)),
             }
         })
         .collect())
@@ -330,6 +355,9 @@ pub fn render(t: &ChainTimeline, format: Format) -> String {
         "mark 1",
         "mean return",
         "last return",
+        "last start",
+        "p90 return",
+        "first SM done",
     ];
     let rows = t.kernels.iter().map(|k| {
         vec![
@@ -343,6 +371,9 @@ pub fn render(t: &ChainTimeline, format: Format) -> String {
             us(k.marks_us[1]),
             us(k.mean_done_us),
             us(k.last_done_us),
+            us(k.last_start_us),
+            us(k.p90_done_us),
+            us(k.first_sm_done_us),
         ]
     });
     let group_head = ["module", "blocks", "kernels", "release (us)", "last return (us)", "link (us)"];
@@ -380,7 +411,7 @@ mod tests {
             marks: [0, wait_left + 100],
             done,
             blocks,
-            sm: 0,
+            sm: done / 100 % 2,
         }
     }
 
@@ -401,6 +432,12 @@ mod tests {
         assert!((c[0].mean_done - 1_250.0).abs() < 1e-9);
         assert_eq!(c[0].marks[0], None);
         assert!((c[0].marks[1].unwrap() - 150.0).abs() < 1e-9);
+        // The tail: a's second launch's last start (5_200 - 500 after 5_000), its 90th-percentile
+        // return (the second of three, sorted: 1_000, 1_100, 1_300) and its first SM done (SM 0's one
+        // block returned at 6_000; SM 1's at 6_100 and 6_300).
+        assert!((c[2].last_start + 300.0).abs() < 1e-9);
+        assert!((c[2].p90_done - 1_100.0).abs() < 1e-9);
+        assert!((c[2].first_sm_done - 1_000.0).abs() < 1e-9);
         let k = kernels(&[c.clone(), c]).unwrap();
         // b left its wait 0.5 us after a's last return, and had started 1.0 us before it.
         assert!((k[1].release_us - 0.5).abs() < 1e-9 && (k[1].resident_us - 0.0).abs() < 1e-9);
