@@ -97,6 +97,7 @@ pub fn launches(module: &str, records: &[BlockRecord]) -> Result<Vec<LaunchRun>>
             let reached: Vec<f64> = launch.iter().filter(|r| r.marks[i] != 0).map(|r| after(r.marks[i])).collect();
             (!reached.is_empty()).then(|| reached.iter().sum::<f64>() / reached.len() as f64)
         };
+        // Every block's return after t0, sorted: their mean and 90th percentile.
         let mut done: Vec<f64> = launch.iter().map(|r| after(r.done)).collect();
         done.sort_by(f64::total_cmp);
         let mut sm_done = std::collections::BTreeMap::new();
@@ -107,15 +108,15 @@ pub fn launches(module: &str, records: &[BlockRecord]) -> Result<Vec<LaunchRun>>
         out.push(LaunchRun {
             module: module.to_string(),
             blocks: n,
-            last_start: launch.iter().map(|r| r.start).max().unwrap_or(0) as f64 - t0 as f64,
-            p90_done: done[(done.len() - 1) * 9 / 10],
-            first_sm_done: sm_done.values().min().map_or(0.0, |&t| after(t)),
             first_start: launch.iter().map(|r| r.start).min().unwrap_or(0),
             first_wait_left: t0,
             last_wait_left: launch.iter().map(|r| r.wait_left).max().unwrap_or(0),
             marks: [mark(0), mark(1)],
-            mean_done: launch.iter().map(|r| after(r.done)).sum::<f64>() / n as f64,
+            mean_done: done.iter().sum::<f64>() / n as f64,
             last_done: launch.iter().map(|r| r.done).max().unwrap_or(0),
+            last_start: launch.iter().map(|r| r.start).max().unwrap_or(0) as f64 - t0 as f64,
+            p90_done: done[(n - 1) * 9 / 10],
+            first_sm_done: sm_done.values().min().map_or(0.0, |&t| after(t)),
         });
     }
     Ok(out)
